@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# klsweep's one entry point for a fresh machine.
+#
+#   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine
+#   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
+#   ./dev.sh setup   only create .venv and install klsweep into it
+#
+# Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), TORCH_SPEC (default torch==2.13.0:
+# the CPU build on the project's machines; on a GPU machine use e.g. TORCH_SPEC="torch").
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${KLSWEEP_VENV:-.venv}
+PY=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
+
+log() { printf '\033[1;34m==> %s\033[0m\n' "$*"; }
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating $VENV"
+        "$PY" -m venv "$VENV"
+        "$VENV/bin/pip" install -q --upgrade pip
+    fi
+    # torch first, so that the project's dependencies are satisfied by it (STACK.md: any other request
+    # downloads a multi-GB CUDA build).
+    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        log "installing $TORCH_SPEC"
+        "$VENV/bin/pip" install -q "$TORCH_SPEC"
+    fi
+    log "installing klsweep (editable) with its test tools"
+    "$VENV/bin/pip" install -q -e ".[test]"
+}
+
+system_packages() {
+    # Debian packages the tests use: the local Slurm cluster and a TeX to compile the LaTeX tables.
+    if [ "$(id -u)" != 0 ]; then
+        log "not root: skipping Debian packages (Slurm integration tests will be skipped)"
+        return
+    fi
+    bash slurm/install.sh
+    if ! command -v pdflatex >/dev/null; then
+        log "installing texlive-latex-base (LaTeX table check)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            texlive-latex-base texlive-latex-recommended >/dev/null
+    fi
+}
+
+cmd=${1:-}
+case "$cmd" in
+setup)
+    setup
+    ;;
+study)
+    setup
+    shift
+    "$VENV/bin/klsweep" study sweeps/tiny.yaml "$@"
+    ;;
+test)
+    setup
+    system_packages
+    if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
+        log "starting the local Slurm cluster"
+        bash slurm/start.sh
+        # shellcheck disable=SC1091
+        source "${KLSWEEP_SLURM_DIR:-/tmp/klsweep-slurm}/env.sh"
+        trap 'bash slurm/stop.sh >/dev/null 2>&1 || true' EXIT
+    fi
+    log "ruff"
+    "$VENV/bin/ruff" check klsweep tests bench
+    "$VENV/bin/ruff" format --check klsweep tests bench
+    log "pytest"
+    "$VENV/bin/pytest" -q -ra --durations=15
+    ;;
+*)
+    sed -n '2,11p' "$0"
+    exit 2
+    ;;
+esac

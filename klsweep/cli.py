@@ -37,12 +37,153 @@ def _console(stderr: bool = False):
 # ---------------------------------------------------------------------------------------------------------
 
 
+# --- audit (klsweep/audit.py) ----------------------------------------------------------------------------
+
+
+@app.command("audit")
+def audit_command(
+    vocab: Annotated[int, typer.Option(help="vocabulary size V of the tabular policy")] = 3,
+    length: Annotated[int, typer.Option(help="completion length L (all V**L sequences are enumerated)")] = 3,
+    seed: Annotated[int, typer.Option(help="seed of the random policy, reference and behaviour policy")] = 0,
+    ref_distance: Annotated[
+        float, typer.Option(help="reference logits = policy logits + this x noise")
+    ] = 1.0,
+    behavior_shift: Annotated[
+        float, typer.Option(help="> 0: off-policy, samples from logits + this x noise (a stale policy)")
+    ] = 0.0,
+    importance: Annotated[
+        str, typer.Option(help="off-policy weighting pi/mu: none | token | sequence | all")
+    ] = "none",
+    as_json: Annotated[bool, typer.Option("--json", help="print the rows as a JSON list")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="print the rows as CSV")] = False,
+) -> None:
+    """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy."""
+    from klsweep import audit
+    from klsweep.errors import Problem
+
+    if as_json and as_csv:
+        raise UserError(Problem("--json, --csv", "both given", "at most one of them"))
+    rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
+    if as_json:
+        import json
+
+        print(json.dumps(audit.rows_as_dicts(rows), indent=2))
+    elif as_csv:
+        import csv
+
+        dicts = audit.rows_as_dicts(rows)
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(dicts)
+    else:
+        policy = "on-policy" if behavior_shift == 0 else f"off-policy, behaviour shift {behavior_shift}"
+        title = (
+            f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
+        )
+        _console().print(*audit.tables(rows, title=title))
+
+
+# --- plan (klsweep/grid.py) ------------------------------------------------------------------------------
+
+
+@app.command("plan")
+def plan_command(
+    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    overrides: OverridesArg = None,
+    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
+        "results"
+    ),
+    config_dir: Annotated[
+        list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
+    from klsweep import grid as grid_mod
+
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    summary = grid_mod.summary(plan)
+    if as_json:
+        import json
+
+        runs = [{"id": r.id, "params": r.params} for r in plan.runs]
+        print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
+    else:
+        _console().print(grid_mod.table(plan, summary))
+
+
+# --- report (klsweep/report.py) --------------------------------------------------------------------------
+
+
+@app.command("report")
+def report_command(
+    sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
+    fmt: Annotated[
+        list[str] | None,
+        typer.Option("--format", "-f", help="md | csv | latex | html; repeat or comma-separate for several"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
+    eval_hash: Annotated[
+        str | None, typer.Option(help="the eval settings to report (default: the newest present)")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
+) -> None:
+    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands."""
+    from klsweep.report import build_report, rich_tables
+
+    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
+    console = _console()
+    if not quiet:
+        for table in rich_tables(report):
+            console.print(table)
+    for path in report.paths:
+        console.print(str(path), highlight=False, soft_wrap=True)
+
+
+# --- eval (klsweep/evaluate.py) --------------------------------------------------------------------------
+
+
+@app.command("eval")
+def eval_command(
+    target: Annotated[
+        str, typer.Argument(help="a sweep folder (or its name under results/), or one run folder")
+    ],
+    suite: Annotated[
+        str | None, typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own)")
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
+    cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",
+    checkpoints: Annotated[str, typer.Option(help="last | all")] = "last",
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
+) -> None:
+    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    from klsweep.evaluate import evaluate
+
+    path = Path(target) if Path(target).exists() else Path("results") / target
+    outcome = evaluate(
+        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
+    )
+    console = _console()
+    for run, why in outcome.skipped.items():
+        console.print(f"skipped {run} ({why})", highlight=False)
+    for job in outcome.jobs:
+        console.print(f"submitted eval job {job}", highlight=False)
+    for result in outcome.results:
+        console.print(str(result), highlight=False, soft_wrap=True)
+    for run, message in outcome.errors.items():
+        console.print(f"[bold red]eval failed[/]: {run}: {message}", highlight=False, soft_wrap=True)
+    if outcome.errors:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console-script entry: run the app, turning UserError into a clear message and exit code 2."""
     try:
         app()
     except UserError as e:
-        _console(stderr=True).print(f"[bold red]error[/]: {e}", highlight=False, markup=True)
+        from rich.markup import escape
+
+        _console(stderr=True).print(f"[bold red]error[/]: {escape(str(e))}", highlight=False)
         sys.exit(2)
 
 

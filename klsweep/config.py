@@ -99,6 +99,7 @@ class EvalSection:
     limit: int | None = None
     batch_size: int = 16
     backend: str = "hf"  # hf | vllm
+    tensor_parallel_size: int = 1  # vllm: GPUs per model copy; copies = model.resources.gpus_per_node // this
 
 
 @dataclass

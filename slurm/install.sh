@@ -19,8 +19,10 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 # Services must not be started by the package scripts (there is no systemd here; start.sh starts them).
-$SUDO sh -c 'printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d'
-trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    $SUDO sh -c 'printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d'
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "slurm/install.sh: installed ${missing[*]}"

@@ -1,0 +1,196 @@
+"""Benchmark of ``klsweep report``: builds the report of a synthetic 1,000-run sweep and times it.
+
+    python bench/bench_report.py [--runs 1000] [--steps 100] [--formats md,csv,latex,html] [--keep DIR]
+
+The sweep (written to a temporary folder, or DIR with --keep) is 2 models x 3 estimators x 3 placements x 2 lags x
+5 betas = 180 configurations, seeds filling up to --runs; states as in a sweep under way (mostly done, some
+running, pending, failed, diverged); per run ~100 metrics rows, eval results of two checkpoints for the finished
+runs, and a step-0 baseline per model. Prints the time of ``build_report`` (first call, with the imports of
+pandas, matplotlib and torch for the audit; and a second, warm call) and, as the baseline measured in the same
+run, the time just to read every file of the sweep (json, and yaml's C loader for config.yaml). Target: < 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict
+from itertools import product
+from pathlib import Path
+
+import yaml
+
+from klsweep.config import RunConfig
+
+ID, OOD = ["math500"], ["mmlu_college_physics", "mmlu_college_chemistry", "mmlu_college_biology"]
+HASH = "bench0hash"
+
+
+def _results(checkpoint: str, step: int, rng: random.Random) -> dict:
+    return {
+        "suite": "math",
+        "eval_hash": HASH,
+        "checkpoint": checkpoint,
+        "step": step,
+        "backend": "vllm",
+        "metric": "exact_match",
+        "metrics": {"in_domain": {t: rng.random() for t in ID}, "ood": {t: rng.random() for t in OOD}},
+        "stderr": dict.fromkeys(ID + OOD, 0.01),
+        "settings": {"num_fewshot": 0},
+        "lm_eval_version": "0.4.13",
+        "created_at": 1.7e9 + step,
+    }
+
+
+def make_sweep(root: Path, runs: int = 1000, steps: int = 100, seed: int = 0) -> Path:
+    """Write a synthetic sweep of ``runs`` run folders under ``root/bench``; returns the sweep folder."""
+    rng = random.Random(seed)
+    sweep = root / "bench"
+    grid = list(
+        product(
+            ["qwen-7b", "llama-8b"],
+            ["k1", "k2", "k3"],
+            ["reward", "loss", "both"],
+            [0, 10],
+            [0.0, 0.05, 0.1, 0.3, 1.0],
+        )
+    )
+    for i in range(runs):
+        model, est, plc, lag, beta = grid[i % len(grid)]
+        c = asdict(RunConfig())
+        c["name"], c["seed"] = "bench", i // len(grid)
+        c["model"] |= {"name": model, "path": f"org/{model}"}
+        c["kl"] |= {"estimator": est, "placement": plc, "beta": beta}
+        c["offpolicy"]["lag"] = lag
+        c["train"]["steps"] = steps
+        d = sweep / f"run{i:04d}"
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+        u = rng.random()
+        state = (
+            "done"
+            if u < 0.8
+            else "running"
+            if u < 0.88
+            else "pending"
+            if u < 0.93
+            else "failed"
+            if u < 0.97
+            else "diverged"
+        )
+        if state == "pending":
+            continue
+        n = steps if state == "done" else rng.randrange(5, steps)
+        peak = rng.uniform(0.3, 0.9)
+        lines = []
+        for s in range(1, n + 1):
+            r = peak * min(1.0, s / 40) + rng.gauss(0, 0.03)
+            lines.append(
+                json.dumps(
+                    {
+                        "step": s,
+                        "time": 1.7e9 + s,
+                        "elapsed_s": 2.0 * s,
+                        "reward_mean": r,
+                        "reward_std": 0.2,
+                        "kl_k1": 0.001 * s + rng.gauss(0, 0.002),
+                        "kl_k3": 0.0005 * s,
+                        "entropy": 1.5 * math.exp(-s / 200),
+                        "completion_length": 300.0,
+                        "clip_ratio": 0.01,
+                        "grad_norm": 0.5,
+                        "learning_rate": 1e-6,
+                        "step_time": 2.0,
+                        "loss": 0.01,
+                        "kl_penalty": 0.0005 * s,
+                    }
+                )
+            )
+        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        status = {
+            "state": state,
+            "step": n,
+            "total_steps": steps,
+            "reason": None,
+            "started_at": 1.7e9,
+            "updated_at": 1.7e9 + n,
+            "finished_at": None,
+            "elapsed_s": 2.0 * n,
+            "diverged_step": None,
+            "error": None,
+        }
+        if state == "diverged":
+            status |= {"diverged_step": n, "reason": "non-finite loss"}
+        if state == "failed":
+            status["error"] = "Traceback ...\nRuntimeError: out of memory"
+        (d / "status.json").write_text(json.dumps(status))
+        if state == "done":
+            for step in (steps // 2, steps):
+                p = d / "eval" / HASH / f"checkpoint-{step}" / "results.json"
+                p.parent.mkdir(parents=True)
+                p.write_text(json.dumps(_results(f"checkpoint-{step}", step, rng)))
+    for model in ("qwen-7b", "llama-8b"):
+        b = sweep / "baseline" / model
+        c = asdict(RunConfig())
+        c["model"] |= {"name": model, "path": f"org/{model}"}
+        (b / "eval" / HASH / "step-0").mkdir(parents=True)
+        (b / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+        (b / "eval" / HASH / "step-0" / "results.json").write_text(json.dumps(_results("step-0", 0, rng)))
+    return sweep
+
+
+def read_everything(sweep: Path) -> int:
+    """The baseline: read and parse every file of the sweep, nothing else. Returns the number of files."""
+    n = 0
+    for p in sweep.rglob("*"):
+        if p.suffix == ".json":
+            json.loads(p.read_text())
+        elif p.suffix == ".jsonl":
+            [json.loads(line) for line in p.read_text().splitlines() if line]
+        elif p.suffix == ".yaml":
+            yaml.load(p.read_text(), Loader=yaml.CSafeLoader)
+        else:
+            continue
+        n += 1
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--formats", default="md,csv,latex,html")
+    ap.add_argument("--keep", type=Path, default=None, help="write the sweep here and keep it")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        t = time.perf_counter()
+        sweep = make_sweep(root, args.runs, args.steps)
+        print(f"wrote {args.runs} runs x {args.steps} steps in {time.perf_counter() - t:.1f} s: {sweep}")
+        t = time.perf_counter()
+        files = read_everything(sweep)
+        t_read = time.perf_counter() - t
+        print(f"baseline, read and parse every file ({files} files): {t_read:.2f} s")
+        from klsweep.report import build_report
+
+        times = []
+        for _ in range(2):
+            t = time.perf_counter()
+            report = build_report(sweep, root / "report", formats=args.formats.split(","))
+            times.append(time.perf_counter() - t)
+        print(
+            f"build_report, first call (imports included): {times[0]:.2f} s ({times[0] / t_read:.1f}x baseline)"
+        )
+        print(
+            f"build_report, warm: {times[1]:.2f} s ({times[1] / t_read:.1f}x baseline); target < 5 s: "
+            f"{'met' if max(times) < 5 else 'MISSED'}"
+        )
+        print(f"{len(report.main)} configurations, {len(report.paths)} files written to {report.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,702 @@
+"""Evaluation of runs' checkpoints with lm-eval: an in-domain and an out-of-domain suite, pass@1.
+
+A suite is an ``EvalSection`` (``klsweep/conf/eval/<suite>.yaml``): lm-eval task names (``in_domain``, ``ood``),
+where custom task YAMLs live (``include_path``; ``builtin:<name>`` is ``klsweep/evaltasks/<name>/``, shipped
+with the package), the metric, the generation settings and the backend.
+
+- ``tiny``: the synthetic held-out problems of ``klsweep.tasks`` (addition in domain; subtraction and digit
+  reversal out of domain), fully offline: lm-eval's json dataset builder, a regex filter and ``exact_match``.
+- ``paper``: MATH-500 in domain (``klsweep_math500``: the training prompt, math-verify equivalence as the
+  training reward), MMLU college physics/chemistry/biology out of domain (``klsweep_mmlu_college_*``:
+  generative chain of thought, the letter in the last ``\\boxed{}``), greedy pass@1. Needs the hub.
+
+Where results go (``docs/DESIGN.md``)::
+
+    <run>/eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl
+    <run>/eval/<eval-hash>/error.json             the run's last failure under these settings, if any
+    <sweep>/baseline/<model-key>/eval/<eval-hash>/step-0/...   the initial model
+
+``eval-hash`` covers every setting that changes a score (tasks, task files, generation, backend, lm-eval's
+version), so a repeated evaluation is skipped and a changed one goes to a new folder beside the old.
+
+Entry points: ``eval_run`` (what every eval job calls), ``eval_many`` (many runs in one process: lm-eval and
+the tasks are loaded once), ``eval_baseline`` (step 0), ``evaluate`` (``klsweep eval``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import math
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+from klsweep.config import EvalSection, ModelSection
+from klsweep.errors import KLSweepError, Problem, UserError
+
+CONF_DIR = Path(__file__).parent / "conf" / "eval"
+TASKS_DIR = Path(__file__).parent / "evaltasks"
+RESULTS_FILE = "results.json"
+ERROR_FILE = "error.json"
+BASELINE_CHECKPOINT = "step-0"
+EVALUATED_STATES = ("done", "diverged")
+BACKENDS = ("hf", "vllm")
+CHECKPOINT_CHOICES = ("last", "all")
+CLUSTERS = ("local", "slurm", "debug")
+# EvalSection fields that do not change a score (left out of the eval hash).
+_UNHASHED = ("batch_size", "tensor_parallel_size")
+
+
+class EvalError(KLSweepError):
+    """A run could not be evaluated (missing or broken checkpoint, lm-eval failure); recorded in the run."""
+
+
+# ------------------------------------------------------------------------------------------------ suites
+
+
+def load_suite(name: str) -> EvalSection:
+    """The suite ``klsweep/conf/eval/<name>.yaml`` as an ``EvalSection``."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+        raise UserError(Problem("--suite", f"no eval suite {name!r}", known))
+    merged = OmegaConf.merge(OmegaConf.structured(EvalSection), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)
+
+
+def as_eval_section(eval_cfg: EvalSection | dict[str, Any]) -> EvalSection:
+    """An ``EvalSection`` from itself or from a (possibly partial) dict, validated."""
+    from omegaconf import OmegaConf
+
+    if isinstance(eval_cfg, EvalSection):
+        cfg = eval_cfg
+    else:
+        merged = OmegaConf.merge(OmegaConf.structured(EvalSection), OmegaConf.create(dict(eval_cfg)))
+        cfg = OmegaConf.to_object(merged)
+    problems = []
+    if cfg.suite == "none" or not (cfg.in_domain or cfg.ood):
+        problems.append(
+            Problem("eval", f"suite {cfg.suite!r} names no tasks", "a suite such as tiny or paper")
+        )
+    if cfg.backend not in BACKENDS:
+        problems.append(Problem("eval.backend", f"unknown backend {cfg.backend!r}", ", ".join(BACKENDS)))
+    if cfg.num_samples < 1:
+        problems.append(Problem("eval.num_samples", f"{cfg.num_samples}", "an integer >= 1"))
+    if cfg.num_samples > 1 and cfg.temperature <= 0:
+        problems.append(
+            Problem("eval.num_samples", "several samples of greedy decoding are identical", "temperature > 0")
+        )
+    overlap = sorted(set(cfg.in_domain) & set(cfg.ood))
+    if overlap:
+        problems.append(
+            Problem("eval.ood", f"task(s) {overlap} are also in eval.in_domain", "disjoint lists")
+        )
+    if problems:
+        raise UserError(problems, title="invalid eval settings")
+    return cfg
+
+
+def include_dir(include_path: str | None) -> Path | None:
+    """The folder of custom task YAMLs named by ``include_path`` (``builtin:<name>``: shipped with klsweep)."""
+    if not include_path:
+        return None
+    if include_path.startswith("builtin:"):
+        folder = TASKS_DIR / include_path.removeprefix("builtin:")
+        if not folder.is_dir():
+            known = ", ".join(f"builtin:{p.name}" for p in sorted(TASKS_DIR.iterdir()) if p.is_dir())
+            raise UserError(Problem("eval.include_path", f"no shipped task folder {include_path!r}", known))
+        return folder
+    folder = Path(include_path).expanduser()
+    if not folder.is_dir():
+        raise UserError(
+            Problem("eval.include_path", f"no such folder: {folder}", "builtin:<name> or a folder")
+        )
+    return folder
+
+
+def _task_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _digest(folder: Path | None) -> str | None:
+    if folder is None:
+        return None
+    h = hashlib.sha256()
+    for p in _task_files(folder):
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _absolutise(data_files: Any, base: Path) -> Any:
+    if isinstance(data_files, str):
+        p = Path(data_files).expanduser()
+        return data_files if p.is_absolute() or "://" in data_files else str(base / p)
+    if isinstance(data_files, list):
+        return [_absolutise(x, base) for x in data_files]
+    if isinstance(data_files, dict):
+        return {k: _absolutise(v, base) for k, v in data_files.items()}
+    return data_files
+
+
+def materialise_tasks(folder: Path) -> Path:
+    """A copy of the task folder where each ``dataset_kwargs.data_files`` is absolute (datasets resolves
+    relative data files against the working directory, not the YAML). Cached in the temp folder by content."""
+    import yaml
+
+    target = Path(tempfile.gettempdir()) / f"klsweep-evaltasks-{folder.name}-{_digest(folder)}"
+    if target.is_dir():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for src in _task_files(folder):
+            dst = tmp / src.relative_to(folder)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            if not (src.name.endswith(".yaml") or src.name.endswith("_yaml")):
+                continue
+            try:
+                cfg = yaml.safe_load(src.read_text())
+            except yaml.YAMLError:  # lm-eval tags (!function): no data files to fix here
+                continue
+            files = cfg.get("dataset_kwargs", {}).get("data_files") if isinstance(cfg, dict) else None
+            if files is not None:
+                cfg["dataset_kwargs"]["data_files"] = _absolutise(files, src.parent)
+                dst.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        with contextlib.suppress(OSError):  # another process made it first
+            tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _task_manager(eval_cfg: EvalSection) -> Any:
+    """A TaskManager that knows every task of the suite; lm-eval's built-in tasks are indexed (~6 s) only when
+    the suite names one that the include folder lacks."""
+    from lm_eval.tasks import TaskManager
+
+    folder = include_dir(eval_cfg.include_path)
+    include = str(materialise_tasks(folder)) if folder is not None else None
+    names = [*eval_cfg.in_domain, *eval_cfg.ood]
+    if include is not None:
+        tm = TaskManager(include_path=include, include_defaults=False)
+        if all(n in tm.all_tasks for n in names):
+            return tm
+    tm = TaskManager(include_path=include, include_defaults=True)
+    missing = [n for n in names if n not in tm.all_tasks]
+    if missing:
+        raise UserError(
+            [
+                Problem("eval", f"no lm-eval task {n!r} (include_path={eval_cfg.include_path!r})")
+                for n in missing
+            ],
+            title=f"unknown tasks in suite {eval_cfg.suite!r}",
+        )
+    return tm
+
+
+def resolve_tasks(eval_cfg: EvalSection | dict[str, Any]) -> dict[str, str]:
+    """``{task name: its YAML}`` for every task of the suite, from lm-eval's task index alone (no download);
+    a ``UserError`` names each task that does not exist."""
+    cfg = as_eval_section(eval_cfg)
+    tm = _task_manager(cfg)
+    return {n: str(tm.task_index[n].yaml_path) for n in [*cfg.in_domain, *cfg.ood]}
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+def lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def eval_settings(eval_cfg: EvalSection) -> dict[str, Any]:
+    """The settings that decide a score (what the eval hash covers): the suite's fields but the batch size and
+    the parallelism, and a digest of the custom task files. The same for every model of a sweep, so a sweep
+    has one hash per suite (``apply_chat_template`` is used for the models that have ``model.chat_template``;
+    results.json records it as ``chat_template_applied``)."""
+    settings = {k: v for k, v in asdict(eval_cfg).items() if k not in _UNHASHED}
+    settings["tasks_digest"] = _digest(include_dir(eval_cfg.include_path))
+    return settings
+
+
+def eval_hash(settings: dict[str, Any]) -> str:
+    """Short hash of the settings and lm-eval's version: the name of the ``eval/<eval-hash>/`` folder."""
+    blob = json.dumps({"settings": settings, "lm_eval": lm_eval_version()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def model_key(model: ModelSection) -> str:
+    """The baseline folder's name for a model: its config-group name (``model.name``)."""
+    return model.name.replace("/", "--")
+
+
+def _model_section(config: dict[str, Any]) -> ModelSection:
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(ModelSection), OmegaConf.create(config.get("model", {})))
+    return OmegaConf.to_object(merged)
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    path = run_dir / store.CONFIG_FILE
+    if not path.is_file():
+        raise EvalError(f"{run_dir}: no {store.CONFIG_FILE}: not a run folder")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+# ------------------------------------------------------------------------------------------------ lm-eval
+
+
+@dataclass
+class _Item:
+    """One model to evaluate and where its results go."""
+
+    model_path: str
+    model: ModelSection
+    out_dir: Path  # .../eval/<hash>/<checkpoint-name>
+    checkpoint: str
+    step: int
+    settings: dict[str, Any]
+    run_dir: Path | None = None  # None for a baseline
+
+
+@dataclass
+class _Suite:
+    """The suite's lm-eval tasks, loaded once (data included) and reused for every model."""
+
+    cfg: EvalSection
+    manager: Any = None  # lm-eval's TaskManager (simple_evaluate builds a full one, ~6 s, when given none)
+    tasks: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> None:
+        if not self.tasks:
+            self.manager = _task_manager(self.cfg)
+            self.tasks = self.manager.load([*self.cfg.in_domain, *self.cfg.ood])["tasks"]
+
+
+def _make_lm(item: _Item, cfg: EvalSection) -> Any:
+    from lm_eval.api.registry import get_model
+
+    dtype = item.model.dtype
+    if cfg.backend == "vllm":
+        gpus = max(1, item.model.resources.gpus_per_node)
+        tp = cfg.tensor_parallel_size
+        args = {
+            "pretrained": item.model_path,
+            "dtype": "auto" if dtype == "auto" else dtype,
+            "tensor_parallel_size": tp,
+            "data_parallel_size": max(1, gpus // tp),
+            "max_gen_toks": cfg.max_gen_toks,
+        }
+        return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    args = {"pretrained": item.model_path, "dtype": dtype}
+    return get_model("hf").create_from_arg_obj(args, {"batch_size": cfg.batch_size, "device": device})
+
+
+def _primary_key(result: dict[str, Any], task_config: dict[str, Any], metric: str) -> str:
+    """``"<metric>,<filter>"``: the task's first filter (lm-eval names an unfiltered result ``none``)."""
+    filters = [f["name"] for f in task_config.get("filter_list") or []] or ["none"]
+    for name in filters:
+        if f"{metric},{name}" in result:
+            return f"{metric},{name}"
+    raise EvalError(f"the task's results have no {metric!r}: {sorted(k for k in result if ',' in k)}")
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    return json.dumps(row, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def _evaluate_item(item: _Item, suite: _Suite) -> Path:
+    """Run lm-eval on one model, write results.json and samples_<task>.jsonl; returns results.json."""
+    import lm_eval
+
+    cfg = suite.cfg
+    suite.load()
+    started = time.time()
+    lm = _make_lm(item, cfg)
+    per_sample: dict[str, list[float]] = {}
+    stderr_one: dict[str, float] = {}
+    keys: dict[str, str] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    chat = bool(cfg.apply_chat_template and item.model.chat_template)
+    gen = {"max_gen_toks": cfg.max_gen_toks, "temperature": cfg.temperature, "do_sample": cfg.temperature > 0}
+    try:
+        for seed in range(cfg.num_samples):
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(suite.tasks.values()),
+                num_fewshot=cfg.num_fewshot,
+                limit=cfg.limit,
+                log_samples=True,
+                apply_chat_template=chat,
+                gen_kwargs=gen,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                task_manager=suite.manager,
+            )
+            for task in suite.tasks:
+                result = res["results"][task]
+                keys[task] = key = _primary_key(result, res["configs"][task], cfg.metric)
+                per_sample.setdefault(task, []).append(float(result[key]))
+                err = result.get(key.replace(",", "_stderr,", 1))
+                stderr_one[task] = float(err) if isinstance(err, int | float) else float("nan")
+                for row in res["samples"][task]:
+                    samples.setdefault(task, []).append(
+                        {"sample_index": seed, **row} if cfg.num_samples > 1 else row
+                    )
+    finally:
+        del lm
+        gc.collect()
+    values = {task: sum(v) / len(v) for task, v in per_sample.items()}
+    stderr = stderr_one if cfg.num_samples == 1 else _pass1_stderr(samples, keys, cfg.metric)
+    for task, rows in samples.items():
+        store.atomic_write_text(
+            item.out_dir / f"samples_{task}.jsonl", "".join(_json_line(r) + "\n" for r in rows)
+        )
+    results = {
+        "suite": cfg.suite,
+        "eval_hash": item.out_dir.parent.name,
+        "checkpoint": item.checkpoint,
+        "step": item.step,
+        "backend": cfg.backend,
+        "metric": cfg.metric,
+        "metrics": {
+            "in_domain": {t: values[t] for t in cfg.in_domain},
+            "ood": {t: values[t] for t in cfg.ood},
+        },
+        "stderr": stderr,
+        "settings": item.settings,
+        "lm_eval_version": lm_eval_version(),
+        "created_at": time.time(),
+        # Beyond the DESIGN.md contract: what each number is and what was evaluated.
+        "metric_keys": keys,
+        "chat_template_applied": chat,
+        "num_problems": {
+            t: len([r for r in samples[t] if _is_primary(r, keys[t])]) // cfg.num_samples for t in samples
+        },
+        "model_path": item.model_path,
+        "elapsed_s": round(time.time() - started, 3),
+    }
+    path = item.out_dir / RESULTS_FILE
+    store.write_json(path, results)
+    return path
+
+
+def _is_primary(row: dict[str, Any], key: str) -> bool:
+    return row.get("filter", "none") == key.split(",", 1)[1]
+
+
+def _pass1_stderr(
+    samples: dict[str, list[dict[str, Any]]], keys: dict[str, str], metric: str
+) -> dict[str, float]:
+    """Standard error over problems of the per-problem mean score across samples (pass@1 with n samples)."""
+    out = {}
+    for task, rows in samples.items():
+        by_doc: dict[Any, list[float]] = {}
+        for r in rows:
+            if _is_primary(r, keys[task]):
+                by_doc.setdefault(r["doc_id"], []).append(float(r[metric]))
+        means = [sum(v) / len(v) for v in by_doc.values()]
+        n = len(means)
+        mu = sum(means) / max(n, 1)
+        out[task] = math.sqrt(sum((m - mu) ** 2 for m in means) / (n - 1) / n) if n > 1 else float("nan")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def _checkpoint_items(run_dir: Path, cfg: EvalSection, checkpoints: str) -> list[_Item]:
+    if checkpoints not in CHECKPOINT_CHOICES:
+        raise UserError(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
+    model = _model_section(_run_config(run_dir))
+    found = store.checkpoints(run_dir)
+    if not found:
+        raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
+    chosen = found if checkpoints == "all" else found[-1:]
+    settings = eval_settings(cfg)
+    hash_dir = run_dir / store.EVAL_DIR / eval_hash(settings)
+    return [
+        _Item(
+            model_path=str(ckpt),
+            model=model,
+            out_dir=hash_dir / ckpt.name,
+            checkpoint=ckpt.name,
+            step=int(ckpt.name.rsplit("-", 1)[1]),
+            settings=settings,
+            run_dir=run_dir,
+        )
+        for ckpt in chosen
+    ]
+
+
+def _record_error(run_dir: Path, hash_dir: Path | None, message: str, tb: str) -> None:
+    if hash_dir is not None:
+        store.write_json(
+            hash_dir / ERROR_FILE, {"error": message, "traceback": tb, "created_at": time.time()}
+        )
+    if (run_dir / store.STATUS_FILE).exists():
+        store.write_status(run_dir, store.read_status(run_dir)["state"], eval_error=message)
+
+
+def _clear_error(run_dir: Path, hash_dir: Path) -> None:
+    (hash_dir / ERROR_FILE).unlink(missing_ok=True)
+    if store.read_status(run_dir).get("eval_error"):
+        store.write_status(run_dir, store.read_status(run_dir)["state"], eval_error=None)
+
+
+def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
+    """Evaluate one run; raises EvalError (after recording it in the run) when it cannot be evaluated."""
+    hash_dir = None
+    current = "-"
+    try:
+        items = _checkpoint_items(run_dir, suite.cfg, checkpoints)
+        hash_dir = items[0].out_dir.parent
+        paths = []
+        for item in items:
+            current = item.checkpoint
+            done = item.out_dir / RESULTS_FILE
+            paths.append(done if done.is_file() else _evaluate_item(item, suite))
+        _clear_error(run_dir, hash_dir)
+        return paths
+    except UserError:
+        raise
+    except Exception as e:
+        if hash_dir is None:  # no checkpoint to evaluate: still file the error under the settings' hash
+            hash_dir = run_dir / store.EVAL_DIR / eval_hash(eval_settings(suite.cfg))
+        message = f"{run_dir.name} {current}: {type(e).__name__}: {e}".strip()
+        _record_error(run_dir, hash_dir, message, "".join(traceback.format_exc().splitlines(True)[-30:]))
+        raise EvalError(message) from e
+
+
+def _eval_runs(run_dirs: list[Path], suite: _Suite, checkpoints: str) -> tuple[list[Path], dict[str, str]]:
+    paths: list[Path] = []
+    errors: dict[str, str] = {}
+    for run_dir in run_dirs:
+        try:
+            paths += _eval_one_run(Path(run_dir), suite, checkpoints)
+        except EvalError as e:
+            errors[str(run_dir)] = str(e)
+    return paths, errors
+
+
+def eval_many(
+    run_dirs: list[Path], eval_cfg: EvalSection | dict[str, Any], checkpoints: str = "last"
+) -> list[Path]:
+    """Evaluate many runs in this process (lm-eval's tasks are loaded once). A run that cannot be evaluated
+    gets its error recorded (``eval/<hash>/error.json``, ``status.json: eval_error``) and the others go on.
+    Returns the results.json of every evaluated checkpoint (already present ones included)."""
+    return _eval_runs(run_dirs, _Suite(as_eval_section(eval_cfg)), checkpoints)[0]
+
+
+def eval_run(run_dir: Path, eval_cfg: EvalSection | dict[str, Any], checkpoints: str = "last") -> list[Path]:
+    """The eval job: evaluate the run's last (or all) checkpoints; returns their results.json paths. Skips
+    checkpoints already evaluated under the same settings; raises ``EvalError`` (recorded in the run) when the
+    run cannot be evaluated."""
+    return _eval_one_run(Path(run_dir), _Suite(as_eval_section(eval_cfg)), checkpoints)
+
+
+def eval_baseline(
+    sweep_dir: Path,
+    config: dict[str, Any],
+    eval_cfg: EvalSection | dict[str, Any],
+    *,
+    suite: _Suite | None = None,
+) -> Path:
+    """Evaluate the initial model of ``config`` (a RunConfig dict) once per sweep, as step 0:
+    ``<sweep>/baseline/<model-key>/eval/<hash>/step-0/results.json`` (returned; skipped when present)."""
+    from omegaconf import OmegaConf
+
+    from klsweep.tinymodel import resolve_model_path
+
+    cfg = as_eval_section(eval_cfg)
+    model = _model_section(config)
+    base = Path(sweep_dir) / store.BASELINE_DIR / model_key(model)
+    if not (base / store.CONFIG_FILE).is_file():
+        store.atomic_write_text(
+            base / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create({"model": asdict(model)}))
+        )
+    settings = eval_settings(cfg)
+    out_dir = base / store.EVAL_DIR / eval_hash(settings) / BASELINE_CHECKPOINT
+    if (out_dir / RESULTS_FILE).is_file():
+        return out_dir / RESULTS_FILE
+    item = _Item(resolve_model_path(model), model, out_dir, BASELINE_CHECKPOINT, 0, settings)
+    return _evaluate_item(item, suite or _Suite(cfg))
+
+
+# ------------------------------------------------------------------------------------------------ klsweep eval
+
+
+@dataclass
+class EvalOutcome:
+    """What ``evaluate`` did: results written (in-process or waited for), failures, runs left out, jobs."""
+
+    results: list[Path] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # run (or baseline) folder -> message
+    skipped: dict[str, str] = field(default_factory=dict)  # run folder -> why (its state)
+    jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
+
+
+def _eval_job(
+    run_dirs: list[str],
+    eval_cfg: dict[str, Any],
+    checkpoints: str,
+    baselines: list[tuple[str, dict[str, Any]]],
+) -> EvalOutcome:
+    """One job: the baselines, then the runs, in one process (lm-eval and the tasks loaded once)."""
+    suite = _Suite(as_eval_section(eval_cfg))
+    out = EvalOutcome()
+    for sweep_dir, config in baselines:
+        try:
+            out.results.append(eval_baseline(Path(sweep_dir), config, suite.cfg, suite=suite))
+        except Exception as e:  # the runs are still worth evaluating
+            out.errors[f"{sweep_dir}/{store.BASELINE_DIR}"] = f"{type(e).__name__}: {e}"
+    paths, errors = _eval_runs([Path(r) for r in run_dirs], suite, checkpoints)
+    out.results += paths
+    out.errors.update(errors)
+    return out
+
+
+def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
+    """(runs to evaluate, runs left out -> why, the sweep folder or None for a single run)."""
+    if (target / store.CONFIG_FILE).is_file():
+        return [target], {}, None
+    runs = store.run_dirs(target)
+    if not runs:
+        raise UserError(
+            Problem(
+                "TARGET",
+                f"{target} is neither a run folder nor a sweep with runs",
+                "results/<sweep>[/<run-id>]",
+            )
+        )
+    chosen, skipped = [], {}
+    for run in runs:
+        state = store.read_status(run).get("state", "pending")
+        if state in EVALUATED_STATES:
+            chosen.append(run)
+        else:
+            skipped[str(run)] = state
+    return chosen, skipped, target
+
+
+def _suite_of_runs(runs: list[Path]) -> EvalSection:
+    found = {json.dumps(_run_config(r).get("eval", {}), sort_keys=True) for r in runs}
+    if len(found) != 1:
+        raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
+    cfg = as_eval_section(json.loads(found.pop()))
+    return cfg
+
+
+def evaluate(
+    target: Path,
+    suite: str | None = None,
+    backend: str | None = None,
+    cluster: str = "local",
+    checkpoints: str = "last",
+    wait: bool = False,
+) -> EvalOutcome:
+    """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
+    baselines (one per model). ``suite`` names ``conf/eval/<suite>.yaml`` (default: the runs' own eval
+    settings); ``backend`` overrides the suite's. ``cluster`` debug evaluates in this process; local submits
+    one submitit job for everything (lm-eval loaded once); slurm one job per run and per baseline."""
+    target = Path(target)
+    problems = []
+    if cluster not in CLUSTERS:
+        problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
+    if checkpoints not in CHECKPOINT_CHOICES:
+        problems.append(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
+    if backend is not None and backend not in BACKENDS:
+        problems.append(Problem("--backend", f"unknown backend {backend!r}", ", ".join(BACKENDS)))
+    if not target.is_dir():
+        problems.append(Problem("TARGET", f"no such folder: {target}", "results/<sweep>[/<run-id>]"))
+    if problems:
+        raise UserError(problems, title="invalid eval request")
+    runs, skipped, sweep_dir = _targets(target)
+    cfg = load_suite(suite) if suite else _suite_of_runs(runs or store.run_dirs(target))
+    if backend is not None:
+        cfg.backend = backend
+    cfg = as_eval_section(cfg)
+    resolve_tasks(cfg)  # unknown task names fail here, before anything is submitted
+    configs = {}
+    for run in runs:
+        config = _run_config(run)
+        configs.setdefault(model_key(_model_section(config)), config)
+    baselines = [(str(sweep_dir), c) for c in configs.values()] if sweep_dir is not None else []
+    cfg_dict = asdict(cfg)
+    if cluster == "debug":
+        out = _eval_job([str(r) for r in runs], cfg_dict, checkpoints, baselines)
+        out.skipped = skipped
+        return out
+    return _submit(runs, baselines, cfg_dict, checkpoints, cluster, wait, skipped)
+
+
+def _submit(
+    runs: list[Path],
+    baselines: list[tuple[str, dict[str, Any]]],
+    cfg: dict[str, Any],
+    checkpoints: str,
+    cluster: str,
+    wait: bool,
+    skipped: dict[str, str],
+) -> EvalOutcome:
+    """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl (as the launcher)."""
+    import submitit
+    from filelock import FileLock
+
+    from klsweep import launcher
+
+    some = runs[0] if runs else Path(baselines[0][0]) if baselines else None
+    if some is None:
+        return EvalOutcome(skipped=skipped)
+    sweep_dir = Path(baselines[0][0]) if baselines else some.parent
+    folder = launcher._stamp(sweep_dir)
+    config = _run_config(runs[0]) if runs else baselines[0][1]
+    res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
+    calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
+    if cluster == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * max(1, len(runs)))
+        calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines)))
+    else:
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        ex.update_parameters(**launcher._slurm_params(res, cl, config.get("name", "run"), eval_job=True))
+        calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b])) for b in baselines]
+        calls += [(r.name, ([str(r)], cfg, checkpoints, [])) for r in runs]
+    with ex.batch():
+        jobs = [ex.submit(_eval_job, *args) for _, args in calls]
+    rows = []
+    for (run_id, _), job in zip(calls, jobs, strict=True):
+        ids = [r.name for r in runs] + [store.BASELINE_DIR] if run_id == "*" else [run_id]
+        rows += [launcher._row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
+    with FileLock(str(sweep_dir / launcher.LOCK_FILE)):
+        for row in rows:
+            store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+    out = EvalOutcome(skipped=skipped, jobs=[j.job_id for j in jobs])
+    if wait:
+        for job in jobs:
+            done = job.result()
+            out.results += done.results
+            out.errors.update(done.errors)
+    return out

@@ -1,0 +1,166 @@
+"""The KL math of klsweep: the estimators k1/k2/k3, their placement (reward, loss, both), their level (token,
+sequence) and importance weighting for off-policy samples. This is the only implementation in the project:
+the trainer and the audit (``klsweep audit``, which proves it against exact gradients) both call it.
+
+Notation (see KL.md): for a sampled completion y, per unmasked token t,
+``delta_t = log pi_theta(y_t | y_<t) - log pi_ref(y_t | y_<t)``; ``k1 = delta``, ``k2 = delta**2 / 2``,
+``k3 = exp(-delta) - 1 + delta``. Token level: ``KL_hat(y) = sum_t k(delta_t)``; sequence level:
+``KL_hat(y) = k(sum_t delta_t)``.
+
+``surrogate`` returns, per sequence, the scalar whose gradient is the configuration's KL-gradient estimate for
+that sample (before beta and before averaging over the batch):
+
+- ``reward``: ``stopgrad(KL_hat(y)) * log pi_theta(y)`` (score function: the penalty reaches the parameters
+  only through log pi, as a reward does);
+- ``loss``: ``KL_hat(y)``, differentiated directly (pathwise);
+- ``both``: the sum of the two.
+
+Importance weighting, for samples drawn from a behaviour policy mu (``behavior_logp``) rather than pi_theta;
+the weights are always detached, so they reweight the gradient without adding terms to it:
+
+- ``none``: no weight.
+- ``sequence``: every term of the sequence is multiplied by ``w(y) = stopgrad(pi_theta(y) / mu(y))``. Then
+  ``E_mu[w grad surrogate] = E_pi[grad surrogate]``: every configuration has exactly its on-policy expected
+  gradient (so the on-policy unbiased ones are unbiased again), at the price of the variance of ``w``.
+- ``token``: the term at token t is multiplied by ``stopgrad(pi_theta(y_t|y_<t) / mu(y_t|y_<t))``, the
+  weighting of TRL's ``use_bias_correction_kl`` (which, unlike this, does not detach it). This corrects the
+  distribution of each token given its prefix, but not the distribution of the prefix itself, so it is exact
+  only for length-1 completions; ``klsweep audit --behavior-shift`` shows what it leaves biased.
+
+Masked positions (``mask`` false) never affect a value or a gradient, whatever they hold (nan and inf
+included): they are removed with ``torch.where``, never by multiplication.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+ESTIMATORS = ("k1", "k2", "k3")
+PLACEMENTS = ("reward", "loss", "both")
+LEVELS = ("token", "sequence")
+IMPORTANCE = ("none", "token", "sequence")
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """One KL configuration. Invalid values raise ``UserError`` listing every problem at once."""
+
+    estimator: str  # k1 | k2 | k3
+    placement: str  # reward | loss | both
+    level: str = "token"  # token | sequence
+    beta: float = 0.0  # coefficient of the KL term (>= 0); the trainer applies it, not surrogate()
+    importance: str = "none"  # none | token | sequence: stop-gradient pi_theta/mu weighting off-policy
+
+    def __post_init__(self) -> None:
+        problems = [
+            Problem(name, f"{value!r} is not valid", ", ".join(allowed))
+            for name, value, allowed in (
+                ("estimator", self.estimator, ESTIMATORS),
+                ("placement", self.placement, PLACEMENTS),
+                ("level", self.level, LEVELS),
+                ("importance", self.importance, IMPORTANCE),
+            )
+            if value not in allowed
+        ]
+        beta = self.beta
+        if (
+            isinstance(beta, bool)
+            or not isinstance(beta, numbers.Real)
+            or not math.isfinite(beta)
+            or beta < 0
+        ):
+            problems.append(Problem("beta", f"{beta!r} is not valid", "a finite number >= 0"))
+        if problems:
+            raise UserError(problems, title="invalid KL configuration")
+
+
+def estimator_value(delta: Tensor, estimator: str) -> Tensor:
+    """The per-element estimator k(delta) of KL(pi_theta || pi_ref), delta = log pi_theta - log pi_ref."""
+    import torch
+
+    if estimator == "k1":
+        return delta
+    if estimator == "k2":
+        return 0.5 * delta**2
+    if estimator == "k3":
+        return torch.expm1(-delta) + delta
+    raise ValueError(f"estimator {estimator!r} is not one of {ESTIMATORS}")
+
+
+def _masked(x: Tensor, mask: Tensor) -> Tensor:
+    import torch
+
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _estimate(delta: Tensor, mask: Tensor, estimator: str, level: str) -> Tensor:
+    """KL_hat per sequence [B] from a masked (zero where masked) log-ratio [B, T]."""
+    if level == "token":
+        return _masked(estimator_value(delta, estimator), mask).sum(-1)
+    if level == "sequence":
+        return estimator_value(delta.sum(-1), estimator)
+    raise ValueError(f"level {level!r} is not one of {LEVELS}")
+
+
+def estimate(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, level: str) -> Tensor:
+    """KL_hat(y) per sequence [B]: token level sum_t k(delta_t), sequence level k(sum_t delta_t), over the
+    unmasked tokens. Differentiable with respect to ``logp``."""
+    mask = mask.bool()
+    delta = _masked(logp, mask) - _masked(ref_logp, mask)
+    return _estimate(delta, mask, estimator, level)
+
+
+def token_terms(
+    logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig, behavior_logp: Tensor | None = None
+) -> Tensor:
+    """Per-token terms [B, T] of ``surrogate`` (its sum over T), zero at masked positions, for a trainer that
+    aggregates per token like TRL's loss types.
+
+    The score-function part at token t is ``stopgrad(KL_hat(y)) * log pi_theta(y_t | y_<t)``. The pathwise
+    part is ``k(delta_t)`` at token level; at sequence level, where KL_hat belongs to the whole sequence, each
+    of the n unmasked tokens carries an equal share ``k(sum delta) / n``. Importance weights multiply each
+    token's term (see the module docstring).
+    """
+    import torch
+
+    mask = mask.bool()
+    lp = _masked(logp, mask)
+    delta = lp - _masked(ref_logp, mask)
+    kl_hat = _estimate(delta, mask, config.estimator, config.level)
+
+    terms = torch.zeros_like(lp)
+    if config.placement in ("reward", "both"):
+        terms = terms + kl_hat.detach().unsqueeze(-1) * lp
+    if config.placement in ("loss", "both"):
+        if config.level == "token":
+            terms = terms + estimator_value(delta, config.estimator)
+        else:
+            n = mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
+            terms = terms + kl_hat.unsqueeze(-1) / n
+
+    if config.importance != "none":
+        if behavior_logp is None:
+            raise ValueError(f"importance={config.importance!r} needs behavior_logp (the sampling policy's)")
+        log_ratio = (lp - _masked(behavior_logp, mask)).detach()
+        if config.importance == "sequence":
+            log_ratio = log_ratio.sum(-1, keepdim=True)
+        terms = terms * torch.exp(log_ratio)
+    return _masked(terms, mask)
+
+
+def surrogate(
+    logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig, behavior_logp: Tensor | None = None
+) -> Tensor:
+    """Per sequence [B], the scalar whose gradient (through ``logp``) is this configuration's estimate of the
+    KL gradient for that sample, before beta and before averaging over the batch. ``logp``, ``ref_logp`` and
+    ``behavior_logp`` are per-token log-probabilities [B, T] of the sampled tokens under pi_theta, pi_ref and
+    the sampling policy mu; ``mask`` [B, T] marks the completion tokens."""
+    return token_terms(logp, ref_logp, mask, config, behavior_logp).sum(-1)

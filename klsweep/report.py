@@ -1,0 +1,1169 @@
+"""The report of a sweep: tables (pandas) and plots (matplotlib) a researcher can paste into a paper.
+
+``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H]``, or from Python
+``build_report(sweep_dir, out_dir=None, formats=("md",))``. It reads only the files of the results store
+(``klsweep/store.py``, ``docs/DESIGN.md``): each run's ``config.yaml``, ``status.json``, ``metrics.jsonl`` and
+``eval/<eval-hash>/<checkpoint>/results.json``, and the sweep's step-0 baseline. Written to ``<sweep>/report/``:
+
+- the main table (``main``): one row per configuration (the dotted config keys whose values differ between
+  runs, seeds excepted), each in-domain and out-of-domain metric as mean ± sample std over the seeds evaluated,
+  ``n`` = seeds evaluated / seeds, the in-domain and OOD averages and their change (Δ) from the step-0 baseline
+  of the same model; the best value of each column in bold. One eval hash for the whole table: the one given,
+  else the newest present; per run its last evaluated checkpoint under that hash.
+- the stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
+  ``kl_k3``), lowest entropy, divergence and collapse, per configuration over seeds.
+- the KL gradient audit (``audit``, from ``klsweep.audit``): for each KL configuration in the sweep, whether its
+  expected gradient is the reverse-KL gradient.
+- the study's reported numbers (``results/paper_reference.csv``) beside ours, where model, task and
+  configuration match.
+- plots: ``curves.png`` (reward, KL k1, KL k3, entropy against step: mean over seeds, min-max band) and
+  ``eval_bars.png`` (in-domain and OOD averages per configuration, ± std).
+
+Definitions (also printed in the report):
+
+- Smoothing: every curve is a trailing mean over ``window`` steps (default 10).
+- Collapse: after the peak of the smoothed reward, the smoothed reward falls below ``collapse_fraction``
+  (default 0.5) times that peak and stays below it to the last logged step; the collapse step is the first
+  step of that final stretch. A run whose peak smoothed reward is not positive cannot collapse.
+- Divergence: what the trainer recorded: ``status.json`` state ``diverged`` with ``diverged_step`` and ``reason``.
+
+Partial sweeps are reported as they stand: every run is counted in its configuration's status (pending,
+running, done, failed, diverged, cancelled); a value with no data yet is "—".
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep import store
+from klsweep.config import COSMETIC_KEYS
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+FORMATS = ("md", "csv", "latex", "html")
+WINDOW = 10
+COLLAPSE_FRACTION = 0.5
+REFERENCE_CSV = Path(__file__).resolve().parent.parent / "results" / "paper_reference.csv"
+DASH = "—"
+
+# Configuration axes: this order first, then any other varying key alphabetically; short column names.
+AXIS_ORDER = (
+    "model.name",
+    "model.path",
+    "task.name",
+    "kl.estimator",
+    "kl.placement",
+    "kl.level",
+    "kl.beta",
+    "kl.importance",
+    "offpolicy.lag",
+    "offpolicy.num_iterations",
+)
+SHORT = {
+    "model.name": "model",
+    "model.path": "model path",
+    "task.name": "task",
+    "kl.estimator": "estimator",
+    "kl.placement": "placement",
+    "kl.level": "level",
+    "kl.beta": "beta",
+    "kl.importance": "importance",
+    "offpolicy.lag": "lag",
+    "offpolicy.num_iterations": "iterations",
+}
+CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
+ID_AVG, OOD_AVG, D_ID, D_OOD = "in-domain avg", "OOD avg", "Δ in-domain", "Δ OOD"
+
+DEFINITIONS = (
+    "Curves are smoothed by a trailing mean over {window} steps. "
+    "Collapse: after its peak, the smoothed task reward falls below {pct:g}% of that peak and stays below it "
+    "to the last logged step (collapse step = start of that final stretch). "
+    "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown."
+)
+
+
+@dataclass
+class Report:
+    """What ``build_report`` computed and wrote. DataFrames are numeric (``<metric>``, ``<metric> std``,
+    ``<metric> n`` columns); the files hold their formatted views."""
+
+    sweep_dir: Path
+    out_dir: Path
+    eval_hash: str | None
+    axes: list[str]  # the dotted config keys that vary between runs (the configuration columns)
+    in_domain: list[str]  # eval task names
+    ood: list[str]
+    runs: pd.DataFrame  # one row per run
+    main: pd.DataFrame  # one row per configuration
+    baseline: pd.DataFrame  # one row per model: the step-0 evaluation
+    stability: pd.DataFrame  # one row per configuration
+    audit: pd.DataFrame  # one row per KL configuration present
+    reference: pd.DataFrame  # the study's figures beside ours
+    window: int = WINDOW
+    collapse_fraction: float = COLLAPSE_FRACTION
+    paths: list[Path] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------------------
+
+
+def resolve_sweep(sweep: str | Path, results_root: str | Path = "results") -> Path:
+    """A sweep folder, or the name of one under ``results_root``; UserError if it does not exist."""
+    p = Path(sweep)
+    if p.is_dir():
+        return p
+    q = Path(results_root) / str(sweep)
+    if q.is_dir():
+        return q
+    root = Path(results_root)
+    known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    raise UserError(
+        Problem(
+            str(sweep),
+            f"no such sweep folder (neither {p} nor {q} exists)",
+            ", ".join(known) if known else "a sweep folder made by `klsweep run`",
+        ),
+        title="no sweep to report",
+    )
+
+
+def build_report(
+    sweep_dir: str | Path,
+    out_dir: str | Path | None = None,
+    formats: Sequence[str] = ("md",),
+    *,
+    eval_hash: str | None = None,
+    window: int = WINDOW,
+    collapse_fraction: float = COLLAPSE_FRACTION,
+    reference_csv: str | Path | None = REFERENCE_CSV,
+) -> Report:
+    """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
+    (default ``<sweep>/report/``). UserError when the sweep does not exist or has no runs, a format or the
+    eval hash is unknown."""
+    sweep = resolve_sweep(sweep_dir)
+    formats = _check_formats(formats)
+    if window < 1 or not 0 < collapse_fraction < 1:
+        raise UserError(
+            [Problem("window", f"{window}", "an integer >= 1")] * (window < 1)
+            + [Problem("collapse_fraction", f"{collapse_fraction}", "0 < x < 1")]
+            * (not 0 < collapse_fraction < 1)
+        )
+    dirs = store.run_dirs(sweep)
+    if not dirs:
+        raise UserError(
+            Problem(
+                str(sweep),
+                "has no runs (no sub-folder with a config.yaml)",
+                "plan and launch it: `klsweep run`",
+            ),
+            title="nothing to report",
+        )
+    out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+
+    runs, configs, axes, metrics = _load_runs(dirs)
+    chosen, in_domain, ood = _attach_evals(sweep, runs, configs, eval_hash)
+    _attach_stability(runs, metrics, window, collapse_fraction)
+    baseline = _baseline(sweep, chosen, in_domain, ood)
+    _attach_deltas(runs, baseline)
+    runs = _label_configs(runs, axes)
+    report = Report(
+        sweep_dir=sweep,
+        out_dir=out,
+        eval_hash=chosen,
+        axes=axes,
+        in_domain=in_domain,
+        ood=ood,
+        runs=runs,
+        main=_main_table(runs, axes, in_domain, ood),
+        baseline=baseline,
+        stability=_stability_table(runs, axes),
+        audit=_audit_table(runs),
+        reference=_reference_table(runs, axes, in_domain + ood, reference_csv),
+        window=window,
+        collapse_fraction=collapse_fraction,
+    )
+    report.paths += _plot_curves(report, metrics, out / "curves.png")
+    report.paths += _plot_eval(report, out / "eval_bars.png")
+    for fmt in formats:
+        report.paths += _WRITERS[fmt](report)
+    return report
+
+
+def _check_formats(formats: Sequence[str]) -> list[str]:
+    wanted = [
+        f.strip().lower()
+        for item in ([formats] if isinstance(formats, str) else formats)
+        for f in item.split(",")
+    ]
+    wanted = [f for f in wanted if f]
+    bad = [f for f in wanted if f not in FORMATS]
+    if bad or not wanted:
+        raise UserError(
+            [Problem("--format", f"unknown format {f!r}", ", ".join(FORMATS)) for f in bad]
+            or [Problem("--format", "no format given", ", ".join(FORMATS))]
+        )
+    return list(dict.fromkeys(wanted))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    with open(path) as f:
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v
+    return out
+
+
+def _is_cosmetic(key: str) -> bool:
+    return key != "model.name" and any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS)
+
+
+def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:
+    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name), in AXIS_ORDER;
+    a key that is one-to-one with an axis already chosen (model.path with model.name) is left out."""
+    keys = {k for c in configs for k in c}
+    varying = [
+        k
+        for k in keys
+        if k != "seed" and not _is_cosmetic(k) and len({_hashable(c.get(k)) for c in configs}) > 1
+    ]
+    varying.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    axes: list[str] = []
+    for k in varying:
+        if not any(_one_to_one(configs, a, k) for a in axes):
+            axes.append(k)
+    return axes
+
+
+def _hashable(v: Any) -> Any:
+    return json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v
+
+
+def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
+    pairs = {(_hashable(c.get(a)), _hashable(c.get(b))) for c in configs}
+    return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
+
+
+def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
+    """One row per run (config, status) and all metrics rows (with a ``run`` column)."""
+    import pandas as pd
+
+    rows, configs, metric_rows = [], [], []
+    for d in dirs:
+        config = _flatten(_read_yaml(d / store.CONFIG_FILE))
+        configs.append(config)
+        status = store.read_status(d)
+        rows.append(
+            {
+                "run": d.name,
+                "seed": config.get("seed"),
+                "state": status.get("state", "pending"),
+                "step": status.get("step"),
+                "total_steps": status.get("total_steps"),
+                "diverged_step": status.get("diverged_step"),
+                "reason": status.get("reason") or _last_line(status.get("error")),
+            }
+        )
+        for m in store.read_metrics(d):
+            m["run"] = d.name
+            metric_rows.append(m)
+    axes = _varying_axes(configs)
+    runs = pd.DataFrame(rows)
+    for k in axes:
+        runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
+    for k in (
+        "model.name",
+        "model.path",
+        "task.name",
+        "kl.estimator",
+        "kl.placement",
+        "kl.level",
+        "kl.beta",
+        "kl.importance",
+        "offpolicy.lag",
+        "offpolicy.num_iterations",
+    ):
+        if k not in runs:
+            runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
+    metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])
+    return runs, configs, axes, metrics
+
+
+def _last_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[-1] if text and text.strip() else None
+
+
+def _results_files(root: Path) -> list[Path]:
+    return list((root / store.EVAL_DIR).glob("*/*/results.json"))
+
+
+def _attach_evals(
+    sweep: Path, runs: pd.DataFrame, configs: list[dict[str, Any]], eval_hash: str | None
+) -> tuple[str | None, list[str], list[str]]:
+    """Pick the eval hash, and per run its last evaluated checkpoint: adds ``eval_checkpoint``, ``eval_step``
+    and one column per eval task. Returns (hash, in-domain tasks, OOD tasks)."""
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # hash -> [(run, results)]
+    newest: dict[str, float] = {}
+    for run in runs["run"]:
+        for p in _results_files(sweep / run):
+            res = store.read_json(p)
+            h = p.parent.parent.name
+            found.setdefault(h, []).append((run, res))
+            newest[h] = max(newest.get(h, -math.inf), float(res.get("created_at") or p.stat().st_mtime))
+    baseline_hashes = {
+        p.parent.parent.name for p in (sweep / store.BASELINE_DIR).glob("*/eval/*/step-0/results.json")
+    }
+    if eval_hash is not None and eval_hash not in found and eval_hash not in baseline_hashes:
+        raise UserError(
+            Problem(
+                "--eval-hash", f"{eval_hash!r} is not in this sweep", ", ".join(sorted(found)) or "none yet"
+            ),
+            title="unknown eval hash",
+        )
+    chosen = eval_hash if eval_hash is not None else (max(newest, key=newest.__getitem__) if newest else None)
+    last: dict[str, dict[str, Any]] = {}
+    for run, res in found.get(chosen, []):
+        if run not in last or res.get("step", -1) > last[run].get("step", -1):
+            last[run] = res
+    in_domain: dict[str, None] = {}
+    ood: dict[str, None] = {}
+    for res in last.values():
+        in_domain.update(dict.fromkeys(res.get("metrics", {}).get("in_domain", {})))
+        ood.update(dict.fromkeys(res.get("metrics", {}).get("ood", {})))
+    runs["eval_checkpoint"] = [last.get(r, {}).get("checkpoint") for r in runs["run"]]
+    runs["eval_step"] = [last.get(r, {}).get("step") for r in runs["run"]]
+    for kind, tasks in (("in_domain", in_domain), ("ood", ood)):
+        for t in tasks:
+            runs[t] = [_float(last.get(r, {}).get("metrics", {}).get(kind, {}).get(t)) for r in runs["run"]]
+    runs[ID_AVG] = runs[list(in_domain)].mean(axis=1) if in_domain else math.nan
+    runs[OOD_AVG] = runs[list(ood)].mean(axis=1) if ood else math.nan
+    return chosen, list(in_domain), list(ood)
+
+
+def _float(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _baseline(sweep: Path, eval_hash: str | None, in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+    """One row per baseline model folder: model name and path (from its config.yaml, else the folder name),
+    and the step-0 metrics under the chosen hash (NaN if that hash has no step-0 result)."""
+    import pandas as pd
+
+    rows = []
+    for d in sorted((sweep / store.BASELINE_DIR).glob("*/")):
+        config = _flatten(_read_yaml(d / store.CONFIG_FILE)) if (d / store.CONFIG_FILE).exists() else {}
+        p = d / store.EVAL_DIR / str(eval_hash) / "step-0" / "results.json"
+        res = store.read_json(p) if p.exists() else {}
+        m = res.get("metrics", {})
+        row = {
+            "folder": d.name,
+            "model.name": config.get("model.name", d.name),
+            "model.path": config.get("model.path"),
+        }
+        row |= {t: _float(m.get("in_domain", {}).get(t)) for t in in_domain}
+        row |= {t: _float(m.get("ood", {}).get(t)) for t in ood}
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["folder", "model.name", "model.path", *in_domain, *ood])
+    df[ID_AVG] = df[in_domain].mean(axis=1) if in_domain else math.nan
+    df[OOD_AVG] = df[ood].mean(axis=1) if ood else math.nan
+    return df
+
+
+def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
+    """Δ columns: each run's averages minus those of the baseline of its model (matched by model.path, then
+    by model.name or the baseline folder name)."""
+    by_key: dict[Any, Any] = {}
+    for _, b in baseline.iterrows():
+        for key in (("name", b["folder"]), ("name", b["model.name"]), ("path", b["model.path"])):
+            if key[1] is not None:
+                by_key.setdefault(key, b)
+    d_id, d_ood = [], []
+    for _, r in runs.iterrows():
+        b = by_key.get(("path", r["model.path"]))
+        if b is None:
+            b = by_key.get(("name", r["model.name"]))
+        d_id.append(r[ID_AVG] - b[ID_AVG] if b is not None else math.nan)
+        d_ood.append(r[OOD_AVG] - b[OOD_AVG] if b is not None else math.nan)
+    runs[D_ID] = d_id
+    runs[D_OOD] = d_ood
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stability
+# ---------------------------------------------------------------------------------------------------------
+
+
+def smooth(values: Sequence[float] | np.ndarray, window: int = WINDOW) -> np.ndarray:
+    """Trailing mean over ``window`` steps (fewer at the start), ignoring NaN."""
+    import pandas as pd
+
+    return pd.Series(values, dtype=float).rolling(window, min_periods=1).mean().to_numpy()
+
+
+def collapse_step(
+    steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW, fraction: float = COLLAPSE_FRACTION
+) -> int | None:
+    """The step at which the run collapsed, or None (see the module docstring for the definition)."""
+    import numpy as np
+
+    s = smooth(rewards, window)
+    if len(s) == 0 or np.isnan(s).all():
+        return None
+    peak_i = int(np.nanargmax(s))
+    peak = s[peak_i]
+    if not peak > 0:
+        return None
+    above = np.flatnonzero(~(s < fraction * peak))  # NaN counts as not below
+    last_above = int(above[-1])
+    return None if last_above == len(s) - 1 else int(steps[last_above + 1])
+
+
+def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fraction: float) -> None:
+    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3, lowest smoothed entropy, collapse step."""
+    import numpy as np
+
+    stats: dict[str, dict[str, Any]] = {}
+    names = [m for m, _ in CURVES]
+    for m in names:
+        if m not in metrics:
+            metrics[m] = np.nan
+    if len(metrics):
+        metrics.sort_values(["run", "step"], inplace=True, kind="stable")
+        smoothed = metrics.groupby("run", sort=False)[names].rolling(window, min_periods=1).mean()
+        for m in names:
+            metrics[f"{m} smoothed"] = smoothed[m].to_numpy()
+        for run, g in metrics.groupby("run", sort=False):
+            r = g["reward_mean smoothed"].to_numpy()
+            stats[run] = {
+                "final reward": r[-1],
+                "peak reward": np.nanmax(r) if not np.isnan(r).all() else np.nan,
+                "peak KL k1": g["kl_k1 smoothed"].max(),
+                "peak KL k3": g["kl_k3 smoothed"].max(),
+                "min entropy": g["entropy smoothed"].min(),
+                "last logged step": int(g["step"].iloc[-1]),
+                "collapse_step": collapse_step(
+                    g["step"].to_numpy(), g["reward_mean"].to_numpy(), window, fraction
+                ),
+            }
+    for col in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy", "last logged step"):
+        runs[col] = [_float(stats.get(r, {}).get(col)) for r in runs["run"]]
+    runs["has_metrics"] = [r in stats for r in runs["run"]]
+    runs["collapse_step"] = [stats.get(r, {}).get("collapse_step") for r in runs["run"]]
+    runs["collapsed"] = runs["collapse_step"].notna()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
+
+
+def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Adds ``config`` (0.. in sorted axis order) and ``label`` ("estimator=k1, placement=reward, ...")."""
+    keys = (
+        [tuple(_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
+        if axes
+        else [()] * len(runs)
+    )
+    order = {k: i for i, k in enumerate(sorted(set(keys), key=_sort_key))}
+    runs["config"] = [order[k] for k in keys]
+    runs["label"] = [
+        ", ".join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
+        for k in keys
+    ]
+    return runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
+
+
+def _none(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _fmt_value(v: Any) -> str:
+    v = _none(v)
+    if v is None:
+        return DASH
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _status_text(states: Sequence[str]) -> str:
+    counts = {s: 0 for s in store.STATES}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+
+
+def _config_frame(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """The configuration columns (short names), run counts and status, one row per configuration."""
+    import pandas as pd
+
+    g = runs.groupby("config", sort=True)
+    first = g.first()
+    df = pd.DataFrame(index=first.index)
+    for a in axes:
+        df[SHORT.get(a, a)] = first[a].astype(object)
+    if not axes:
+        df["configuration"] = "all runs"
+    df["label"] = first["label"]
+    df["runs"] = g.size()
+    df["status"] = g["state"].agg(lambda s: _status_text(list(s)))
+    return df
+
+
+def _add_stats(df: pd.DataFrame, runs: pd.DataFrame, cols: list[str]) -> None:
+    g = runs.groupby("config", sort=True)
+    for c in cols:
+        agg = g[c].agg(["mean", "std", "count"])
+        df[c] = agg["mean"]
+        df[f"{c} std"] = agg["std"]
+        df[f"{c} n"] = agg["count"]
+
+
+def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+    df = _config_frame(runs, axes)
+    g = runs.groupby("config", sort=True)
+    df["evaluated"] = g["eval_step"].count()
+    df["eval step"] = g["eval_step"].agg(_range_text)
+    _add_stats(df, runs, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
+    return df.reset_index(drop=True)
+
+
+def _range_text(s: pd.Series) -> str:
+    s = s.dropna()
+    if s.empty:
+        return DASH
+    lo, hi = int(s.min()), int(s.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    df = _config_frame(runs, axes)
+    g = runs.groupby("config", sort=True)
+    df["with metrics"] = g["has_metrics"].sum()
+    _add_stats(df, runs, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
+    df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
+    df["diverged at"] = g.apply(
+        lambda r: "; ".join(
+            f"step {_fmt_value(_int_or_none(x.diverged_step))}" + (f": {x.reason}" if _none(x.reason) else "")
+            for x in r.itertuples()
+            if x.state == "diverged"
+        ),
+        include_groups=False,
+    )
+    df["collapsed"] = g["collapsed"].sum().astype(int)
+    df["collapsed at"] = g["collapse_step"].agg(lambda s: ", ".join(str(int(x)) for x in s.dropna()))
+    return df.reset_index(drop=True)
+
+
+def _int_or_none(v: Any) -> int | None:
+    v = _none(v)
+    return None if v is None else int(v)
+
+
+def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per KL configuration in the sweep (estimator, placement, level, and for off-policy runs the
+    importance weighting), with the exact on-policy or off-policy audit of its expected gradient."""
+    import pandas as pd
+
+    from klsweep import audit
+
+    off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
+        runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
+    )
+    no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
+    keys = [
+        ("none",) * 4
+        if nk
+        else (r["kl.estimator"], r["kl.placement"], r["kl.level"], r["kl.importance"] if o else "on-policy")
+        for nk, o, (_, r) in zip(no_kl, off, runs.iterrows(), strict=True)
+    ]
+    counts: dict[tuple[Any, ...], list[int]] = {}
+    for k, c in zip(keys, runs["config"], strict=True):
+        counts.setdefault(k, []).append(c)
+    on_policy = (
+        {(r.estimator, r.placement, r.level): r for r in audit.audit()}
+        if any(k[3] == "on-policy" for k in counts)
+        else {}
+    )
+    off_policy = (
+        {
+            (r.estimator, r.placement, r.level, r.importance): r
+            for r in audit.audit(behavior_shift=0.5, importance="all")
+        }
+        if any(k[3] not in ("on-policy", "none") for k in counts)
+        else {}
+    )
+    rows = []
+    for k in sorted(counts, key=_sort_key):
+        est, plc, lvl, imp = k
+        row = {
+            "estimator": est,
+            "placement": plc,
+            "level": lvl,
+            "sampling": "on-policy" if imp in ("on-policy", "none") else f"off-policy, importance={imp}",
+            "configurations": len(set(counts[k])),
+            "runs": len(counts[k]),
+        }
+        a = on_policy.get((est, plc, lvl)) if imp == "on-policy" else off_policy.get((est, plc, lvl, imp))
+        if est == "none":
+            row |= {
+                "rel. err. reverse": math.nan,
+                "rel. err. forward": math.nan,
+                "grad variance": math.nan,
+                "verdict": "no KL term (beta = 0)",
+                "unbiased": DASH,
+            }
+        elif a is None:
+            row |= {
+                "rel. err. reverse": math.nan,
+                "rel. err. forward": math.nan,
+                "grad variance": math.nan,
+                "verdict": "not audited",
+                "unbiased": DASH,
+            }
+        else:
+            row |= {
+                "rel. err. reverse": a.rel_err_reverse,
+                "rel. err. forward": a.rel_err_forward,
+                "grad variance": a.grad_variance,
+                "verdict": a.verdict,
+                "unbiased": "yes" if a.verdict == "unbiased reverse KL" else "no",
+            }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _reference_table(
+    runs: pd.DataFrame, axes: list[str], tasks: list[str], reference_csv: str | Path | None
+) -> pd.DataFrame:
+    """The study's figures (one row per figure and matching configuration): model (a case-insensitive
+    substring of model.path or model.name), training task, estimator, placement, lag, and beta and level where
+    the figure gives them, all equal; the figure's eval key a substring of one of our eval tasks."""
+    import pandas as pd
+
+    cols = [
+        "model",
+        "estimator",
+        "placement",
+        "beta",
+        "lag",
+        "eval",
+        "paper",
+        "source",
+        "configuration",
+        "task",
+        "ours",
+        "ours std",
+        "ours n",
+    ]
+    if reference_csv is None or not Path(reference_csv).exists():
+        return pd.DataFrame(columns=cols)
+    ref = pd.read_csv(reference_csv)
+    rows = []
+    for _, f in ref.iterrows():
+        model = str(f["model"]).lower()
+        match = runs[
+            runs.apply(
+                lambda r, m=model: m in str(r["model.path"]).lower() or m in str(r["model.name"]).lower(),
+                axis=1,
+            )
+            & (runs["task.name"] == f["task"])
+            & (runs["kl.estimator"] == f["estimator"])
+            & (runs["kl.placement"] == f["placement"])
+            & (runs["offpolicy.lag"].astype(float) == float(f["lag"]))
+        ]
+        if pd.notna(f.get("beta")):
+            match = match[match["kl.beta"].astype(float) == float(f["beta"])]
+        if pd.notna(f.get("level")):
+            match = match[match["kl.level"] == f["level"]]
+        for task in (t for t in tasks if str(f["eval"]) in t):
+            for _, g in match.groupby("config", sort=True):
+                rows.append(
+                    {
+                        "model": f["model"],
+                        "estimator": f["estimator"],
+                        "placement": f["placement"],
+                        "beta": f.get("beta"),
+                        "lag": f["lag"],
+                        "eval": f["metric_label"],
+                        "paper": f["value"],
+                        "source": f["source"],
+                        "configuration": g["label"].iloc[0],
+                        "task": task,
+                        "ours": g[task].mean(),
+                        "ours std": g[task].std(),
+                        "ours n": int(g[task].count()),
+                    }
+                )
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting: one view of each table per output format
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, signed: bool = False) -> str:
+    """ "0.512 ± 0.034", with " (n=k)" when fewer seeds than the row's n have this value; "—" when none."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return DASH
+    s = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    if std is not None and not math.isnan(std):
+        s += f" ± {std:.3f}"
+    if n != n_expected:
+        s += f" (n={n})"
+    return s
+
+
+def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells as strings, bold mask) of one table."""
+    import pandas as pd
+
+    cfg_cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+    if table == "main":
+        df = report.main
+        metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
+        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out["status"] = df["status"]
+        out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
+        out["step"] = df["eval step"]
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        for c in metric_cols:
+            out[c] = [
+                _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
+                for m, s, n, e in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["evaluated"], strict=True)
+            ]
+            best = df[c].max()
+            bold[c] = df[c].notna() & (df[c] >= best - 1e-12) & (df[c].notna().sum() > 1)
+        if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
+            base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
+            if "model" in base:
+                base["model"] = report.baseline["model.name"].map(_fmt_value).to_numpy()
+            base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = (
+                "step-0 baseline"
+            )
+            base["status"] = "baseline"
+            for c in metric_cols[:-2]:
+                base[c] = [_cell(v) for v in report.baseline[c]]
+            out = pd.concat([base, out], ignore_index=True)
+            bold = pd.concat(
+                [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
+            )
+        return out, bold
+    if table == "stability":
+        df = report.stability
+        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out["status"] = df["status"]
+        for c in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"):
+            out[c] = [
+                _cell(m, s, n, w)
+                for m, s, n, w in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["with metrics"], strict=True)
+            ]
+        out["diverged"] = [
+            f"{d}/{r}" + (f" ({a})" if a else "")
+            for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
+        ]
+        out["collapsed"] = [
+            f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
+            for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
+        ]
+        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
+    if table == "audit":
+        df = report.audit
+        out = df.drop(columns=["grad variance"]).astype(object)
+        for c in ("rel. err. reverse", "rel. err. forward"):
+            out[c] = [_cell(v) for v in df[c]]
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        bold["unbiased"] = df["unbiased"] == "yes"
+        return out.astype(str), bold
+    if table == "reference":
+        df = report.reference
+        out = pd.DataFrame(
+            {
+                "model": df["model"],
+                "estimator": df["estimator"],
+                "placement": df["placement"],
+                "eval": df["eval"],
+                "paper": [f"{v:.3f}" for v in df["paper"]],
+                "ours": [
+                    _cell(m, s, n, n) + f" (n={n})"
+                    for m, s, n in zip(df["ours"], df["ours std"], df["ours n"], strict=True)
+                ],
+                "our configuration": df["configuration"],
+                "our eval task": df["task"],
+            }
+        )
+        return out.astype(str), pd.DataFrame(False, index=out.index, columns=out.columns)
+    raise ValueError(table)
+
+
+def _runs_view(report: Report) -> pd.DataFrame:
+    import pandas as pd
+
+    r = report.runs
+    out = pd.DataFrame(
+        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(_fmt_value), "state": r["state"]}
+    )
+    out["step"] = [
+        f"{_fmt_value(_int_or_none(s))}/{_fmt_value(_int_or_none(t))}"
+        for s, t in zip(r["step"], r["total_steps"], strict=True)
+    ]
+    out["eval"] = r["eval_checkpoint"].map(_fmt_value)
+    out[ID_AVG] = [_cell(v) for v in r[ID_AVG]]
+    out[OOD_AVG] = [_cell(v) for v in r[OOD_AVG]]
+    out["final reward"] = [_cell(v) for v in r["final reward"]]
+    out["collapsed at"] = r["collapse_step"].map(lambda v: _fmt_value(_int_or_none(v)))
+    out["note"] = [
+        f"diverged at step {_fmt_value(_int_or_none(d))}: {_fmt_value(x)}"
+        if s == "diverged"
+        else (_fmt_value(x) if s == "failed" else "")
+        for s, d, x in zip(r["state"], r["diverged_step"], r["reason"], strict=True)
+    ]
+    return out
+
+
+TITLES = {
+    "main": "Results",
+    "stability": "Training stability",
+    "audit": "KL gradient audit",
+    "reference": "Beside the study's reported numbers (arXiv 2512.21852)",
+}
+
+
+def _captions(report: Report) -> dict[str, str]:
+    h = report.eval_hash or "none"
+    return {
+        "main": (
+            f"Eval hash {h}, last evaluated checkpoint of each run (step). Mean ± sample std over the seeds "
+            "evaluated; n = seeds evaluated / seeds; — = no eval yet. Δ = change of the average from the step-0 "
+            "baseline of the same model. Best value per column in bold."
+        ),
+        "stability": DEFINITIONS.format(window=report.window, pct=100 * report.collapse_fraction)
+        + " Values: mean ± std over the runs with metrics; diverged counts all runs, collapsed the runs with metrics.",
+        "audit": (
+            "Exact expected gradient of each KL configuration in the sweep (klsweep.audit: enumeration of a "
+            "tabular policy, vocabulary 3, length 3), relative error against the gradient of KL(pi||ref) "
+            "(reverse) and KL(ref||pi) (forward). Off-policy rows: behaviour policy shifted from pi (shift 0.5), "
+            "with the run's importance weighting. Unbiased = the expected gradient is the reverse-KL gradient."
+        ),
+        "reference": (
+            "Figures reported by the study (arXiv 2512.21852, from results/paper_reference.csv) beside ours for "
+            "the configurations whose model, training task, estimator, placement and lag match "
+            "(and beta and level where the study gives them)."
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _summary(report: Report) -> list[str]:
+    r = report.runs
+    lines = [
+        f"Sweep `{report.sweep_dir}`: {len(r)} runs in {r['config'].nunique()} configurations "
+        f"({_status_text(list(r['state']))}).",
+        "Configuration axes: "
+        + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")
+        + ".",
+        f"Eval hash: {report.eval_hash or 'none yet'}; in-domain: {', '.join(report.in_domain) or DASH}; "
+        f"out of domain: {', '.join(report.ood) or DASH}.",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `klsweep report`.",
+    ]
+    return lines
+
+
+def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
+    def esc(s: Any) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        "| " + " | ".join(esc(c) for c in cells.columns) + " |",
+        "|" + "|".join("---" for _ in cells.columns) + "|",
+    ]
+    for i in range(len(cells)):
+        row = [f"**{esc(v)}**" if bold.iat[i, j] else esc(v) for j, v in enumerate(cells.iloc[i])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _sections(report: Report) -> list[str]:
+    return ["main", "stability", "audit"] + (["reference"] if len(report.reference) else [])
+
+
+def _write_md(report: Report) -> list[Path]:
+    caps = _captions(report)
+    parts = [f"# klsweep report: {report.sweep_dir.name}", "", *_summary(report), ""]
+    for t in _sections(report):
+        cells, bold = _view(report, t)
+        parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
+        if t == "main":
+            parts += ["![In-domain and OOD averages per configuration](eval_bars.png)", ""]
+        if t == "stability":
+            parts += ["![Training curves per configuration](curves.png)", ""]
+    if not len(report.reference):
+        parts += [
+            f"## {TITLES['reference']}",
+            "",
+            "No configuration of this sweep matches a reported figure.",
+            "",
+        ]
+    runs = _runs_view(report)
+    parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
+    path = report.out_dir / "report.md"
+    store.atomic_write_text(path, "\n".join(parts))
+    return [path]
+
+
+def _write_csv(report: Report) -> list[Path]:
+    paths = []
+    for name in ("main", "baseline", "stability", "audit", "reference", "runs"):
+        path = report.out_dir / f"{name}.csv"
+        store.atomic_write_text(path, getattr(report, name).to_csv(index=False))
+        paths.append(path)
+    return paths
+
+
+def _styler(report: Report, table: str, fmt: str):
+    """The table as a pandas Styler for ``fmt`` (latex or html), best values bold."""
+    cells, bold = _view(report, table)
+    if fmt == "latex":  # escape here (±, Δ, — included), so the Styler gets LaTeX already
+        cells = cells.map(_tex_escape).rename(columns=_tex_escape)
+        bold.columns = cells.columns
+        styler = cells.style.hide(axis="index")
+    else:
+        styler = cells.style.hide(axis="index").format(escape="html").format_index(escape="html", axis=1)
+    return styler.apply(lambda _: bold.replace({True: "font-weight: bold;", False: ""}), axis=None)
+
+
+def _write_latex(report: Report) -> list[Path]:
+    """One ``table`` float per table (booktabs rules: needs ``\\usepackage{booktabs}``), ready to \\input;
+    columns of numbers right-aligned."""
+    caps = _captions(report)
+    paths = []
+    for t in _sections(report):
+        cells, _ = _view(report, t)
+        numeric = [cells[c].map(lambda v: v == DASH or bool(_NUMBER.match(v))).all() for c in cells.columns]
+        tex = _styler(report, t, "latex").to_latex(
+            hrules=True,
+            convert_css=True,
+            environment="table",
+            position_float="centering",
+            caption=_tex_escape(f"{TITLES[t]}. {caps[t]}"),
+            label=f"tab:klsweep-{report.sweep_dir.name}-{t}",
+            column_format="".join("r" if x else "l" for x in numeric),
+        )
+        path = report.out_dir / f"{t}.tex"
+        store.atomic_write_text(
+            path, f"% klsweep report of {report.sweep_dir.name}: needs \\usepackage{{booktabs}}\n{tex}"
+        )
+        paths.append(path)
+    return paths
+
+
+def _tex_escape(s: str) -> str:
+    table = {
+        "\\": r"\textbackslash{}",
+        "&": r"\&",
+        "%": r"\%",
+        "$": r"\$",
+        "#": r"\#",
+        "_": r"\_",
+        "{": r"\{",
+        "}": r"\}",
+        "~": r"\textasciitilde{}",
+        "^": r"\textasciicircum{}",
+        "±": r"$\pm$",
+        "Δ": r"$\Delta$",
+        "—": "---",
+        "–": "--",
+    }
+    s = "".join(table.get(ch, ch if ch.isascii() else "?") for ch in s)
+    return _MINUS.sub("$-$", s)
+
+
+_NUMBER = re.compile(r"^[+-]?\d")
+_MINUS = re.compile(r"(?<![\w-])-(?=\d)")  # a leading minus sign of a number
+
+
+def _write_html(report: Report) -> list[Path]:
+    caps = _captions(report)
+    body = [f"<h1>klsweep report: {html.escape(report.sweep_dir.name)}</h1>"]
+    body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report)]
+    for t in _sections(report):
+        body += [
+            f"<h2>{html.escape(TITLES[t])}</h2>",
+            f"<p>{html.escape(caps[t])}</p>",
+            _styler(report, t, "html").set_table_attributes('class="klsweep"').to_html(),
+        ]
+        if t == "main":
+            body.append('<img src="eval_bars.png" alt="In-domain and OOD averages per configuration">')
+        if t == "stability":
+            body.append('<img src="curves.png" alt="Training curves per configuration">')
+    runs = _runs_view(report)
+    body += ["<h2>Runs</h2>", runs.to_html(index=False, classes="klsweep", na_rep=DASH)]
+    doc = (
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report</title><style>'
+        "body{font-family:sans-serif;max-width:1400px;margin:auto}"
+        "table.klsweep{border-collapse:collapse;font-size:13px}"
+        "table.klsweep td,table.klsweep th{border-bottom:1px solid #ccc;padding:2px 8px}"
+        "img{max-width:100%}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+    path = report.out_dir / "report.html"
+    store.atomic_write_text(path, doc)
+    return [path]
+
+
+_WRITERS = {"md": _write_md, "csv": _write_csv, "latex": _write_latex, "html": _write_html}
+
+
+def rich_tables(report: Report) -> list[Any]:
+    """The main and stability tables as rich Tables (best values in bold), for the terminal."""
+    from rich.table import Table
+
+    tables = []
+    for t in ("main", "stability"):
+        cells, bold = _view(report, t)
+        table = Table(title=f"{TITLES[t]}: {report.sweep_dir.name}", title_justify="left")
+        for c in cells.columns:
+            table.add_column(str(c), overflow="fold")
+        for i in range(len(cells)):
+            table.add_row(
+                *(f"[bold]{v}[/bold]" if bold.iat[i, j] else str(v) for j, v in enumerate(cells.iloc[i]))
+            )
+        tables.append(table)
+    return tables
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _figure(*args: Any, **kwargs: Any):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def _close(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
+    """Reward, KL k1, KL k3, entropy against step: per configuration the mean over seeds of the smoothed
+    curve, with a min-max band."""
+    fig, axs = _figure(2, 2, figsize=(12, 8), squeeze=False)
+    labels = report.runs.drop_duplicates("config").set_index("config")["label"]
+    n_configs = len(labels)
+    if len(metrics):
+        cfg = report.runs.set_index("run")["config"]
+        m = metrics.assign(config=metrics["run"].map(cfg))
+        cols = [f"{name} smoothed" for name, _ in CURVES]
+        agg = m.groupby(["config", "step"], sort=True)[cols].agg(["mean", "min", "max"])
+        colors = _colors(n_configs)
+        for ax, (name, title) in zip(axs.flat, CURVES, strict=True):
+            for c, g in agg.groupby(level="config", sort=True):
+                steps = g.index.get_level_values("step")
+                col = g[f"{name} smoothed"]
+                if col["mean"].isna().all():
+                    continue
+                ax.plot(steps, col["mean"], color=colors[c], lw=1.2, label=labels[c])
+                if n_configs <= 40:
+                    ax.fill_between(steps, col["min"], col["max"], color=colors[c], alpha=0.2, lw=0)
+            ax.set_title(f"{title} (smoothed, {report.window} steps)")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    else:
+        for ax in axs.flat:
+            ax.text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", transform=ax.transAxes)
+    if 0 < n_configs <= 20 and len(metrics):
+        handles, names = axs.flat[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", ncol=min(3, n_configs), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(n_configs / 3), 1, 1))
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _close(fig)
+    return [path]
+
+
+def _colors(n: int) -> list[Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"]
+    return [cmap(i if n <= 20 else i / max(n - 1, 1)) for i in range(n)]
+
+
+def _plot_eval(report: Report, path: Path) -> list[Path]:
+    """In-domain and OOD averages per configuration (mean ± std over seeds); the step-0 baseline dashed."""
+    import numpy as np
+
+    df = report.main
+    n = len(df)
+    fig, ax = _figure(figsize=(min(max(6.0, 0.45 * n + 2), 30.0), 5))
+    ax = ax if not isinstance(ax, np.ndarray) else ax.flat[0]
+    x = np.arange(n)
+    width = 0.4
+    for off, col, color in ((-width / 2, ID_AVG, "tab:blue"), (width / 2, OOD_AVG, "tab:orange")):
+        ax.bar(
+            x + off,
+            df[col].fillna(0),
+            width,
+            yerr=df[f"{col} std"].fillna(0),
+            capsize=2,
+            color=color,
+            label=col,
+        )
+    for (_, b), style in zip(report.baseline.iterrows(), ("--", ":", "-.") * 10, strict=False):
+        for col, color in ((ID_AVG, "tab:blue"), (OOD_AVG, "tab:orange")):
+            if not math.isnan(b[col]):
+                ax.axhline(b[col], color=color, ls=style, lw=1, label=f"{col}, step 0 ({b['model.name']})")
+    missing = df[ID_AVG].isna() & df[OOD_AVG].isna()
+    for i in np.flatnonzero(missing.to_numpy()):
+        ax.text(x[i], 0, DASH, ha="center", va="bottom")
+    ax.set_xticks(x, df["label"], rotation=60 if n > 3 else 0, ha="right" if n > 3 else "center", fontsize=7)
+    ax.set_ylabel(f"score (eval {report.eval_hash or 'none'})")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _close(fig)
+    return [path]

@@ -1,0 +1,280 @@
+"""Training tasks and their rewards: the synthetic tiny tasks (offline) and MATH (math-verify).
+
+Tiny tasks. The warm-started tiny model (``klsweep.tinymodel``) is taught a mix of three skills by a short
+SFT, stopped part of the way:
+
+- ``add``: two-digit addition, ``"12+34="`` -> ``"46"``. RL trains on it: the in-domain task.
+- ``sub``: subtraction with a non-negative result, ``"56-23="`` -> ``"33"``. Out of domain.
+- ``rev``: reverse a string of 3-4 digits, ``"rev 1203="`` -> ``"3021"``. Out of domain.
+
+RL on ``add`` alone may drift from the warm-started reference and forget ``sub`` and ``rev``; a KL penalty to
+the reference should limit that, which is what the out-of-domain suite measures. Each skill's problems are
+split once, by a fixed permutation that no run seed changes, into a ``train`` pool (SFT and RL) and a disjoint
+``eval`` pool (lm-eval data written by ``write_eval_data``).
+
+Prompts are conversational (a list of ``{"role", "content"}`` messages): TRL's GRPOTrainer applies the model's
+chat template; lm-eval's ``apply_chat_template`` does the same with ``question``. The answer is what the
+assistant writes before ``<|im_end|>``.
+
+MATH. ``load_train_dataset`` reads the MATH training set from the hub (``DigitalLearningGmbH/MATH-lighteval``
+by default, or ``EleutherAI/hendrycks_math``, whose seven subject configs are concatenated) or from a local
+``.jsonl``/``.json``/``.parquet`` file with the columns ``problem`` and ``solution`` (``level`` and ``type``
+are kept when present). The reward is math-verify's equivalence of the completion's final (boxed) answer with
+the solution's last ``\\boxed{}``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    import datasets
+
+    from klsweep.config import TaskSection
+
+SKILLS: tuple[str, ...] = ("add", "sub", "rev")
+IN_DOMAIN_SKILL = "add"
+EVAL_SIZE = 200  # problems per skill in each lm-eval jsonl file
+# Fraction of each skill's problems reserved for evaluation (never used for SFT or RL).
+_EVAL_FRACTION = 0.1
+_SPLIT_SEED = 20251226  # fixes the train/eval partition for good; not a run seed
+_STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "\n")
+
+MATH_DEFAULT_DATASET = "DigitalLearningGmbH/MATH-lighteval"
+_HENDRYCKS = "EleutherAI/hendrycks_math"
+_HENDRYCKS_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+# ---------------------------------------------------------------------------------------------- tiny tasks
+
+
+def _skill_problems(skill: str) -> list[tuple[str, str]]:
+    """Every (question, answer) of a skill, in a fixed order."""
+    if skill == "add":
+        return [(f"{a}+{b}=", str(a + b)) for a in range(100) for b in range(100)]
+    if skill == "sub":
+        return [(f"{a}-{b}=", str(a - b)) for a in range(100) for b in range(a + 1)]
+    if skill == "rev":
+        digits = [f"{i:03d}" for i in range(1000)] + [f"{i:04d}" for i in range(10000)]
+        return [(f"rev {d}=", d[::-1]) for d in digits]
+    raise UserError(Problem("skill", f"unknown tiny skill {skill!r}", ", ".join(SKILLS)))
+
+
+def _split_pool(skill: str, split: str) -> list[tuple[str, str]]:
+    if split not in ("train", "eval"):
+        raise UserError(Problem("split", f"unknown split {split!r}", "train, eval"))
+    problems = _skill_problems(skill)
+    order = list(range(len(problems)))
+    random.Random(f"{_SPLIT_SEED}-{skill}").shuffle(order)
+    n_eval = int(len(problems) * _EVAL_FRACTION)
+    chosen = order[:n_eval] if split == "eval" else order[n_eval:]
+    return [problems[i] for i in sorted(chosen)]
+
+
+def chat_prompt_text(question: str, system_prompt: str | None = None) -> str:
+    """The exact text the tiny model sees for ``question`` under its ChatML template, ready for generation."""
+    system = f"<|im_start|>system\n{system_prompt}<|im_end|>\n" if system_prompt else ""
+    return f"{system}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def tiny_problems(skill: str, split: str, n: int | None, seed: int) -> list[dict[str, str]]:
+    """``n`` distinct problems of ``skill`` from ``split`` ("train" or "eval"), drawn with ``seed``
+    (``n=None``: the whole pool, shuffled). Rows: ``{"skill", "question", "answer", "prompt"}``."""
+    pool = _split_pool(skill, split)
+    if n is not None and not 0 <= n <= len(pool):
+        raise UserError(Problem("n", f"{n} problems asked of {skill}/{split}", f"0..{len(pool)}"))
+    rows = random.Random(seed).sample(pool, len(pool) if n is None else n)
+    return [{"skill": skill, "question": q, "answer": a, "prompt": chat_prompt_text(q)} for q, a in rows]
+
+
+def write_eval_data(folder: Path) -> dict[str, Path]:
+    """Write one lm-eval jsonl file per skill, ``folder/tiny_<skill>.jsonl`` (``EVAL_SIZE`` held-out problems,
+    deterministic), and return ``{"tiny_<skill>": path}``. ``tiny_add`` is in domain, the others out of domain.
+    Each line: ``{"question", "answer", "prompt"}``, where ``prompt`` is the chat-templated text."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    for skill in SKILLS:
+        path = folder / f"tiny_{skill}.jsonl"
+        rows = tiny_problems(skill, "eval", EVAL_SIZE, seed=0)
+        lines = [json.dumps({k: r[k] for k in ("question", "answer", "prompt")}) for r in rows]
+        path.write_text("\n".join(lines) + "\n")
+        out[f"tiny_{skill}"] = path
+    return out
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a TRL completion: a string (standard format) or a list of messages (conversational)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def extract_tiny_answer(text: str) -> str:
+    """The tiny model's answer: the text before the first end token or newline, stripped."""
+    for stop in _STOP_STRINGS:
+        text = text.split(stop, 1)[0]
+    return text.strip()
+
+
+def tiny_reward(prompts: list, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward: 1.0 when the completion's answer equals ``answer`` exactly, else 0.0."""
+    return [
+        float(extract_tiny_answer(completion_text(c)) == a) for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- MATH
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched; None if absent."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.index("x", start) + 1  # end of \boxed or \fbox
+    rest = text[i:]
+    if rest.startswith(" ") and not rest.lstrip().startswith("{"):  # "\boxed 5"
+        token = rest.lstrip().split("$", 1)[0].split()
+        return token[0] if token else None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for j, ch in enumerate(rest):
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return rest[1:j]
+    return None
+
+
+def _math_verify_kwargs() -> dict[str, Any]:
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    main = threading.current_thread() is threading.main_thread()
+    return {
+        "parse": {"parsing_timeout": 5 if main else None},
+        "verify": {"timeout_seconds": 5 if main else None},
+    }
+
+
+def math_correct(completion: str, answer: str) -> bool:
+    """Whether math-verify finds the completion's final answer equivalent to the gold ``answer`` (the content
+    of the solution's last box, e.g. ``\\frac{1}{2}``)."""
+    from math_verify import parse, verify
+
+    kw = _math_verify_kwargs()
+    gold = parse(f"\\boxed{{{answer}}}", **kw["parse"])
+    pred = parse(completion, **kw["parse"])
+    if not gold or not pred:
+        return False
+    return bool(verify(gold, pred, **kw["verify"]))
+
+
+def math_reward(prompts: list, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+    """TRL reward: 1.0 when math-verify finds the completion's answer equivalent to ``answer``, else 0.0."""
+    return [float(math_correct(completion_text(c), a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def _load_math_raw(dataset: str, split: str) -> datasets.Dataset:
+    import datasets
+
+    path = Path(dataset).expanduser()
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if path.exists() or suffix in (".jsonl", ".json", ".parquet"):
+        if not path.is_file():
+            raise UserError(
+                Problem("task.dataset", f"no such file: {path}", "a hub id or a .jsonl/.json/.parquet file")
+            )
+        builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+        if suffix not in builders:
+            raise UserError(
+                Problem("task.dataset", f"unsupported file type {suffix!r}", ".jsonl, .json, .parquet")
+            )
+        return datasets.load_dataset(builders[suffix], data_files=str(path), split="train")
+    if dataset == _HENDRYCKS:
+        parts = [datasets.load_dataset(dataset, subject, split=split) for subject in _HENDRYCKS_SUBJECTS]
+        return datasets.concatenate_datasets(parts)
+    return datasets.load_dataset(dataset, split=split)
+
+
+def _math_dataset(task: TaskSection) -> datasets.Dataset:
+    raw = _load_math_raw(task.dataset or MATH_DEFAULT_DATASET, task.split)
+    missing = [c for c in ("problem", "solution") if c not in raw.column_names]
+    if missing:
+        raise UserError(
+            Problem(
+                "task.dataset",
+                f"{task.dataset or MATH_DEFAULT_DATASET} lacks column(s) {missing}",
+                "MATH schema: problem, solution, level, type",
+            )
+        )
+    raw = raw.map(lambda row: {"answer": last_boxed(row["solution"])})
+    raw = raw.filter(lambda row: row["answer"] is not None)
+
+    def to_prompt(row: dict[str, Any]) -> dict[str, Any]:
+        messages = [{"role": "user", "content": f"{row['problem']}\n\n{MATH_INSTRUCTION}"}]
+        if task.system_prompt:
+            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        return {"prompt": messages}
+
+    return raw.map(to_prompt)
+
+
+def _tiny_dataset(task: TaskSection) -> datasets.Dataset:
+    import datasets
+
+    rows = tiny_problems(IN_DOMAIN_SKILL, "train", None, seed=0)
+    prompts = []
+    for r in rows:
+        messages = [{"role": "user", "content": r["question"]}]
+        if task.system_prompt:
+            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        prompts.append(messages)
+    return datasets.Dataset.from_dict(
+        {
+            "prompt": prompts,
+            "answer": [r["answer"] for r in rows],
+            "question": [r["question"] for r in rows],
+            "skill": [r["skill"] for r in rows],
+        }
+    )
+
+
+def load_train_dataset(task: TaskSection, seed: int) -> datasets.Dataset:
+    """The RL training prompts of ``task``, shuffled with ``seed`` and capped at ``task.num_train``.
+    Columns: ``prompt`` (conversational messages), ``answer`` (the reference final answer), and per task
+    ``question``/``skill`` (tiny) or ``problem``/``solution``/``level``/``type`` (MATH)."""
+    if task.name == "tiny":
+        ds = _tiny_dataset(task)
+    elif task.name == "math":
+        ds = _math_dataset(task)
+    else:
+        raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))
+    ds = ds.shuffle(seed=seed)
+    if task.num_train is not None:
+        ds = ds.select(range(min(task.num_train, len(ds))))
+    return ds
+
+
+def reward_function(task: TaskSection) -> Callable[..., list[float]]:
+    """The TRL reward function of ``task``: ``f(prompts, completions, answer, **kwargs) -> list[float]``."""
+    if task.name == "tiny":
+        return tiny_reward
+    if task.name == "math":
+        return math_reward
+    raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))

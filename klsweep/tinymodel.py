@@ -1,0 +1,297 @@
+"""The project's own tiny causal LM: a ByteLevel BPE tokenizer and a small Qwen2 model, warm-started by a short SFT
+on the tiny task mix (``klsweep.tasks``), built once and cached. No downloads: tests and the local demo study
+run offline on a CPU.
+
+- ``tiny_model_path()`` builds (or reuses) the warm-started model under ``$KLSWEEP_CACHE/tiny/<hash>/`` (default
+  ``~/.cache/klsweep``), where the hash covers the build spec, this module's and ``tasks.py``'s source and the
+  torch/transformers versions. A file lock serialises concurrent builders; the folder is built under a temporary
+  name and renamed into place, so a reader never sees half a model. ``build_info.json`` in it records the build
+  time and the greedy/sampled accuracy per skill.
+- ``resolve_model_path(model)`` maps ``model.path == "tiny"`` to that folder and leaves hub ids and paths alone.
+- ``random_tiny_model(folder)`` saves an untrained tiny model and tokenizer (for fast unit tests).
+
+The SFT is stopped as soon as greedy accuracy on the in-domain skill (addition, checked on training-pool
+problems) reaches ``TinySpec.target_accuracy``, so that RL has signal to work with: neither 0 nor 100%.
+
+Pitfall (transformers 5.x): for model_type qwen2, ``AutoTokenizer`` always builds ``Qwen2Tokenizer`` from the
+saved vocab and merges with Qwen2's own pre-tokeniser (digits split one by one), ignoring the saved pipeline; the
+BPE is therefore trained with that same pre-tokeniser, so what it learns is what is used after reloading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep import tasks
+
+if TYPE_CHECKING:
+    from klsweep.config import ModelSection
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Qwen2's pre-tokeniser split pattern (what Qwen2Tokenizer uses after reloading).
+_QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """What the tiny model is; every field enters the cache hash."""
+
+    vocab_size: int = 300
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    seed: int = 0
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 3e-3
+    sft_max_steps: int = 3000
+    check_every: int = 25
+    target_accuracy: float = 0.45  # stop the SFT at this greedy accuracy on the in-domain skill
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("KLSWEEP_CACHE", "~/.cache/klsweep")).expanduser()
+
+
+def _tokenizer_corpus() -> list[str]:
+    texts = []
+    for skill in tasks.SKILLS:
+        for row in tasks.tiny_problems(skill, "train", 300, seed=0):
+            texts.append(f"{row['prompt']}{row['answer']}<|im_end|>\n")
+    texts.append("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    return texts
+
+
+def build_tokenizer(spec: TinySpec = TinySpec()) -> Any:
+    """A ByteLevel BPE (Qwen2 pre-tokeniser, ChatML template) trained on the tiny task text, as a
+    ``PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=spec.max_position_embeddings,
+    )
+
+
+def _new_model(spec: TinySpec, tokenizer: Any) -> Any:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    end_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
+    return model
+
+
+def _save(model: Any, tokenizer: Any, folder: Path) -> None:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def random_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> Path:
+    """Save an untrained tiny model and its tokenizer in ``folder`` (created) and return it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec)
+    _save(_new_model(spec, tokenizer), tokenizer, folder)
+    return folder
+
+
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    temperature: float = 0.0,
+    max_new_tokens: int = 8,
+    seed: int = 0,
+) -> list[str]:
+    """Completions of chat-templated ``prompts`` (greedy when ``temperature == 0``), cut at the first end token."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, **sampling)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=False)
+    return [tasks.extract_tiny_answer(t) for t in texts]
+
+
+def skill_accuracy(
+    model: Any,
+    tokenizer: Any,
+    skill: str,
+    split: str = "eval",
+    n: int = 200,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> float:
+    """Fraction of ``n`` problems of ``skill`` (from ``split``) the model answers exactly."""
+    rows = tasks.tiny_problems(skill, split, n, seed)
+    answers = generate_answers(
+        model, tokenizer, [r["prompt"] for r in rows], temperature=temperature, seed=seed
+    )
+    return sum(a == r["answer"] for a, r in zip(answers, rows, strict=True)) / len(rows)
+
+
+def _sft_examples(tokenizer: Any) -> list[tuple[list[int], int]]:
+    """(token ids of prompt + answer + <|im_end|>, prompt length) for every training-pool problem."""
+    rows = [r for skill in tasks.SKILLS for r in tasks.tiny_problems(skill, "train", None, seed=0)]
+    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([r["answer"] + "<|im_end|>" for r in rows], add_special_tokens=False)["input_ids"]
+    return [(p + a, len(p)) for p, a in zip(prompts, answers, strict=True)]
+
+
+def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
+    """Train on the skill mix until greedy in-domain accuracy reaches the target; return a log of the run."""
+    import torch
+
+    examples = _sft_examples(tokenizer)
+    gen = torch.Generator().manual_seed(spec.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_learning_rate, weight_decay=0.0)
+    pad = tokenizer.pad_token_id
+    history = []
+    step = 0
+    for step in range(1, spec.sft_max_steps + 1):
+        model.train()
+        idx = torch.randint(len(examples), (spec.sft_batch_size,), generator=gen).tolist()
+        width = max(len(examples[i][0]) for i in idx)
+        ids = torch.full((len(idx), width), pad)
+        labels = torch.full((len(idx), width), -100)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            seq, n_prompt = examples[i]
+            ids[row, : len(seq)] = torch.tensor(seq)
+            labels[row, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
+            mask[row, : len(seq)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % spec.check_every == 0:
+            model.eval()
+            acc = skill_accuracy(model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=200, seed=step)
+            history.append({"step": step, "loss": round(loss.item(), 4), "train_accuracy": acc})
+            if acc >= spec.target_accuracy:
+                break
+    model.eval()
+    return {"sft_steps": step, "sft_history": history}
+
+
+def _spec_hash(spec: TinySpec) -> str:
+    import torch
+    import transformers
+
+    here = Path(__file__).parent
+    h = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode())
+    for source in (here / "tinymodel.py", here / "tasks.py"):
+        h.update(source.read_bytes())
+    h.update(f"torch={torch.__version__} transformers={transformers.__version__}".encode())
+    return h.hexdigest()[:12]
+
+
+def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any]:
+    """Build the warm-started tiny model into ``folder`` and return its build info (also saved as
+    ``build_info.json``): SFT steps, build time, greedy and sampled (temperature 1) accuracy per skill."""
+    start = time.time()
+    tokenizer = build_tokenizer(spec)
+    model = _new_model(spec, tokenizer)
+    info: dict[str, Any] = {"spec": asdict(spec), **_warm_start(model, tokenizer, spec)}
+    info["accuracy"] = {
+        skill: {
+            "greedy": skill_accuracy(model, tokenizer, skill),
+            "sampled": skill_accuracy(model, tokenizer, skill, temperature=1.0),
+        }
+        for skill in tasks.SKILLS
+    }
+    info["num_parameters"] = sum(p.numel() for p in model.parameters())
+    info["build_seconds"] = round(time.time() - start, 2)
+    _save(model, tokenizer, folder)
+    (folder / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def tiny_model_path(cache_dir: Path | None = None, spec: TinySpec = TinySpec()) -> Path:
+    """The folder of the warm-started tiny model (built on first use, then reused), loadable offline by
+    ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` and by lm-eval's ``hf`` model."""
+    from filelock import FileLock
+
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = root / "tiny"
+    final = root / _spec_hash(spec)
+    if (final / "build_info.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / "build_info.json").is_file():  # another process built it while we waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        try:
+            build_tiny_model(tmp, spec)
+            if final.exists():  # a leftover without build_info.json: incomplete
+                shutil.rmtree(final)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model_path(model: ModelSection) -> str:
+    """``model.path`` as ``from_pretrained`` takes it: "tiny" becomes the cached tiny model's folder; a hub id or
+    a local path is returned unchanged."""
+    return str(tiny_model_path()) if model.path == "tiny" else model.path

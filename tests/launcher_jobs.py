@@ -1,0 +1,121 @@
+"""Small real job functions for the launcher tests (pickled by value, so jobs need not import this module),
+and a helper that builds a Plan by hand from ``klsweep.config.RunConfig``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from omegaconf import OmegaConf
+
+from klsweep import store
+from klsweep.config import RunConfig
+from klsweep.grid import Plan, PlannedRun, run_id
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def make_plan(sweep_dir: Path, seeds: list[int], **overrides: Any) -> Plan:
+    """One run per seed; ``overrides`` are dotted keys set on every run's plain config dict."""
+    runs = []
+    for seed in seeds:
+        cfg = OmegaConf.to_container(OmegaConf.structured(RunConfig), resolve=True)
+        cfg["name"] = sweep_dir.name
+        cfg["seed"] = seed
+        cfg["train"]["steps"] = 3
+        for key, value in overrides.items():
+            node = cfg
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        rid = run_id(cfg)
+        runs.append(PlannedRun(id=rid, params={"seed": seed}, config=cfg, run_dir=sweep_dir / rid))
+    return Plan(name=sweep_dir.name, sweep_dir=sweep_dir, runs=runs, axes=["seed"], excluded=0, grid_text="")
+
+
+def _seed(run_dir: Path) -> int:
+    return int(OmegaConf.load(run_dir / store.CONFIG_FILE).seed)
+
+
+def ok_train(run_dir: Path) -> dict:
+    """Three quick steps; records when it ran (to check how many ran at once)."""
+    with open(run_dir / "spans.txt", "a") as f:
+        f.write(f"start {time.time()}\n")
+    store.write_status(run_dir, "running", step=0, total_steps=3, started_at=time.time())
+    for step in range(1, 4):
+        time.sleep(0.5)
+        store.append_jsonl(run_dir / store.METRICS_FILE, {"step": step, "reward_mean": 0.1 * step})
+        store.write_status(run_dir, "running", step=step)
+    with open(run_dir / "spans.txt", "a") as f:
+        f.write(f"end {time.time()}\n")
+    return store.write_status(run_dir, "done", finished_at=time.time(), elapsed_s=1.5)
+
+
+def bad_train(run_dir: Path) -> dict:
+    store.write_status(run_dir, "running", step=0, total_steps=3, started_at=time.time())
+    print("about to fail: KLSWEEP-BOOM", file=sys.stderr, flush=True)
+    raise RuntimeError("KLSWEEP-BOOM: this run fails on purpose")
+
+
+def seed_train(run_dir: Path) -> dict:
+    """Fails for odd seeds, succeeds for even ones."""
+    return bad_train(run_dir) if _seed(run_dir) % 2 else ok_train(run_dir)
+
+
+def slow_train(run_dir: Path, total: int = 20, step_s: float = 1.0) -> dict:
+    """``total`` steps of ``step_s`` seconds; progress lives in progress.txt, so a rerun resumes where the
+    last one stopped. starts.txt gets one line per start: the step it started from."""
+    progress = run_dir / "progress.txt"
+    done = int(progress.read_text()) if progress.exists() else 0
+    with open(run_dir / "starts.txt", "a") as f:
+        f.write(f"{done} {os.environ.get('SLURM_JOB_ID', os.environ.get('SUBMITIT_LOCAL_JOB_ID'))}\n")
+    store.write_status(run_dir, "running", step=done, total_steps=total, started_at=time.time())
+    while done < total:
+        time.sleep(step_s)
+        done += 1
+        store.atomic_write_text(progress, str(done))
+        store.write_status(run_dir, "running", step=done)
+    return store.write_status(run_dir, "done", step=done, finished_at=time.time())
+
+
+def ok_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:
+    out = {"suite": eval_cfg["suite"], "checkpoint": checkpoints, "metrics": {"in_domain": {"t": 1.0}}}
+    store.write_json(run_dir / store.EVAL_DIR / "h0" / "last" / "results.json", out)
+    return out
+
+
+def max_overlap(sweep_dir: Path) -> int:
+    """The largest number of ok_train runs that were running at the same moment."""
+    events = []
+    for p in sweep_dir.glob("*/spans.txt"):
+        for line in p.read_text().split("\n"):
+            if line:
+                kind, t = line.split()
+                events.append((float(t), 1 if kind == "start" else -1))
+    cur = best = 0
+    for _, d in sorted(events):
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def train_rows(sweep_dir: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in store.read_jsonl(sweep_dir / store.JOBS_FILE):
+        if row["kind"] == "train":
+            out.setdefault(row["run_id"], []).append(row)
+    return out
+
+
+def submit_in_child(plan: Plan, cluster: str, train_fn: Any, out: str) -> None:
+    """Entry for a forked process of the race test: submit, write the result's actions to ``out``."""
+    from klsweep.launcher import submit
+
+    res = submit(plan, cluster, train_fn=train_fn)
+    Path(out).write_text(json.dumps(res.actions))

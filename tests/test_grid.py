@@ -1,0 +1,459 @@
+"""klsweep.grid: grid file -> validated plan; `klsweep plan`. Malformed grids exit with code 2, name every
+problem with where it is and what is allowed, and write nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klsweep import grid
+from klsweep.config import COSMETIC_KEYS
+
+TINY = """\
+name: tiny
+base:
+  model: tiny
+  train.steps: 50
+grid:
+  kl.estimator: k1,k3
+  kl.placement: reward,loss,both
+  kl.beta: 0.05,0.1
+  offpolicy.lag: 0,10
+  seed: range(3)
+exclude:
+  - {kl.estimator: k1, kl.placement: both}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr)."""
+    from klsweep import cli as cli_mod
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
+    code = 0
+    try:
+        cli_mod.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --------------------------------------------------------------------------------------------------------
+# Valid grids
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
+    plan = grid.load_plan(write(tmp_path, TINY), out=tmp_path / "res")
+    assert plan.name == "tiny"
+    assert len(plan.runs) == 2 * 3 * 2 * 2 * 3 - 2 * 2 * 3
+    assert plan.excluded == 12
+    assert plan.axes == ["kl.estimator", "kl.placement", "kl.beta", "offpolicy.lag", "seed"]
+    assert plan.sweep_dir == (tmp_path / "res" / "tiny").absolute()
+    assert plan.grid_text == TINY
+    assert not any(r.params["kl.estimator"] == "k1" and r.params["kl.placement"] == "both" for r in plan.runs)
+    run = plan.runs[0]
+    assert run.params == {
+        "kl.estimator": "k1",
+        "kl.placement": "reward",
+        "kl.beta": 0.05,
+        "offpolicy.lag": 0,
+        "seed": 0,
+    }
+    assert run.run_dir == plan.sweep_dir / run.id
+    assert len(run.id) == 10 and int(run.id, 16) >= 0
+    c = run.config
+    assert c["name"] == "tiny" and c["train"]["steps"] == 50 and c["model"]["path"] == "tiny"
+    assert c["kl"] == {
+        "estimator": "k1",
+        "placement": "reward",
+        "level": "token",
+        "beta": 0.05,
+        "importance": "none",
+    }
+    json.dumps(c)  # JSON-able
+    assert len({r.id for r in plan.runs}) == len(plan.runs)
+    assert nothing_under(tmp_path / "res")
+
+
+def nothing_under(path: Path) -> bool:
+    return not path.exists() or not any(path.rglob("*"))
+
+
+def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):
+    a = grid.load_plan(write(tmp_path, TINY))
+    b = grid.load_plan(write(tmp_path, TINY.replace("name: tiny", "name: other") + "  \n"))
+    assert [r.id for r in a.runs] == [r.id for r in b.runs]
+    config = a.runs[0].config
+    changed = json.loads(json.dumps(config))
+    changed["cluster"]["kind"] = "slurm"
+    changed["model"]["resources"]["gpus_per_node"] = 8
+    changed["model"]["name"] = "renamed"
+    changed["eval"]["suite"] = "paper"
+    changed["wandb"]["mode"] = "disabled"
+    assert grid.run_id(changed) == grid.run_id(config)
+    assert changed["model"]["name"] == "renamed"  # run_id does not touch its argument
+    changed["kl"]["beta"] = 0.5
+    assert grid.run_id(changed) != grid.run_id(config)
+    assert "model.resources" in COSMETIC_KEYS
+
+
+def test_grid_list_is_a_union_deduplicated_by_id(tmp_path):
+    text = """\
+name: u
+grid:
+  - kl.estimator: k1,k3
+    kl.beta: 0.1
+  - kl.beta: 0.0
+  - kl.estimator: k3
+    kl.beta: 0.1,0.0
+"""
+    plan = grid.load_plan(write(tmp_path, text))
+    # k1/0.1, k3/0.1, k3/0.0 (the schema's default estimator is k3): the last sub-grid adds nothing new
+    assert [(r.params["kl.estimator"], r.params["kl.beta"]) for r in plan.runs] == [
+        ("k1", 0.1),
+        ("k3", 0.1),
+        ("k3", 0.0),
+    ]
+
+
+def test_an_exclude_applies_to_the_sub_grids_that_have_its_keys(tmp_path):
+    text = """\
+name: x
+grid:
+  - kl.estimator: k1,k3
+    kl.beta: 0.1
+  - kl.beta: 0.0
+exclude:
+  - {kl.estimator: k3}
+"""
+    plan = grid.load_plan(write(tmp_path, text))
+    # the baseline's estimator is the default k3, but the baseline sub-grid has no estimator axis
+    assert [(r.config["kl"]["estimator"], r.config["kl"]["beta"]) for r in plan.runs] == [
+        ("k1", 0.1),
+        ("k3", 0.0),
+    ]
+    assert plan.excluded == 1
+
+
+def test_command_line_adds_and_replaces_axes_and_sets_values(tmp_path):
+    path = write(tmp_path, TINY)
+    plan = grid.load_plan(path, ["kl.beta=0.3,1.0", "train.steps=10", "seed=0", "kl.level=token,sequence"])
+    assert "seed" not in plan.axes
+    assert plan.axes[-1] == "kl.level"
+    assert {r.params["kl.beta"] for r in plan.runs} == {0.3, 1.0}
+    assert all(r.config["train"]["steps"] == 10 and r.config["seed"] == 0 for r in plan.runs)
+    assert len(plan.runs) == 2 * 3 * 2 * 2 * 2 - 1 * 1 * 2 * 2 * 2
+
+
+def test_yaml_lists_and_nested_base_values(tmp_path):
+    text = """\
+name: nested
+base:
+  train: {steps: 7, learning_rate: 0.001}
+  model:
+    dtype: float32
+grid:
+  kl.estimator: [k1, k2]
+  seed: choice(1, 2)
+"""
+    plan = grid.load_plan(write(tmp_path, text))
+    assert len(plan.runs) == 4
+    assert plan.runs[0].config["train"]["steps"] == 7
+    assert plan.runs[0].config["model"]["dtype"] == "float32"
+    assert plan.runs[0].config["model"]["path"] == "tiny"  # the group's other values stay
+
+
+def test_presets_as_an_axis_set_kl(tmp_path):
+    text = "name: p\ngrid:\n  preset: trl,verl,openrlhf,paper\n"
+    plan = grid.load_plan(write(tmp_path, text))
+    by = {r.params["preset"]: r.config["kl"] for r in plan.runs}
+    assert by["trl"] == {
+        "estimator": "k3",
+        "placement": "loss",
+        "level": "token",
+        "beta": 0.04,
+        "importance": "token",
+    }
+    assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
+    assert by["openrlhf"]["estimator"] == "k1" and by["openrlhf"]["placement"] == "reward"
+    assert by["paper"]["estimator"] == "k1" and by["paper"]["placement"] == "reward"
+    assert "kl.estimator" in plan.axes  # varies through the preset
+    # values override a preset (Hydra: overrides beat group contents)
+    plan = grid.load_plan(write(tmp_path, text), ["kl.beta=0.2"])
+    assert {r.config["kl"]["beta"] for r in plan.runs} == {0.2}
+
+
+def test_glob_over_group_options(tmp_path):
+    plan = grid.load_plan(write(tmp_path, "name: g\ngrid:\n  model: glob(qwen*)\n"))
+    assert [r.params["model"] for r in plan.runs] == ["qwen2.5-7b", "qwen3-4b-instruct-2507"]
+    assert plan.runs[0].config["model"]["path"] == "Qwen/Qwen2.5-7B"
+
+
+def test_user_searchpath_adds_group_options(tmp_path):
+    conf = tmp_path / "myconf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "model" / "mine.yaml").write_text("name: mine\npath: /models/mine\n")
+    text = "name: s\nsearchpath: [myconf]\ngrid:\n  model: tiny,mine\n"
+    plan = grid.load_plan(write(tmp_path, text))
+    assert [r.config["model"]["path"] for r in plan.runs] == ["tiny", "/models/mine"]
+    # the same through config_dirs (--config-dir)
+    plan = grid.load_plan(write(tmp_path, "name: s\ngrid:\n  model: tiny,mine\n"), config_dirs=[str(conf)])
+    assert len(plan.runs) == 2
+
+
+def test_bad_preset_from_a_user_searchpath_is_reported(tmp_path, monkeypatch, capsys):
+    conf = tmp_path / "myconf"
+    (conf / "preset").mkdir(parents=True)
+    (conf / "preset" / "bad.yaml").write_text("# @package _global_\nkl:\n  estimator: k7\n")
+    p = write(tmp_path, "name: s\ngrid:\n  preset: bad,trl\n")
+    code, _, err = cli(["plan", p, "--config-dir", conf, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert code == 2
+    assert "kl.estimator" in err and "'k7'" in err and "k1, k2, k3" in err
+
+
+def test_compose_run_config_round_trips_a_planned_config(tmp_path):
+    plan = grid.load_plan(write(tmp_path, TINY))
+    run = plan.runs[5]
+    f = tmp_path / "config.yaml"
+    f.write_text(yaml.safe_dump(run.config))
+    assert grid.compose_run_config(f, []) == run.config
+    changed = grid.compose_run_config(f, ["train.steps=3", "kl.beta=0.5"])
+    assert changed["train"]["steps"] == 3 and changed["kl"]["beta"] == 0.5
+    assert grid.run_id(changed) != run.id
+    # a file's values beat its groups' contents: a complete config.yaml keeps its model.path
+    assert grid.compose_run_config(f, ["model=qwen2.5-7b"])["model"]["path"] == "tiny"
+    assert grid.compose_run_config(None, ["model=qwen2.5-7b"])["model"]["path"] == "Qwen/Qwen2.5-7B"
+    assert grid.compose_run_config(None, ["kl.estimator=k1"])["kl"]["estimator"] == "k1"
+    with pytest.raises(grid.UserError, match="one run takes one value"):
+        grid.compose_run_config(None, ["seed=1,2"])
+    with pytest.raises(grid.UserError, match="kl.placement"):
+        grid.compose_run_config(None, ["kl.placement=nowhere"])
+
+
+def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
+    from klsweep import store
+
+    p = write(tmp_path, TINY)
+    out = tmp_path / "res"
+    code, stdout, _ = cli(["plan", p, "--out", out, "--json"], monkeypatch, capsys)
+    assert code == 0
+    data = json.loads(stdout)
+    assert data["name"] == "tiny" and len(data["runs"]) == 60
+    assert set(data["runs"][0]) == {"id", "params"}
+    assert set(data["runs"][0]["params"]) == {
+        "kl.estimator",
+        "kl.placement",
+        "kl.beta",
+        "offpolicy.lag",
+        "seed",
+    }
+    assert data["to_submit"] == 60 and data["done"] == 0 and data["excluded"] == 12
+    assert nothing_under(out)
+
+    store.write_status(out / "tiny" / data["runs"][0]["id"], "done")
+    store.write_status(out / "tiny" / data["runs"][1]["id"], "failed")
+    code, stdout, _ = cli(["plan", p, "--out", out], monkeypatch, capsys)
+    assert code == 0
+    assert "60 runs, 12 excluded, 1 already done, 59 to submit" in stdout
+    assert "GPU-hours" in stdout and "upper bound" in stdout
+    assert data["runs"][2]["id"] in stdout
+
+
+def test_gpu_hours_upper_bound(tmp_path):
+    plan = grid.load_plan(write(tmp_path, "name: m\ngrid:\n  model: qwen2.5-7b,qwen3-4b-instruct-2507\n"))
+    assert grid.gpu_hours(plan.runs) == pytest.approx(8 * 1440 / 60 + 4 * 960 / 60)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Malformed grids: exit code 2, every problem named, nothing written
+# --------------------------------------------------------------------------------------------------------
+
+G = "name: bad\ngrid:\n  kl.estimator: k1,k3\n"  # a valid start to add mistakes to
+
+MALFORMED = {
+    "unknown axis key": (
+        "name: bad\ngrid:\n  kl.estimater: k1,k3\n",
+        [],
+        ["grid.kl.estimater", "unknown key 'kl.estimater'", "did you mean 'kl.estimator'"],
+    ),
+    "unknown base key": (
+        "name: bad\nbase:\n  train.stepz: 3\n" + G[10:],
+        [],
+        ["base.train.stepz", "did you mean 'train.steps'"],
+    ),
+    "unknown command-line key": (G, ["kl.bta=0.1"], ["command line: kl.bta=0.1", "did you mean 'kl.beta'"]),
+    "bad value type in the file": (
+        "name: bad\nbase:\n  train.steps: abc\n" + G[10:],
+        [],
+        ["base.train.steps", "'abc' is not a valid value"],
+    ),
+    "bad value type on the command line": (
+        G,
+        ["train.steps=abc"],
+        ["command line: train.steps=abc", "'abc'", "int"],
+    ),
+    "invalid KL estimator": (
+        "name: bad\ngrid:\n  kl.estimator: k1,k9\n",
+        [],
+        ["grid.kl.estimator", "'k9' is not valid", "k1, k2, k3"],
+    ),
+    "invalid KL placement": (
+        G,
+        ["kl.placement=rewards"],
+        ["command line: kl.placement=rewards", "reward, loss, both"],
+    ),
+    "negative beta": ("name: bad\ngrid:\n  kl.beta: 0.1,-1\n", [], ["grid.kl.beta", "-1.0", ">= 0"]),
+    "bad override grammar": (
+        "name: bad\ngrid:\n  kl.beta: 'choice(0.1'\n",
+        [],
+        ["grid.kl.beta", "bad override grammar"],
+    ),
+    "interval is not enumerable": (
+        "name: bad\ngrid:\n  kl.beta: interval(0, 1)\n",
+        [],
+        ["interval(...) is not enumerable"],
+    ),
+    "unknown group option": (
+        "name: bad\ngrid:\n  model: tiny,gpt5\n",
+        [],
+        [
+            "grid.model",
+            "'gpt5' is not an option of config group 'model'",
+            "qwen2.5-7b",
+            "llama-3.1-8b-instruct",
+        ],
+    ),
+    "unknown group option on the command line": (
+        G,
+        ["task=mathh"],
+        ["command line: task=mathh", "did you mean 'math'", "tiny"],
+    ),
+    "glob over values": (
+        "name: bad\ngrid:\n  seed: glob(*)\n",
+        [],
+        ["glob(...) selects config-group options"],
+    ),
+    "exclude matches nothing": (
+        G + "exclude:\n  - {kl.estimator: k2}\n",
+        [],
+        ["exclude[0]", "matches no run"],
+    ),
+    "exclude names a non-axis key": (
+        G + "exclude:\n  - {kl.level: token}\n",
+        [],
+        ["exclude[0].kl.level", "not an axis", "kl.estimator"],
+    ),
+    "exclude is not a list": (
+        G + "exclude: {kl.estimator: k1}\n",
+        [],
+        ["exclude", "list of partial assignments"],
+    ),
+    "every run excluded": (
+        G + "exclude:\n  - {kl.estimator: k1}\n  - {kl.estimator: k3}\n",
+        [],
+        ["every run is excluded"],
+    ),
+    "no grid": ("name: bad\nbase:\n  seed: 1\n", [], ["grid", "missing"]),
+    "empty grid list": ("name: bad\ngrid: []\n", [], ["grid", "non-empty list"]),
+    "duplicate axis": (
+        "name: bad\ngrid:\n  kl.beta: 0.1\n  seed: 1\n  kl.beta: 0.2\n",
+        [],
+        ["g.yaml:5: kl.beta", "duplicate key"],
+    ),
+    "missing name": ("grid:\n  seed: 1,2\n", [], ["name", "missing"]),
+    "bad name characters": (
+        "name: my sweep/1\ngrid:\n  seed: 1,2\n",
+        [],
+        ["'my sweep/1' is not a valid sweep name", "letters, digits"],
+    ),
+    "unknown top-level key": (
+        "name: bad\ngrids:\n  seed: 1,2\n",
+        [],
+        ["unknown top-level key 'grids'", "did you mean 'grid'"],
+    ),
+    "YAML syntax error": (
+        "name: bad\ngrid:\n  seed: [1, 2\n  kl.beta: 0.1\n",
+        [],
+        ["g.yaml:4", "YAML syntax error"],
+    ),
+    "not a mapping": ("- a\n- b\n", [], ["a grid file is a mapping"]),
+    "negative lag": (
+        "name: bad\ngrid:\n  offpolicy.lag: 0,-10\n",
+        [],
+        ["grid.offpolicy.lag", "-10 is out of range", ">= 0"],
+    ),
+    "zero steps": (G, ["train.steps=0"], ["train.steps", "0 is out of range", "> 0"]),
+    "group size one": (
+        "name: bad\nbase:\n  train.group_size: 1\n" + G[10:],
+        [],
+        ["train.group_size", ">= 2"],
+    ),
+    "name set in base": ("name: bad\nbase:\n  name: other\n" + G[10:], [], ["base.name", "top-level"]),
+    "missing searchpath folder": (
+        "name: bad\nsearchpath: nowhere\n" + G[10:],
+        [],
+        ["searchpath", "is not a folder"],
+    ),
+    "plus prefix on the command line": (G, ["+kl.foo=1"], ["command line: +kl.foo=1", "not used by klsweep"]),
+    "axis value is a mapping": (
+        "name: bad\ngrid:\n  kl.beta: {a: 1}\n",
+        [],
+        ["grid.kl.beta", "list of values or a sweep"],
+    ),
+    "unknown key inside a list of grids": (
+        "name: bad\ngrid:\n  - seed: 1\n  - sed: 2\n",
+        [],
+        ["grid[1].sed", "did you mean 'seed'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+def test_malformed_grid_exits_2_with_the_problem_and_writes_nothing(case, tmp_path, monkeypatch, capsys):
+    text, extra, expected = MALFORMED[case]
+    p = write(tmp_path, text)
+    out = tmp_path / "res"
+    code, stdout, err = cli(["plan", p, *extra, "--out", out], monkeypatch, capsys)
+    assert code == 2, (stdout, err)
+    assert "Traceback" not in err
+    flat = " ".join(err.split())
+    for s in expected:
+        assert s in flat, f"{s!r} not in:\n{err}"
+    assert not out.exists()
+
+
+def test_every_problem_is_reported_at_once(tmp_path, monkeypatch, capsys):
+    text = """\
+name: bad
+base:
+  train.steps: abc
+  offpolicy.lag: -1
+grid:
+  kl.estimater: k1,k3
+  kl.placement: reward,sideways
+  model: tiny,nope
+"""
+    code, _, err = cli(["plan", write(tmp_path, text), "seed=x"], monkeypatch, capsys)
+    assert code == 2
+    flat = " ".join(err.split())
+    assert "6 problems" in flat
+    for s in ("train.steps", "offpolicy.lag", "kl.estimater", "'sideways'", "'nope'", "command line: seed=x"):
+        assert s in flat
+
+
+def test_missing_grid_file(tmp_path, monkeypatch, capsys):
+    code, _, err = cli(["plan", tmp_path / "nope.yaml"], monkeypatch, capsys)
+    assert code == 2 and "cannot read the grid file" in err

@@ -1,0 +1,186 @@
+"""The launcher against real submitit: the local executor (supervised waves), the debug executor, and the real
+local Slurm cluster (``bash slurm/start.sh; source /tmp/klsweep-slurm/env.sh``; marked ``slurm``)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+
+import launcher_jobs as jobs  # tests/ is on sys.path under pytest
+import pytest
+
+from klsweep import launcher, store
+
+HAVE_SLURM = shutil.which("sbatch") is not None or os.environ.get("CI") == "true"
+if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():
+    os.environ["SLURM_CONF"] = "/tmp/klsweep-slurm/slurm.conf"
+
+CLUSTERS = [
+    "local",
+    pytest.param(
+        "slurm",
+        marks=[
+            pytest.mark.slurm,
+            pytest.mark.skipif(not HAVE_SLURM, reason="no sbatch (bash slurm/start.sh)"),
+        ],
+    ),
+]
+
+
+def wait(sweep: Path, timeout_s: float = 120) -> dict[str, launcher.RunStatus]:
+    runs = launcher.wait_until_final(sweep, poll_s=0.5, timeout_s=timeout_s)
+    return {r.run_id: r for r in runs}
+
+
+def wait_for(cond, timeout_s: float = 60) -> None:
+    start = time.time()
+    while not cond():
+        if time.time() - start > timeout_s:
+            raise TimeoutError("condition not met")
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_array_runs_then_rerun_skips(tmp_path: Path, cluster: str) -> None:
+    sweep = tmp_path / "arr"
+    plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.max_local_jobs": 2, "cluster.array_parallelism": 2})
+    res = launcher.submit(plan, cluster, train_fn=jobs.ok_train)
+    assert res.actions == {r.id: "submit" for r in plan.runs}
+    if cluster == "slurm":
+        assert res.sbatch_calls == 1
+        assert len({j["job_id"].split("_")[0] for j in res.jobs}) == 1  # one array
+    final = wait(sweep)
+    assert {r.state for r in final.values()} == {"done"}
+    assert all(r.step == 3 and r.reward == pytest.approx(0.3) for r in final.values())
+    assert all(r.params == {"seed": i} for i, r in enumerate(final[p.id] for p in plan.runs))
+    assert jobs.max_overlap(sweep) <= 2
+    assert (sweep / store.SWEEP_FILE).exists()
+    assert all((r.run_dir / store.CONFIG_FILE).exists() for r in plan.runs)
+    n_rows = len(store.read_jsonl(sweep / store.JOBS_FILE))
+    again = launcher.submit(plan, cluster, train_fn=jobs.ok_train)
+    assert set(again.actions.values()) == {"skip-done"}
+    assert again.jobs == [] and again.sbatch_calls == 0
+    assert len(store.read_jsonl(sweep / store.JOBS_FILE)) == n_rows
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_failing_run_shows_failed_with_log_tail(tmp_path: Path, cluster: str) -> None:
+    sweep = tmp_path / "fail"
+    plan = jobs.make_plan(sweep, [0])
+    launcher.submit(plan, cluster, train_fn=jobs.bad_train)
+    (run,) = wait(sweep).values()
+    assert run.state == "failed"
+    assert any("KLSWEEP-BOOM" in line for line in run.log_tail)
+    # a failed run is not resubmitted unless asked
+    assert launcher.submit(plan, cluster, train_fn=jobs.ok_train).actions[run.run_id] == "skip-failed"
+    assert (
+        launcher.submit(plan, cluster, train_fn=jobs.ok_train, retry_failed=True).actions[run.run_id]
+        == "resume"
+    )
+    (run,) = wait(sweep).values()
+    assert run.state == "done"
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_cancel(tmp_path: Path, cluster: str) -> None:
+    sweep = tmp_path / "cancel"
+    plan = jobs.make_plan(sweep, [0])
+    launcher.submit(plan, cluster, train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    wait_for(lambda: (run_dir / "progress.txt").exists())
+    assert launcher.status(sweep)[0].state == "running"
+    assert launcher.cancel(sweep) == [plan.runs[0].id]
+    (run,) = wait(sweep, timeout_s=30).values()
+    assert run.state == "cancelled"
+    stopped_at = int((run_dir / "progress.txt").read_text())
+    time.sleep(3)
+    assert int((run_dir / "progress.txt").read_text()) == stopped_at  # the job is really gone
+
+
+def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
+    sweep = tmp_path / "requeue"
+    plan = jobs.make_plan(sweep, [0])
+    plan.runs[0].config["model"]["resources"]["timeout_min"] = 0.25  # 15 s; USR2 at 10 s
+    launcher.submit(plan, "local", train_fn=jobs.slow_train)
+    (run,) = wait(sweep, timeout_s=90).values()
+    assert run.state == "done" and run.step == 20
+    starts = [int(line.split()[0]) for line in (plan.runs[0].run_dir / "starts.txt").read_text().splitlines()]
+    assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0  # resumed, not restarted
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_eval_runs_after_successful_train_only(tmp_path: Path, cluster: str) -> None:
+    sweep = tmp_path / "evaldep"
+    plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})
+    res = launcher.submit(plan, cluster, train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
+    assert sorted(r["kind"] for r in res.jobs) == ["eval", "eval", "train", "train"]
+    final = wait(sweep)
+    good, bad = plan.runs[0], plan.runs[1]
+    assert final[good.id].state == "done" and final[good.id].eval_state == "done"
+    assert (good.run_dir / "eval/h0/last/results.json").exists()
+    assert final[bad.id].state == "failed"
+    assert final[bad.id].eval_state in ("skipped", "cancelled")
+    assert not (bad.run_dir / "eval").exists()  # the eval of a failed train never ran
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_concurrent_submits_submit_each_run_once(tmp_path: Path, cluster: str) -> None:
+    sweep = tmp_path / "race"
+    plan = jobs.make_plan(sweep, [0, 1, 2])
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(
+            target=jobs.submit_in_child, args=(plan, cluster, jobs.ok_train, str(tmp_path / f"r{i}.json"))
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    wait(sweep)
+    rows = jobs.train_rows(sweep)
+    submitted = {
+        rid: [r for r in rs if r["job_id"] is not None or r.get("supervisor")] for rid, rs in rows.items()
+    }
+    if cluster == "slurm":
+        assert {rid: len(rs) for rid, rs in submitted.items()} == {r.id: 1 for r in plan.runs}
+    else:  # local: one queued row per run from `submit`, then one row with the started job from the supervisor
+        queued = {rid: sum(r["job_id"] is None for r in rs) for rid, rs in rows.items()}
+        started = {rid: sum(r["job_id"] is not None for r in rs) for rid, rs in rows.items()}
+        assert queued == started == {r.id: 1 for r in plan.runs}
+    for run in plan.runs:
+        assert (run.run_dir / "spans.txt").read_text().count("start") == 1
+
+
+def test_debug_executor_runs_in_process(tmp_path: Path) -> None:
+    sweep = tmp_path / "debug"
+    plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})
+    res = launcher.submit(plan, "debug", train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
+    # in-process: everything has run by the time submit returns
+    states = {r.run_id: (r.state, r.eval_state) for r in launcher.status(sweep)}
+    assert states == {plan.runs[0].id: ("done", "done"), plan.runs[1].id: ("failed", None)}
+    assert {r["kind"] for r in res.jobs} == {"train", "eval"}
+
+
+def test_force_resubmits_and_clears(tmp_path: Path) -> None:
+    sweep = tmp_path / "force"
+    plan = jobs.make_plan(sweep, [0])
+    launcher.submit(plan, "debug", train_fn=jobs.ok_train)
+    marker = plan.runs[0].run_dir / "stale.txt"
+    marker.write_text("x")
+    res = launcher.submit(plan, "debug", train_fn=jobs.ok_train, force=True)
+    assert res.actions == {plan.runs[0].id: "submit"}
+    assert not marker.exists()
+    assert launcher.status(sweep)[0].state == "done"
+
+
+def test_unknown_cluster_is_a_user_error(tmp_path: Path) -> None:
+    from klsweep.errors import UserError
+
+    with pytest.raises(UserError, match="unknown cluster"):
+        launcher.submit(jobs.make_plan(tmp_path / "x", [0]), "kubernetes")

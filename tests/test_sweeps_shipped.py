@@ -1,0 +1,60 @@
+"""Every shipped grid (sweeps/*.yaml) opens with a how-to-run comment and plans without a problem."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from klsweep import grid
+
+SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.yaml"))
+
+
+def test_the_three_sweeps_are_shipped():
+    assert {p.stem for p in SWEEPS} >= {"paper", "tiny", "presets"}
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_shipped_sweep_plans(path, tmp_path):
+    assert path.read_text().startswith("# how to run: klsweep run sweeps/")
+    plan = grid.load_plan(path, out=tmp_path)
+    assert plan.name == path.stem
+    assert plan.runs and len({r.id for r in plan.runs}) == len(plan.runs)
+    assert all(set(r.params) == set(plan.axes) for r in plan.runs)
+    assert not any(tmp_path.iterdir())
+
+
+def test_paper_sweep_is_the_study(tmp_path):
+    plan = grid.load_plan(Path(__file__).parent.parent / "sweeps" / "paper.yaml", out=tmp_path)
+    runs = [r.config for r in plan.runs]
+    assert {c["task"]["name"] for c in runs} == {"math"}
+    assert {c["eval"]["suite"] for c in runs} == {"paper"}
+    assert {c["cluster"]["kind"] for c in runs} == {"slurm"}
+    assert {c["train"]["group_size"] for c in runs} == {5}
+    assert {c["seed"] for c in runs} == {0, 1, 2}
+    assert {c["kl"]["beta"] for c in runs} == {0.0, 0.05, 0.1, 0.3, 1.0}
+    kl_runs = [c for c in runs if c["kl"]["beta"] > 0]
+    assert {(c["kl"]["estimator"], c["kl"]["placement"]) for c in kl_runs} == {
+        (e, p) for e in ("k1", "k3") for p in ("reward", "loss", "both")
+    }
+    lags = {(c["model"]["name"], c["offpolicy"]["lag"]) for c in runs}
+    assert lags == {
+        ("qwen2.5-7b", 0),
+        ("llama-3.1-8b-instruct", 0),
+        ("qwen3-4b-instruct-2507", 0),
+        ("qwen3-4b-instruct-2507", 10),
+    }
+    per_model = Counter(c["model"]["name"] for c in runs)
+    assert per_model == {"qwen2.5-7b": 75, "llama-3.1-8b-instruct": 75, "qwen3-4b-instruct-2507": 150}
+    assert grid.gpu_hours(plan.runs) > 0
+
+
+def test_tiny_sweep_is_small(tmp_path):
+    plan = grid.load_plan(Path(__file__).parent.parent / "sweeps" / "tiny.yaml", out=tmp_path)
+    assert 36 <= len(plan.runs) <= 42
+    assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
+    assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 4}
+    assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
+    assert grid.gpu_hours(plan.runs) == 0

@@ -1,0 +1,256 @@
+"""KLGRPOTrainer against real TRL on an untrained tiny model: every placement and level trains and logs the KL
+metrics; k3/loss/token equals TRL's built-in KL (loss and gradients); the KL part of the gradient equals the
+gradient of ``kl.surrogate`` for each placement; lag and num_iterations; on-policy is plain TRL."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from klsweep import kl as klmath
+from klsweep.kl import KLConfig
+
+BATCH = 8  # completions per step: 2 prompts x 4
+GROUP = 4
+LENGTH = 8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from klsweep.tinymodel import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    from datasets import Dataset
+
+    questions = [f"{a}+{b}=" for a in range(8) for b in range(5)]
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": q}] for q in questions],
+            "answer": [str(eval(q[:-1])) for q in questions],
+        }
+    )
+
+
+def length_reward(prompts, completions, answer, **kwargs) -> list[float]:
+    """A reward with spread in every group: the completion's length modulo 3."""
+    return [float(len(c[0]["content"]) % 3) for c in completions]
+
+
+def make_config(out: Path, **overrides):
+    from trl import GRPOConfig
+
+    settings = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=BATCH,
+        num_generations=GROUP,
+        max_completion_length=LENGTH,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        bf16=False,
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return GRPOConfig(**settings)
+
+
+def make_trainer(model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, **overrides):
+    """KLGRPOTrainer (``kl`` given) or plain TRL GRPOTrainer (``kl`` None; then pass ``beta``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from klsweep.trainer import KLGRPOTrainer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    args = make_config(out, **overrides)
+    common = dict(reward_funcs=length_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+    if kl is None:
+        return GRPOTrainer(model, **common)
+    return KLGRPOTrainer(model, kl=kl, lag=lag, **common)
+
+
+def generate(trainer, dataset, seed: int = 0) -> dict:
+    """One generated, scored batch of two prompts x GROUP completions (train mode, on-policy)."""
+    trainer.model.train()
+    rows = [dataset[0]] * GROUP + [dataset[1]] * GROUP
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions(rows)
+
+
+def loss_and_grads(trainer, inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
+    trainer.model.zero_grad()
+    return loss.detach(), grads
+
+
+def independent_logps(model, inputs) -> torch.Tensor:
+    """Per-token log-probs of the completions by a plain forward (no fused head), with gradients."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    T = inputs["completion_ids"].size(1)
+    logp = torch.log_softmax(logits[:, -T:].float(), dim=-1)
+    return logp.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def assert_grads_close(actual, expected, rtol=1e-5, atol=1e-7):
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("placement", ["reward", "loss", "both"])
+def test_each_placement_and_level_trains_and_logs(model_dir, dataset, tmp_path, placement, level):
+    estimator = "k1" if level == "sequence" else "k3"
+    trainer = make_trainer(model_dir, dataset, tmp_path, KLConfig(estimator, placement, level, beta=0.1), max_steps=2)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logs) == 2
+    for row in logs:
+        for key in ("kl/k1", "kl/k3", "kl/penalty", "task_reward/mean", "task_reward/std", "entropy"):
+            assert isinstance(row[key], float), key
+        assert row["kl/k3"] >= 0
+    assert logs[0]["kl/k1"] == pytest.approx(0.0, abs=1e-5)  # step 0: the policy is the reference
+    assert logs[1]["kl/k3"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_rejects_trl_beta(model_dir, dataset, tmp_path):
+    with pytest.raises(ValueError, match="beta"):
+        make_trainer(model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1), beta=0.1)
+
+
+def test_on_policy_is_plain_trl(model_dir, dataset, tmp_path):
+    """lag 0, num_iterations 1, beta 0 (KL in the reward: advantages recomputed): the same updates as TRL."""
+    plain = make_trainer(model_dir, dataset, tmp_path / "plain", None, beta=0.0)
+    ours = make_trainer(model_dir, dataset, tmp_path / "ours", KLConfig("k1", "reward", beta=0.0))
+    for trainer in (plain, ours):
+        torch.manual_seed(0)
+        trainer.train()
+    for a, b in zip(plain.model.parameters(), ours.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    losses = [[row["loss"] for row in t.state.log_history if "loss" in row] for t in (plain, ours)]
+    assert losses[0] == losses[1]
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_k3_loss_token_equals_trl_builtin_kl(model_dir, dataset, tmp_path, loss_type):
+    beta = 0.3
+    trl = make_trainer(model_dir, dataset, tmp_path / "trl", None, beta=beta, use_bias_correction_kl=False, loss_type=loss_type)
+    ours = make_trainer(model_dir, dataset, tmp_path / "ours", KLConfig("k3", "loss", "token", beta=beta), loss_type=loss_type)
+    # Make the policy differ from the reference, identically in both, so that the KL is not zero.
+    with torch.no_grad():
+        for a, b in zip(trl.model.parameters(), ours.model.parameters(), strict=True):
+            noise = 0.05 * torch.randn_like(a)
+            a.add_(noise)
+            b.add_(noise)
+    inputs_trl, inputs_ours = generate(trl, dataset), generate(ours, dataset)
+    assert torch.equal(inputs_trl["completion_ids"], inputs_ours["completion_ids"])
+    torch.testing.assert_close(inputs_trl["ref_per_token_logps"], inputs_ours["ref_per_token_logps"])
+    loss_trl, grads_trl = loss_and_grads(trl, inputs_trl)
+    loss_ours, grads_ours = loss_and_grads(ours, inputs_ours)
+    torch.testing.assert_close(loss_ours, loss_trl, rtol=1e-6, atol=1e-7)
+    assert_grads_close(grads_ours, grads_trl, rtol=1e-5, atol=1e-8)
+    assert ours._metrics["train"]["kl/k3"][-1] > 0
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("placement", ["reward", "loss", "both"])
+def test_kl_gradient_is_surrogate_gradient(model_dir, dataset, tmp_path, placement, level):
+    """grad(loss at beta) - grad(loss at beta 0), same batch, equals beta x the gradient of kl.surrogate with
+    the trainer's normalisers. Exact because on-policy (ratio 1, no clipping) with scale_rewards="none" the
+    policy loss is linear in the advantages: a KL in the reward changes the advantage of sequence y by
+    -beta (KL_hat(y) - its group's mean), i.e. a score-function term with the GRPO group-mean baseline, and the
+    dapo loss divides everything by the number of completion tokens N. A KL in the loss is divided by N at
+    token level, by the number of sequences at sequence level."""
+    beta = 0.5
+    config = KLConfig("k3", placement, level, beta=beta)
+    trainer = make_trainer(model_dir, dataset, tmp_path, config, scale_rewards="none", loss_type="dapo")
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    inputs_beta = generate(trainer, dataset)
+    trainer.kl = dataclasses.replace(config, beta=0.0)
+    inputs_zero = generate(trainer, dataset)
+    assert torch.equal(inputs_beta["completion_ids"], inputs_zero["completion_ids"])
+    _, grads_zero = loss_and_grads(trainer, inputs_zero)
+    trainer.kl = config
+    _, grads_beta = loss_and_grads(trainer, inputs_beta)
+    difference = [b - z for b, z in zip(grads_beta, grads_zero, strict=True)]
+
+    # The expected gradient, from an independent forward and kl.surrogate.
+    model = trainer.model
+    model.zero_grad()
+    logp = independent_logps(model, inputs_beta)
+    mask = inputs_beta["completion_mask"]
+    ref = inputs_beta["ref_per_token_logps"]
+    n_tokens = mask.sum()
+    objective = torch.zeros(())
+    if placement in ("reward", "both"):
+        surrogate = klmath.surrogate(logp, ref, mask, dataclasses.replace(config, placement="reward"))
+        kl_hat = klmath.estimate(logp, ref, mask, "k3", level).detach()
+        baseline = kl_hat.view(-1, GROUP).mean(1).repeat_interleave(GROUP)
+        objective = objective + (surrogate - baseline * (logp * mask).sum(-1)).sum() / n_tokens
+    if placement in ("loss", "both"):
+        surrogate = klmath.surrogate(logp, ref, mask, dataclasses.replace(config, placement="loss"))
+        objective = objective + surrogate.sum() / (n_tokens if level == "token" else surrogate.numel())
+    (beta * objective).backward()
+    expected = [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
+    assert max(e.abs().max().item() for e in expected) > 1e-4  # a real signal
+    assert_grads_close(difference, expected, rtol=1e-4, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------ off-policy
+
+
+@pytest.mark.parametrize(("lag", "num_iterations", "expected"), [(2, 1, [0, 1, 2, 2, 2]), (1, 2, [0, 1, 2, 3, 2])])
+def test_lag_and_iterations(model_dir, dataset, tmp_path, lag, num_iterations, expected):
+    """The batch trained at step t was generated by the policy of step t-k (recorded with each batch)."""
+    trainer = make_trainer(
+        model_dir, dataset, tmp_path, KLConfig("k1", "reward", beta=0.1), lag=lag,
+        num_iterations=num_iterations, max_steps=len(expected),
+    )
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert [row["policy_lag"] for row in logs] == expected
+    assert len(trainer._lag_queue) == lag
+
+
+def test_lag_uses_behaviour_logps(model_dir, dataset, tmp_path):
+    """A batch in flight carries the log-probs of the policy that generated it, which the ratio is taken
+    against: after an update they differ from the current policy's."""
+    trainer = make_trainer(model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1), lag=1, max_steps=2)
+    trainer.train()
+    (pending,) = trainer._lag_queue  # generated at step 1, not trained yet
+    assert pending["policy_version"].unique().tolist() == [1]
+    ids = torch.cat([pending["prompt_ids"], pending["completion_ids"]], dim=1)
+    attention = torch.cat([pending["prompt_mask"], pending["completion_mask"]], dim=1)
+    with torch.no_grad():
+        current = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, pending["completion_ids"].size(1)
+        )[0]
+    mask = pending["completion_mask"].bool()
+    assert not torch.allclose(current[mask], pending["old_per_token_logps"][mask])

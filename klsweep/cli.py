@@ -176,6 +176,96 @@ def eval_command(
         raise typer.Exit(1)
 
 
+# --- run / status / cancel (klsweep/launcher.py) ---------------------------------------------------------
+
+
+@app.command("run")
+def run_command(
+    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    overrides: OverridesArg = None,
+    cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process, for pdb)")] = "local",
+    wait: Annotated[bool, typer.Option("--wait", help="show progress until every run is final")] = False,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="cancel, clear and resubmit every run")] = False,
+    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
+        "results"
+    ),
+) -> None:
+    """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
+    from klsweep import grid as grid_mod
+    from klsweep import launcher
+
+    plan = grid_mod.load_plan(grid, overrides, out=out)
+    res = launcher.submit(plan, cluster, retry_failed=retry_failed, force=force)
+    console = _console()
+    counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
+    console.print(
+        f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
+    )
+    if wait and cluster != "debug":
+        from rich.progress import Progress
+
+        with Progress(console=console) as bar:
+            task = bar.add_task("runs final", total=len(plan.runs))
+            runs = launcher.wait_until_final(
+                res.sweep_dir,
+                on_update=lambda rs: bar.update(
+                    task, completed=sum(r.state in ("done", "failed", "diverged", "cancelled") for r in rs)
+                ),
+            )
+        console.print(launcher.table(runs, title=plan.name))
+
+
+@app.command("status")
+def status_command(
+    sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
+    watch: Annotated[
+        bool, typer.Option("--watch", help="refresh every few seconds until all runs are final")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
+) -> None:
+    """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
+    from klsweep import launcher
+
+    sweep_dir = launcher.resolve_sweep(sweep)
+    if as_json:
+        import json
+
+        print(json.dumps([r.as_dict() for r in launcher.status(sweep_dir)], indent=2, default=str))
+        return
+    console = _console()
+    if watch:
+        from rich.live import Live
+
+        with Live(console=console) as live:
+            runs = launcher.wait_until_final(
+                sweep_dir, on_update=lambda rs: live.update(launcher.table(rs, title=sweep_dir.name))
+            )
+    else:
+        runs = launcher.status(sweep_dir)
+        console.print(launcher.table(runs, title=sweep_dir.name))
+    for r in runs:
+        if r.state == "failed" and r.log_tail:
+            console.rule(f"{r.run_id} (failed)")
+            console.print("\n".join(r.log_tail), highlight=False, markup=False)
+
+
+@app.command("cancel")
+def cancel_command(
+    sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="run ids (default: every run of the sweep)")
+    ] = None,
+) -> None:
+    """Cancel a sweep's live jobs (scancel / stop local jobs); their runs become 'cancelled'."""
+    from klsweep import launcher
+
+    cancelled = launcher.cancel(launcher.resolve_sweep(sweep), runs or None)
+    _console().print(f"cancelled {len(cancelled)} run(s): {' '.join(cancelled)}", highlight=False)
+
+
 def main() -> None:
     """Console-script entry: run the app, turning UserError into a clear message and exit code 2."""
     try:

@@ -749,10 +749,10 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
         train_row, eval_row = rows.get((rid, "train")), rows.get((rid, "eval"))
         sched = states.get(_key(train_row)) if train_row else None
         state = _combine(st.get("state", "pending"), sched)
-        if state == "pending" and st.get("state") == "running" and train_row:
-            # accounting lags the job: trust a running status written since this submission
-            if float(st.get("updated_at") or 0) >= float(train_row["submitted_at"]):
-                state = "running"
+        # accounting lags the job: trust a running status written since this submission
+        fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
+        if state == "pending" and st.get("state") == "running" and fresh:
+            state = "running"
         eval_state = None
         if eval_row is not None:
             e_sched = states.get(_key(eval_row))
@@ -900,6 +900,30 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
             if store.read_status(sweep_dir / rid).get("state") != "done":
                 store.write_status(sweep_dir / rid, "cancelled", reason="cancelled by user")
     return cancelled
+
+
+def table(runs: list[RunStatus], title: str = "") -> Any:
+    """A rich table of ``status`` rows (failed runs' log tails are printed separately by the CLI)."""
+    from rich.table import Table
+
+    t = Table(title=title or None)
+    axes = list(runs[0].params) if runs else []
+    for col in ["run", *axes, "state", "step", "reward", "elapsed", "GPU-h", "job", "eval"]:
+        t.add_column(col, justify="right" if col in ("step", "reward", "elapsed", "GPU-h") else "left")
+    colour = {
+        "done": "green",
+        "failed": "red",
+        "diverged": "magenta",
+        "cancelled": "yellow",
+        "running": "cyan",
+    }
+    for r in runs:
+        step = f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step)
+        reward = "" if r.reward is None else f"{r.reward:.3f}"
+        state = f"[{colour.get(r.state, 'white')}]{r.state}[/]"
+        t.add_row(r.run_id, *(str(r.params.get(a)) for a in axes), state, step, reward,
+                  f"{r.elapsed_s / 60:.1f}m", f"{r.gpu_hours:.2f}", r.job_id or "", r.eval_state or "")  # fmt: skip
+    return t
 
 
 if __name__ == "__main__":

@@ -291,7 +291,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
                 "reason": status.get("reason") or _last_line(status.get("error")),
             }
         )
-        for m in store.read_metrics(d):
+        for m in _read_metrics(d):
             m["run"] = d.name
             metric_rows.append(m)
     axes = _varying_axes(configs)
@@ -314,6 +314,19 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
             runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
     metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])
     return runs, configs, axes, metrics
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """``store.read_metrics``, parsed as one JSON array (several times faster); the store's line-by-line reader
+    (which drops a torn last line) when that fails."""
+    p = run_dir / store.METRICS_FILE
+    if not p.exists():
+        return []
+    text = p.read_text().strip()
+    try:
+        return json.loads("[" + ",".join(text.splitlines()) + "]") if text else []
+    except json.JSONDecodeError:
+        return store.read_metrics(run_dir)
 
 
 def _last_line(text: str | None) -> str | None:
@@ -399,20 +412,24 @@ def _baseline(sweep: Path, eval_hash: str | None, in_domain: list[str], ood: lis
 def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
     """Δ columns: each run's averages minus those of the baseline of its model (matched by model.path, then
     by model.name or the baseline folder name)."""
-    by_key: dict[Any, Any] = {}
-    for _, b in baseline.iterrows():
-        for key in (("name", b["folder"]), ("name", b["model.name"]), ("path", b["model.path"])):
-            if key[1] is not None:
-                by_key.setdefault(key, b)
-    d_id, d_ood = [], []
-    for _, r in runs.iterrows():
-        b = by_key.get(("path", r["model.path"]))
-        if b is None:
-            b = by_key.get(("name", r["model.name"]))
-        d_id.append(r[ID_AVG] - b[ID_AVG] if b is not None else math.nan)
-        d_ood.append(r[OOD_AVG] - b[OOD_AVG] if b is not None else math.nan)
-    runs[D_ID] = d_id
-    runs[D_OOD] = d_ood
+    by_key: dict[tuple[str, Any], tuple[float, float]] = {}
+    for folder, name, path, b_id, b_ood in zip(
+        baseline["folder"],
+        baseline["model.name"],
+        baseline["model.path"],
+        baseline[ID_AVG],
+        baseline[OOD_AVG],
+        strict=True,
+    ):
+        for key in (("path", path), ("name", folder), ("name", name)):
+            if _none(key[1]) is not None:
+                by_key.setdefault(key, (b_id, b_ood))
+    base = [
+        by_key.get(("path", path)) or by_key.get(("name", name)) or (math.nan, math.nan)
+        for path, name in zip(runs["model.path"], runs["model.name"], strict=True)
+    ]
+    runs[D_ID] = runs[ID_AVG] - [b[0] for b in base]
+    runs[D_OOD] = runs[OOD_AVG] - [b[1] for b in base]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -446,37 +463,47 @@ def collapse_step(
 
 
 def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fraction: float) -> None:
-    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3, lowest smoothed entropy, collapse step."""
+    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3, lowest smoothed entropy, collapse step.
+    Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
     import numpy as np
 
-    stats: dict[str, dict[str, Any]] = {}
     names = [m for m, _ in CURVES]
     for m in names:
         if m not in metrics:
             metrics[m] = np.nan
+    stats = None
+    collapse: dict[str, int | None] = {}
     if len(metrics):
         metrics.sort_values(["run", "step"], inplace=True, kind="stable")
+        metrics.reset_index(drop=True, inplace=True)
         smoothed = metrics.groupby("run", sort=False)[names].rolling(window, min_periods=1).mean()
         for m in names:
             metrics[f"{m} smoothed"] = smoothed[m].to_numpy()
-        for run, g in metrics.groupby("run", sort=False):
-            r = g["reward_mean smoothed"].to_numpy()
-            stats[run] = {
-                "final reward": r[-1],
-                "peak reward": np.nanmax(r) if not np.isnan(r).all() else np.nan,
-                "peak KL k1": g["kl_k1 smoothed"].max(),
-                "peak KL k3": g["kl_k3 smoothed"].max(),
-                "min entropy": g["entropy smoothed"].min(),
-                "last logged step": int(g["step"].iloc[-1]),
-                "collapse_step": collapse_step(
-                    g["step"].to_numpy(), g["reward_mean"].to_numpy(), window, fraction
-                ),
+        g = metrics.groupby("run", sort=False)
+        stats = g.agg(
+            **{
+                "final reward": ("reward_mean smoothed", "last"),
+                "peak reward": ("reward_mean smoothed", "max"),
+                "peak KL k1": ("kl_k1 smoothed", "max"),
+                "peak KL k3": ("kl_k3 smoothed", "max"),
+                "min entropy": ("entropy smoothed", "min"),
+                "last logged step": ("step", "last"),
             }
+        )
+        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean"].to_numpy(dtype=float)
+        for run, idx in g.indices.items():
+            collapse[run] = collapse_step(steps[idx], rewards[idx], window, fraction)
     for col in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy", "last logged step"):
-        runs[col] = [_float(stats.get(r, {}).get(col)) for r in runs["run"]]
-    runs["has_metrics"] = [r in stats for r in runs["run"]]
-    runs["collapse_step"] = [stats.get(r, {}).get("collapse_step") for r in runs["run"]]
+        runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
+    runs["has_metrics"] = runs["run"].isin(collapse)
+    runs["collapse_step"] = _object_series([collapse.get(r) for r in runs["run"]])
     runs["collapsed"] = runs["collapse_step"].notna()
+
+
+def _object_series(values: list[Any]) -> pd.Series:
+    import pandas as pd
+
+    return pd.Series(values, dtype=object)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -573,14 +600,13 @@ def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     df["with metrics"] = g["has_metrics"].sum()
     _add_stats(df, runs, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
     df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
-    df["diverged at"] = g.apply(
-        lambda r: "; ".join(
-            f"step {_fmt_value(_int_or_none(x.diverged_step))}" + (f": {x.reason}" if _none(x.reason) else "")
-            for x in r.itertuples()
-            if x.state == "diverged"
-        ),
-        include_groups=False,
-    )
+    div = runs[runs["state"] == "diverged"]
+    notes = [
+        f"step {_fmt_value(_int_or_none(step))}" + (f": {reason}" if _none(reason) else "")
+        for step, reason in zip(div["diverged_step"], div["reason"], strict=True)
+    ]
+    df["diverged at"] = _object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
+    df["diverged at"] = df["diverged at"].fillna("")
     df["collapsed"] = g["collapsed"].sum().astype(int)
     df["collapsed at"] = g["collapse_step"].agg(lambda s: ", ".join(str(int(x)) for x in s.dropna()))
     return df.reset_index(drop=True)
@@ -603,10 +629,16 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     )
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
     keys = [
-        ("none",) * 4
-        if nk
-        else (r["kl.estimator"], r["kl.placement"], r["kl.level"], r["kl.importance"] if o else "on-policy")
-        for nk, o, (_, r) in zip(no_kl, off, runs.iterrows(), strict=True)
+        ("none",) * 4 if nk else (est, plc, lvl, imp if o else "on-policy")
+        for nk, o, est, plc, lvl, imp in zip(
+            no_kl,
+            off,
+            runs["kl.estimator"],
+            runs["kl.placement"],
+            runs["kl.level"],
+            runs["kl.importance"],
+            strict=True,
+        )
     ]
     counts: dict[tuple[Any, ...], list[int]] = {}
     for k, c in zip(keys, runs["config"], strict=True):
@@ -694,9 +726,9 @@ def _reference_table(
     for _, f in ref.iterrows():
         model = str(f["model"]).lower()
         match = runs[
-            runs.apply(
-                lambda r, m=model: m in str(r["model.path"]).lower() or m in str(r["model.name"]).lower(),
-                axis=1,
+            (
+                runs["model.path"].astype(str).str.lower().str.contains(model, regex=False)
+                | runs["model.name"].astype(str).str.lower().str.contains(model, regex=False)
             )
             & (runs["task.name"] == f["task"])
             & (runs["kl.estimator"] == f["estimator"])
@@ -913,9 +945,12 @@ def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
         "| " + " | ".join(esc(c) for c in cells.columns) + " |",
         "|" + "|".join("---" for _ in cells.columns) + "|",
     ]
-    for i in range(len(cells)):
-        row = [f"**{esc(v)}**" if bold.iat[i, j] else esc(v) for j, v in enumerate(cells.iloc[i])]
-        lines.append("| " + " | ".join(row) + " |")
+    for values, marks in zip(cells.to_numpy(), bold.to_numpy(), strict=True):
+        lines.append(
+            "| "
+            + " | ".join(f"**{esc(v)}**" if b else esc(v) for v, b in zip(values, marks, strict=True))
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -1059,10 +1094,8 @@ def rich_tables(report: Report) -> list[Any]:
         table = Table(title=f"{TITLES[t]}: {report.sweep_dir.name}", title_justify="left")
         for c in cells.columns:
             table.add_column(str(c), overflow="fold")
-        for i in range(len(cells)):
-            table.add_row(
-                *(f"[bold]{v}[/bold]" if bold.iat[i, j] else str(v) for j, v in enumerate(cells.iloc[i]))
-            )
+        for values, marks in zip(cells.to_numpy(), bold.to_numpy(), strict=True):
+            table.add_row(*(f"[bold]{v}[/bold]" if b else str(v) for v, b in zip(values, marks, strict=True)))
         tables.append(table)
     return tables
 
@@ -1090,9 +1123,11 @@ def _close(fig: Any) -> None:
 def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """Reward, KL k1, KL k3, entropy against step: per configuration the mean over seeds of the smoothed
     curve, with a min-max band."""
-    fig, axs = _figure(2, 2, figsize=(12, 8), squeeze=False)
     labels = report.runs.drop_duplicates("config").set_index("config")["label"]
     n_configs = len(labels)
+    legend_rows = math.ceil(n_configs / 3) if 0 < n_configs <= 20 and len(metrics) else 0
+    height = 8 + 0.22 * legend_rows
+    fig, axs = _figure(2, 2, figsize=(12, height), squeeze=False)
     if len(metrics):
         cfg = report.runs.set_index("run")["config"]
         m = metrics.assign(config=metrics["run"].map(cfg))
@@ -1114,12 +1149,17 @@ def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path
     else:
         for ax in axs.flat:
             ax.text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", transform=ax.transAxes)
-    if 0 < n_configs <= 20 and len(metrics):
+    if legend_rows:
         handles, names = axs.flat[0].get_legend_handles_labels()
         fig.legend(handles, names, loc="lower center", ncol=min(3, n_configs), fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(n_configs / 3), 1, 1))
-    else:
-        fig.tight_layout()
+    elif n_configs > 20:
+        fig.text(
+            0.5, 0.01, f"{n_configs} configurations: no legend (see the tables)", ha="center", fontsize=8
+        )
+    # Fixed margins (inches) rather than tight_layout, which draws the figure once more.
+    fig.subplots_adjust(
+        left=0.06, right=0.98, top=1 - 0.4 / height, bottom=(0.6 + 0.22 * legend_rows) / height, hspace=0.3
+    )
     fig.savefig(path, dpi=100)
     _close(fig)
     return [path]
@@ -1138,8 +1178,16 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
 
     df = report.main
     n = len(df)
-    fig, ax = _figure(figsize=(min(max(6.0, 0.45 * n + 2), 30.0), 5))
-    ax = ax if not isinstance(ax, np.ndarray) else ax.flat[0]
+    cfg_cols = [SHORT.get(a, a) for a in report.axes]
+    ticks = [" / ".join(_fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)] or [
+        "all"
+    ] * n
+    if not cfg_cols:
+        ticks = ["all runs"] * n
+    rotate = n > 4
+    bottom = 0.6 + (0.065 * max(map(len, ticks), default=0) if rotate else 0.2)  # inches for the tick labels
+    width_in, height = min(max(6.0, 0.3 * n + 2), 30.0), 4.5 + bottom
+    fig, ax = _figure(figsize=(width_in, height))
     x = np.arange(n)
     width = 0.4
     for off, col, color in ((-width / 2, ID_AVG, "tab:blue"), (width / 2, OOD_AVG, "tab:orange")):
@@ -1152,18 +1200,24 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
             color=color,
             label=col,
         )
-    for (_, b), style in zip(report.baseline.iterrows(), ("--", ":", "-.") * 10, strict=False):
+    base = report.baseline
+    for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):
         for col, color in ((ID_AVG, "tab:blue"), (OOD_AVG, "tab:orange")):
-            if not math.isnan(b[col]):
-                ax.axhline(b[col], color=color, ls=style, lw=1, label=f"{col}, step 0 ({b['model.name']})")
+            if not math.isnan(base[col].iloc[i]):
+                label = f"{col}, step 0 ({base['model.name'].iloc[i]})"
+                ax.axhline(base[col].iloc[i], color=color, ls=style, lw=1, label=label)
     missing = df[ID_AVG].isna() & df[OOD_AVG].isna()
     for i in np.flatnonzero(missing.to_numpy()):
         ax.text(x[i], 0, DASH, ha="center", va="bottom")
-    ax.set_xticks(x, df["label"], rotation=60 if n > 3 else 0, ha="right" if n > 3 else "center", fontsize=7)
+    ax.set_xticks(x, ticks, rotation=90 if rotate else 0, fontsize=7)
+    ax.set_xlabel(" / ".join(cfg_cols) or "configuration")
+    ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel(f"score (eval {report.eval_hash or 'none'})")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+    fig.subplots_adjust(
+        left=0.8 / width_in, right=1 - 0.2 / width_in, top=1 - 0.3 / height, bottom=bottom / height
+    )
     fig.savefig(path, dpi=100)
     _close(fig)
     return [path]

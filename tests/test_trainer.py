@@ -85,6 +85,7 @@ def make_trainer(model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, **o
 def generate(trainer, dataset, seed: int = 0) -> dict:
     """One generated, scored batch of two prompts x GROUP completions (train mode, on-policy)."""
     trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which these tests bypass
     rows = [dataset[0]] * GROUP + [dataset[1]] * GROUP
     torch.manual_seed(seed)
     return trainer._generate_and_score_completions(rows)
@@ -219,8 +220,10 @@ def test_kl_gradient_is_surrogate_gradient(model_dir, dataset, tmp_path, placeme
         objective = objective + surrogate.sum() / (n_tokens if level == "token" else surrogate.numel())
     (beta * objective).backward()
     expected = [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
-    assert max(e.abs().max().item() for e in expected) > 1e-4  # a real signal
-    assert_grads_close(difference, expected, rtol=1e-4, atol=1e-7)
+    scale = max(e.abs().max().item() for e in expected)
+    assert scale > 1e-4  # a real signal
+    # float32: the difference of two gradients carries rounding of the order of 1e-7 x their size
+    assert_grads_close(difference, expected, rtol=1e-4, atol=1e-5 * scale)
 
 
 # ------------------------------------------------------------------------------------------------ off-policy

@@ -1,0 +1,259 @@
+"""klsweep.evaluate with real lm-eval on the project's tiny models: the results contract, skip on repeat, a new
+hash after a settings change, broken checkpoints, the step-0 baseline, the paper suite's task names, and that
+the metric tells a trained model from a random one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from klsweep import evaluate as ev
+from klsweep import store
+from klsweep.errors import UserError
+
+CONTRACT_KEYS = {
+    "suite",
+    "eval_hash",
+    "checkpoint",
+    "step",
+    "backend",
+    "metric",
+    "metrics",
+    "stderr",
+    "settings",
+    "lm_eval_version",
+    "created_at",
+}
+TINY_TASKS = ["tiny_add", "tiny_sub", "tiny_rev"]
+
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from klsweep.tinymodel import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("models") / "random")
+
+
+@pytest.fixture
+def tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ev.EvalSection:
+    monkeypatch.chdir(tmp_path)  # the shipped task data must not depend on the working directory
+    return replace(ev.load_suite("tiny"), limit=8)
+
+
+def make_run(
+    sweep: Path, name: str, model: Path, steps: tuple[int, ...] = (10,), state: str = "done"
+) -> Path:
+    run = sweep / name
+    for step in steps:
+        shutil.copytree(model, run / store.CHECKPOINTS_DIR / f"checkpoint-{step}")
+    config = {"name": sweep.name, "model": {"name": "tiny", "path": str(model)}}
+    store.atomic_write_text(run / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
+    store.write_status(run, state, step=max(steps, default=0))
+    return run
+
+
+def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+    run = make_run(tmp_path / "sweep", "run-a", random_model, steps=(5, 10))
+    (path,) = ev.eval_run(run, tiny)
+    h = ev.eval_hash(ev.eval_settings(tiny))
+    assert path == run / "eval" / h / "checkpoint-10" / "results.json"
+    res = json.loads(path.read_text())
+    assert set(res) >= CONTRACT_KEYS
+    assert res["suite"] == "tiny" and res["eval_hash"] == h and res["checkpoint"] == "checkpoint-10"
+    assert res["step"] == 10 and res["backend"] == "hf" and res["metric"] == "exact_match"
+    assert set(res["metrics"]) == {"in_domain", "ood"}
+    assert set(res["metrics"]["in_domain"]) == {"tiny_add"}
+    assert set(res["metrics"]["ood"]) == {"tiny_sub", "tiny_rev"}
+    assert set(res["stderr"]) == set(TINY_TASKS)
+    assert all(0.0 <= v <= 1.0 for part in res["metrics"].values() for v in part.values())
+    assert res["settings"] == ev.eval_settings(tiny)
+    assert res["lm_eval_version"] == ev.lm_eval_version()
+    assert res["num_problems"] == dict.fromkeys(TINY_TASKS, 8)
+    for task in TINY_TASKS:
+        rows = store.read_jsonl(path.parent / f"samples_{task}.jsonl")
+        assert len(rows) == 8 and {"doc", "resps", "filtered_resps", "exact_match"} <= set(rows[0])
+    # the chat template wrapped the question exactly as the training prompts are
+    add = store.read_jsonl(path.parent / "samples_tiny_add.jsonl")[0]
+    assert add["arguments"][0][0] == add["doc"]["prompt"]
+    assert "vllm" not in sys.modules
+    # --checkpoints all adds the earlier checkpoint beside the last
+    assert [p.parent.name for p in ev.eval_run(run, tiny, checkpoints="all")] == [
+        "checkpoint-5",
+        "checkpoint-10",
+    ]
+
+
+def test_repeat_is_skipped_and_changed_settings_get_a_new_hash(
+    tmp_path: Path, random_model: Path, tiny: ev.EvalSection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = make_run(tmp_path / "sweep", "run-a", random_model)
+    (first,) = ev.eval_run(run, tiny)
+    mtime = first.stat().st_mtime_ns
+
+    calls = []
+    real = ev._evaluate_item
+    monkeypatch.setattr(ev, "_evaluate_item", lambda item, suite: calls.append(item) or real(item, suite))
+    assert ev.eval_run(run, tiny) == [first]
+    assert calls == [] and first.stat().st_mtime_ns == mtime
+
+    (second,) = ev.eval_run(run, replace(tiny, max_gen_toks=6))
+    assert len(calls) == 1
+    assert second.parent.parent.name != first.parent.parent.name
+    assert first.is_file() and first.stat().st_mtime_ns == mtime  # the old results are kept
+    assert json.loads(second.read_text())["settings"]["max_gen_toks"] == 6
+    # batch size does not change a score: same hash
+    assert ev.eval_hash(ev.eval_settings(replace(tiny, batch_size=3))) == ev.eval_hash(ev.eval_settings(tiny))
+
+
+def test_broken_checkpoint_is_recorded_and_others_go_on(
+    tmp_path: Path, random_model: Path, tiny: ev.EvalSection
+) -> None:
+    sweep = tmp_path / "sweep"
+    good = make_run(sweep, "good", random_model)
+    bad = make_run(sweep, "bad", random_model)
+    empty = make_run(sweep, "empty", random_model, steps=())
+    weights = next((bad / "checkpoints" / "checkpoint-10").glob("*.safetensors"))
+    weights.write_bytes(b"not a safetensors file")
+
+    paths = ev.eval_many([bad, empty, good], tiny)
+    h = ev.eval_hash(ev.eval_settings(tiny))
+    assert paths == [good / "eval" / h / "checkpoint-10" / "results.json"]
+    err = json.loads((bad / "eval" / h / "error.json").read_text())
+    assert "checkpoint-10" in err["error"] and err["traceback"]
+    assert store.read_status(bad)["eval_error"] == err["error"]
+    assert store.read_status(bad)["state"] == "done"  # the run's own state is untouched
+    assert "no complete checkpoint" in store.read_status(empty)["eval_error"]
+    with pytest.raises(ev.EvalError, match="checkpoint-10"):
+        ev.eval_run(bad, tiny)
+
+    # fixed: the error is cleared
+    shutil.rmtree(bad / "checkpoints" / "checkpoint-10")
+    shutil.copytree(random_model, bad / "checkpoints" / "checkpoint-10")
+    ev.eval_run(bad, tiny)
+    assert not (bad / "eval" / h / "error.json").exists()
+    assert store.read_status(bad)["eval_error"] is None
+
+
+def test_baseline_is_step_0(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+    sweep = tmp_path / "sweep"
+    config = {"model": {"name": "tiny", "path": str(random_model)}}
+    path = ev.eval_baseline(sweep, config, tiny)
+    h = ev.eval_hash(ev.eval_settings(tiny))
+    assert path == sweep / "baseline" / "tiny" / "eval" / h / "step-0" / "results.json"
+    res = json.loads(path.read_text())
+    assert res["checkpoint"] == "step-0" and res["step"] == 0
+    assert (sweep / "baseline" / "tiny" / "config.yaml").is_file()
+    mtime = path.stat().st_mtime_ns
+    assert ev.eval_baseline(sweep, config, tiny) == path and path.stat().st_mtime_ns == mtime
+
+
+def test_evaluate_a_sweep_in_process(
+    tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = tmp_path / "sweep"
+    done = make_run(sweep, "done-run", random_model)
+    diverged = make_run(sweep, "diverged-run", random_model, state="diverged")
+    make_run(sweep, "running-run", random_model, state="running")
+    base = ev.load_suite("tiny")
+    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    out = ev.evaluate(sweep, suite="tiny", cluster="debug")
+    h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
+    assert sorted(out.results) == sorted(
+        [
+            sweep / "baseline" / "tiny" / "eval" / h / "step-0" / "results.json",
+            done / "eval" / h / "checkpoint-10" / "results.json",
+            diverged / "eval" / h / "checkpoint-10" / "results.json",
+        ]
+    )
+    assert out.errors == {} and list(out.skipped.values()) == ["running"]
+
+
+def test_cli_eval_one_run(tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from klsweep.cli import app
+
+    run = make_run(tmp_path / "sweep", "run-a", random_model)
+    base = ev.load_suite("tiny")
+    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    result = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "debug"])
+    assert result.exit_code == 0, result.output
+    assert "results.json" in result.output
+    bad = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "moon"])
+    assert bad.exit_code != 0 and isinstance(bad.exception, UserError)
+
+
+def test_sampled_pass_at_1(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+    run = make_run(tmp_path / "sweep", "run-a", random_model)
+    cfg = replace(tiny, limit=4, temperature=1.0, num_samples=2)
+    (path,) = ev.eval_run(run, cfg)
+    rows = store.read_jsonl(path.parent / "samples_tiny_add.jsonl")
+    assert sorted({r["sample_index"] for r in rows}) == [0, 1] and len(rows) == 8
+    assert json.loads(path.read_text())["num_problems"]["tiny_add"] == 4
+
+
+def test_invalid_settings_are_user_errors() -> None:
+    with pytest.raises(UserError, match="no eval suite 'moon'"):
+        ev.load_suite("moon")
+    with pytest.raises(UserError, match="no lm-eval task 'tiny_mul'"):
+        ev.resolve_tasks(replace(ev.load_suite("tiny"), ood=["tiny_mul"]))
+    with pytest.raises(UserError, match="temperature > 0"):
+        ev.as_eval_section(replace(ev.load_suite("tiny"), num_samples=4))
+    with pytest.raises(UserError, match="names no tasks"):
+        ev.as_eval_section(ev.load_suite("none"))
+
+
+def test_paper_suite_resolves_to_existing_tasks() -> None:
+    """Index only, no download: every task of the paper suite exists, on the datasets of lm-eval's own
+    MATH-500 and MMLU tasks; the answer checks work on made-up completions."""
+    import lm_eval
+    import yaml
+    from lm_eval.filters.extraction import RegexFilter
+
+    cfg = ev.load_suite("paper")
+    assert cfg.in_domain == ["klsweep_math500"]
+    assert cfg.ood == [f"klsweep_mmlu_college_{s}" for s in ("physics", "chemistry", "biology")]
+    found = ev.resolve_tasks(cfg)
+    assert set(found) == {*cfg.in_domain, *cfg.ood}
+
+    builtin = Path(lm_eval.__file__).parent / "tasks"
+    math500 = yaml.safe_load((builtin / "minerva_math" / "minerva_math500.yaml").read_text())
+    mmlu = yaml.safe_load((builtin / "mmlu" / "generative" / "_default_template_yaml").read_text())
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    ours = {name: load_yaml(path, resolve_func=True) for name, path in found.items()}
+    assert ours["klsweep_math500"]["dataset_path"] == math500["dataset_path"] == "HuggingFaceH4/MATH-500"
+    for s in ("physics", "chemistry", "biology"):
+        task = ours[f"klsweep_mmlu_college_{s}"]
+        assert task["dataset_path"] == mmlu["dataset_path"] == "cais/mmlu"
+        assert task["dataset_name"] == f"college_{s}" and task["test_split"] == "test"
+
+    score = ours["klsweep_math500"]["process_results"]
+    assert score({"answer": "\\frac{1}{2}"}, ["so x = 0.5, i.e. $\\boxed{\\frac12}$"])["exact_match"] == 1
+    assert score({"answer": "\\frac{1}{2}"}, ["$\\boxed{2}$"])["exact_match"] == 0
+    boxed = ours["klsweep_mmlu_college_physics"]["filter_list"][0]["filter"][0]
+    f = RegexFilter(boxed["regex_pattern"], boxed["group_select"])
+    text = "First \\boxed{A} was wrong; the answer is \\boxed{\\text{(C)}}."
+    assert list(f.apply([[text]], [{}])) == [["C"]]
+
+
+@pytest.mark.slow
+def test_trained_model_scores_differently_from_random(tmp_path: Path, random_model: Path) -> None:
+    from klsweep.tinymodel import tiny_model_path
+
+    cfg = replace(ev.load_suite("tiny"), limit=32)
+    sweep = tmp_path / "sweep"
+    trained = make_run(sweep, "trained", tiny_model_path())
+    untrained = make_run(sweep, "random", random_model)
+    scores = {}
+    for path in ev.eval_many([trained, untrained], cfg):
+        res = json.loads(path.read_text())
+        scores[path.parts[-4]] = res["metrics"]["in_domain"]["tiny_add"]
+    assert scores["random"] == 0.0
+    assert scores["trained"] >= 0.2

@@ -112,6 +112,32 @@ def plan_command(
         _console().print(grid_mod.table(plan, summary))
 
 
+# --- train (klsweep/job.py) ------------------------------------------------------------------------------
+
+
+@app.command("train")
+def train_command(
+    config: Annotated[Path, typer.Argument(help="a run config YAML (e.g. a run folder's config.yaml)")],
+    overrides: OverridesArg = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="the run folder (default: results/<name>/<run-id>)")
+    ] = None,
+) -> None:
+    """Train one run in this process (resuming its folder if it has checkpoints); exit 1 if it failed."""
+    from klsweep import grid, job
+
+    resolved = grid.compose_run_config(config, overrides or [])
+    folder = run_dir or Path(grid.DEFAULT_OUT) / resolved["name"] / grid.run_id(resolved)
+    job.write_run_config(folder, resolved)
+    status = job.train_run(folder)
+    _console().print(f"{folder}: {status['state']}", highlight=False, soft_wrap=True)
+    if status.get("reason"):
+        _console().print(status["reason"], highlight=False, soft_wrap=True)
+    if status["state"] == "failed":
+        _console(stderr=True).print(status.get("error") or "", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 # --- report (klsweep/report.py) --------------------------------------------------------------------------
 
 

@@ -297,7 +297,7 @@ def _make_lm(item: _Item, cfg: EvalSection) -> Any:
         tp = cfg.tensor_parallel_size
         args = {
             "pretrained": item.model_path,
-            "dtype": "auto" if dtype == "auto" else dtype,
+            "dtype": dtype,
             "tensor_parallel_size": tp,
             "data_parallel_size": max(1, gpus // tp),
             "max_gen_toks": cfg.max_gen_toks,
@@ -334,7 +334,7 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
     started = time.time()
     lm = _make_lm(item, cfg)
     per_sample: dict[str, list[float]] = {}
-    stderr_one: dict[str, float] = {}
+    stderr_one: dict[str, float | None] = {}
     keys: dict[str, str] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     chat = bool(cfg.apply_chat_template and item.model.chat_template)
@@ -360,7 +360,7 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
                 keys[task] = key = _primary_key(result, res["configs"][task], cfg.metric)
                 per_sample.setdefault(task, []).append(float(result[key]))
                 err = result.get(key.replace(",", "_stderr,", 1))
-                stderr_one[task] = float(err) if isinstance(err, int | float) else float("nan")
+                stderr_one[task] = float(err) if isinstance(err, int | float) else None  # lm-eval: "N/A"
                 for row in res["samples"][task]:
                     samples.setdefault(task, []).append(
                         {"sample_index": seed, **row} if cfg.num_samples > 1 else row
@@ -409,7 +409,7 @@ def _is_primary(row: dict[str, Any], key: str) -> bool:
 
 def _pass1_stderr(
     samples: dict[str, list[dict[str, Any]]], keys: dict[str, str], metric: str
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Standard error over problems of the per-problem mean score across samples (pass@1 with n samples)."""
     out = {}
     for task, rows in samples.items():
@@ -420,7 +420,7 @@ def _pass1_stderr(
         means = [sum(v) / len(v) for v in by_doc.values()]
         n = len(means)
         mu = sum(means) / max(n, 1)
-        out[task] = math.sqrt(sum((m - mu) ** 2 for m in means) / (n - 1) / n) if n > 1 else float("nan")
+        out[task] = math.sqrt(sum((m - mu) ** 2 for m in means) / (n - 1) / n) if n > 1 else None
     return out
 
 

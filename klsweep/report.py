@@ -33,6 +33,7 @@ running, done, failed, diverged, cancelled); a value with no data yet is "—".
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -247,18 +248,16 @@ def _is_cosmetic(key: str) -> bool:
 
 def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:
     """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name), in AXIS_ORDER;
-    a key that is one-to-one with an axis already chosen (model.path with model.name) is left out."""
+    model.path is left out when it is one-to-one with model.name (the name says it)."""
     keys = {k for c in configs for k in c}
-    varying = [
+    axes = [
         k
         for k in keys
         if k != "seed" and not _is_cosmetic(k) and len({_hashable(c.get(k)) for c in configs}) > 1
     ]
-    varying.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
-    axes: list[str] = []
-    for k in varying:
-        if not any(_one_to_one(configs, a, k) for a in axes):
-            axes.append(k)
+    axes.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    if "model.name" in axes and "model.path" in axes and _one_to_one(configs, "model.name", "model.path"):
+        axes.remove("model.path")
     return axes
 
 
@@ -437,28 +436,42 @@ def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def smooth(values: Sequence[float] | np.ndarray, window: int = WINDOW) -> np.ndarray:
-    """Trailing mean over ``window`` steps (fewer at the start), ignoring NaN."""
-    import pandas as pd
+def smooth(
+    values: Sequence[float] | np.ndarray, window: int = WINDOW, starts: np.ndarray | None = None
+) -> np.ndarray:
+    """Trailing mean over ``window`` steps (fewer at the start), ignoring NaN (NaN where a window has no value).
+    ``starts``: per element, the index where its series begins (several runs concatenated); default one series.
+    Vectorised with cumulative sums: one pass for every run of a sweep."""
+    import numpy as np
 
-    return pd.Series(values, dtype=float).rolling(window, min_periods=1).mean().to_numpy()
+    x = np.asarray(values, dtype=float)
+    idx = np.arange(len(x))
+    lo = np.maximum(idx - window + 1, 0 if starts is None else starts)
+    ok = ~np.isnan(x)
+    total = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    count = np.concatenate([[0], np.cumsum(ok)])
+    n = count[idx + 1] - count[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (total[idx + 1] - total[lo]) / n, np.nan)
 
 
 def collapse_step(
     steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW, fraction: float = COLLAPSE_FRACTION
 ) -> int | None:
     """The step at which the run collapsed, or None (see the module docstring for the definition)."""
+    return _collapse(steps, smooth(rewards, window), fraction)
+
+
+def _collapse(steps: Sequence[int], smoothed: np.ndarray, fraction: float) -> int | None:
     import numpy as np
 
-    s = smooth(rewards, window)
+    s = smoothed
     if len(s) == 0 or np.isnan(s).all():
         return None
-    peak_i = int(np.nanargmax(s))
-    peak = s[peak_i]
+    peak = np.nanmax(s)
     if not peak > 0:
         return None
-    above = np.flatnonzero(~(s < fraction * peak))  # NaN counts as not below
-    last_above = int(above[-1])
+    last_above = int(np.flatnonzero(~(s < fraction * peak))[-1])  # NaN counts as not below
     return None if last_above == len(s) - 1 else int(steps[last_above + 1])
 
 
@@ -476,9 +489,11 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fr
     if len(metrics):
         metrics.sort_values(["run", "step"], inplace=True, kind="stable")
         metrics.reset_index(drop=True, inplace=True)
-        smoothed = metrics.groupby("run", sort=False)[names].rolling(window, min_periods=1).mean()
+        run = metrics["run"].to_numpy()
+        first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        starts = np.repeat(first, np.diff(np.r_[first, len(run)]))
         for m in names:
-            metrics[f"{m} smoothed"] = smoothed[m].to_numpy()
+            metrics[f"{m} smoothed"] = smooth(metrics[m].to_numpy(dtype=float), window, starts)
         g = metrics.groupby("run", sort=False)
         stats = g.agg(
             **{
@@ -490,9 +505,9 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fr
                 "last logged step": ("step", "last"),
             }
         )
-        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean"].to_numpy(dtype=float)
-        for run, idx in g.indices.items():
-            collapse[run] = collapse_step(steps[idx], rewards[idx], window, fraction)
+        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean smoothed"].to_numpy()
+        for name, idx in g.indices.items():
+            collapse[name] = _collapse(steps[idx], rewards[idx], fraction)
     for col in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy", "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)
@@ -622,8 +637,6 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     importance weighting), with the exact on-policy or off-policy audit of its expected gradient."""
     import pandas as pd
 
-    from klsweep import audit
-
     off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
         runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
     )
@@ -644,15 +657,12 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     for k, c in zip(keys, runs["config"], strict=True):
         counts.setdefault(k, []).append(c)
     on_policy = (
-        {(r.estimator, r.placement, r.level): r for r in audit.audit()}
+        {(r.estimator, r.placement, r.level): r for r in _audit(0.0, "none")}
         if any(k[3] == "on-policy" for k in counts)
         else {}
     )
     off_policy = (
-        {
-            (r.estimator, r.placement, r.level, r.importance): r
-            for r in audit.audit(behavior_shift=0.5, importance="all")
-        }
+        {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(0.5, "all")}
         if any(k[3] not in ("on-policy", "none") for k in counts)
         else {}
     )
@@ -694,6 +704,14 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
             }
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+@functools.cache
+def _audit(behavior_shift: float, importance: str) -> tuple[Any, ...]:
+    """``klsweep.audit.audit`` with its default policy (deterministic: computed once per process)."""
+    from klsweep import audit
+
+    return tuple(audit.audit(behavior_shift=behavior_shift, importance=importance))
 
 
 def _reference_table(
@@ -1084,18 +1102,31 @@ def _write_html(report: Report) -> list[Path]:
 _WRITERS = {"md": _write_md, "csv": _write_csv, "latex": _write_latex, "html": _write_html}
 
 
+TERMINAL_COLUMNS = {
+    "main": ("status", "n", ID_AVG, OOD_AVG, D_ID, D_OOD),  # status left-aligned, the rest right
+    "stability": ("status", "final reward", "peak reward", "peak KL k3", "diverged", "collapsed"),
+}
+
+
 def rich_tables(report: Report) -> list[Any]:
-    """The main and stability tables as rich Tables (best values in bold), for the terminal."""
+    """The main and stability tables for the terminal, as rich Tables: the configuration columns and a few
+    summary columns (every column is in the files); best values in bold."""
+    from rich.markup import escape
     from rich.table import Table
 
     tables = []
-    for t in ("main", "stability"):
+    for t, summary in TERMINAL_COLUMNS.items():
         cells, bold = _view(report, t)
+        cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+        cols += [c for c in summary if c in cells]
+        cells, bold = cells[cols], bold[cols]
         table = Table(title=f"{TITLES[t]}: {report.sweep_dir.name}", title_justify="left")
-        for c in cells.columns:
-            table.add_column(str(c), overflow="fold")
+        for c in cols:
+            table.add_column(str(c), overflow="fold", justify="right" if c in summary[1:] else "left")
         for values, marks in zip(cells.to_numpy(), bold.to_numpy(), strict=True):
-            table.add_row(*(f"[bold]{v}[/bold]" if b else str(v) for v, b in zip(values, marks, strict=True)))
+            table.add_row(
+                *(f"[bold]{escape(v)}[/bold]" if b else escape(v) for v, b in zip(values, marks, strict=True))
+            )
         tables.append(table)
     return tables
 
@@ -1122,7 +1153,10 @@ def _close(fig: Any) -> None:
 
 def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """Reward, KL k1, KL k3, entropy against step: per configuration the mean over seeds of the smoothed
-    curve, with a min-max band."""
+    curve, with a min-max band (up to 20 configurations; beyond, the lines alone)."""
+    import numpy as np
+    from matplotlib.collections import LineCollection
+
     labels = report.runs.drop_duplicates("config").set_index("config")["label"]
     n_configs = len(labels)
     legend_rows = math.ceil(n_configs / 3) if 0 < n_configs <= 20 and len(metrics) else 0
@@ -1133,16 +1167,22 @@ def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path
         m = metrics.assign(config=metrics["run"].map(cfg))
         cols = [f"{name} smoothed" for name, _ in CURVES]
         agg = m.groupby(["config", "step"], sort=True)[cols].agg(["mean", "min", "max"])
+        config = agg.index.get_level_values("config").to_numpy()
+        steps = agg.index.get_level_values("step").to_numpy()
+        groups = np.split(np.arange(len(config)), np.flatnonzero(np.diff(config)) + 1)
         colors = _colors(n_configs)
         for ax, (name, title) in zip(axs.flat, CURVES, strict=True):
-            for c, g in agg.groupby(level="config", sort=True):
-                steps = g.index.get_level_values("step")
-                col = g[f"{name} smoothed"]
-                if col["mean"].isna().all():
-                    continue
-                ax.plot(steps, col["mean"], color=colors[c], lw=1.2, label=labels[c])
-                if n_configs <= 40:
-                    ax.fill_between(steps, col["min"], col["max"], color=colors[c], alpha=0.2, lw=0)
+            mean, lo, hi = (agg[(f"{name} smoothed", stat)].to_numpy() for stat in ("mean", "min", "max"))
+            if n_configs > 20:  # one artist for all lines: fast, and no band (it would hide the lines)
+                lines = [np.column_stack([steps[i], mean[i]]) for i in groups]
+                ax.add_collection(
+                    LineCollection(lines, colors=[colors[config[i[0]]] for i in groups], lw=0.8)
+                )
+                ax.autoscale_view()
+            for i in groups if n_configs <= 20 else ():
+                c = config[i[0]]
+                ax.plot(steps[i], mean[i], color=colors[c], lw=1.2, label=labels[c])
+                ax.fill_between(steps[i], lo[i], hi[i], color=colors[c], alpha=0.2, lw=0)
             ax.set_title(f"{title} (smoothed, {report.window} steps)")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -1196,7 +1236,7 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
             df[col].fillna(0),
             width,
             yerr=df[f"{col} std"].fillna(0),
-            capsize=2,
+            capsize=2 if n <= 40 else 0,
             color=color,
             label=col,
         )

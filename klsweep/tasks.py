@@ -5,7 +5,7 @@ SFT, stopped part of the way:
 
 - ``add``: two-digit addition, ``"12+34="`` -> ``"46"``. RL trains on it: the in-domain task.
 - ``sub``: subtraction with a non-negative result, ``"56-23="`` -> ``"33"``. Out of domain.
-- ``rev``: reverse a string of 3-4 digits, ``"rev 1203="`` -> ``"3021"``. Out of domain.
+- ``rev``: reverse a string of 3 digits, ``"rev 1203="`` -> ``"3021"``. Out of domain.
 
 RL on ``add`` alone may drift from the warm-started reference and forget ``sub`` and ``rev``; a KL penalty to
 the reference should limit that, which is what the out-of-domain suite measures. Each skill's problems are
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 SKILLS: tuple[str, ...] = ("add", "sub", "rev")
 IN_DOMAIN_SKILL = "add"
-EVAL_SIZE = 200  # problems per skill in each lm-eval jsonl file
+EVAL_SIZE = 150  # problems per skill in each lm-eval jsonl file
 # Fraction of each skill's problems reserved for evaluation (never used for SFT or RL).
-_EVAL_FRACTION = 0.1
+_EVAL_FRACTION = 0.2
 _SPLIT_SEED = 20251226  # fixes the train/eval partition for good; not a run seed
 _STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "\n")
 
@@ -67,11 +67,11 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 def _skill_problems(skill: str) -> list[tuple[str, str]]:
     """Every (question, answer) of a skill, in a fixed order."""
     if skill == "add":
-        return [(f"{a}+{b}=", str(a + b)) for a in range(100) for b in range(100)]
+        return [(f"{a}+{b}=", str(a + b)) for a in range(100) for b in range(10)]
     if skill == "sub":
-        return [(f"{a}-{b}=", str(a - b)) for a in range(100) for b in range(a + 1)]
+        return [(f"{a}-{b}=", str(a - b)) for a in range(100) for b in range(min(a, 9) + 1)]
     if skill == "rev":
-        digits = [f"{i:03d}" for i in range(1000)] + [f"{i:04d}" for i in range(10000)]
+        digits = [f"{i:03d}" for i in range(1000)]
         return [(f"rev {d}=", d[::-1]) for d in digits]
     raise UserError(Problem("skill", f"unknown tiny skill {skill!r}", ", ".join(SKILLS)))
 
@@ -148,7 +148,7 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    i = text.index("x", start) + 1  # end of \boxed or \fbox
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
     rest = text[i:]
     if rest.startswith(" ") and not rest.lstrip().startswith("{"):  # "\boxed 5"
         token = rest.lstrip().split("$", 1)[0].split()

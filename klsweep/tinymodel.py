@@ -177,7 +177,7 @@ def skill_accuracy(
     tokenizer: Any,
     skill: str,
     split: str = "eval",
-    n: int = 200,
+    n: int = 150,
     temperature: float = 0.0,
     seed: int = 0,
 ) -> float:
@@ -189,9 +189,9 @@ def skill_accuracy(
     return sum(a == r["answer"] for a, r in zip(answers, rows, strict=True)) / len(rows)
 
 
-def _sft_examples(tokenizer: Any) -> list[tuple[list[int], int]]:
-    """(token ids of prompt + answer + <|im_end|>, prompt length) for every training-pool problem."""
-    rows = [r for skill in tasks.SKILLS for r in tasks.tiny_problems(skill, "train", None, seed=0)]
+def _sft_examples(tokenizer: Any, skill: str) -> list[tuple[list[int], int]]:
+    """(token ids of prompt + answer + <|im_end|>, prompt length) for every training-pool problem of ``skill``."""
+    rows = tasks.tiny_problems(skill, "train", None, seed=0)
     prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
     answers = tokenizer([r["answer"] + "<|im_end|>" for r in rows], add_special_tokens=False)["input_ids"]
     return [(p + a, len(p)) for p, a in zip(prompts, answers, strict=True)]
@@ -201,7 +201,8 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
     """Train on the skill mix until greedy in-domain accuracy reaches the target; return a log of the run."""
     import torch
 
-    examples = _sft_examples(tokenizer)
+    # Each skill gets an equal share of every batch, whatever the size of its pool.
+    pools = [_sft_examples(tokenizer, skill) for skill in tasks.SKILLS]
     gen = torch.Generator().manual_seed(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_learning_rate, weight_decay=0.0)
     pad = tokenizer.pad_token_id
@@ -209,13 +210,16 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
     step = 0
     for step in range(1, spec.sft_max_steps + 1):
         model.train()
-        idx = torch.randint(len(examples), (spec.sft_batch_size,), generator=gen).tolist()
-        width = max(len(examples[i][0]) for i in idx)
-        ids = torch.full((len(idx), width), pad)
-        labels = torch.full((len(idx), width), -100)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            seq, n_prompt = examples[i]
+        batch = [
+            pools[k % len(pools)][i]
+            for k in range(spec.sft_batch_size)
+            for i in torch.randint(len(pools[k % len(pools)]), (1,), generator=gen).tolist()
+        ]
+        width = max(len(seq) for seq, _ in batch)
+        ids = torch.full((len(batch), width), pad)
+        labels = torch.full((len(batch), width), -100)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (seq, n_prompt) in enumerate(batch):
             ids[row, : len(seq)] = torch.tensor(seq)
             labels[row, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
             mask[row, : len(seq)] = 1
@@ -225,7 +229,7 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
         optimizer.zero_grad()
         if step % spec.check_every == 0:
             model.eval()
-            acc = skill_accuracy(model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=200, seed=step)
+            acc = skill_accuracy(model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=150, seed=step)
             history.append({"step": step, "loss": round(loss.item(), 4), "train_accuracy": acc})
             if acc >= spec.target_accuracy:
                 break

@@ -89,10 +89,18 @@ class KLGRPOTrainer(GRPOTrainer):
             )
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
             raise ValueError(f"KLGRPOTrainer: lag={lag!r} must be an integer >= 0")
-        if kl.placement != "loss" and args is not None and args.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError("KLGRPOTrainer: the KL in the reward needs multi_objective_aggregation='sum_then_normalize'")
+        if (
+            kl.placement != "loss"
+            and args is not None
+            and args.multi_objective_aggregation != "sum_then_normalize"
+        ):
+            raise ValueError(
+                "KLGRPOTrainer: the KL in the reward needs multi_objective_aggregation='sum_then_normalize'"
+            )
         if kwargs.get("peft_config") is not None:
-            raise ValueError("KLGRPOTrainer does not support PEFT (its reference model is a copy of the policy)")
+            raise ValueError(
+                "KLGRPOTrainer does not support PEFT (its reference model is a copy of the policy)"
+            )
         self.kl = kl
         self.lag = lag
         # Copy the policy before TRL patches its forward (fused LM head); a model id is loaded again below.
@@ -121,7 +129,9 @@ class KLGRPOTrainer(GRPOTrainer):
         ref_model.requires_grad_(False)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref_model)
-        add_fused_lm_head(ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        add_fused_lm_head(
+            ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32
+        )
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref_model, self.accelerator)
         if self.is_fsdp_enabled:
@@ -162,7 +172,9 @@ class KLGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         logits_to_keep = out["completion_ids"].size(1)
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch_size = (
+            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        )
         in_reward = self.kl.beta > 0 and self.kl.placement in ("reward", "both")
 
         with torch.no_grad():
@@ -179,12 +191,18 @@ class KLGRPOTrainer(GRPOTrainer):
                     out["old_per_token_logps"] = behavior
 
         rewards_per_func = self._rewards_per_func
-        task_reward = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        task_reward = (
+            rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        ).nansum(dim=1)
         task_reward[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable, as TRL does
         n_local = out["completion_ids"].size(0)
-        local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+        local = slice(
+            self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local
+        )
         if in_reward:
-            penalty = klmath.estimate(behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level)
+            penalty = klmath.estimate(
+                behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level
+            )
             penalty = self.accelerator.gather(penalty.float())
             out["advantages"] = self._group_advantages(task_reward - self.kl.beta * penalty, mode)[local]
         out["task_reward"] = task_reward[local]
@@ -225,7 +243,9 @@ class KLGRPOTrainer(GRPOTrainer):
         if self.loss_type in ("cispo", "dapo", "vespo"):
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+                normalizer = (
+                    normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+                )
             return x.sum() / normalizer
         if self.loss_type == "luspo":
             return x.sum(-1).mean() / accumulation
@@ -235,7 +255,11 @@ class KLGRPOTrainer(GRPOTrainer):
         self._train_logps = None
         loss = super()._compute_loss(model, inputs)  # TRL's policy loss (its own KL is off)
         logps = self._train_logps
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"]
+            if "tool_mask" not in inputs
+            else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         ref = inputs["ref_per_token_logps"]
         behavior = inputs.get("old_per_token_logps")
         sampled = logps.detach() if behavior is None else behavior  # log-probs of the policy that sampled
@@ -279,15 +303,23 @@ class KLGRPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        buffers = {"lag_queue": list(self._lag_queue), "buffered_inputs": self._buffered_inputs, "step": self._step}
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        buffers = {
+            "lag_queue": list(self._lag_queue),
+            "buffered_inputs": self._buffered_inputs,
+            "step": self._step,
+        }
         torch.save(buffers, self._buffers_path(folder))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or not os.path.exists(self._buffers_path(checkpoint)):
             return
-        buffers = torch.load(self._buffers_path(checkpoint), map_location=self.accelerator.device, weights_only=True)
+        buffers = torch.load(
+            self._buffers_path(checkpoint), map_location=self.accelerator.device, weights_only=True
+        )
         self._lag_queue = deque(buffers["lag_queue"])
         self._buffered_inputs = buffers["buffered_inputs"]
         self._step = buffers["step"]

@@ -257,3 +257,22 @@ def test_trained_model_scores_differently_from_random(tmp_path: Path, random_mod
         scores[path.parts[-4]] = res["metrics"]["in_domain"]["tiny_add"]
     assert scores["random"] == 0.0
     assert scores["trained"] >= 0.2
+
+
+@pytest.mark.slow
+def test_evaluate_a_sweep_as_a_local_job(
+    tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = tmp_path / "sweep"
+    run = make_run(sweep, "done-run", random_model)
+    base = ev.load_suite("tiny")
+    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    out = ev.evaluate(sweep, suite="tiny", cluster="local", wait=True)
+    h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
+    assert len(out.jobs) == 1 and out.errors == {}
+    assert run / "eval" / h / "checkpoint-10" / "results.json" in out.results
+    rows = store.read_jsonl(sweep / store.JOBS_FILE)
+    assert {(r["run_id"], r["kind"], r["job_id"]) for r in rows} == {
+        ("done-run", "eval", out.jobs[0]),
+        ("baseline", "eval", out.jobs[0]),
+    }

@@ -1,0 +1,346 @@
+"""``klsweep report``: tables, plots and formats from the stored fixture sweep ``tests/fixtures/sweep_tiny``
+(three configurations x seeds in every state: done, running, pending, failed, diverged, a collapsing reward;
+two eval hashes, an earlier checkpoint, a step-0 baseline; see its ``make_fixture.py``), collapse detection on
+crafted curves, LaTeX that compiles, the CLI's errors, and a report of real tiny runs (train + eval)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from klsweep import report as rp
+from klsweep.errors import UserError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def rep(tmp_path_factory) -> rp.Report:
+    return rp.build_report(FIXTURE, tmp_path_factory.mktemp("report"), formats=("md", "csv", "latex", "html"))
+
+
+def row(df, **axes):
+    sel = df
+    for k, v in axes.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, (axes, sel)
+    return sel.iloc[0]
+
+
+def test_axes_hash_and_runs(rep):
+    assert rep.axes == ["kl.estimator", "kl.placement"]  # seed and cosmetic keys are not axes
+    assert rep.eval_hash == "c0ffee1234"  # the newest hash present
+    assert rep.in_domain == ["tiny_add"] and rep.ood == ["tiny_mul", "tiny_sub"]
+    assert len(rep.runs) == 8  # every run folder, whatever its state: none dropped
+    assert sorted(rep.runs["state"]) == sorted(
+        ["done", "done", "running", "done", "failed", "diverged", "done", "pending"]
+    )
+
+
+def test_axes_keep_every_varying_key_but_a_model_path_alias():
+    base = {"name": "s", "eval.limit": 8, "cluster.kind": "local"}
+    configs = [
+        base
+        | {
+            "seed": 0,
+            "model.name": "a",
+            "model.path": "org/a",
+            "kl.estimator": "k1",
+            "kl.placement": "reward",
+        },
+        base
+        | {
+            "seed": 1,
+            "model.name": "b",
+            "model.path": "org/b",
+            "kl.estimator": "k3",
+            "kl.placement": "loss",
+            "cluster.kind": "slurm",
+        },
+    ]
+    # estimator and placement are one-to-one here, but both are axes; model.path only repeats model.name
+    assert rp._varying_axes(configs) == ["model.name", "kl.estimator", "kl.placement"]
+
+
+def test_main_table_values(rep):
+    k1 = row(rep.main, estimator="k1", placement="reward")
+    # the last checkpoint (40, not 20) of the newest hash (not the older 0.99)
+    assert k1["tiny_add"] == pytest.approx(0.7)
+    assert k1["tiny_add std"] == pytest.approx(math.sqrt(0.02))  # sample std of 0.6 and 0.8
+    assert k1["tiny_add n"] == 2 and k1["evaluated"] == 2 and k1["runs"] == 3
+    assert k1["OOD avg"] == pytest.approx(0.35)
+    assert k1["Δ in-domain"] == pytest.approx(0.7 - 0.2) and k1["Δ OOD"] == pytest.approx(0.35 - 0.1)
+    assert k1["status"] == "1 running, 2 done" and k1["eval step"] == "40"
+    k3 = row(rep.main, estimator="k3", placement="loss")
+    assert k3["tiny_add"] == pytest.approx(0.5) and k3["tiny_add n"] == 1 and math.isnan(k3["tiny_add std"])
+    assert k3["status"] == "1 done, 1 failed"
+    assert row(rep.main, estimator="k3", placement="reward")["status"] == "1 pending, 1 done, 1 diverged"
+    assert list(rep.baseline["tiny_add"]) == [pytest.approx(0.2)]
+
+
+def test_markdown_marks_the_best_and_shows_every_state(rep):
+    md = (rep.out_dir / "report.md").read_text()
+    lines: dict[str, str] = {}  # the first table's rows: the main table
+    for line in md.splitlines():
+        if line.startswith("| k"):
+            lines.setdefault(line.split("|")[1].strip() + "/" + line.split("|")[2].strip(), line)
+    assert "**0.700 ± 0.141**" in lines["k1/reward"]  # best in-domain: bold
+    assert "| 0.500 |" in lines["k3/loss"]  # not the best: plain
+    assert "**0.250 ± 0.071**" in lines["k1/reward"] and "**0.250**" in lines["k3/loss"]  # a tie: both bold
+    assert "| 2/3 |" in lines["k1/reward"] and "| 1/3 |" in lines["k3/reward"]  # n = evaluated / seeds
+    assert "step-0 baseline" in md
+    for state in ("pending", "running", "failed", "diverged"):
+        assert state in md
+    a3 = next(line for line in md.splitlines() if line.startswith("| a3-k1rew-s2 "))
+    assert "| running |" in a3 and "| — |" in a3  # no eval yet: a dash, not a number
+    assert "RuntimeError: CUDA out of memory" in md  # why the failed run failed
+    assert "![" in md and "](curves.png)" in md and "](eval_bars.png)" in md  # relative paths
+
+
+def test_stability_table(rep):
+    c = row(rep.stability, estimator="k3", placement="reward")
+    assert c["diverged"] == 1 and "step 30: non-finite loss (nan)" in c["diverged at"]
+    assert c["collapsed"] == 1 and c["with metrics"] == 2
+    collapse = rep.runs.set_index("run").loc["c2-k3rew-s1", "collapse_step"]
+    assert 20 < collapse <= 30  # the reward drops at step 20; the 10-step mean crosses half its peak later
+    k1 = row(rep.stability, estimator="k1", placement="reward")
+    assert k1["collapsed"] == 0 and k1["diverged"] == 0 and k1["with metrics"] == 3
+    assert k1["peak KL k1"] > 0 and k1["min entropy"] < 2.0
+    md = (rep.out_dir / "report.md").read_text()
+    assert "1/3 (step 30: non-finite loss (nan))" in md and f"1/2 (step {collapse})" in md
+    assert "50% of that peak" in md  # the definition is stated in the report
+
+
+def test_collapse_on_crafted_curves():
+    steps = list(range(1, 26))
+    up_down = [0.1] * 5 + [0.8] * 10 + [0.1] * 10
+    assert rp.collapse_step(steps, up_down, window=1) == 16  # first step below 0.4, to the end
+    # window 3: step 16 averages (0.8, 0.8, 0.1) = 0.57, step 17 (0.8, 0.1, 0.1) = 0.33 < 0.4
+    assert rp.collapse_step(steps, up_down, window=3) == 17
+    assert rp.collapse_step(steps, [0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
+    assert rp.collapse_step(steps, up_down[:20] + [0.8] * 5, window=1) is None  # dips, then recovers
+    assert rp.collapse_step(steps, [0.0] * 25) is None  # no positive peak
+    assert rp.collapse_step(steps, up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
+    assert rp.collapse_step([], []) is None
+
+
+def test_smooth_matches_pandas_rolling():
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=200)
+    x[rng.integers(0, 200, 30)] = np.nan
+    starts = np.repeat([0, 50, 120], [50, 70, 80])
+    expected = pd.Series(x).groupby(starts).rolling(7, min_periods=1).mean().to_numpy()
+    np.testing.assert_allclose(rp.smooth(x, 7, starts), expected, rtol=1e-9)
+
+
+def test_audit_table(rep):
+    a = rep.audit.set_index(["estimator", "placement", "level"])
+    assert list(a.index) == [("k1", "reward", "token"), ("k3", "loss", "token"), ("k3", "reward", "token")]
+    assert a.loc[("k1", "reward", "token"), "unbiased"] == "yes"
+    assert a.loc[("k1", "reward", "token"), "rel. err. reverse"] < 1e-6
+    assert a.loc[("k3", "loss", "token"), "unbiased"] == "no"  # the common default is biased
+    assert a.loc[("k3", "reward", "token"), "rel. err. reverse"] > 1
+    assert (a["sampling"] == "on-policy").all()
+    assert list(a["runs"]) == [3, 2, 3]
+
+
+def test_csv_tables(rep):
+    import pandas as pd
+
+    main = pd.read_csv(rep.out_dir / "main.csv")
+    assert {"estimator", "placement", "tiny_add", "tiny_add std", "tiny_add n", "Δ OOD"} <= set(main.columns)
+    runs = pd.read_csv(rep.out_dir / "runs.csv")
+    assert len(runs) == 8
+    for name in ("stability", "audit", "baseline", "reference"):
+        assert (rep.out_dir / f"{name}.csv").is_file()
+
+
+def test_latex_fragments_compile(rep, tmp_path):
+    tex = {t: (rep.out_dir / f"{t}.tex").read_text() for t in ("main", "stability", "audit")}
+    main = tex["main"]
+    assert "\\toprule" in main and "\\midrule" in main and "\\bottomrule" in main  # booktabs
+    assert "\\bfseries 0.700 $\\pm$ 0.141" in main and "tiny\\_add" in main and "$\\Delta$ OOD" in main
+    assert all(ch.isascii() for t in tex.values() for ch in t)
+    if shutil.which("pdflatex") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("pdflatex missing: apt-get install texlive-latex-base texlive-latex-recommended")
+        pytest.skip("pdflatex not installed (Debian: texlive-latex-base texlive-latex-recommended)")
+    inputs = "\n".join(f"\\input{{{rep.out_dir / f'{t}.tex'}}}" for t in tex)
+    doc = tmp_path / "doc.tex"
+    doc.write_text(
+        f"\\documentclass{{article}}\n\\usepackage{{booktabs}}\n\\begin{{document}}\n{inputs}\n\\end{{document}}\n"
+    )
+    proc = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
+def test_html_report(rep):
+    html = (rep.out_dir / "report.html").read_text()
+    assert '<img src="curves.png"' in html and '<img src="eval_bars.png"' in html
+    assert "font-weight: bold" in html and "0.700 ± 0.141" in html
+    assert "c1-k3rew-s0" in html and "diverged" in html
+
+
+def test_plots_are_drawn(rep):
+    from matplotlib.image import imread
+
+    for name in ("curves.png", "eval_bars.png"):
+        path = rep.out_dir / name
+        assert path in rep.paths and path.stat().st_size > 10_000
+        pixels = imread(path)
+        assert pixels.ndim == 3 and pixels[..., :3].std() > 0.05  # something drawn, not a blank canvas
+
+
+def test_older_eval_hash_on_request(tmp_path):
+    r = rp.build_report(FIXTURE, tmp_path, formats=("csv",), eval_hash="0ld0ld0ld0")
+    k1 = row(r.main, estimator="k1", placement="reward")
+    assert k1["tiny_add"] == pytest.approx(0.99) and k1["tiny_add n"] == 1
+    assert row(r.main, estimator="k3", placement="loss")["evaluated"] == 0
+    assert math.isnan(k1["Δ in-domain"])  # the baseline was not evaluated under that hash
+    with pytest.raises(UserError, match="c0ffee1234"):
+        rp.build_report(FIXTURE, tmp_path, eval_hash="nope")
+
+
+def test_sweep_with_no_eval_and_no_metrics_yet(tmp_path):
+    sweep = tmp_path / "s"
+    shutil.copytree(FIXTURE, sweep)
+    for d in [*sweep.glob("*/eval"), sweep / "baseline"]:
+        shutil.rmtree(d)
+    r = rp.build_report(sweep, formats=("md", "latex", "html"))
+    assert r.out_dir == sweep / "report" and r.eval_hash is None
+    assert (r.main["evaluated"] == 0).all()
+    md = (sweep / "report" / "report.md").read_text()
+    assert "| k1 | reward | 1 running, 2 done | 0/3 | — |" in md
+    for p in [*sweep.glob("*/metrics.jsonl")]:
+        p.unlink()
+    r = rp.build_report(sweep, formats=("md",))  # planned and started, nothing logged: still a report
+    assert r.runs["has_metrics"].sum() == 0 and (sweep / "report" / "curves.png").stat().st_size > 0
+
+
+def test_reference_figures_beside_ours(tmp_path):
+    import pandas as pd
+
+    shipped = pd.read_csv(REPO / "results" / "paper_reference.csv")
+    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what KL.md states
+    assert shipped["source"].str.contains("2512.21852").all()
+    assert set(shipped["model"]) == {"Qwen2.5-7B"}
+
+    ref = tmp_path / "ref.csv"
+    ref.write_text(
+        "model,task,estimator,placement,level,beta,lag,eval,metric_label,value,source\n"
+        "TINY,tiny,k1,reward,,,0,mul,tiny multiplication,0.5,test\n"
+        "tiny,tiny,k1,reward,,0.3,0,mul,tiny multiplication,0.6,test (beta does not match)\n"
+    )
+    r = rp.build_report(FIXTURE, tmp_path / "out", formats=("md",), reference_csv=ref)
+    assert len(r.reference) == 1
+    got = r.reference.iloc[0]
+    assert got["paper"] == 0.5 and got["task"] == "tiny_mul" and got["ours"] == pytest.approx(0.45)
+    assert "tiny multiplication" in (tmp_path / "out" / "report.md").read_text()
+    assert len(rp.build_report(FIXTURE, tmp_path / "out2", formats=("csv",)).reference) == 0  # tiny != Qwen
+
+
+def test_bad_input_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such sweep"):
+        rp.build_report(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no runs"):
+        rp.build_report(tmp_path / "empty")
+    with pytest.raises(UserError, match="pdf"):
+        rp.build_report(FIXTURE, tmp_path / "out", formats=("md", "pdf"))
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "klsweep.cli", "report", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_exit_codes(tmp_path):
+    proc = _cli("no_such_sweep", cwd=tmp_path)
+    assert proc.returncode == 2 and "no such sweep" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "results" / "empty").mkdir(parents=True)
+    proc = _cli("empty", cwd=tmp_path)
+    assert proc.returncode == 2 and "has no runs" in proc.stderr
+
+
+def test_cli_by_name_writes_into_the_sweep(tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "results" / "tiny_copy")
+    proc = _cli("tiny_copy", "-f", "md,csv", "--format", "latex", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "results" / "tiny_copy" / "report"
+    for name in ("report.md", "main.csv", "main.tex", "curves.png", "eval_bars.png"):
+        assert (out / name).is_file(), name
+    assert "Results: tiny_copy" in proc.stdout
+    assert "results/tiny_copy/report/main.tex" in proc.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
+    """Two real runs (k1 in the reward, k3 in the loss) of an untrained tiny model, trained by ``job.train_run``
+    and evaluated by ``evaluate.eval_run`` with the tiny suite, plus the step-0 baseline: the report reads them."""
+    from omegaconf import OmegaConf
+
+    from klsweep import evaluate, job, tasks
+    from klsweep.config import RunConfig
+    from klsweep.tinymodel import random_tiny_model
+
+    def length_reward(prompts, completions, answer, **kwargs) -> list[float]:
+        return [float(len(c[0]["content"]) % 3) for c in completions]  # signal for an untrained model
+
+    monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
+    model = random_tiny_model(tmp_path / "model")
+    sweep = tmp_path / "results" / "real"
+    suite = OmegaConf.to_container(OmegaConf.structured(evaluate.load_suite("tiny")))
+    suite |= {"limit": 8}
+    for name, estimator, placement in (("r-k1", "k1", "reward"), ("r-k3", "k3", "loss")):
+        config = OmegaConf.structured(RunConfig)
+        for key, value in {
+            "name": "real",
+            "model.path": str(model),
+            "train.steps": 3,
+            "train.save_steps": 3,
+            "train.prompts_per_step": 2,
+            "train.group_size": 4,
+            "train.max_completion_length": 8,
+            "kl.beta": 0.1,
+            "kl.estimator": estimator,
+            "kl.placement": placement,
+            "wandb.mode": "disabled",
+        }.items():
+            OmegaConf.update(config, key, value)
+        resolved = OmegaConf.to_container(config)
+        job.write_run_config(sweep / name, resolved)
+        assert job.train_run(sweep / name)["state"] == "done"
+        evaluate.eval_run(sweep / name, suite)
+    evaluate.eval_baseline(sweep, resolved, suite)
+
+    r = rp.build_report(sweep, formats=("md", "csv", "latex", "html"))
+    assert r.axes == ["kl.estimator", "kl.placement"]
+    assert r.eval_hash is not None and r.in_domain == ["tiny_add"] and set(r.ood) == {"tiny_sub", "tiny_rev"}
+    assert list(r.main["evaluated"]) == [1, 1] and list(r.main["eval step"]) == ["3", "3"]
+    assert r.main["tiny_add"].between(0, 1).all() and r.main["Δ in-domain"].notna().all()
+    assert (r.stability["with metrics"] == 1).all() and r.stability["peak KL k3"].notna().all()
+    assert list(r.audit["unbiased"]) == ["yes", "no"]
+    for name in ("report.md", "report.html", "main.tex", "main.csv", "curves.png", "eval_bars.png"):
+        assert (sweep / "report" / name).stat().st_size > 0, name

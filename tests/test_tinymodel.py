@@ -1,0 +1,132 @@
+"""The tiny model: tokenizer round trip, offline reload, the cache (reuse, lock), and the warm start's accuracy band.
+
+The warm-started model is built once into ``$KLSWEEP_CACHE`` (default ``~/.cache/klsweep``), then reused by
+every later session; the first build takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from klsweep import tasks, tinymodel
+from klsweep.config import ModelSection
+
+# A spec whose "SFT" is a single step: exercises the whole build and cache path in seconds.
+QUICK = replace(tinymodel.TinySpec(), sft_max_steps=1, check_every=1)
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tinymodel.random_tiny_model(tmp_path_factory.mktemp("tiny") / "random")
+
+
+@pytest.fixture(scope="module")
+def warm_dir() -> Path:
+    return tinymodel.tiny_model_path()
+
+
+def test_tokenizer_round_trips_after_offline_reload(random_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(random_dir, local_files_only=True)
+    assert len(tok) <= 300
+    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    for text in ["12+34=\n46", "a\nb\n\n 123  4567890", "rev 907=", "\\frac{1}{2} x^2 + é", "<|im_start|>user\n1<|im_end|>"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+    digits = tok("1234567890", add_special_tokens=False)["input_ids"]
+    assert len(digits) == 10  # one token per digit: the arithmetic sees every digit
+    for name in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tok(name, add_special_tokens=False)["input_ids"]) == 1
+    messages = [{"role": "user", "content": "12+34="}]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert prompt == tasks.chat_prompt_text("12+34=")
+
+
+def test_model_reloads_offline_and_generates(random_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(random_dir, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(random_dir, local_files_only=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 50_000 < n_params < 1_000_000
+    assert model.config.eos_token_id == tok.eos_token_id
+    answers = tinymodel.generate_answers(model, tok, [tasks.chat_prompt_text("1+2=")] * 2, max_new_tokens=3)
+    assert len(answers) == 2
+    assert tinymodel.skill_accuracy(model, tok, "add", n=20) == 0.0  # untrained
+
+
+def test_random_tiny_model_is_fast(tmp_path: Path) -> None:
+    tinymodel.random_tiny_model(tmp_path / "warm")  # imports paid
+    start = time.perf_counter()
+    tinymodel.random_tiny_model(tmp_path / "m")
+    assert time.perf_counter() - start < 2.0
+
+
+def test_cache_builds_once_under_concurrency_and_is_reused(tmp_path: Path) -> None:
+    paths: list[Path] = []
+    builds = []
+    real_build = tinymodel.build_tiny_model
+
+    def counting_build(folder: Path, spec: tinymodel.TinySpec) -> dict:
+        builds.append(folder)
+        return real_build(folder, spec)
+
+    tinymodel.build_tiny_model = counting_build
+    try:
+        threads = [
+            threading.Thread(target=lambda: paths.append(tinymodel.tiny_model_path(tmp_path, QUICK))) for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        start = time.perf_counter()
+        again = tinymodel.tiny_model_path(tmp_path, QUICK)
+        elapsed = time.perf_counter() - start
+    finally:
+        tinymodel.build_tiny_model = real_build
+    assert len(builds) == 1
+    assert paths[0] == paths[1] == again
+    assert elapsed < 0.5
+    assert again.parent == tmp_path / "tiny"
+    assert [p.name for p in again.parent.iterdir() if p.is_dir()] == [again.name]  # no temporary folder left
+    assert json.loads((again / "build_info.json").read_text())["sft_steps"] == 1
+    assert tinymodel.tiny_model_path(tmp_path, replace(QUICK, seed=1)) != again  # the spec is in the hash
+
+
+def test_cache_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KLSWEEP_CACHE", str(tmp_path))
+    assert tinymodel.default_cache_dir() == tmp_path
+    monkeypatch.delenv("KLSWEEP_CACHE")
+    assert tinymodel.default_cache_dir() == Path.home() / ".cache" / "klsweep"
+
+
+def test_resolve_model_path_passes_hub_ids_and_paths_through(tmp_path: Path) -> None:
+    assert tinymodel.resolve_model_path(ModelSection(path="Qwen/Qwen2.5-7B")) == "Qwen/Qwen2.5-7B"
+    assert tinymodel.resolve_model_path(ModelSection(path=str(tmp_path))) == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_warm_start_is_in_the_band_and_reused(warm_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    assert tinymodel.resolve_model_path(ModelSection(path="tiny")) == str(warm_dir)
+    assert time.perf_counter() - start < 1.0
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(warm_dir, local_files_only=True)
+    greedy = tinymodel.skill_accuracy(model, tok, tasks.IN_DOMAIN_SKILL)
+    sampled = tinymodel.skill_accuracy(model, tok, tasks.IN_DOMAIN_SKILL, temperature=1.0)
+    assert 0.2 <= greedy <= 0.8
+    assert 0.1 <= sampled <= 0.8
+    for skill in tasks.SKILLS:  # the out-of-domain skills are learned too, at least in part
+        assert tinymodel.skill_accuracy(model, tok, skill) >= 0.1
+    info = json.loads((warm_dir / "build_info.json").read_text())
+    assert info["accuracy"][tasks.IN_DOMAIN_SKILL]["greedy"] == greedy  # deterministic greedy eval

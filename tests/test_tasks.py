@@ -22,7 +22,7 @@ def test_train_and_eval_pools_are_disjoint_and_answers_right(skill: str) -> None
     assert not {r["question"] for r in train} & {r["question"] for r in held_out}
     for row in train[:50] + held_out[:50]:
         q = row["question"].removesuffix("=")
-        expected = {"add": lambda: str(eval(q)), "sub": lambda: str(eval(q)), "rev": lambda: q[4:][::-1]}[skill]()
+        expected = q[4:][::-1] if skill == "rev" else str(eval(q))
         assert row["answer"] == expected
 
 
@@ -49,7 +49,9 @@ def test_write_eval_data_is_deterministic_and_held_out(tmp_path: Path) -> None:
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         assert len(rows) == tasks.EVAL_SIZE
         assert set(rows[0]) == {"question", "answer", "prompt"}
-        assert rows[0]["prompt"] == f"<|im_start|>user\n{rows[0]['question']}<|im_end|>\n<|im_start|>assistant\n"
+        assert (
+            rows[0]["prompt"] == f"<|im_start|>user\n{rows[0]['question']}<|im_end|>\n<|im_start|>assistant\n"
+        )
     train = {r["question"] for r in tasks.load_train_dataset(TaskSection(name="tiny"), seed=0)}
     held_out = {json.loads(line)["question"] for line in first["tiny_add"].read_text().splitlines()}
     assert not train & held_out

@@ -37,7 +37,13 @@ def test_tokenizer_round_trips_after_offline_reload(random_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(random_dir, local_files_only=True)
     assert len(tok) <= 300
     assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
-    for text in ["12+34=\n46", "a\nb\n\n 123  4567890", "rev 907=", "\\frac{1}{2} x^2 + é", "<|im_start|>user\n1<|im_end|>"]:
+    for text in [
+        "12+34=\n46",
+        "a\nb\n\n 123  4567890",
+        "rev 907=",
+        "\\frac{1}{2} x^2 + é",
+        "<|im_start|>user\n1<|im_end|>",
+    ]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == text
     digits = tok("1234567890", add_special_tokens=False)["input_ids"]
@@ -81,7 +87,8 @@ def test_cache_builds_once_under_concurrency_and_is_reused(tmp_path: Path) -> No
     tinymodel.build_tiny_model = counting_build
     try:
         threads = [
-            threading.Thread(target=lambda: paths.append(tinymodel.tiny_model_path(tmp_path, QUICK))) for _ in range(2)
+            threading.Thread(target=lambda: paths.append(tinymodel.tiny_model_path(tmp_path, QUICK)))
+            for _ in range(2)
         ]
         for t in threads:
             t.start()

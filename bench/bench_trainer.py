@@ -2,11 +2,12 @@
 
 Same untrained tiny model, batch, completion length and seed for every variant; each variant trains
 ``--steps`` steps, ``--reps`` times, the variants interleaved (so that a change in machine load hits them all);
-the time of a step is TRL's ``step_time`` (generation + reference/behaviour forwards + loss + backward +
-optimiser), the first step of each repetition dropped as warm-up. Prints the median per variant and its ratio
-to TRL. Targets: <= 1.05 for "loss", <= 1.20 for "reward" and "both".
+a step (generation + reference/behaviour forwards + loss + backward + optimiser) is timed by the process's
+CPU time with torch on one thread, which other processes' load on the machine barely changes (the wall time
+is printed too); the first step of each repetition is dropped as warm-up. Prints the median per variant and
+its ratio to TRL. Targets: <= 1.05 for "loss", <= 1.20 for "reward" and "both".
 
-    python bench/bench_trainer.py                 # CPU: ~1-2 minutes
+    python bench/bench_trainer.py                 # CPU: ~2 minutes
     python bench/bench_trainer.py --batch 32 --group 8 --length 64 --reps 5
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -31,9 +33,12 @@ def length_reward(prompts, completions, **kwargs) -> list[float]:
     return [float(len(c[0]["content"]) % 3) for c in completions]
 
 
-def step_times(variant: str, model_dir: Path, dataset, out: Path, args: argparse.Namespace) -> list[float]:
+def step_times(
+    variant: str, model_dir: Path, dataset, out: Path, args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """CPU and wall seconds of each step after the first."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -71,45 +76,66 @@ def step_times(variant: str, model_dir: Path, dataset, out: Path, args: argparse
     else:
         trainer = KLGRPOTrainer(model, kl=KLConfig(*kl, beta=args.beta), **common)
     trainer.remove_callback(PrinterCallback)
+    cpu: list[float] = []
+    wall: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            cpu.append(time.process_time() - self.cpu)
+            wall.append(time.perf_counter() - self.wall)
+
+    trainer.add_callback(Timer())
     trainer.train()
-    times = [row["step_time"] for row in trainer.state.log_history if "step_time" in row]
-    return times[1:]
+    return cpu[1:], wall[1:]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per repetition")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--length", type=int, default=32, help="max completion length")
+    parser.add_argument("--length", type=int, default=16, help="max completion length")
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
 
+    import torch
     from datasets import Dataset
     from transformers.utils import logging
 
     from klsweep.tinymodel import random_tiny_model
 
     logging.set_verbosity_error()
+    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = random_tiny_model(Path(tmp) / "model")
         questions = [f"{a}+{b}=" for a in range(20) for b in range(20)]
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
-        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for rep in range(args.reps):
             for name in VARIANTS:
-                times[name] += step_times(name, model_dir, dataset, Path(tmp) / f"{name}-{rep}", args)
-    base = statistics.median(times["trl"])
+                c, w = step_times(name, model_dir, dataset, Path(tmp) / f"{name}-{rep}", args)
+                cpu[name] += c
+                wall[name] += w
+    base, base_wall = statistics.median(cpu["trl"]), statistics.median(wall["trl"])
     print(f"batch {args.batch}, group {args.group}, length {args.length}, {args.reps}x{args.steps} steps")
-    print(f"{'variant':<8} {'median s/step':>14} {'ratio':>7} {'target':>7}")
-    for name, values in times.items():
-        median = statistics.median(values)
+    print(
+        f"{'variant':<8} {'cpu s/step':>11} {'ratio':>7} {'target':>7} {'':>6} {'wall s/step':>12} {'ratio':>7}"
+    )
+    for name in VARIANTS:
+        median, median_wall = statistics.median(cpu[name]), statistics.median(wall[name])
         target = TARGETS.get(name)
         mark = "" if target is None else ("ok" if median / base <= target else "MISSED")
-        print(f"{name:<8} {median:>14.4f} {median / base:>7.3f} {target or '':>7} {mark}")
+        print(
+            f"{name:<8} {median:>11.4f} {median / base:>7.3f} {target or '':>7} {mark:>6} "
+            f"{median_wall:>12.4f} {median_wall / base_wall:>7.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Step time of KLGRPOTrainer against plain TRL GRPOTrainer with its built-in KL (k3 in the loss, beta > 0).
 
-Same untrained tiny model, batch, completion length and seed for every variant; each variant trains
+Same untrained tiny model, batch, completion length and seed for every variant, and a learning rate of 0, so
+that every variant generates exactly the same completions and does the same work but for its KL; each trains
 ``--steps`` steps, ``--reps`` times, the variants interleaved (so that a change in machine load hits them all);
 a step (generation + reference/behaviour forwards + loss + backward + optimiser) is timed by the process's
 CPU time with torch on one thread, which other processes' load on the machine barely changes (the wall time
@@ -54,7 +55,7 @@ def step_times(
         num_generations=args.group,
         max_completion_length=args.length,
         max_steps=args.steps + 1,
-        learning_rate=1e-3,
+        learning_rate=0.0,  # the policy stays put: every variant samples the very same completions
         logging_steps=1,
         report_to=[],
         bf16=False,
@@ -94,7 +95,7 @@ def step_times(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per repetition")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16, help="completions per step")
     parser.add_argument("--group", type=int, default=4)
@@ -118,8 +119,9 @@ def main() -> None:
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
         cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
         wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        names = list(VARIANTS)
         for rep in range(args.reps):
-            for name in VARIANTS:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotate the order
                 c, w = step_times(name, model_dir, dataset, Path(tmp) / f"{name}-{rep}", args)
                 cpu[name] += c
                 wall[name] += w

@@ -249,6 +249,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         use_cpu=not gpu,
         activation_checkpointing=gpu,  # memory for large models on GPU; off on CPU
         ddp_backend="gloo" if world > 1 and not gpu else None,
+        ddp_find_unused_parameters=False,
         use_vllm=use_vllm,
         vllm_mode="colocate",
         report_to=["wandb"] if report_to_wandb else [],

@@ -60,9 +60,11 @@ class TinySpec:
     seed: int = 0
     sft_batch_size: int = 64
     sft_learning_rate: float = 3e-3
-    sft_max_steps: int = 3000
+    sft_max_steps: int = 2500
     check_every: int = 25
-    target_accuracy: float = 0.45  # stop the SFT at this greedy accuracy on the in-domain skill
+    # Stop the SFT when greedy accuracy on the in-domain skill, averaged over the last 3 checks, reaches this. Two-digit addition is learned slowly by a model
+    # this small (~13% after 3000 steps, ~7 min on a loaded 2-core machine), so the target is modest.
+    target_accuracy: float = 0.15
 
 
 def default_cache_dir() -> Path:
@@ -231,7 +233,8 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
             model.eval()
             acc = skill_accuracy(model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=150, seed=step)
             history.append({"step": step, "loss": round(loss.item(), 4), "train_accuracy": acc})
-            if acc >= spec.target_accuracy:
+            recent = [h["train_accuracy"] for h in history[-3:]]
+            if len(recent) == 3 and sum(recent) / 3 >= spec.target_accuracy:  # one check alone is noisy
                 break
     model.eval()
     return {"sft_steps": step, "sft_history": history}
@@ -252,10 +255,17 @@ def _spec_hash(spec: TinySpec) -> str:
 def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any]:
     """Build the warm-started tiny model into ``folder`` and return its build info (also saved as
     ``build_info.json``): SFT steps, build time, greedy and sampled (temperature 1) accuracy per skill."""
+    import torch
+
     start = time.time()
-    tokenizer = build_tokenizer(spec)
-    model = _new_model(spec, tokenizer)
-    info: dict[str, Any] = {"spec": asdict(spec), **_warm_start(model, tokenizer, spec)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # faster for a model this small, and much faster on a shared machine
+    try:
+        tokenizer = build_tokenizer(spec)
+        model = _new_model(spec, tokenizer)
+        info: dict[str, Any] = {"spec": asdict(spec), **_warm_start(model, tokenizer, spec)}
+    finally:
+        torch.set_num_threads(threads)
     info["accuracy"] = {
         skill: {
             "greedy": skill_accuracy(model, tokenizer, skill),

@@ -123,6 +123,8 @@ def test_resume_after_kill(tmp_path, model_dir):
     assert status["step"] == 6
     steps = [r["step"] for r in store.read_metrics(run)]
     assert steps == [1, 2, 3, 4, 5, 6]  # strictly increasing, none twice
+    # the lag buffer came back with the checkpoint: no second pipeline fill after the resume
+    assert [r["policy_lag"] for r in store.read_metrics(run)] == [0, 1, 1, 1, 1, 1]
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
 
 
@@ -232,3 +234,41 @@ def test_train_command(tmp_path, model_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the default run folder: results/<name>/<run-id>
     bad = CliRunner().invoke(app, ["train", str(yaml), f"model.path={tmp_path}/missing"])
     assert bad.exit_code == 1
+
+
+@pytest.mark.slow
+def test_data_parallel_two_processes(tmp_path, model_dir):
+    """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files."""
+    import socket
+
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = "import sys, json; from klsweep import job; print(json.dumps(job.train_run(sys.argv[1])['state']))"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(run)],
+            env={
+                **os.environ,
+                "PYTHONWARNINGS": "ignore",
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(out.strip().endswith('"done"') for out in outputs), outputs
+    assert store.read_status(run)["state"] == "done"
+    rows = store.read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for rank in (0, 1):  # each rank's lag buffer is its own
+        assert (store.checkpoints(run)[-1] / f"klsweep_buffers_rank{rank}.pt").is_file()

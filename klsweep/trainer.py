@@ -252,6 +252,8 @@ class KLGRPOTrainer(GRPOTrainer):
         raise ValueError(f"unknown loss_type {self.loss_type!r}")
 
     def _compute_loss(self, model, inputs):
+        from trl.trainer.utils import nanstd
+
         self._train_logps = None
         loss = super()._compute_loss(model, inputs)  # TRL's policy loss (its own KL is off)
         logps = self._train_logps
@@ -289,8 +291,6 @@ class KLGRPOTrainer(GRPOTrainer):
                 self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
             task_reward = self.accelerator.gather(inputs["task_reward"])
             self._metrics[mode]["task_reward/mean"].append(torch.nanmean(task_reward).item())
-            from trl.trainer.utils import nanstd
-
             self._metrics[mode]["task_reward/std"].append(nanstd(task_reward).item())
         return loss
 

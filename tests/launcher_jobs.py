@@ -119,3 +119,29 @@ def submit_in_child(plan: Plan, cluster: str, train_fn: Any, out: str) -> None:
 
     res = submit(plan, cluster, train_fn=train_fn)
     Path(out).write_text(json.dumps(res.actions))
+
+
+def train_keeping_weights(run_dir: Path) -> dict:
+    """``klsweep.job.train_run`` unchanged, except that each rank then saves the final weights of the model it
+    trained to ``final_weights_rank<RANK>.pt`` in the run folder (to check data-parallel ranks agree)."""
+    import torch
+
+    from klsweep import job
+
+    trainers = []
+    build = job.build_trainer
+
+    def build_and_keep(*args: Any, **kwargs: Any) -> Any:
+        trainers.append(build(*args, **kwargs))
+        return trainers[-1]
+
+    job.build_trainer = build_and_keep
+    try:
+        status = job.train_run(run_dir)
+    finally:
+        job.build_trainer = build
+    (trainer,) = trainers
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    torch.save(weights, Path(run_dir) / f"final_weights_rank{os.environ.get('RANK', '0')}.pt")
+    return status

@@ -50,30 +50,50 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
 
 
 def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None:
-    """2 tasks on one node: TrainJob exports RANK/WORLD_SIZE/MASTER_ADDR; klsweep.job trains with gloo."""
+    """2 tasks on one node: TrainJob exports RANK/WORLD_SIZE/MASTER_ADDR; klsweep.job trains with gloo, and both
+    ranks end with the same weights, which moved from the initial ones and are what rank 0 saved.
+
+    An untrained tiny model (``model.path`` set: the job must not build the warm-started one, minutes on a cold
+    cache) has no task reward, so the k1 KL in the loss gives each rank a gradient of its own samples: without
+    DDP's all-reduce the ranks' weights would differ after the first step."""
     pytest.importorskip("klsweep.job", reason="klsweep/job.py not written yet")
     import torch
+    from safetensors.torch import load_file
 
+    from klsweep.tinymodel import random_tiny_model
+
+    model_dir = random_tiny_model(tmp_path / "model")
     sweep = tmp_path / "ddp"
     plan = jobs.make_plan(
         sweep,
         [0],
         **{
+            "model.path": str(model_dir),
             "model.resources.tasks_per_node": 2,
             "train.steps": 2,
             "train.save_steps": 2,
+            "train.prompts_per_step": 2,
+            "train.max_completion_length": 8,
+            "train.learning_rate": 1e-3,
+            "kl.estimator": "k1",
+            "kl.placement": "loss",
+            "kl.beta": 0.1,
             "wandb.mode": "disabled",
         },
     )
-    launcher.submit(plan, "slurm")
-    (run,) = launcher.wait_until_final(sweep, poll_s=1, timeout_s=400)
+    run_dir = plan.runs[0].run_dir
+    launcher.submit(plan, "slurm", train_fn=jobs.train_keeping_weights)
+    (run,) = launcher.wait_until_final(sweep, poll_s=1, timeout_s=300)
     assert run.state == "done", run.log_tail
     folder = Path(store.read_jsonl(sweep / store.JOBS_FILE)[-1]["folder"])
-    logs = "".join(p.read_text() for p in folder.glob(f"{run.job_id}_*_log.out"))
     assert len(list(folder.glob(f"{run.job_id}_*_log.err"))) == 2  # two tasks ran
-    ckpt = store.checkpoints(plan.runs[0].run_dir)[-1]
-    weights = sorted(ckpt.glob("rank*.pt"))
-    if weights:  # if the trainer dumps per-rank weights, they must agree
-        a, b = (torch.load(w) for w in weights[:2])
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    assert "RANK" not in logs or "WORLD_SIZE" in logs
+    assert [r["step"] for r in store.read_metrics(run_dir)] == [1, 2]  # rank 0 alone writes the metrics
+
+    ranks = [torch.load(run_dir / f"final_weights_rank{r}.pt") for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys()
+    assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
+    initial = load_file(model_dir / "model.safetensors")
+    assert any(not torch.equal(initial[k], ranks[0][k]) for k in initial)  # training moved the weights
+    saved = load_file(store.checkpoints(run_dir)[-1] / "model.safetensors")
+    assert saved.keys() <= ranks[0].keys()
+    assert all(torch.equal(saved[k], ranks[0][k]) for k in saved)

@@ -209,7 +209,12 @@ def eval_command(
 def run_command(
     grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
     overrides: OverridesArg = None,
-    cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process, for pdb)")] = "local",
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="local | slurm | debug (in this process, for pdb); default: the grid's cluster.kind"
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="show progress until every run is final")] = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
@@ -222,8 +227,10 @@ def run_command(
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
     from klsweep import grid as grid_mod
     from klsweep import launcher
+    from klsweep.study import default_cluster
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
+    cluster = cluster or default_cluster(plan)
     res = launcher.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
@@ -290,6 +297,74 @@ def cancel_command(
 
     cancelled = launcher.cancel(launcher.resolve_sweep(sweep), runs or None)
     _console().print(f"cancelled {len(cancelled)} run(s): {' '.join(cancelled)}", highlight=False)
+
+
+# --- study (klsweep/study.py) -------------------------------------------------------------------------------
+
+
+@app.command("study")
+def study_command(
+    grid: Annotated[
+        Path, typer.Argument(help="the grid file, e.g. sweeps/tiny.yaml (it must name an eval suite)")
+    ],
+    overrides: OverridesArg = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="local | slurm | debug; default: the grid's cluster.kind")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
+        "results"
+    ),
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
+    ] = False,
+) -> None:
+    """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from klsweep import launcher, report
+    from klsweep.study import FINAL, run_study
+
+    console = _console()
+    start = time.time()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("runs final", total=None)
+
+    def on_stage(stage: str) -> None:
+        console.print(f"[bold]{time.time() - start:6.0f}s[/] {stage}", highlight=False)
+
+    def on_progress(runs: list) -> None:
+        if not progress.live.is_started:
+            progress.start()
+        states = [r.state for r in runs]
+        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+        progress.update(task, total=len(runs), completed=sum(s in FINAL for s in states), description=summary)
+
+    try:
+        res = run_study(
+            grid,
+            overrides,
+            cluster=cluster,
+            out=out,
+            retry_failed=retry_failed,
+            on_stage=on_stage,
+            on_progress=on_progress,
+        )
+    finally:
+        progress.stop()
+    console.print(launcher.table(res.runs, title=res.sweep_dir.name))
+    for table in report.rich_tables(res.report):
+        console.print(table)
+    for path in res.report.paths:
+        console.print(f"wrote {path}", highlight=False)
+    console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
 
 
 def main() -> None:

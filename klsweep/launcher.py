@@ -17,6 +17,7 @@ Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeou
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import shutil
@@ -148,12 +149,15 @@ def submit(
     retry_failed: bool = False,
     force: bool = False,
     *,
+    chain_eval: bool = True,
     train_fn: Callable[[Path], Any] | None = None,
     eval_fn: Callable[..., Any] | None = None,
 ) -> SubmitResult:
     """Write the sweep's files and submit what is not done yet; see the module docstring.
 
-    ``train_fn``/``eval_fn`` replace ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests)."""
+    ``chain_eval=False`` submits training only, even when the runs name an eval suite (``klsweep study``
+    evaluates the whole sweep afterwards in one job). ``train_fn``/``eval_fn`` replace
+    ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests)."""
     from filelock import FileLock
     from omegaconf import OmegaConf
 
@@ -182,7 +186,7 @@ def submit(
                 or (run_dir / store.CONFIG_FILE).read_text() != cfg_text
             ):
                 store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
-            action = _decide(run, rows, live, retry_failed)
+            action = _decide(run, rows, live, retry_failed, chain_eval)
             result.actions[run.id] = action
             if action in ("submit", "resume"):
                 store.write_status(run_dir, "pending", reason=action, error=None, finished_at=None)
@@ -191,12 +195,20 @@ def submit(
                 evals.append(run)
         if train or evals:
             submit_fn = {"local": _submit_local, "slurm": _submit_slurm, "debug": _submit_debug}[cluster_kind]
+            if not chain_eval:
+                train = [_without_eval(r) for r in train]
             result.jobs, result.sbatch_calls = submit_fn(sweep_dir, train, evals, train_fn, eval_fn)
             for row in result.jobs:
                 store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
     if wait and cluster_kind != "debug":
         wait_until_final(sweep_dir)
     return result
+
+
+def _without_eval(run: Any) -> Any:
+    """The same planned run with no eval chained (its config.yaml on disk keeps its eval settings)."""
+    config = {**run.config, "eval": {**run.config.get("eval", {}), "suite": "none"}}
+    return dataclasses.replace(run, config=config)
 
 
 def _wants_eval(run: Any) -> bool:
@@ -208,14 +220,18 @@ def _has_eval_results(run_dir: Path) -> bool:
 
 
 def _decide(
-    run: Any, rows: dict[tuple[str, str], dict], live: set[tuple[str, str]], retry_failed: bool
+    run: Any,
+    rows: dict[tuple[str, str], dict],
+    live: set[tuple[str, str]],
+    retry_failed: bool,
+    chain_eval: bool = True,
 ) -> str:
     if (run.id, "train") in live:
         return "skip-live"
     run_dir = Path(run.run_dir)
     state = store.read_status(run_dir).get("state", "pending")
     if state in ("done", "diverged"):
-        if state == "done" and _wants_eval(run) and not _has_eval_results(run_dir):
+        if state == "done" and chain_eval and _wants_eval(run) and not _has_eval_results(run_dir):
             if (run.id, "eval") in live:
                 return "skip-live"
             last = rows.get((run.id, "eval"))

@@ -3,12 +3,18 @@
 Tiny tasks. The warm-started tiny model (``klsweep.tinymodel``) is taught a mix of three skills by a short
 SFT, stopped part of the way:
 
-- ``add``: two-digit addition, ``"12+34="`` -> ``"46"``. RL trains on it: the in-domain task.
-- ``sub``: subtraction with a non-negative result, ``"56-23="`` -> ``"33"``. Out of domain.
-- ``rev``: reverse a string of 3 digits, ``"rev 1203="`` -> ``"3021"``. Out of domain.
+- ``add``: two-digit addition without carries, ``"12+34="`` -> ``"46"`` (1,980 problems). RL trains on it: the
+  in-domain task.
+- ``sub``: two-digit subtraction without borrows and with a two-digit result, ``"56-23="`` -> ``"33"`` (1,980
+  problems). Out of domain.
+- ``rev``: reverse a string of 3 digits, ``"rev 120="`` -> ``"021"``. Out of domain.
 
-RL on ``add`` alone may drift from the warm-started reference and forget ``sub`` and ``rev``; a KL penalty to
-the reference should limit that, which is what the out-of-domain suite measures. Each skill's problems are
+Why this mix: without carries and borrows every answer digit depends on two aligned operand digits only, which a
+~100k-parameter model learns in a few hundred SFT steps (with carries it plateaus for thousands), so the warm
+start can be stopped part of the way (see ``klsweep.tinymodel``) and RL has signal. ``add`` and ``sub`` share
+their format and differ only by the operator, and ``rev`` shares the digit-copying attention: RL on ``add`` alone
+may drift from the warm-started reference and forget ``sub`` and ``rev`` (e.g. start adding on ``sub``
+prompts); a KL penalty to the reference should limit that, which is what the out-of-domain suite measures. Each skill's problems are
 split once, by a fixed permutation that no run seed changes, into a ``train`` pool (SFT and RL) and a disjoint
 ``eval`` pool (lm-eval data written by ``write_eval_data``).
 
@@ -66,10 +72,21 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 
 def _skill_problems(skill: str) -> list[tuple[str, str]]:
     """Every (question, answer) of a skill, in a fixed order."""
-    if skill == "add":
-        return [(f"{a}+{b}=", str(a + b)) for a in range(100) for b in range(10)]
-    if skill == "sub":
-        return [(f"{a}-{b}=", str(a - b)) for a in range(100) for b in range(min(a, 9) + 1)]
+    two_digit = range(10, 100)
+    if skill == "add":  # no carry: the sum's digits are the digit-wise sums (always two digits)
+        return [
+            (f"{a}+{b}=", str(a + b))
+            for a in two_digit
+            for b in two_digit
+            if a // 10 + b // 10 <= 9 and a % 10 + b % 10 <= 9
+        ]
+    if skill == "sub":  # no borrow, two-digit result: the digit-wise differences
+        return [
+            (f"{a}-{b}=", str(a - b))
+            for a in two_digit
+            for b in two_digit
+            if a // 10 > b // 10 and a % 10 >= b % 10
+        ]
     if skill == "rev":
         digits = [f"{i:03d}" for i in range(1000)]
         return [(f"rev {d}=", d[::-1]) for d in digits]

@@ -10,8 +10,10 @@ run offline on a CPU.
 - ``resolve_model_path(model)`` maps ``model.path == "tiny"`` to that folder and leaves hub ids and paths alone.
 - ``random_tiny_model(folder)`` saves an untrained tiny model and tokenizer (for fast unit tests).
 
-The SFT is stopped as soon as greedy accuracy on the in-domain skill (addition, checked on training-pool
-problems) reaches ``TinySpec.target_accuracy``, so that RL has signal to work with: neither 0 nor 100%.
+The SFT (AdamW, lr warm-up, gradient clipping; every batch an equal share of each skill) is stopped as soon as
+greedy accuracy on the in-domain skill (addition, checked on training-pool problems) reaches
+``TinySpec.target_accuracy``, so that RL has signal to work with: neither 0 nor 100%, with the out-of-domain
+skills partly learned. The build is deterministic given the spec (single-threaded, seeded).
 
 Pitfall (transformers 5.x): for model_type qwen2, ``AutoTokenizer`` always builds ``Qwen2Tokenizer`` from the
 saved vocab and merges with Qwen2's own pre-tokeniser (digits split one by one), ignoring the saved pipeline; the
@@ -60,11 +62,14 @@ class TinySpec:
     seed: int = 0
     sft_batch_size: int = 64
     sft_learning_rate: float = 3e-3
-    sft_max_steps: int = 2500
+    sft_warmup_steps: int = 100  # linear warm-up; without it (and without clipping) the loss spikes at this lr
+    sft_max_grad_norm: float = 1.0
+    sft_max_steps: int = 1500
     check_every: int = 25
-    # Stop the SFT when greedy accuracy on the in-domain skill, averaged over the last 3 checks, reaches this. Two-digit addition is learned slowly by a model
-    # this small (~13% after 3000 steps, ~7 min on a loaded 2-core machine), so the target is modest.
-    target_accuracy: float = 0.15
+    check_size: int = 100  # training-pool problems per accuracy check
+    # Stop the SFT when greedy accuracy on the in-domain skill (training-pool problems), averaged over the last 2
+    # checks, reaches this: ~300 steps, where the held-out accuracy is ~0.3-0.5 and still rising fast.
+    target_accuracy: float = 0.35
 
 
 def default_cache_dir() -> Path:
@@ -206,7 +211,9 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
     # Each skill gets an equal share of every batch, whatever the size of its pool.
     pools = [_sft_examples(tokenizer, skill) for skill in tasks.SKILLS]
     gen = torch.Generator().manual_seed(spec.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.sft_learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=spec.sft_learning_rate, betas=(0.9, 0.98), weight_decay=0.0
+    )
     pad = tokenizer.pad_token_id
     history = []
     step = 0
@@ -227,14 +234,19 @@ def _warm_start(model: Any, tokenizer: Any, spec: TinySpec) -> dict[str, Any]:
             mask[row, : len(seq)] = 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.sft_max_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = spec.sft_learning_rate * min(1.0, step / max(1, spec.sft_warmup_steps))
         optimizer.step()
         optimizer.zero_grad()
         if step % spec.check_every == 0:
             model.eval()
-            acc = skill_accuracy(model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=150, seed=step)
+            acc = skill_accuracy(
+                model, tokenizer, tasks.IN_DOMAIN_SKILL, split="train", n=spec.check_size, seed=step
+            )
             history.append({"step": step, "loss": round(loss.item(), 4), "train_accuracy": acc})
-            recent = [h["train_accuracy"] for h in history[-3:]]
-            if len(recent) == 3 and sum(recent) / 3 >= spec.target_accuracy:  # one check alone is noisy
+            recent = [h["train_accuracy"] for h in history[-2:]]
+            if len(recent) == 2 and sum(recent) / 2 >= spec.target_accuracy:  # one check alone is noisy
                 break
     model.eval()
     return {"sft_steps": step, "sft_history": history}
@@ -254,10 +266,10 @@ def _spec_hash(spec: TinySpec) -> str:
 
 def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any]:
     """Build the warm-started tiny model into ``folder`` and return its build info (also saved as
-    ``build_info.json``): SFT steps, build time, greedy and sampled (temperature 1) accuracy per skill."""
+    ``build_info.json``): SFT steps, build wall and CPU time, greedy and sampled (temperature 1) accuracy per skill."""
     import torch
 
-    start = time.time()
+    start, cpu_start = time.time(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # faster for a model this small, and much faster on a shared machine
     try:
@@ -275,6 +287,7 @@ def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any
     }
     info["num_parameters"] = sum(p.numel() for p in model.parameters())
     info["build_seconds"] = round(time.time() - start, 2)
+    info["build_cpu_seconds"] = round(time.process_time() - cpu_start, 2)
     _save(model, tokenizer, folder)
     (folder / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return info

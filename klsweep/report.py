@@ -297,18 +297,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
     runs = pd.DataFrame(rows)
     for k in axes:
         runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
-    for k in (
-        "model.name",
-        "model.path",
-        "task.name",
-        "kl.estimator",
-        "kl.placement",
-        "kl.level",
-        "kl.beta",
-        "kl.importance",
-        "offpolicy.lag",
-        "offpolicy.num_iterations",
-    ):
+    for k in AXIS_ORDER:
         if k not in runs:
             runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
     metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])

@@ -26,6 +26,17 @@ def test_train_and_eval_pools_are_disjoint_and_answers_right(skill: str) -> None
         assert row["answer"] == expected
 
 
+def test_add_and_sub_have_no_carries_or_borrows() -> None:
+    for skill, op in (("add", "+"), ("sub", "-")):
+        rows = tasks.tiny_problems(skill, "train", None, seed=0) + tasks.tiny_problems(skill, "eval", None, 0)
+        assert len(rows) == 1980
+        for row in rows:
+            a, b = row["question"].removesuffix("=").split(op)
+            assert len(a) == len(b) == len(row["answer"]) == 2
+            digitwise = [int(x) + int(y) if op == "+" else int(x) - int(y) for x, y in zip(a, b, strict=True)]
+            assert "".join(map(str, digitwise)) == row["answer"]
+
+
 def test_tiny_problems_depend_on_seed_not_on_the_split() -> None:
     a = tasks.tiny_problems("add", "eval", 20, seed=1)
     assert a == tasks.tiny_problems("add", "eval", 20, seed=1)

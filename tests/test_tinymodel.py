@@ -1,7 +1,7 @@
 """The tiny model: tokenizer round trip, offline reload, the cache (reuse, lock), and the warm start's accuracy band.
 
 The warm-started model is built once into ``$KLSWEEP_CACHE`` (default ``~/.cache/klsweep``), then reused by
-every later session; the first build takes about a minute on 2 cores.
+every later session; the first build takes ~20 s of CPU (~30 s wall on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -131,9 +131,12 @@ def test_warm_start_is_in_the_band_and_reused(warm_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(warm_dir, local_files_only=True)
     greedy = tinymodel.skill_accuracy(model, tok, tasks.IN_DOMAIN_SKILL)
     sampled = tinymodel.skill_accuracy(model, tok, tasks.IN_DOMAIN_SKILL, temperature=1.0)
-    assert 0.04 <= greedy <= 0.8  # measured 0.067 held out (train-pool checks: ~0.15)
-    assert 0.05 <= sampled <= 0.8
-    for skill in tasks.SKILLS:  # the out-of-domain skills are learned too, at least in part
-        assert tinymodel.skill_accuracy(model, tok, skill) >= 0.05
+    # measured (held out, 150 problems): add greedy 0.32 / sampled 0.21, sub 0.33 / 0.24, rev 0.30 / 0.11
+    assert 0.2 <= greedy <= 0.6
+    assert 0.1 <= sampled <= 0.5
+    for skill in tasks.SKILLS:  # the out-of-domain skills are learned in part: something to forget
+        assert 0.15 <= tinymodel.skill_accuracy(model, tok, skill) <= 0.8
     info = json.loads((warm_dir / "build_info.json").read_text())
     assert info["accuracy"][tasks.IN_DOMAIN_SKILL]["greedy"] == greedy  # deterministic greedy eval
+    assert 100 <= info["sft_steps"] < tinymodel.TinySpec().sft_max_steps  # stopped by the target, not the cap
+    assert info["build_cpu_seconds"] < 60

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from klsweep import store
 from klsweep.errors import UserError
 
 app = typer.Typer(
@@ -262,7 +263,7 @@ def status_command(
     """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
     from klsweep import launcher
 
-    sweep_dir = launcher.resolve_sweep(sweep)
+    sweep_dir = store.resolve_sweep(sweep)
     if as_json:
         import json
 
@@ -295,7 +296,7 @@ def cancel_command(
     """Cancel a sweep's live jobs (scancel / stop local jobs); their runs become 'cancelled'."""
     from klsweep import launcher
 
-    cancelled = launcher.cancel(launcher.resolve_sweep(sweep), runs or None)
+    cancelled = launcher.cancel(store.resolve_sweep(sweep), runs or None)
     _console().print(f"cancelled {len(cancelled)} run(s): {' '.join(cancelled)}", highlight=False)
 
 

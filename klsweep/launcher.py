@@ -165,6 +165,7 @@ def submit(
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
     sweep_dir = Path(plan.sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_models(plan)
     result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
     with FileLock(str(sweep_dir / LOCK_FILE)):
         _write_sweep_file(plan, cluster_kind)
@@ -203,6 +204,15 @@ def submit(
     if wait and cluster_kind != "debug":
         wait_until_final(sweep_dir)
     return result
+
+
+def _prepare_models(plan: Any) -> None:
+    """Build the project's tiny model here, once, if a run uses it: otherwise every job (every rank) would
+    build it, or wait on its lock, while holding its allocation."""
+    if any(r.config.get("model", {}).get("path") == "tiny" for r in plan.runs):
+        from klsweep import tinymodel
+
+        tinymodel.tiny_model_path()
 
 
 def _without_eval(run: Any) -> Any:
@@ -684,20 +694,6 @@ class RunStatus:
         from dataclasses import asdict
 
         return asdict(self)
-
-
-def resolve_sweep(sweep: str | Path, results: str | Path = "results") -> Path:
-    """A sweep folder, given as a path or as a sweep name under ``results/``."""
-    for candidate in (Path(sweep), Path(results) / str(sweep)):
-        if (candidate / store.SWEEP_FILE).exists() or (candidate / store.JOBS_FILE).exists():
-            return candidate
-    raise UserError(
-        Problem(
-            "SWEEP",
-            f"no sweep at {sweep!r} (nor {Path(results) / str(sweep)})",
-            "a sweep folder holding sweep.yaml, or a sweep name under results/",
-        )
-    )
 
 
 def _combine(status_state: str, sched: str | None) -> str:

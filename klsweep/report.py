@@ -121,26 +121,6 @@ class Report:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def resolve_sweep(sweep: str | Path, results_root: str | Path = "results") -> Path:
-    """A sweep folder, or the name of one under ``results_root``; UserError if it does not exist."""
-    p = Path(sweep)
-    if p.is_dir():
-        return p
-    q = Path(results_root) / str(sweep)
-    if q.is_dir():
-        return q
-    root = Path(results_root)
-    known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
-    raise UserError(
-        Problem(
-            str(sweep),
-            f"no such sweep folder (neither {p} nor {q} exists)",
-            ", ".join(known) if known else "a sweep folder made by `klsweep run`",
-        ),
-        title="no sweep to report",
-    )
-
-
 def build_report(
     sweep_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -154,7 +134,7 @@ def build_report(
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``). UserError when the sweep does not exist or has no runs, a format or the
     eval hash is unknown."""
-    sweep = resolve_sweep(sweep_dir)
+    sweep = store.resolve_sweep(sweep_dir)
     formats = _check_formats(formats)
     if window < 1 or not 0 < collapse_fraction < 1:
         raise UserError(

@@ -144,3 +144,23 @@ def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
         for p in d.iterdir()
         if p.is_dir() and p.name not in (BASELINE_DIR, REPORT_DIR) and (p / CONFIG_FILE).exists()
     )
+
+
+def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "results") -> Path:
+    """A sweep folder, or the name of one under ``results_root``; UserError if neither exists."""
+    from klsweep.errors import Problem, UserError
+
+    p, q = Path(sweep), Path(results_root) / str(sweep)
+    for candidate in (p, q):
+        if candidate.is_dir():
+            return candidate
+    root = Path(results_root)
+    known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    raise UserError(
+        Problem(
+            str(sweep),
+            f"no such sweep folder (neither {p} nor {q} exists)",
+            ", ".join(known) if known else "a sweep folder made by `klsweep run`",
+        ),
+        title="no such sweep",
+    )

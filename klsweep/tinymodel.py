@@ -62,7 +62,9 @@ class TinySpec:
     seed: int = 0
     sft_batch_size: int = 64
     sft_learning_rate: float = 3e-3
-    sft_warmup_steps: int = 100  # linear warm-up; without it (and without clipping) the loss spikes at this lr
+    sft_warmup_steps: int = (
+        100  # linear warm-up; without it (and without clipping) the loss spikes at this lr
+    )
     sft_max_grad_norm: float = 1.0
     sft_max_steps: int = 1500
     check_every: int = 25

@@ -48,7 +48,7 @@ if [ ! -d "$DB/mysql" ]; then
         --skip-test-db >"$STATE/log/mariadb-install.log" 2>&1
 fi
 chown -R mysql:mysql "$DB"
-runuser -u mysql -- mariadbd --no-defaults --datadir="$DB" --socket="$DB/mysqld.sock" \
+setsid runuser -u mysql -- mariadbd --no-defaults --datadir="$DB" --socket="$DB/mysqld.sock" \
     --pid-file="$DB/mysqld.pid" --log-error="$DB/mysqld.log" --port="$DB_PORT" --bind-address=127.0.0.1 \
     --skip-name-resolve --innodb-buffer-pool-size=64M >/dev/null 2>&1 &
 for _ in $(seq 60); do

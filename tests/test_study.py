@@ -1,0 +1,74 @@
+"""The tiny study end to end, shortened: `klsweep study sweeps/tiny.yaml` on the local executor and on the
+real local Slurm cluster (train -> eval -> report)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from klsweep import store
+from klsweep.study import run_study
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "sweeps" / "tiny.yaml"
+# k1 in the reward, the loss and both, plus the no-KL baseline: 4 runs of 3 steps, 8 eval problems per task.
+SHORT = [
+    "seed=0",
+    "offpolicy.lag=0",
+    "kl.estimator=k1",
+    "train.steps=3",
+    "train.save_steps=3",
+    "eval.limit=8",
+]
+
+
+def _check_study(res, out: Path) -> None:
+    sweep = out / "tiny"
+    assert res.sweep_dir == sweep
+    assert len(res.runs) == 4
+    assert {r.state for r in res.runs} <= {"done", "diverged"}, [(r.run_id, r.state) for r in res.runs]
+    for run_dir in store.run_dirs(sweep):
+        assert [m["step"] for m in store.read_metrics(run_dir)] == [1, 2, 3]
+        results = list(run_dir.glob("eval/*/checkpoint-3/results.json"))
+        assert len(results) == 1, run_dir
+        metrics = store.read_json(results[0])["metrics"]
+        assert set(metrics["in_domain"]) == {"tiny_add"} and set(metrics["ood"]) == {"tiny_sub", "tiny_rev"}
+    assert list(sweep.glob("baseline/*/eval/*/step-0/results.json"))
+    report = (sweep / "report" / "report.md").read_text()
+    for placement in ("reward", "loss", "both"):
+        assert placement in report
+    assert "step-0" in report
+    assert (sweep / "report" / "curves.png").stat().st_size > 10_000
+    assert (sweep / "report" / "main.tex").exists()
+    assert not res.eval.errors
+
+
+@pytest.mark.slow
+def test_tiny_study_shortened_local(tmp_path: Path) -> None:
+    res = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md", "latex"))
+    _check_study(res, tmp_path)
+    # Rerunning submits nothing and evaluates nothing again.
+    mtimes = {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")}
+    again = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md",))
+    assert {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")} == mtimes
+    assert len(again.runs) == 4
+
+
+slurm = pytest.mark.skipif(
+    shutil.which("sbatch") is None and os.environ.get("CI") != "true",
+    reason="no Slurm here (start one with slurm/start.sh); required under CI=true",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@slurm
+def test_tiny_study_shortened_on_slurm(tmp_path: Path) -> None:
+    res = run_study(TINY, SHORT, cluster="slurm", out=tmp_path, formats=("md", "latex"))
+    _check_study(res, tmp_path)
+    jobs = store.read_jsonl(tmp_path / "tiny" / store.JOBS_FILE)
+    assert {j["cluster"] for j in jobs} == {"slurm"}
+    assert {j["kind"] for j in jobs} == {"train", "eval"}

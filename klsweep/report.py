@@ -256,7 +256,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
 
     rows, configs, metric_rows = [], [], []
     for d in dirs:
-        config = _flatten(_read_yaml(d / store.CONFIG_FILE))
+        config = _without_kl_when_off(_flatten(_read_yaml(d / store.CONFIG_FILE)))
         configs.append(config)
         status = store.read_status(d)
         rows.append(
@@ -497,6 +497,16 @@ def _object_series(values: list[Any]) -> pd.Series:
 
 def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
+
+
+def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
+    """At beta = 0 the KL estimator, placement, level and importance do nothing: show them as "none", so
+    the no-KL runs form one configuration whatever those fields hold."""
+    if config.get("kl.beta") == 0:
+        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance"):
+            if key in config:
+                config[key] = "none"
+    return config
 
 
 def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:

@@ -9,7 +9,8 @@ import pytest
 
 from klsweep import grid
 
-SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.yaml"))
+REPO = Path(__file__).resolve().parent.parent
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
 
 def test_the_three_sweeps_are_shipped():
@@ -58,3 +59,11 @@ def test_tiny_sweep_is_small(tmp_path):
     assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 4}
     assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
     assert grid.gpu_hours(plan.runs) == 0
+
+
+def test_example_run_config_composes() -> None:
+    from klsweep import grid
+
+    config = grid.compose_run_config(REPO / "examples" / "run_tiny.yaml", ["train.steps=5"])
+    assert config["kl"]["estimator"] == "k1" and config["kl"]["placement"] == "reward"
+    assert config["train"]["steps"] == 5 and config["model"]["path"] == "tiny"

@@ -29,8 +29,17 @@ setup() {
         log "installing $TORCH_SPEC"
         "$VENV/bin/pip" install -q "$TORCH_SPEC"
     fi
-    log "installing klsweep (editable) with its test tools"
-    "$VENV/bin/pip" install -q -e ".[test]"
+    # (re)install klsweep when pyproject.toml changed since the last install
+    stamp="$VENV/.klsweep-installed"
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        log "installing klsweep (editable) with its test tools"
+        if ! "$VENV/bin/pip" install -q -e ".[test]" >"$VENV/pip-install.log" 2>&1; then
+            cat "$VENV/pip-install.log" >&2
+            exit 1
+        fi
+        echo "$want" >"$stamp"
+    fi
 }
 
 system_packages() {

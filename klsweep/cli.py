@@ -341,11 +341,18 @@ def study_command(
     def on_stage(stage: str) -> None:
         console.print(f"[bold]{time.time() - start:6.0f}s[/] {stage}", highlight=False)
 
+    last: list[str] = []
+
     def on_progress(runs: list) -> None:
+        states = [r.state for r in runs]
+        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(sorted(states)))
+        if not console.is_terminal:  # a log file: one line whenever something changed
+            if summary != (last[-1] if last else None):
+                last.append(summary)
+                console.print(f"{time.time() - start:6.0f}s   {summary}", highlight=False)
+            return
         if not progress.live.is_started:
             progress.start()
-        states = [r.state for r in runs]
-        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
         progress.update(task, total=len(runs), completed=sum(s in FINAL for s in states), description=summary)
 
     try:

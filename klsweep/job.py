@@ -136,6 +136,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         store.atomic_write_text(run_dir / store.METRICS_FILE, "".join(_json_line(row) for row in kept))
         status = store.write_status(run_dir, "running", **fields)
 
+    _use_allocated_cpus(config)
     monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main)
     wandb_run = None
     try:
@@ -169,6 +170,15 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     if is_main:
         return store.write_status(run_dir, state, **fields)
     return {**status, **fields, "state": state}
+
+
+def _use_allocated_cpus(config: RunConfig) -> None:
+    """On CPU, use as many threads as the job was given (``model.resources.cpus_per_task``): torch's default
+    (every core) oversubscribes the machine when several jobs share it, and is many times slower."""
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, config.model.resources.cpus_per_task))
 
 
 def save_on_preemption() -> None:

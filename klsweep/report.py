@@ -642,7 +642,7 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     )
     off_policy = (
         {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(0.5, "all")}
-        if any(k[3] not in ("on-policy", "none") for k in counts)
+        if any(k[3] != "on-policy" and k[0] != "none" for k in counts)
         else {}
     )
     rows = []
@@ -652,7 +652,11 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
             "estimator": est,
             "placement": plc,
             "level": lvl,
-            "sampling": "on-policy" if imp in ("on-policy", "none") else f"off-policy, importance={imp}",
+            "sampling": {"on-policy": "on-policy", "none": "off-policy, no importance weights"}.get(
+                imp, f"off-policy, importance={imp}"
+            )
+            if est != "none"
+            else DASH,
             "configurations": len(set(counts[k])),
             "runs": len(counts[k]),
         }

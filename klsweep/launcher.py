@@ -920,8 +920,13 @@ def table(runs: list[RunStatus], title: str = "") -> Any:
 
     t = Table(title=title or None)
     axes = list(runs[0].params) if runs else []
-    for col in ["run", *axes, "state", "step", "reward", "elapsed", "GPU-h", "job", "eval"]:
-        t.add_column(col, justify="right" if col in ("step", "reward", "elapsed", "GPU-h") else "left")
+    t.add_column("run", no_wrap=True, min_width=10)  # an id is never cut
+    for col in [*axes, "state", "step", "reward", "elapsed", "GPU-h", "job", "eval"]:
+        t.add_column(
+            col.split(".")[-1],  # kl.estimator -> estimator: the table stays narrow
+            justify="right" if col in ("step", "reward", "elapsed", "GPU-h") else "left",
+            no_wrap=col in ("state", "step"),
+        )
     colour = {
         "done": "green",
         "failed": "red",

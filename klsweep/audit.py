@@ -31,7 +31,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from klsweep import kl
+from klsweep import kl, store
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -267,3 +267,32 @@ def tables(rows: list[AuditRow], title: str = "") -> list:
                 t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
         out.append(t)
     return out
+
+
+def cached_audit(behavior_shift: float = 0.0, importance: str = "none") -> list[AuditRow]:
+    """``audit`` of the default policy, kept on disk under ``store.cache_dir()/audit/`` and keyed by the code of
+    ``kl.py`` and ``audit.py``, torch's version and the options: reports then need not import torch."""
+    import hashlib
+    import json
+    from importlib.metadata import version
+    from pathlib import Path
+
+    key = hashlib.sha256(
+        "\0".join(
+            [
+                Path(kl.__file__).read_text(),
+                Path(__file__).read_text(),
+                version("torch"),
+                repr((behavior_shift, importance)),
+            ]
+        ).encode()
+    ).hexdigest()[:16]
+    path = store.cache_dir() / "audit" / f"{key}.json"
+    if path.exists():
+        try:
+            return [AuditRow(**row) for row in store.read_json(path)]
+        except (OSError, TypeError, json.JSONDecodeError):
+            pass  # a stale or damaged cache entry is recomputed
+    rows = audit(behavior_shift=behavior_shift, importance=importance)
+    store.write_json(path, rows_as_dicts(rows))
+    return rows

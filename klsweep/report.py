@@ -694,7 +694,7 @@ def _audit(behavior_shift: float, importance: str) -> tuple[Any, ...]:
     """``klsweep.audit.audit`` with its default policy (deterministic: computed once per process)."""
     from klsweep import audit
 
-    return tuple(audit.audit(behavior_shift=behavior_shift, importance=importance))
+    return tuple(audit.cached_audit(behavior_shift=behavior_shift, importance=importance))
 
 
 def _reference_table(

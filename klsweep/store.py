@@ -164,3 +164,8 @@ def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "r
         ),
         title="no such sweep",
     )
+
+
+def cache_dir() -> Path:
+    """klsweep's cache of derived, rebuildable files: ``$KLSWEEP_CACHE``, default ``~/.cache/klsweep``."""
+    return Path(os.environ.get("KLSWEEP_CACHE", "~/.cache/klsweep")).expanduser()

@@ -232,3 +232,15 @@ def test_cli_exit_code_2_without_traceback():
     assert "vocab" in out.stderr and "'some'" in out.stderr and "2 problems" in out.stderr
     out = klsweep_audit("--length", "x")  # typer's own parse error
     assert out.returncode == 2 and "length" in out.stderr
+
+
+def test_cached_audit_is_the_audit_and_survives_a_damaged_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KLSWEEP_CACHE", str(tmp_path))
+    fresh = audit.audit()
+    first = audit.cached_audit()
+    (entry,) = (tmp_path / "audit").glob("*.json")
+    assert first == fresh
+    assert audit.cached_audit() == fresh  # read back from the file
+    entry.write_text("{not json")
+    assert audit.cached_audit() == fresh  # recomputed, not trusted
+    assert audit.cached_audit(behavior_shift=0.5) != fresh  # options are part of the key

@@ -671,7 +671,7 @@ def _submit(
     if some is None:
         return EvalOutcome(skipped=skipped)
     sweep_dir = Path(baselines[0][0]) if baselines else some.parent
-    folder = launcher._stamp(sweep_dir)
+    folder = launcher.submission_folder(sweep_dir)
     config = _run_config(runs[0]) if runs else baselines[0][1]
     res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
     calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
@@ -681,7 +681,7 @@ def _submit(
         calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        ex.update_parameters(**launcher._slurm_params(res, cl, config.get("name", "run"), eval_job=True))
+        ex.update_parameters(**launcher.slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
         calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b])) for b in baselines]
         calls += [(r.name, ([str(r)], cfg, checkpoints, [])) for r in runs]
     with ex.batch():
@@ -689,7 +689,7 @@ def _submit(
     rows = []
     for (run_id, _), job in zip(calls, jobs, strict=True):
         ids = [r.name for r in runs] + [store.BASELINE_DIR] if run_id == "*" else [run_id]
-        rows += [launcher._row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
+        rows += [launcher.job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
     with FileLock(str(sweep_dir / launcher.LOCK_FILE)):
         for row in rows:
             store.append_jsonl(sweep_dir / store.JOBS_FILE, row)

@@ -270,7 +270,7 @@ def _write_sweep_file(plan: Any, cluster_kind: str) -> None:
     )
 
 
-def _stamp(sweep_dir: Path) -> Path:
+def submission_folder(sweep_dir: Path) -> Path:
     base = time.strftime("%Y%m%d-%H%M%S")
     folder = sweep_dir / "submitit" / base
     k = 1
@@ -281,7 +281,7 @@ def _stamp(sweep_dir: Path) -> Path:
     return folder
 
 
-def _row(
+def job_row(
     run_id: str, kind: str, cluster: str, job_id: str | None, folder: Path, **extra: Any
 ) -> dict[str, Any]:
     return {
@@ -306,7 +306,7 @@ def _cluster_cfg(run: Any) -> dict[str, Any]:
 # --- Slurm -------------------------------------------------------------------------------------------------
 
 
-def _slurm_params(res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool) -> dict[str, Any]:
+def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool) -> dict[str, Any]:
     p: dict[str, Any] = {
         "job_name": f"klsweep-{name}{'-eval' if eval_job else ''}",
         "time": int(res.get("eval_timeout_min" if eval_job else "timeout_min", 60)),
@@ -338,7 +338,7 @@ def _group_key(run: Any) -> str:
 def _submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_fn: Any) -> tuple[list, int]:
     import submitit
 
-    folder = _stamp(sweep_dir)
+    folder = submission_folder(sweep_dir)
     rows: list[dict[str, Any]] = []
     calls = 0
     groups: dict[str, tuple[list, list]] = {}
@@ -354,12 +354,13 @@ def _submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
             train_ids: list[str] = []
             if t_runs:
                 ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(cl.get("max_requeues", 3)))
-                ex.update_parameters(**_slurm_params(res, cl, name, eval_job=False))
+                ex.update_parameters(**slurm_parameters(res, cl, name, eval_job=False))
                 jobs = _batch(ex, [TrainJob(str(r.run_dir), train_fn) for r in t_runs])
                 calls += 1
                 train_ids = [j.job_id for j in jobs]
                 rows += [
-                    _row(r.id, "train", "slurm", j.job_id, folder) for r, j in zip(t_runs, jobs, strict=True)
+                    job_row(r.id, "train", "slurm", j.job_id, folder)
+                    for r, j in zip(t_runs, jobs, strict=True)
                 ]
             chained = [r for r in t_runs if _wants_eval(r)]
             by_id = dict(zip([r.id for r in t_runs], train_ids, strict=True))
@@ -370,7 +371,7 @@ def _submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
             else:
                 eval_batches += [([r], f"afterok:{by_id[r.id]}") for r in chained]
             for runs, dependency in eval_batches:
-                params = _slurm_params(res, cl, name, eval_job=True)
+                params = slurm_parameters(res, cl, name, eval_job=True)
                 if dependency:
                     params["dependency"] = dependency
                     params.setdefault("additional_parameters", {})["kill-on-invalid-dep"] = "yes"
@@ -381,7 +382,7 @@ def _submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
                 )
                 calls += 1
                 rows += [
-                    _row(r.id, "eval", "slurm", j.job_id, folder) for r, j in zip(runs, jobs, strict=True)
+                    job_row(r.id, "eval", "slurm", j.job_id, folder) for r, j in zip(runs, jobs, strict=True)
                 ]
         except subprocess.CalledProcessError as e:
             raise UserError(
@@ -407,7 +408,7 @@ def _batch(ex: Any, fns: list[Any]) -> list[Any]:
 def _submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_fn: Any) -> tuple[list, int]:
     import submitit
 
-    folder = _stamp(sweep_dir)
+    folder = submission_folder(sweep_dir)
     rows: list[dict[str, Any]] = []
     for run in [*train, *evals]:
         kinds = (["train"] if run in train else []) + (["eval"] if _wants_eval(run) or run in evals else [])
@@ -424,7 +425,7 @@ def _submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
                 job.result()
             except Exception:
                 state = "FAILED"
-            rows.append(_row(run.id, kind, "debug", job.job_id, folder, state=state))
+            rows.append(job_row(run.id, kind, "debug", job.job_id, folder, state=state))
             if state == "FAILED":
                 break
     return rows, 0
@@ -450,7 +451,7 @@ def _local_params(res: dict[str, Any], cl: dict[str, Any], eval_job: bool) -> di
 def _submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_fn: Any) -> tuple[list, int]:
     import cloudpickle
 
-    folder = _stamp(sweep_dir)
+    folder = submission_folder(sweep_dir)
     items: list[dict[str, Any]] = []
     for run in train:
         res, cl = _resources(run), _cluster_cfg(run)
@@ -506,7 +507,7 @@ def _submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
-    rows = [_row(it["run_id"], it["kind"], "local", None, folder, supervisor=proc.pid) for it in items]
+    rows = [job_row(it["run_id"], it["kind"], "local", None, folder, supervisor=proc.pid) for it in items]
     return rows, 0
 
 
@@ -528,7 +529,8 @@ def supervise(queue_path: str | Path) -> None:
         with FileLock(str(sweep_dir / LOCK_FILE)):
             it = items[i]
             store.append_jsonl(
-                sweep_dir / store.JOBS_FILE, _row(it["run_id"], it["kind"], "local", job_id, folder, **extra)
+                sweep_dir / store.JOBS_FILE,
+                job_row(it["run_id"], it["kind"], "local", job_id, folder, **extra),
             )
 
     while "waiting" in state or "running" in state:

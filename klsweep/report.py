@@ -499,6 +499,14 @@ def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
 
 
+def _shown_path(path: Path) -> str:
+    """The path relative to the working directory when it is below it (reports get committed and shared)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
     """At beta = 0 the KL estimator, placement, level and importance do nothing: show them as "none", so
     the no-KL runs form one configuration whatever those fields hold."""
@@ -926,7 +934,7 @@ def _captions(report: Report) -> dict[str, str]:
 def _summary(report: Report) -> list[str]:
     r = report.runs
     lines = [
-        f"Sweep `{report.sweep_dir}`: {len(r)} runs in {r['config'].nunique()} configurations "
+        f"Sweep `{_shown_path(report.sweep_dir)}`: {len(r)} runs in {r['config'].nunique()} configurations "
         f"({_status_text(list(r['state']))}).",
         "Configuration axes: "
         + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")

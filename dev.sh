@@ -5,7 +5,8 @@
 #   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
 #   ./dev.sh setup   only create .venv and install klsweep into it
 #
-# Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), TORCH_SPEC (default torch==2.13.0:
+# Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
+# cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
 # the CPU build on the project's machines; on a GPU machine use e.g. TORCH_SPEC="torch").
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -70,11 +71,12 @@ test)
     setup
     system_packages
     if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
-        log "starting the local Slurm cluster"
-        bash slurm/start.sh
+        slurm_dir=${KLSWEEP_SLURM_DIR:-/tmp/klsweep-slurm}
+        log "starting the local Slurm cluster in $slurm_dir"
+        bash slurm/start.sh "$slurm_dir"
         # shellcheck disable=SC1091
-        source "${KLSWEEP_SLURM_DIR:-/tmp/klsweep-slurm}/env.sh"
-        trap 'bash slurm/stop.sh >/dev/null 2>&1 || true' EXIT
+        source "$slurm_dir/env.sh"
+        trap 'bash slurm/stop.sh "$slurm_dir" >/dev/null 2>&1 || true' EXIT
     fi
     log "ruff"
     "$VENV/bin/ruff" check klsweep tests bench
@@ -83,7 +85,7 @@ test)
     "$VENV/bin/pytest" -q -ra --durations=15
     ;;
 *)
-    sed -n '2,11p' "$0"
+    sed -n '2,10p' "$0"
     exit 2
     ;;
 esac

@@ -246,7 +246,7 @@ def run_command(
             runs = launcher.wait_until_final(
                 res.sweep_dir,
                 on_update=lambda rs: bar.update(
-                    task, completed=sum(r.state in ("done", "failed", "diverged", "cancelled") for r in rs)
+                    task, completed=sum(r.state in store.FINAL_STATES for r in rs)
                 ),
             )
         console.print(launcher.table(runs, title=plan.name))
@@ -325,7 +325,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep import launcher, report
-    from klsweep.study import FINAL, run_study
+    from klsweep.study import run_study
 
     console = _console()
     start = time.time()
@@ -353,7 +353,9 @@ def study_command(
             return
         if not progress.live.is_started:
             progress.start()
-        progress.update(task, total=len(runs), completed=sum(s in FINAL for s in states), description=summary)
+        progress.update(
+            task, total=len(runs), completed=sum(s in store.FINAL_STATES for s in states), description=summary
+        )
 
     try:
         res = run_study(

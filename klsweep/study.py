@@ -16,8 +16,6 @@ from typing import Any
 
 from klsweep.errors import Problem, UserError
 
-FINAL = ("done", "failed", "diverged", "cancelled")
-
 
 @dataclass
 class StudyResult:

@@ -1,8 +1,13 @@
-"""Shared test setup: everything offline, W&B offline, a per-session cache for the tiny model."""
+"""Shared test setup: everything offline, W&B offline; tests marked ``slurm`` need the local Slurm cluster
+(``bash slurm/start.sh``): skipped where there is no ``sbatch``, except under CI=true, where they must run."""
 
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -10,3 +15,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The local test cluster's config, when it runs here and the caller did not source its env.sh.
+if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():
+    os.environ["SLURM_CONF"] = "/tmp/klsweep-slurm/slurm.conf"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if shutil.which("sbatch") is not None or os.environ.get("CI") == "true":
+        return
+    skip = pytest.mark.skip(reason="no Slurm here (bash slurm/install.sh && bash slurm/start.sh)")
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(skip)

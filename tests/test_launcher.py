@@ -4,8 +4,6 @@ local Slurm cluster (``bash slurm/start.sh; source /tmp/klsweep-slurm/env.sh``; 
 from __future__ import annotations
 
 import multiprocessing
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -14,20 +12,7 @@ import pytest
 
 from klsweep import launcher, store
 
-HAVE_SLURM = shutil.which("sbatch") is not None or os.environ.get("CI") == "true"
-if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():
-    os.environ["SLURM_CONF"] = "/tmp/klsweep-slurm/slurm.conf"
-
-CLUSTERS = [
-    "local",
-    pytest.param(
-        "slurm",
-        marks=[
-            pytest.mark.slurm,
-            pytest.mark.skipif(not HAVE_SLURM, reason="no sbatch (bash slurm/start.sh)"),
-        ],
-    ),
-]
+CLUSTERS = ["local", pytest.param("slurm", marks=pytest.mark.slurm)]
 
 
 def wait(sweep: Path, timeout_s: float = 120) -> dict[str, launcher.RunStatus]:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,16 +12,7 @@ import pytest
 
 from klsweep import launcher, store
 
-if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():
-    os.environ["SLURM_CONF"] = "/tmp/klsweep-slurm/slurm.conf"
-
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(
-        shutil.which("sbatch") is None and os.environ.get("CI") != "true",
-        reason="no sbatch (bash slurm/install.sh && bash slurm/start.sh)",
-    ),
-]
+pytestmark = pytest.mark.slurm
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:

@@ -3,8 +3,6 @@ real local Slurm cluster (train -> eval -> report)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -57,15 +55,8 @@ def test_tiny_study_shortened_local(tmp_path: Path) -> None:
     assert len(again.runs) == 4
 
 
-slurm = pytest.mark.skipif(
-    shutil.which("sbatch") is None and os.environ.get("CI") != "true",
-    reason="no Slurm here (start one with slurm/start.sh); required under CI=true",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
-@slurm
 def test_tiny_study_shortened_on_slurm(tmp_path: Path) -> None:
     res = run_study(TINY, SHORT, cluster="slurm", out=tmp_path, formats=("md", "latex"))
     _check_study(res, tmp_path)

@@ -26,6 +26,7 @@ the tasks are loaded once), ``eval_baseline`` (step 0), ``evaluate`` (``klsweep 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -271,7 +272,6 @@ class _Item:
     checkpoint: str
     step: int
     settings: dict[str, Any]
-    run_dir: Path | None = None  # None for a baseline
 
 
 @dataclass
@@ -281,6 +281,15 @@ class _Suite:
     cfg: EvalSection
     manager: Any = None  # lm-eval's TaskManager (simple_evaluate builds a full one, ~6 s, when given none)
     tasks: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def settings(self) -> dict[str, Any]:
+        """``eval_settings`` of the suite (digests the task files), once per suite rather than per run."""
+        return eval_settings(self.cfg)
+
+    @functools.cached_property
+    def hash(self) -> str:
+        return eval_hash(self.settings)
 
     def load(self) -> None:
         if not self.tasks:
@@ -427,7 +436,7 @@ def _pass1_stderr(
 # ------------------------------------------------------------------------------------------------ runs
 
 
-def _checkpoint_items(run_dir: Path, cfg: EvalSection, checkpoints: str) -> list[_Item]:
+def _checkpoint_items(run_dir: Path, suite: _Suite, checkpoints: str) -> list[_Item]:
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
     model = _model_section(_run_config(run_dir))
@@ -435,8 +444,7 @@ def _checkpoint_items(run_dir: Path, cfg: EvalSection, checkpoints: str) -> list
     if not found:
         raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
     chosen = found if checkpoints == "all" else found[-1:]
-    settings = eval_settings(cfg)
-    hash_dir = run_dir / store.EVAL_DIR / eval_hash(settings)
+    hash_dir = run_dir / store.EVAL_DIR / suite.hash
     return [
         _Item(
             model_path=str(ckpt),
@@ -444,8 +452,7 @@ def _checkpoint_items(run_dir: Path, cfg: EvalSection, checkpoints: str) -> list
             out_dir=hash_dir / ckpt.name,
             checkpoint=ckpt.name,
             step=int(ckpt.name.rsplit("-", 1)[1]),
-            settings=settings,
-            run_dir=run_dir,
+            settings=suite.settings,
         )
         for ckpt in chosen
     ]
@@ -462,8 +469,9 @@ def _record_error(run_dir: Path, hash_dir: Path | None, message: str, tb: str) -
 
 def _clear_error(run_dir: Path, hash_dir: Path) -> None:
     (hash_dir / ERROR_FILE).unlink(missing_ok=True)
-    if store.read_status(run_dir).get("eval_error"):
-        store.write_status(run_dir, store.read_status(run_dir)["state"], eval_error=None)
+    status = store.read_status(run_dir)
+    if status.get("eval_error"):
+        store.write_status(run_dir, status["state"], eval_error=None)
 
 
 def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
@@ -471,7 +479,7 @@ def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
     hash_dir = None
     current = "-"
     try:
-        items = _checkpoint_items(run_dir, suite.cfg, checkpoints)
+        items = _checkpoint_items(run_dir, suite, checkpoints)
         hash_dir = items[0].out_dir.parent
         paths = []
         for item in items:
@@ -484,7 +492,7 @@ def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
         raise
     except Exception as e:
         if hash_dir is None:  # no checkpoint to evaluate: still file the error under the settings' hash
-            hash_dir = run_dir / store.EVAL_DIR / eval_hash(eval_settings(suite.cfg))
+            hash_dir = run_dir / store.EVAL_DIR / suite.hash
         message = f"{run_dir.name} {current}: {type(e).__name__}: {e}".strip()
         _record_error(run_dir, hash_dir, message, "".join(traceback.format_exc().splitlines(True)[-30:]))
         raise EvalError(message) from e
@@ -537,12 +545,12 @@ def eval_baseline(
         store.atomic_write_text(
             base / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create({"model": asdict(model)}))
         )
-    settings = eval_settings(cfg)
-    out_dir = base / store.EVAL_DIR / eval_hash(settings) / BASELINE_CHECKPOINT
+    suite = suite or _Suite(cfg)
+    out_dir = base / store.EVAL_DIR / suite.hash / BASELINE_CHECKPOINT
     if (out_dir / RESULTS_FILE).is_file():
         return out_dir / RESULTS_FILE
-    item = _Item(resolve_model_path(model), model, out_dir, BASELINE_CHECKPOINT, 0, settings)
-    return _evaluate_item(item, suite or _Suite(cfg))
+    item = _Item(resolve_model_path(model), model, out_dir, BASELINE_CHECKPOINT, 0, suite.settings)
+    return _evaluate_item(item, suite)
 
 
 # ------------------------------------------------------------------------------------------------ klsweep eval
@@ -605,8 +613,7 @@ def _suite_of_runs(runs: list[Path]) -> EvalSection:
     found = {json.dumps(_run_config(r).get("eval", {}), sort_keys=True) for r in runs}
     if len(found) != 1:
         raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
-    cfg = as_eval_section(json.loads(found.pop()))
-    return cfg
+    return as_eval_section(json.loads(found.pop()))
 
 
 def evaluate(
@@ -667,12 +674,11 @@ def _submit(
 
     from klsweep import launcher
 
-    some = runs[0] if runs else Path(baselines[0][0]) if baselines else None
-    if some is None:
+    if not runs:  # the baselines are those of the runs' models: none without runs
         return EvalOutcome(skipped=skipped)
-    sweep_dir = Path(baselines[0][0]) if baselines else some.parent
+    sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
     folder = launcher.submission_folder(sweep_dir)
-    config = _run_config(runs[0]) if runs else baselines[0][1]
+    config = _run_config(runs[0])
     res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
     calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
     if cluster == "local":

@@ -218,7 +218,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(v, dict) and v:
             out.update(_flatten(v, f"{prefix}{k}."))
         else:
-            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v
+            out[f"{prefix}{k}"] = _hashable(v)
     return out
 
 
@@ -553,11 +553,11 @@ def _status_text(states: Sequence[str]) -> str:
     return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
 
 
-def _config_frame(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
-    """The configuration columns (short names), run counts and status, one row per configuration."""
+def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
+    """The configuration columns (short names), run counts and status, one row per configuration (``g``: the
+    runs grouped by ``config``)."""
     import pandas as pd
 
-    g = runs.groupby("config", sort=True)
     first = g.first()
     df = pd.DataFrame(index=first.index)
     for a in axes:
@@ -570,8 +570,7 @@ def _config_frame(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     return df
 
 
-def _add_stats(df: pd.DataFrame, runs: pd.DataFrame, cols: list[str]) -> None:
-    g = runs.groupby("config", sort=True)
+def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
     for c in cols:
         agg = g[c].agg(["mean", "std", "count"])
         df[c] = agg["mean"]
@@ -580,11 +579,11 @@ def _add_stats(df: pd.DataFrame, runs: pd.DataFrame, cols: list[str]) -> None:
 
 
 def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
-    df = _config_frame(runs, axes)
     g = runs.groupby("config", sort=True)
+    df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
     df["eval step"] = g["eval_step"].agg(_range_text)
-    _add_stats(df, runs, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
+    _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
     return df.reset_index(drop=True)
 
 
@@ -597,10 +596,10 @@ def _range_text(s: pd.Series) -> str:
 
 
 def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
-    df = _config_frame(runs, axes)
     g = runs.groupby("config", sort=True)
+    df = _config_frame(g, axes)
     df["with metrics"] = g["has_metrics"].sum()
-    _add_stats(df, runs, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
+    _add_stats(df, g, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
     df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
     div = runs[runs["state"] == "diverged"]
     notes = [
@@ -669,20 +668,12 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
             "runs": len(counts[k]),
         }
         a = on_policy.get((est, plc, lvl)) if imp == "on-policy" else off_policy.get((est, plc, lvl, imp))
-        if est == "none":
+        if est == "none" or a is None:
             row |= {
                 "rel. err. reverse": math.nan,
                 "rel. err. forward": math.nan,
                 "grad variance": math.nan,
-                "verdict": "no KL term (beta = 0)",
-                "unbiased": DASH,
-            }
-        elif a is None:
-            row |= {
-                "rel. err. reverse": math.nan,
-                "rel. err. forward": math.nan,
-                "grad variance": math.nan,
-                "verdict": "not audited",
+                "verdict": "no KL term (beta = 0)" if est == "none" else "not audited",
                 "unbiased": DASH,
             }
         else:
@@ -1000,9 +991,8 @@ def _write_csv(report: Report) -> list[Path]:
     return paths
 
 
-def _styler(report: Report, table: str, fmt: str):
-    """The table as a pandas Styler for ``fmt`` (latex or html), best values bold."""
-    cells, bold = _view(report, table)
+def _styler(cells: pd.DataFrame, bold: pd.DataFrame, fmt: str):
+    """A table's view (``_view``) as a pandas Styler for ``fmt`` (latex or html), best values bold."""
     if fmt == "latex":  # escape here (±, Δ, — included), so the Styler gets LaTeX already
         cells = cells.map(_tex_escape).rename(columns=_tex_escape)
         bold.columns = cells.columns
@@ -1018,9 +1008,9 @@ def _write_latex(report: Report) -> list[Path]:
     caps = _captions(report)
     paths = []
     for t in _sections(report):
-        cells, _ = _view(report, t)
+        cells, bold = _view(report, t)
         numeric = [cells[c].map(lambda v: v == DASH or bool(_NUMBER.match(v))).all() for c in cells.columns]
-        tex = _styler(report, t, "latex").to_latex(
+        tex = _styler(cells, bold, "latex").to_latex(
             hrules=True,
             convert_css=True,
             environment="table",
@@ -1070,7 +1060,7 @@ def _write_html(report: Report) -> list[Path]:
         body += [
             f"<h2>{html.escape(TITLES[t])}</h2>",
             f"<p>{html.escape(caps[t])}</p>",
-            _styler(report, t, "html").set_table_attributes('class="klsweep"').to_html(),
+            _styler(*_view(report, t), "html").set_table_attributes('class="klsweep"').to_html(),
         ]
         if t == "main":
             body.append('<img src="eval_bars.png" alt="In-domain and OOD averages per configuration">')
@@ -1210,11 +1200,11 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
     df = report.main
     n = len(df)
     cfg_cols = [SHORT.get(a, a) for a in report.axes]
-    ticks = [" / ".join(_fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)] or [
-        "all"
-    ] * n
-    if not cfg_cols:
-        ticks = ["all runs"] * n
+    ticks = (
+        [" / ".join(_fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
+        if cfg_cols
+        else ["all runs"] * n
+    )
     rotate = n > 4
     bottom = 0.6 + (0.065 * max(map(len, ticks), default=0) if rotate else 0.2)  # inches for the tick labels
     width_in, height = min(max(6.0, 0.3 * n + 2), 30.0), 4.5 + bottom

@@ -66,6 +66,8 @@ ROW_KEYS: dict[str, str] = {
     "kl_penalty": "kl/penalty",
 }
 
+_ROW_SOURCES = frozenset(ROW_KEYS.values())  # log keys already mapped to a row key
+
 _live_trainer: KLGRPOTrainer | None = None  # the trainer training in this process, for save_on_preemption
 
 
@@ -152,18 +154,15 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
                 raise
             monitor.diverged = (trainer.state.global_step + 1, f"non-finite model outputs in sampling: {e}")
         state = "diverged" if monitor.diverged else "done"
-        fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if monitor.diverged:
             fields.update(diverged_step=monitor.diverged[0], reason=monitor.diverged[1])
     except Exception:
         state = "failed"
         lines = traceback.format_exc().rstrip().splitlines()
-        fields.update(
-            step=monitor.last_step, elapsed_s=monitor.elapsed(), error="\n".join(lines[-ERROR_LINES:])
-        )
-        fields["reason"] = lines[-1] if lines else "failed"
+        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
     finally:
         _live_trainer = None
+        fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if wandb_run is not None:
             wandb_run.finish()
     fields["finished_at"] = time.time()
@@ -215,9 +214,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
                 "prompts_per_step x group_size divisible by the number of processes",
             )
         )
-    kl = KLConfig(
-        config.kl.estimator, config.kl.placement, config.kl.level, config.kl.beta, config.kl.importance
-    )
+    kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     dtypes = {
         "auto": torch.bfloat16 if gpu else torch.float32,
@@ -340,10 +337,9 @@ class _RunMonitor:
         row: dict[str, Any] = {"step": step, "time": time.time(), "elapsed_s": self.elapsed()}
         for key, source in ROW_KEYS.items():
             row[key] = _number(logs.get(source))
-        used = set(ROW_KEYS.values())
         for key, value in logs.items():
             if (
-                key not in used
+                key not in _ROW_SOURCES
                 and key not in row
                 and isinstance(value, int | float)
                 and not isinstance(value, bool)

@@ -67,6 +67,12 @@ from klsweep.kl import KLConfig
 BUFFERS_FILE = "klsweep_buffers_rank{rank}.pt"
 
 
+def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The tokens the loss counts: completion tokens, less tool-result tokens (as TRL masks its loss)."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
+
+
 class KLGRPOTrainer(GRPOTrainer):
     """GRPO with the KL estimator, placement, level and importance weighting of ``kl``, and a policy lag."""
 
@@ -168,7 +174,7 @@ class KLGRPOTrainer(GRPOTrainer):
 
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
-        mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
+        mask = _loss_mask(out)
         input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         logits_to_keep = out["completion_ids"].size(1)
@@ -257,11 +263,7 @@ class KLGRPOTrainer(GRPOTrainer):
         self._train_logps = None
         loss = super()._compute_loss(model, inputs)  # TRL's policy loss (its own KL is off)
         logps = self._train_logps
-        mask = (
-            inputs["completion_mask"]
-            if "tool_mask" not in inputs
-            else inputs["completion_mask"] * inputs["tool_mask"]
-        )
+        mask = _loss_mask(inputs)
         ref = inputs["ref_per_token_logps"]
         behavior = inputs.get("old_per_token_logps")
         sampled = logps.detach() if behavior is None else behavior  # log-probs of the policy that sampled

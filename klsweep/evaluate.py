@@ -451,7 +451,7 @@ def _checkpoint_items(run_dir: Path, suite: _Suite, checkpoints: str) -> list[_I
             model=model,
             out_dir=hash_dir / ckpt.name,
             checkpoint=ckpt.name,
-            step=int(ckpt.name.rsplit("-", 1)[1]),
+            step=store.checkpoint_step(ckpt),
             settings=suite.settings,
         )
         for ckpt in chosen

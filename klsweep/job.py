@@ -120,7 +120,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
 
     found = store.checkpoints(run_dir)
     resume = found[-1] if found else None
-    resume_step = _step_of(resume) if resume else 0
+    resume_step = store.checkpoint_step(resume) if resume else 0
     kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
     base_elapsed = kept[-1]["elapsed_s"] if kept else 0.0
     started = time.time()
@@ -378,10 +378,6 @@ def _json_line(row: dict[str, Any]) -> str:
     import json
 
     return json.dumps(row) + "\n"
-
-
-def _step_of(checkpoint: Path) -> int:
-    return int(checkpoint.name.rsplit("-", 1)[1])
 
 
 def _is_non_finite_sampling(error: RuntimeError) -> bool:

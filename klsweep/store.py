@@ -131,7 +131,12 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     if not d.exists():
         return []
     found = [p for p in d.glob("checkpoint-*") if p.is_dir() and (p / "config.json").exists()]
-    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """The optimiser step of a ``checkpoint-<step>`` folder."""
+    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:

@@ -191,10 +191,9 @@ def load_plan(
 
     assert isinstance(name, str)
     base = {k: v for k, v in base.items() if k not in cmd_keys} | cmd_single
-    products = []
-    for axes in axes_by_grid or [{}]:
-        axes = {k: v for k, v in axes.items() if k not in cmd_keys} | cmd_sweep
-        products.append(axes)
+    products = [
+        {k: v for k, v in axes.items() if k not in cmd_keys} | cmd_sweep for axes in axes_by_grid or [{}]
+    ]
     all_axes = list(dict.fromkeys(k for axes in products for k in axes))
 
     sweep_dir = Path(out if out is not None else DEFAULT_OUT).absolute() / name
@@ -245,7 +244,7 @@ def load_plan(
     varying = [k for k, col in zip(all_axes, columns, strict=True) if len({_hashable(v) for v in col}) > 1]
     kl_extra = [
         f"kl.{f}"
-        for f in ("estimator", "placement", "level", "beta", "importance")
+        for f in (fld.name for fld in fields(config_mod.KLSection))
         if f"kl.{f}" not in varying and len({r.config["kl"][f] for r in runs.values()}) > 1
     ]
     axes_out = varying + kl_extra
@@ -450,8 +449,7 @@ def _excludes(
         for key, raw in ex.items():
             w = f"{where}: exclude[{i}].{key}"
             if key not in axes:
-                nearest = difflib.get_close_matches(str(key), sorted(axes), n=1)
-                hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+                hint = _did_you_mean(str(key), sorted(axes))
                 problems.append(
                     Problem(
                         w, f"{key!r} is not an axis of the grid{hint}", ", ".join(sorted(axes)) or "no axes"
@@ -487,9 +485,13 @@ def _schema_leaves() -> tuple[dict[str, type], set[str]]:
     return leaves, sections
 
 
+def _did_you_mean(word: str, options: Iterable[str]) -> str:
+    nearest = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean {nearest[0]!r}?" if nearest else ""
+
+
 def _unknown(where: str, key: str, valid: Any, kind: str = "key") -> Problem:
-    nearest = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+    hint = _did_you_mean(key, valid)
     allowed = (
         f"{', '.join(valid)}"
         if len(valid) <= 12
@@ -595,8 +597,7 @@ class _Builder:
             if key == "preset" and raw is None:
                 return True, None, ""
             if not isinstance(raw, str) or raw not in options:
-                nearest = difflib.get_close_matches(str(raw), options, n=1)
-                hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+                hint = _did_you_mean(str(raw), options)
                 return (
                     False,
                     None,
@@ -687,9 +688,11 @@ class _Builder:
         if not values:
             self.problems.append(Problem(where, "an axis with no value", "at least one value"))
         out = []
+        seen = set()
         for v in values:
             ok, value = self.value(key, v, where)
-            if ok and _hashable(value) not in {_hashable(x) for x in out}:
+            if ok and _hashable(value) not in seen:
+                seen.add(_hashable(value))
                 out.append(value)
         return out
 
@@ -803,8 +806,9 @@ class _Builder:
             )
             result = None
         if result is not None:
+            composed = json.loads(result[0])
             for key in CHECKS:
-                value = _get(json.loads(result[0]), key)
+                value = _get(composed, key)
                 ok, _, err = self._check_value(key, value)
                 if not ok:
                     self.problems.append(

@@ -17,6 +17,7 @@ Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import os
@@ -176,6 +177,20 @@ def submit(
             live = set()
         train: list[Any] = []
         evals: list[Any] = []  # eval-only (training already done)
+        slurm_evals: dict[str, str] = {}
+
+        def eval_state(row: dict[str, Any]) -> str:
+            """An eval row's state; one sacct call for all the Slurm ones, at the first need."""
+            if row["cluster"] != "slurm":
+                return _row_state(row)
+            if not slurm_evals:
+                slurm_evals.update(
+                    _scheduler_states(
+                        [r for (_, kind), r in rows.items() if kind == "eval" and r["cluster"] == "slurm"]
+                    )
+                )
+            return slurm_evals[_key(row)]
+
         for run in plan.runs:
             run_dir = Path(run.run_dir)
             if force and run_dir.exists():
@@ -187,7 +202,7 @@ def submit(
                 or (run_dir / store.CONFIG_FILE).read_text() != cfg_text
             ):
                 store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
-            action = _decide(run, rows, live, retry_failed, chain_eval)
+            action = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
             result.actions[run.id] = action
             if action in ("submit", "resume"):
                 store.write_status(run_dir, "pending", reason=action, error=None, finished_at=None)
@@ -235,6 +250,7 @@ def _decide(
     live: set[tuple[str, str]],
     retry_failed: bool,
     chain_eval: bool = True,
+    row_state: Callable[[dict[str, Any]], str] | None = None,
 ) -> str:
     if (run.id, "train") in live:
         return "skip-live"
@@ -247,7 +263,7 @@ def _decide(
             last = rows.get((run.id, "eval"))
             if last is None or retry_failed:
                 return "eval"
-            return "skip-failed" if _row_state(last) in ("FAILED", "CANCELLED") else "eval"
+            return "skip-failed" if (row_state or _row_state)(last) in ("FAILED", "CANCELLED") else "eval"
         return "skip-done"
     if state in ("failed", "cancelled") and not retry_failed:
         return "skip-failed"
@@ -410,8 +426,10 @@ def _submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
 
     folder = submission_folder(sweep_dir)
     rows: list[dict[str, Any]] = []
-    for run in [*train, *evals]:
-        kinds = (["train"] if run in train else []) + (["eval"] if _wants_eval(run) or run in evals else [])
+    todo = [(r, ["train", "eval"] if _wants_eval(r) else ["train"]) for r in train] + [
+        (r, ["eval"]) for r in evals
+    ]
+    for run, kinds in todo:
         for kind in kinds:
             ex = submitit.DebugExecutor(folder=folder)
             fn = (
@@ -453,40 +471,31 @@ def _submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval
 
     folder = submission_folder(sweep_dir)
     items: list[dict[str, Any]] = []
+
+    def add(run: Any, kind: str, after: int | None = None) -> None:
+        fn = (
+            TrainJob(str(run.run_dir), train_fn)
+            if kind == "train"
+            else EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn)
+        )
+        params = _local_params(_resources(run), _cluster_cfg(run), kind == "eval")
+        items.append(
+            {
+                "run_id": run.id,
+                "kind": kind,
+                "run_dir": str(run.run_dir),
+                "after": after,
+                "fn": fn,
+                "params": params,
+            }
+        )
+
     for run in train:
-        res, cl = _resources(run), _cluster_cfg(run)
-        items.append(
-            {
-                "run_id": run.id,
-                "kind": "train",
-                "run_dir": str(run.run_dir),
-                "after": None,
-                "fn": TrainJob(str(run.run_dir), train_fn),
-                "params": _local_params(res, cl, False),
-            }
-        )
+        add(run, "train")
         if _wants_eval(run):
-            items.append(
-                {
-                    "run_id": run.id,
-                    "kind": "eval",
-                    "run_dir": str(run.run_dir),
-                    "after": len(items) - 1,
-                    "fn": EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn),
-                    "params": _local_params(res, cl, True),
-                }
-            )
+            add(run, "eval", after=len(items) - 1)
     for run in evals:
-        items.append(
-            {
-                "run_id": run.id,
-                "kind": "eval",
-                "run_dir": str(run.run_dir),
-                "after": None,
-                "fn": EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn),
-                "params": _local_params(_resources(run), _cluster_cfg(run), True),
-            }
-        )
+        add(run, "eval")
     first = (train or evals)[0]
     cl = _cluster_cfg(first)
     queue = {
@@ -777,14 +786,19 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
                 if e_sched == "SKIPPED"
                 else _combine("pending", e_sched)
             )
+        cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
         params = planned.get(rid)
         if params is None:
-            params = _axes_from_config(run_dir, axes)
+            cfg = _read_config(run_dir)
+            params = _axes_from_config(cfg, axes)
         last = _last_line(run_dir / store.METRICS_FILE) or {}
         elapsed = float(st.get("elapsed_s") or 0.0)
         if state == "running" and st.get("started_at"):
             elapsed = max(elapsed, time.time() - float(st["started_at"]))
-        res = _resources_of(run_dir) if elapsed else {}
+        res: dict[str, Any] = {}
+        if elapsed:
+            with contextlib.suppress(OSError):
+                res = _resources_of(cfg if cfg is not None else _read_config(run_dir))
         gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
         tail: list[str] = []
         if state == "failed":
@@ -808,10 +822,13 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
     return out
 
 
-def _axes_from_config(run_dir: Path, axes: list[str]) -> dict[str, Any]:
+def _read_config(run_dir: Path) -> dict[str, Any]:
     import yaml
 
-    cfg = yaml.safe_load((run_dir / store.CONFIG_FILE).read_text()) or {}
+    return yaml.safe_load((run_dir / store.CONFIG_FILE).read_text()) or {}
+
+
+def _axes_from_config(cfg: dict[str, Any], axes: list[str]) -> dict[str, Any]:
     out = {}
     for a in axes:
         v: Any = cfg
@@ -821,13 +838,7 @@ def _axes_from_config(run_dir: Path, axes: list[str]) -> dict[str, Any]:
     return out
 
 
-def _resources_of(run_dir: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        cfg = yaml.safe_load((run_dir / store.CONFIG_FILE).read_text()) or {}
-    except OSError:
-        return {}
+def _resources_of(cfg: dict[str, Any]) -> dict[str, Any]:
     return (cfg.get("model") or {}).get("resources") or {}
 
 

@@ -118,7 +118,8 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         return status
     config = load_run_config(run_dir)
 
-    found = store.checkpoints(run_dir)
+    # Resume from the newest checkpoint whose trainer state was written (the last file a save writes).
+    found = [c for c in store.checkpoints(run_dir) if (c / TRAINER_STATE).exists()]
     resume = found[-1] if found else None
     resume_step = store.checkpoint_step(resume) if resume else 0
     kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
@@ -180,14 +181,17 @@ def _use_allocated_cpus(config: RunConfig) -> None:
         torch.set_num_threads(max(1, config.model.resources.cpus_per_task))
 
 
+TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint
+
+
 def save_on_preemption() -> None:
     """Save a checkpoint of the trainer training in this process, if any (before a requeue)."""
     trainer = _live_trainer
     if trainer is None or trainer.state.global_step == 0:
         return
     folder = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
-    if (folder / "config.json").exists():
-        return
+    if (folder / TRAINER_STATE).exists():
+        return  # this step is saved already
     trainer._save_checkpoint(trainer.model, trial=None)
 
 

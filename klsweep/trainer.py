@@ -302,18 +302,21 @@ class KLGRPOTrainer(GRPOTrainer):
         return os.path.join(checkpoint_dir, BUFFERS_FILE.format(rank=self.accelerator.process_index))
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+        # The buffers go first: TRL/transformers write trainer_state.json last, and a resume only trusts a
+        # checkpoint that has it (klsweep.job), so no checkpoint is ever resumed without its lag queue.
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
+        os.makedirs(folder, exist_ok=True)
         buffers = {
             "lag_queue": list(self._lag_queue),
             "buffered_inputs": self._buffered_inputs,
             "step": self._step,
         }
         torch.save(buffers, self._buffers_path(folder))
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -128,6 +128,19 @@ def test_resume_after_kill(tmp_path, model_dir):
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
 
 
+def test_a_checkpoint_without_trainer_state_is_not_resumed(tmp_path, model_dir):
+    """A save cut short (the trainer state is written last) is skipped: the run resumes from the one before."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 4, "offpolicy.lag": 1})
+    assert job.train_run(run)["state"] == "done"
+    (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).unlink()
+    store.write_status(run, "running")
+    status = job.train_run(run)
+    assert status["state"] == "done", status.get("error")
+    assert [r["step"] for r in store.read_metrics(run)] == [1, 2, 3, 4]  # steps 3-4 retrained, none twice
+    assert (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).is_file()
+
+
 def test_non_finite_weights_diverge(tmp_path, model_dir, monkeypatch):
     from klsweep import tasks
 

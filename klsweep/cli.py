@@ -84,7 +84,7 @@ def audit_command(
         _console().print(*audit.tables(rows, title=title))
 
 
-# --- plan (klsweep/grid.py) ------------------------------------------------------------------------------
+# --- plan (klsweep/grid/, klsweep/planner.py) -------------------------------------------------------------
 
 
 @app.command("plan")
@@ -101,9 +101,10 @@ def plan_command(
 ) -> None:
     """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
     from klsweep import grid as grid_mod
+    from klsweep import planner
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
-    summary = grid_mod.summary(plan)
+    summary = planner.summary(plan)
     if as_json:
         import json
 

@@ -100,8 +100,8 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
+    from klsweep import console, planner
     from klsweep import grid as grid_mod
-    from klsweep import planner
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
     summary = planner.summary(plan)
@@ -111,7 +111,7 @@ def plan_command(
         runs = [{"id": r.id, "params": r.params} for r in plan.runs]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
-        _console().print(grid_mod.table(plan, summary))
+        _console().print(console.plan_table(plan, summary))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------

@@ -291,25 +291,6 @@ def compose_run_config(config_file: str | Path | None, overrides: list[str]) -> 
     return built[0]
 
 
-def table(plan: Plan, counts: dict[str, Any]):
-    """A rich table of the runs (the varying axes and the id), with the counts as its caption."""
-    from rich.table import Table
-
-    t = Table(title=f"sweep {plan.name}: {plan.sweep_dir}", title_justify="left")
-    for axis in plan.axes:
-        t.add_column(axis)
-    t.add_column("id", style="cyan")
-    for run in plan.runs:
-        t.add_row(*(str(run.params[a]) for a in plan.axes), run.id)
-    t.caption = (
-        f"{counts['total']} runs, {counts['excluded']} excluded, {counts['done']} already done, "
-        f"{counts['to_submit']} to submit; at most {counts['gpu_hours_upper_bound']:g} GPU-hours "
-        "(upper bound: every job using its whole time limit)"
-    )
-    t.caption_justify = "left"
-    return t
-
-
 # --------------------------------------------------------------------------------------------------------
 # Reading the grid file
 # --------------------------------------------------------------------------------------------------------

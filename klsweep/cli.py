@@ -228,6 +228,7 @@ def run_command(
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
     from klsweep import grid as grid_mod
     from klsweep import launcher
+    from klsweep.console import status_table
     from klsweep.study import default_cluster
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
@@ -249,7 +250,7 @@ def run_command(
                     task, completed=sum(r.state in store.FINAL_STATES for r in rs)
                 ),
             )
-        console.print(launcher.table(runs, title=plan.name))
+        console.print(status_table(runs, title=plan.name))
 
 
 @app.command("status")
@@ -262,6 +263,7 @@ def status_command(
 ) -> None:
     """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
     from klsweep import launcher
+    from klsweep.console import status_table
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
@@ -275,11 +277,11 @@ def status_command(
 
         with Live(console=console) as live:
             runs = launcher.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(launcher.table(rs, title=sweep_dir.name))
+                sweep_dir, on_update=lambda rs: live.update(status_table(rs, title=sweep_dir.name))
             )
     else:
         runs = launcher.status(sweep_dir)
-        console.print(launcher.table(runs, title=sweep_dir.name))
+        console.print(status_table(runs, title=sweep_dir.name))
     for r in runs:
         if r.state == "failed" and r.log_tail:
             console.rule(f"{r.run_id} (failed)")
@@ -324,7 +326,8 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep import launcher, report
+    from klsweep import report
+    from klsweep.console import status_table
     from klsweep.study import run_study
 
     console = _console()
@@ -369,7 +372,7 @@ def study_command(
         )
     finally:
         progress.stop()
-    console.print(launcher.table(res.runs, title=res.sweep_dir.name))
+    console.print(status_table(res.runs, title=res.sweep_dir.name))
     for table in report.rich_tables(res.report):
         console.print(table)
     for path in res.report.paths:

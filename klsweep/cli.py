@@ -229,10 +229,9 @@ def run_command(
     from klsweep import grid as grid_mod
     from klsweep import launcher
     from klsweep.console import status_table
-    from klsweep.study import default_cluster
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
-    cluster = cluster or default_cluster(plan)
+    cluster = cluster or launcher.default_cluster(plan)
     res = launcher.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))

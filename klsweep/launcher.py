@@ -143,6 +143,19 @@ class SubmitResult:
         return out
 
 
+def default_cluster(plan: Any) -> str:
+    """The cluster the grid asks for (``cluster.kind`` in its base), ``local`` when it does not say."""
+    kinds = {r.config.get("cluster", {}).get("kind", "local") for r in plan.runs}
+    if len(kinds) > 1:
+        raise UserError(
+            Problem(
+                "cluster.kind", f"the runs ask for several clusters: {sorted(kinds)}", "one per submission"
+            ),
+            title="ambiguous cluster",
+        )
+    return kinds.pop() if kinds else "local"
+
+
 def submit(
     plan: Any,
     cluster_kind: str = "local",

@@ -40,7 +40,7 @@ def run_study(
     from klsweep import evaluate, grid, launcher, report
 
     plan = grid.load_plan(grid_path, overrides, out=out)
-    kind = cluster or default_cluster(plan)
+    kind = cluster or launcher.default_cluster(plan)
     suites = {r.config.get("eval", {}).get("suite", "none") for r in plan.runs}
     if suites == {"none"}:
         raise UserError(
@@ -64,16 +64,3 @@ def run_study(
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
     return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep)
-
-
-def default_cluster(plan: Any) -> str:
-    """The cluster the grid asks for (``cluster.kind`` in its base), ``local`` when it does not say."""
-    kinds = {r.config.get("cluster", {}).get("kind", "local") for r in plan.runs}
-    if len(kinds) > 1:
-        raise UserError(
-            Problem(
-                "cluster.kind", f"the runs ask for several clusters: {sorted(kinds)}", "one per submission"
-            ),
-            title="ambiguous cluster",
-        )
-    return kinds.pop() if kinds else "local"

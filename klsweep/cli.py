@@ -167,7 +167,7 @@ def report_command(
         console.print(str(path), highlight=False, soft_wrap=True)
 
 
-# --- eval (klsweep/evaluate.py) --------------------------------------------------------------------------
+# --- eval (klsweep/evaluate.py, submitted by klsweep/launcher.py) ----------------------------------------
 
 
 @app.command("eval")
@@ -184,10 +184,10 @@ def eval_command(
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
-    from klsweep.evaluate import evaluate
+    from klsweep.launcher import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
-    outcome = evaluate(
+    outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
     )
     console = _console()

@@ -21,7 +21,7 @@ from klsweep.errors import Problem, UserError
 class StudyResult:
     sweep_dir: Path
     runs: list[Any]  # launcher.RunStatus, final
-    eval: Any  # evaluate.EvalOutcome
+    eval: Any  # launcher.EvalSubmission
     report: Any  # report.Report
 
 
@@ -37,7 +37,7 @@ def run_study(
     on_progress: Callable[[list[Any]], None] | None = None,
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``."""
-    from klsweep import evaluate, grid, launcher, report
+    from klsweep import grid, launcher, report
 
     plan = grid.load_plan(grid_path, overrides, out=out)
     kind = cluster or launcher.default_cluster(plan)
@@ -60,7 +60,7 @@ def run_study(
     launcher.submit(plan, kind, retry_failed=retry_failed, chain_eval=False)
     runs = launcher.wait_until_final(plan.sweep_dir, on_update=on_progress)
     on_stage("eval: every finished run and the step-0 baseline")
-    outcome = evaluate.evaluate(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
+    outcome = launcher.submit_eval(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
     return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from klsweep.launcher import RunStatus
+    from klsweep.submit import RunStatus
 
 
 def status_table(runs: list[RunStatus], title: str = "") -> Any:
-    """A rich table of ``klsweep.launcher.status`` rows (failed runs' log tails are printed separately by the
+    """A rich table of ``klsweep.submit.status`` rows (failed runs' log tails are printed separately by the
     CLI)."""
     from rich.table import Table
 

@@ -21,7 +21,7 @@ version), so a repeated evaluation is skipped and a changed one goes to a new fo
 
 Entry points: ``eval_run`` (what every eval job of a sweep calls), ``eval_many`` (many runs in one process:
 lm-eval and the tasks are loaded once), ``eval_baseline`` (step 0), ``eval_request`` (what ``klsweep eval``
-evaluates) and ``eval_batch`` (what each of its jobs runs). Submitting those jobs is ``klsweep.launcher``'s.
+evaluates) and ``eval_batch`` (what each of its jobs runs). Submitting those jobs is ``klsweep.submit``'s.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from klsweep import evaluate as ev
 from klsweep import store
 from klsweep.errors import UserError
-from klsweep.launcher import submit_eval
+from klsweep.submit import submit_eval
 
 CONTRACT_KEYS = {
     "suite",

@@ -7,6 +7,7 @@ public vocabulary of grid files and command-line overrides.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,34 @@ class Resources:
 
     nodes: int = 1
     gpus_per_node: int = 0
-    tasks_per_node: int = 1
+    tasks_per_node: int | None = None  # processes per node; None: one per GPU (one without GPUs)
     cpus_per_task: int = 1
     mem_gb: int = 4
+    gpu_memory_gb: float = 80.0  # memory of one GPU: what klsweep plan checks each run's estimate against
     timeout_min: int = 60
     eval_timeout_min: int = 60
+
+
+def tasks_per_node(resources: Mapping[str, Any]) -> int:
+    """The processes a training job starts per node: ``tasks_per_node``, or one per GPU when it is null (one
+    on a node without GPUs)."""
+    explicit = resources.get("tasks_per_node")
+    return int(explicit) if explicit is not None else max(1, int(resources.get("gpus_per_node", 0)))
+
+
+@dataclass
+class Architecture:
+    """The architecture numbers of a hub model (names as in its ``config.json``), for ``klsweep plan``'s memory
+    estimate without a download. Unused for a local path (its ``config.json`` is read) and the tiny model."""
+
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    tie_word_embeddings: bool = False
 
 
 @dataclass
@@ -30,8 +54,11 @@ class ModelSection:
     # "tiny" builds (once, cached) the project's own warm-started tiny model; anything else is a hub id or a path.
     path: str = "tiny"
     dtype: str = "auto"  # auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
+    # Whether prompts go through the tokenizer's chat template, in training (the task's prompts are chat
+    # messages, else plain text) and in eval (lm-eval's apply_chat_template): false for a base model.
     chat_template: bool = True
     resources: Resources = field(default_factory=Resources)
+    arch: Architecture = field(default_factory=Architecture)
 
 
 @dataclass
@@ -49,16 +76,26 @@ class TrainSection:
     learning_rate: float = 1e-5
     prompts_per_step: int = 4
     group_size: int = 4  # completions per prompt (TRL num_generations)
-    max_prompt_length: int = 512
+    max_prompt_length: int = 512  # longer training prompts (tokens, chat template applied) are dropped
     max_completion_length: int = 16
     temperature: float = 1.0
     loss_type: str = "dapo"  # any TRL GRPO loss_type
     epsilon: float = 0.2  # PPO clip range
     scale_rewards: str = "group"
     max_grad_norm: float = 1.0
-    warmup_steps: int = 0
+    lr_scheduler_type: str = "linear"  # transformers' schedulers: linear (decay to 0), cosine, constant, ...
+    warmup_steps: int = 0  # linear warm-up from 0 (steps); at most one of warmup_steps and warmup_ratio
+    warmup_ratio: float = 0.0  # linear warm-up from 0 (fraction of train.steps)
+    # Completions per forward/backward pass on each process: a step's completions are split into micro-batches
+    # of this size and their gradients accumulated. None: all of the process's completions in one pass.
+    micro_batch_size: int | None = None
+    sharding: str = (
+        "none"  # none (DDP: a full copy per GPU) | fsdp (policy and reference sharded over the ranks)
+    )
     save_steps: int = 25
-    keep_checkpoints: int | None = None  # None keeps every checkpoint
+    keep_checkpoints: int | None = (
+        2  # the newest checkpoints kept (TRL's save_total_limit); None keeps every one
+    )
     use_vllm: bool = False  # GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])
     # Divergence: a non-finite loss, or a reward collapse (see klsweep.trainer for the definition).
     collapse_window: int = 10
@@ -92,7 +129,8 @@ class EvalSection:
     )
     metric: str = "exact_match"
     num_fewshot: int = 0
-    apply_chat_template: bool = True
+    # None: the model's own decision (model.chat_template), as in training; klsweep plan refuses a different value
+    apply_chat_template: bool | None = None
     max_gen_toks: int = 32
     temperature: float = 0.0
     num_samples: int = 1  # pass@k samples per problem
@@ -138,4 +176,12 @@ class RunConfig:
 
 
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
-COSMETIC_KEYS: tuple[str, ...] = ("name", "eval", "cluster", "wandb", "model.name", "model.resources")
+COSMETIC_KEYS: tuple[str, ...] = (
+    "name",
+    "eval",
+    "cluster",
+    "wandb",
+    "model.name",
+    "model.resources",
+    "model.arch",
+)

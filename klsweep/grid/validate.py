@@ -16,6 +16,21 @@ from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 # Bounds of numeric values and choices of string values (KL values are checked by klsweep.kl.KLConfig).
 _POSITIVE = (lambda v: v > 0, "> 0")
 _NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+# transformers' SchedulerType values that need nothing but the step count (tests check them against
+# transformers; reduce_lr_on_plateau and greedy need eval metrics, which GRPO training has none of)
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+)
+SHARDING = ("none", "fsdp")
 CHECKS: dict[str, tuple[Any, str]] = {
     "seed": _NON_NEGATIVE,
     "train.steps": _POSITIVE,
@@ -28,6 +43,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "train.epsilon": _NON_NEGATIVE,
     "train.max_grad_norm": _POSITIVE,
     "train.warmup_steps": _NON_NEGATIVE,
+    "train.warmup_ratio": (lambda v: 0 <= v < 1, ">= 0 and < 1"),
+    "train.lr_scheduler_type": (lambda v: v in LR_SCHEDULERS, ", ".join(LR_SCHEDULERS)),
+    "train.micro_batch_size": (lambda v: v is None or v > 0, "null (all completions at once) or > 0"),
+    "train.sharding": (lambda v: v in SHARDING, ", ".join(SHARDING)),
     "train.save_steps": _POSITIVE,
     "train.keep_checkpoints": (lambda v: v is None or v > 0, "null or > 0"),
     "train.collapse_window": _POSITIVE,
@@ -41,9 +60,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "model.resources.nodes": _POSITIVE,
     "model.resources.gpus_per_node": _NON_NEGATIVE,
-    "model.resources.tasks_per_node": _POSITIVE,
+    "model.resources.tasks_per_node": (lambda v: v is None or v > 0, "null (one per GPU) or > 0"),
     "model.resources.cpus_per_task": _POSITIVE,
     "model.resources.mem_gb": _POSITIVE,
+    "model.resources.gpu_memory_gb": _POSITIVE,
     "model.resources.timeout_min": _POSITIVE,
     "model.resources.eval_timeout_min": _POSITIVE,
     "cluster.kind": (lambda v: v in ("local", "slurm", "debug"), "local, slurm, debug"),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.config import tasks_per_node
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, submission_folder
 
@@ -58,7 +59,7 @@ def _local_params(res: dict[str, Any], cl: dict[str, Any], eval_job: bool) -> di
     timeout_min = float(res.get("eval_timeout_min" if eval_job else "timeout_min", 60))
     p: dict[str, Any] = {
         "timeout_min": timeout_min,
-        "tasks_per_node": 1 if eval_job else int(res.get("tasks_per_node", 1)) * int(res.get("nodes", 1)),
+        "tasks_per_node": 1 if eval_job else tasks_per_node(res) * int(res.get("nodes", 1)),
         "gpus_per_node": int(res.get("gpus_per_node", 0)),
         # USR2 (checkpoint and requeue) this long before the timeout: 10% of it, within [5 s, 120 s]
         "signal_delay_s": int(min(120, max(5, 6 * timeout_min))),

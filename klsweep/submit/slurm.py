@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import job_row, submission_folder
@@ -22,7 +23,7 @@ def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_jo
         "job_name": f"klsweep-{name}{'-eval' if eval_job else ''}",
         "time": int(res.get("eval_timeout_min" if eval_job else "timeout_min", 60)),
         "nodes": 1 if eval_job else int(res.get("nodes", 1)),
-        "ntasks_per_node": 1 if eval_job else int(res.get("tasks_per_node", 1)),
+        "ntasks_per_node": 1 if eval_job else tasks_per_node(res),  # one process per GPU by default
         "cpus_per_task": int(res.get("cpus_per_task", 1)),
         "mem": f"{int(res.get('mem_gb', 4))}GB",
         "array_parallelism": int(cl.get("array_parallelism", 64)),

@@ -99,19 +99,25 @@ def plan_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
-    """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
+    """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
+    or fit its GPUs; nothing is written or submitted)."""
     from klsweep import console, planner
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
     summary = planner.summary(plan)
+    estimates = summary.pop("estimates")
     if as_json:
         import json
 
-        runs = [{"id": r.id, "params": r.params} for r in plan.runs]
+        runs = [
+            {"id": r.id, "params": r.params, "estimate": e.as_json() if (e := estimates.get(r.id)) else None}
+            for r in plan.runs
+        ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
         _console().print(console.plan_table(plan, summary))
+        _console().print(console.resources_table(summary))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
@@ -228,10 +234,11 @@ def run_command(
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
     from klsweep import grid as grid_mod
-    from klsweep import submit
+    from klsweep import planner, submit
     from klsweep.console import status_table
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
+    planner.check(plan)  # refuses runs that cannot start or fit
     cluster = cluster or submit.default_cluster(plan)
     res = submit.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()

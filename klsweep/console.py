@@ -24,8 +24,50 @@ def plan_table(plan: Plan, counts: dict[str, Any]) -> Table:
         t.add_row(*(str(run.params[a]) for a in plan.axes), run.id)
     t.caption = (
         f"{counts['total']} runs, {counts['excluded']} excluded, {counts['done']} already done, "
-        f"{counts['to_submit']} to submit; at most {counts['gpu_hours_upper_bound']:g} GPU-hours "
-        "(upper bound: every job using its whole time limit)"
+        f"{counts['to_submit']} to submit"
+    )
+    t.caption_justify = "left"
+    return t
+
+
+def _size(gb: float) -> str:
+    return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
+
+
+def resources_table(counts: dict[str, Any]) -> Table:
+    """A rich table of what the plan needs (``planner.summary``): one row per model and launch shape, the
+    sweep's totals and its largest per-GPU memory estimate in the caption."""
+    from rich.table import Table
+
+    t = Table(title="resources (estimates: slurm/README.md)", title_justify="left")
+    for col in ("model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "GPU-h", "storage"):
+        t.add_column(
+            col,
+            justify="left" if col in ("model", "sharding") else "right",
+            overflow="fold" if col == "model" else "ellipsis",  # a model's name is never cut
+        )
+    for row in counts["resources"]:
+        mem = row["gpu_memory_gb"]
+        t.add_row(
+            str(row["model"]),
+            str(row["runs"]),
+            "CPU" if mem is None else row["gpus"],
+            row["sharding"],
+            "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
+            "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
+            f"{row['gpu_hours']:.0f}",
+            _size(row["storage_gb"]),
+        )
+    largest = counts["largest_gpu_memory"]
+    peak = (
+        ""
+        if largest is None
+        else f"; largest per GPU: {largest['gpu_memory_gb']:g} of {largest['of_gb']:g} GiB "
+        f"({largest['model']}, run {largest['run']})"
+    )
+    t.caption = (
+        f"at most {counts['gpu_hours_upper_bound']:g} GPU-hours to submit (upper bound: every job using its "
+        f"whole time limit); checkpoints kept {_size(counts['storage_gb'])}{peak}"
     )
     t.caption_justify = "left"
     return t

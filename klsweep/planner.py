@@ -1,30 +1,471 @@
-"""Resource estimates of a ``Plan``: what its runs will cost (GPU-hours today; per-run GPU memory,
-storage and topology checks belong here too). It reads a plan made by ``klsweep.grid``; it never builds
-or changes one, and it submits nothing."""
+"""What a ``Plan``'s runs need and whether they can run: the launch shape of each run (processes, batch split),
+its peak GPU memory per device, GPU-hours and checkpoint storage, and the sweep's totals. ``check`` refuses,
+with every problem located, the runs that cannot start or cannot fit (``klsweep plan`` and ``klsweep run``);
+``batch_shape`` is also how ``klsweep.job`` maps a run's batch onto TRL. It reads a plan made by
+``klsweep.grid``; it never builds or changes one, and it submits nothing.
+
+Launch topology. A training job starts ``nodes x tasks_per_node`` processes (``config.tasks_per_node``: one per
+GPU unless set), each on one GPU: data parallel (DDP, ``train.sharding: none``) or sharded (FSDP, ``fsdp``). No
+mode here drives several GPUs from one process, so on a GPU job ``tasks_per_node`` must equal ``gpus_per_node``.
+
+Batch. A step trains on ``prompts_per_step x group_size`` completions, split evenly over the processes, each
+process's share in micro-batches of ``train.micro_batch_size`` (gradients accumulated). TRL's GRPOConfig then
+gets ``per_device_train_batch_size`` = the micro-batch and ``gradient_accumulation_steps`` = micro-batches per
+process; its own rules (``GRPOConfig.__post_init__``: ``steps_per_generation`` defaults to the accumulation
+steps, ``generation_batch_size = per_device x processes x steps_per_generation`` must be a multiple of
+``num_generations``, which must be >= 2) then hold by construction: the generation batch is the step's
+completions, a multiple of ``group_size`` (>= 2 by the grid's checks). A group may span two processes (TRL
+gathers the rewards before normalising), so a process's share need not hold whole groups.
+
+Memory per device (GiB, 2**30 bytes; a formula, not a measurement: see ``slurm/README.md`` for where it is
+approximate). P parameters, W processes, S = W under FSDP else 1; mixed precision keeps fp32 master weights,
+fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float32``: fp32 compute):
+
+- model states: weights 4P/S, gradients 4P/S, AdamW moments 8P/S, and the compute copy: under DDP the bf16 cast
+  of every weight (2P, held through the forward by autocast), under FSDP the gathered units (two layers' bf16
+  weights, prefetch included, and one layer's unsharded gradient); DDP with W > 1 adds its gradient buckets
+  (4P). Unsharded that is the published 16-18 bytes per parameter of mixed-precision Adam (ZeRO paper: 16;
+  Hugging Face's model memory anatomy: 18 with the fp16/bf16 copy); FSDP is ZeRO-3 (16P/W).
+- the reference model (frozen, compute dtype): 2P/S;
+- working memory, the larger of training and generation: training holds, per micro-batch of m sequences of
+  S_len = max_prompt_length + max_completion_length tokens, the checkpointed input of every layer (fp32 residual
+  stream) and one layer's recomputed activations (SwiGLU MLP, attention with a fused kernel: no S_len**2 term;
+  without GPUs there is no activation checkpointing and every layer's activations are held); the fused LM head
+  never holds whole logits. HF generation holds the KV cache of the process's whole generation batch. With vLLM
+  (TRL's colocate mode) generation lives in vLLM's share of the GPU instead (``VLLM_SHARE``).
+- the lag queue (``offpolicy.lag`` batches of ids, masks and log-probs);
+- ``FRAGMENTATION`` on top of the above (the caching allocator), then ``OVERHEAD_GB`` per process (CUDA
+  context, NCCL and cuBLAS workspaces).
+
+GPU-hours: an upper bound, every job using its whole time limit. Storage: the checkpoints a run keeps
+(``train.keep_checkpoints`` of its ``ceil(steps / save_steps)`` saves), each fp32 weights and AdamW moments
+(12 bytes per parameter); one more exists briefly while a new one is written.
+"""
 
 from __future__ import annotations
 
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep.config import tasks_per_node
+from klsweep.errors import Problem, UserError
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from klsweep.grid import Plan, PlannedRun
+
+GIB = 2**30
+OVERHEAD_GB = 2.0  # per process: CUDA context, NCCL and cuBLAS workspaces
+FRAGMENTATION = 0.10  # caching-allocator headroom on the estimated tensors
+VLLM_SHARE = 0.3  # TRL's vllm_gpu_memory_utilization (colocate mode), the GPU fraction vLLM reserves
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights (4) + AdamW moments (8)
+_LAG_BYTES_PER_TOKEN = 24  # a queued batch per token: ids, masks, behaviour and reference log-probs
+_EXAMPLES = 3  # run ids named in a grouped problem
+
+
+# ---------------------------------------------------------------------------------------------- architecture
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The numbers of a dense decoder (Llama/Qwen family: GQA attention, SwiGLU MLP) the estimate needs. Its
+    parameter count leaves out biases (Qwen2's q/k/v: 0.01% of a 7B model)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h = self.hidden_size
+        attention = 2 * h * self.q_dim + 2 * h * self.kv_dim  # q, o; k, v
+        return attention + 3 * h * self.intermediate_size + 2 * h  # gate, up, down; two norms
+
+    @property
+    def embedding_params(self) -> int:
+        """The input embedding, the LM head unless tied, the final norm: FSDP's root unit."""
+        heads = 1 if self.tie_word_embeddings else 2
+        return heads * self.vocab_size * self.hidden_size + self.hidden_size
+
+    @property
+    def params(self) -> int:
+        return self.num_hidden_layers * self.layer_params + self.embedding_params
+
+
+_ARCH_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+
+
+def architecture(model: Mapping[str, Any]) -> Arch | None:
+    """The architecture of a run's ``model`` section: the tiny model's spec, a local path's ``config.json``, else
+    the section's ``arch`` numbers; None when none of them gives every number. Nothing is downloaded."""
+    numbers: Mapping[str, Any] = model.get("arch") or {}
+    if model.get("path") == "tiny":
+        from dataclasses import asdict
+
+        from klsweep.tinymodel import TinySpec
+
+        numbers = {**asdict(TinySpec()), "tie_word_embeddings": True}
+    else:
+        config_json = Path(str(model.get("path", ""))).expanduser() / "config.json"
+        if config_json.is_file():
+            data = json.loads(config_json.read_text())
+            numbers = data.get("text_config", data) if "hidden_size" not in data else data
+    if any(numbers.get(k) is None for k in _ARCH_KEYS):
+        return None
+    n = {k: int(numbers[k]) for k in _ARCH_KEYS}
+    return Arch(
+        **n,
+        head_dim=int(numbers.get("head_dim") or n["hidden_size"] // n["num_attention_heads"]),
+        tie_word_embeddings=bool(numbers.get("tie_word_embeddings", False)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How a step's completions map onto TRL's GRPOConfig (its batch sizes count completions)."""
+
+    completions: int  # a step's completions, all processes together
+    processes: int
+    per_device: int  # per_device_train_batch_size: completions per forward/backward pass
+    accumulation: int  # gradient_accumulation_steps (TRL's steps_per_generation follows it)
+
+    @property
+    def per_process(self) -> int:
+        return self.per_device * self.accumulation
+
+
+def batch_shape(train: Mapping[str, Any], processes: int) -> BatchShape:
+    """The batch split of a run's ``train`` section over ``processes``; ``UserError`` when it does not split."""
+    prompts, group = int(train["prompts_per_step"]), int(train["group_size"])
+    completions = prompts * group
+    if completions % processes:
+        raise UserError(
+            Problem(
+                "train.prompts_per_step",
+                f"{completions} completions a step ({prompts} prompts x group_size {group}) do not split evenly "
+                f"over {processes} processes",
+                f"prompts_per_step x group_size a multiple of {processes} (nodes x tasks_per_node)",
+            )
+        )
+    per_process = completions // processes
+    micro = train.get("micro_batch_size") or per_process
+    if per_process % micro:
+        divisors = [d for d in range(1, per_process + 1) if per_process % d == 0]
+        raise UserError(
+            Problem(
+                "train.micro_batch_size",
+                f"{micro} does not divide the {per_process} completions of each process",
+                f"a divisor of {per_process}: {', '.join(map(str, divisors))}, or null",
+            )
+        )
+    return BatchShape(completions, processes, micro, per_process // micro)
+
+
+def processes(config: Mapping[str, Any]) -> int:
+    """The training processes of a run: nodes x tasks per node."""
+    res = config["model"]["resources"]
+    return int(res.get("nodes", 1)) * tasks_per_node(res)
+
+
+# ---------------------------------------------------------------------------------------------- estimates
+
+
+@dataclass
+class Estimate:
+    """What one run needs. ``parts``: GiB per component of the peak per device (``peak_gb`` is their total)."""
+
+    peak_gb: float  # estimated peak memory of one process (of its GPU; of the host without GPUs)
+    gpu_hours: float
+    storage_gb: float
+    parts: dict[str, float] = field(default_factory=dict)
+    gpus: int = 0  # per job
+    gpu_memory_gb: float | None = None  # of one GPU (None without GPUs)
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_memory_gb is None or self.peak_gb <= self.gpu_memory_gb
+
+    def as_json(self) -> dict[str, float | None]:
+        """``plan --json``'s per-run estimate (``gpu_memory_gb``: the estimated peak per GPU, null without
+        GPUs)."""
+        return {
+            "gpu_memory_gb": round(self.peak_gb, 1) if self.gpus else None,
+            "gpu_hours": round(self.gpu_hours, 2),
+            "storage_gb": round(self.storage_gb, 1),
+        }
+
+
+def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> dict[str, float]:
+    """GiB per component of a process's peak memory (see the module docstring)."""
+    train, model = config["train"], config["model"]
+    res = model["resources"]
+    gpus = int(res.get("gpus_per_node", 0))
+    p, w = arch.params, shape.processes
+    fsdp = train.get("sharding", "none") == "fsdp"
+    shards = w if fsdp else 1
+    compute = 4 if model.get("dtype") == "float32" or not gpus else 2  # bytes; CPU runs compute in fp32
+    h, layers = arch.hidden_size, arch.num_hidden_layers
+    unit = max(arch.layer_params, arch.embedding_params)
+    parts = {
+        "weights": 4 * p / shards,
+        "gradients": 4 * p / shards,
+        "optimizer": 8 * p / shards,
+        "compute copy": (2 * unit * compute + 4 * unit) if fsdp else (2 * p if compute == 2 else 0),
+        "reference": compute * p / shards,
+    }
+    if not fsdp and w > 1:
+        parts["ddp buckets"] = 4 * p
+    seq = int(train["max_prompt_length"]) + int(train["max_completion_length"])
+    tokens = shape.per_device * seq
+    # one layer's saved activations per token (bytes): fp32 residual stream and norms, then q/k/v (and their
+    # rotary outputs), attention output, the four SwiGLU tensors in the compute dtype
+    per_layer = 16 * h + compute * (2 * h + 3 * arch.q_dim + 4 * arch.kv_dim + 4 * arch.intermediate_size)
+    # on GPUs activation checkpointing keeps every layer's input and recomputes one layer; on a CPU, every layer
+    training = tokens * (layers * 4 * h + per_layer) if gpus else tokens * layers * per_layer
+    training += tokens * 64  # per-token log-probs, advantages, masks of the loss
+    if train.get("use_vllm") and gpus:
+        generation = 0.0
+        parts["vllm"] = VLLM_SHARE * float(res.get("gpu_memory_gb", 0)) * GIB
+    else:
+        generation = 2 * layers * arch.kv_dim * compute * shape.per_process * seq
+        generation += shape.per_process * arch.vocab_size * 4  # the last position's logits
+    parts["activations" if training >= generation else "kv cache"] = max(training, generation)
+    lag = int(config.get("offpolicy", {}).get("lag", 0))
+    if lag:
+        parts["lag queue"] = lag * shape.per_process * seq * _LAG_BYTES_PER_TOKEN
+    vllm = parts.pop("vllm", 0.0)
+    parts["allocator"] = FRAGMENTATION * sum(parts.values())
+    parts["overhead"] = OVERHEAD_GB * GIB
+    if vllm:
+        parts["vllm"] = vllm
+    return {k: v / GIB for k, v in parts.items()}
+
+
+def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estimate:
+    """The estimate of one run (its config, architecture and batch shape)."""
+    res, train = config["model"]["resources"], config["train"]
+    gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
+    parts = memory_parts(config, arch, shape)
+    saves = math.ceil(int(train["steps"]) / int(train["save_steps"]))
+    keep = train.get("keep_checkpoints")
+    kept = saves if keep is None else min(int(keep), saves)
+    return Estimate(
+        peak_gb=sum(parts.values()),
+        gpu_hours=_job_gpu_hours(res),
+        storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM * arch.params / GIB,
+        parts=parts,
+        gpus=gpus,
+        gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,
+    )
+
+
+def _job_gpu_hours(res: Mapping[str, Any]) -> float:
+    """Upper bound of a training job's GPU-hours: its GPUs for its whole time limit."""
+    return int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1)) * int(res["timeout_min"]) / 60
 
 
 def gpu_hours(runs: list[PlannedRun]) -> float:
     """Upper bound of the GPU-hours of ``runs``: every job using its whole time limit."""
-    total = 0.0
-    for run in runs:
-        r = run.config["model"]["resources"]
-        total += r["gpus_per_node"] * r["nodes"] * r["timeout_min"] / 60
-    return total
+    return sum(_job_gpu_hours(run.config["model"]["resources"]) for run in runs)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple[str, str, str]]]:
+    """The estimate of one run's config and what keeps it from starting or fitting, as (key, what, allowed)."""
+    model, train, res = config["model"], config["train"], config["model"]["resources"]
+    found: list[tuple[str, str, str]] = []
+    gpus = int(res.get("gpus_per_node", 0))
+    tasks = tasks_per_node(res)
+    if gpus and tasks != gpus:
+        found.append(
+            (
+                "model.resources.tasks_per_node",
+                f"{tasks} processes per node for {gpus} GPUs per node: "
+                + ("GPUs left idle" if tasks < gpus else "processes sharing a GPU"),
+                f"{gpus} (one process per GPU), or null",
+            )
+        )
+    eval_chat = config.get("eval", {}).get("apply_chat_template")
+    suite = config.get("eval", {}).get("suite", "none")
+    if eval_chat is not None and suite != "none" and bool(eval_chat) != bool(model.get("chat_template")):
+        trained = "with" if model.get("chat_template") else "without"
+        found.append(
+            (
+                "eval.apply_chat_template",
+                f"{eval_chat} for {model.get('name')}, trained {trained} a chat template (model.chat_template)",
+                f"null (the model's decision) or {bool(model.get('chat_template'))}",
+            )
+        )
+    if train.get("warmup_steps") and train.get("warmup_ratio"):
+        found.append(
+            ("train.warmup_ratio", "set together with train.warmup_steps", "one of them; the other 0")
+        )
+    arch = architecture(model)
+    if arch is None and gpus:  # without GPUs, nothing is checked against the estimate
+        found.append(
+            (
+                "model.arch",
+                f"no architecture numbers for {model.get('path')!r} (a hub id: nothing is downloaded)",
+                f"model.arch.{{{','.join(_ARCH_KEYS)}}} from its config.json, or a local path",
+            )
+        )
+    try:
+        shape = batch_shape(train, processes(config))
+    except UserError as e:
+        found += [(p.where, p.what, p.allowed) for p in e.problems]
+        shape = None
+    if arch is None or shape is None:
+        return None, found
+    est = estimate(config, arch, shape)
+    if not est.fits:
+        found.append(("model.resources.gpu_memory_gb", _too_big(est), _fix(config, arch, shape)))
+    return est, found
+
+
+def _too_big(est: Estimate) -> str:
+    big = sorted(est.parts.items(), key=lambda kv: -kv[1])[:4]
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in big)
+    return f"needs ~{est.peak_gb:.1f} GiB per GPU ({shown}, ...) but a GPU has {est.gpu_memory_gb:g}"
+
+
+def _fix(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> str:
+    """The smallest change that makes the run fit, as overrides with the estimate it gives."""
+    train, res = config["train"], config["model"]["resources"]
+    micro = [
+        {"train.micro_batch_size": d}
+        for d in range(shape.per_device - 1, 0, -1)
+        if shape.per_process % d == 0
+    ]
+    fsdp = {} if train.get("sharding", "none") == "fsdp" else {"train.sharding": "fsdp"}
+    nodes = int(res.get("nodes", 1))
+    candidates: list[dict[str, Any]] = [fsdp, *micro, *({**fsdp, **m} for m in micro)]
+    for more in ({"model.resources.nodes": n} for n in (2 * nodes, 4 * nodes)):
+        candidates += [{**more, **fsdp}, *({**more, **fsdp, **m} for m in micro)]
+    for change in filter(None, candidates):
+        changed = copy.deepcopy(dict(config))
+        for key, value in change.items():
+            *parents, leaf = key.split(".")
+            node = changed
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        try:
+            new = estimate(changed, arch, batch_shape(changed["train"], processes(changed)))
+        except UserError:
+            continue
+        if new.fits:
+            sets = " ".join(f"{k}={v}" for k, v in change.items())
+            return f"{sets} (~{new.peak_gb:.1f} GiB)"
+    return "a GPU with more memory, or a shorter max_completion_length"
+
+
+def check(plan: Plan) -> dict[str, Estimate]:
+    """Every run's estimate; ``UserError`` naming each run (runs with the same problem together) that cannot
+    start or cannot fit its GPUs."""
+    estimates: dict[str, Estimate] = {}
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    seen: dict[str, tuple[Estimate | None, list[tuple[str, str, str]]]] = {}
+    for run in plan.runs:
+        c = run.config
+        key = json.dumps([c["model"], c["train"], c.get("offpolicy"), c.get("eval")], sort_keys=True)
+        if key not in seen:  # runs differing only in KL settings or seed have the same needs
+            seen[key] = run_problems(c)
+        est, found = seen[key]
+        if est is not None:
+            estimates[run.id] = est
+        for problem in found:
+            grouped.setdefault(problem, []).append(run.id)
+    if grouped:
+        problems = [
+            Problem(f"{_runs_text(ids, run_label(plan, ids[0]))}: {key}", what, allowed)
+            for (key, what, allowed), ids in grouped.items()
+        ]
+        raise UserError(problems, title="runs that cannot start or fit")
+    return estimates
+
+
+def run_label(plan: Plan, run_id: str) -> str:
+    run = next(r for r in plan.runs if r.id == run_id)
+    return str(run.config["model"].get("name"))
+
+
+def _runs_text(ids: list[str], model: str) -> str:
+    if len(ids) == 1:
+        return f"run {ids[0]} ({model})"
+    shown = ", ".join(ids[:_EXAMPLES])
+    more = f" and {len(ids) - _EXAMPLES} more" if len(ids) > _EXAMPLES else ""
+    return f"runs {shown}{more} ({model})"
 
 
 def summary(plan: Plan) -> dict[str, Any]:
-    """Counts of the plan: total, excluded, done (status.json says done under the out folder), to submit;
-    and the GPU-hours upper bound of the runs to submit."""
+    """Counts of the plan (total, excluded, done: status.json says done under the out folder, to submit), the
+    GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
+    estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, largest
+    per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
+    Raises ``check``'s ``UserError``."""
     from klsweep import store
 
+    estimates = check(plan)
     todo = [r for r in plan.runs if store.read_status(r.run_dir).get("state") != "done"]
+    shapes: dict[tuple, list[PlannedRun]] = {}
+    for run in plan.runs:
+        c = run.config
+        res = c["model"]["resources"]
+        key = (
+            c["model"].get("name"),
+            f"{res.get('nodes', 1)}x{res.get('gpus_per_node', 0)}",
+            c["train"].get("sharding", "none"),
+            c["train"].get("micro_batch_size"),
+        )
+        shapes.setdefault(key, []).append(run)
+    resources = []
+    for (model, gpus, sharding, micro), runs in shapes.items():
+        ests = [estimates[r.id] for r in runs if r.id in estimates]
+        resources.append(
+            {
+                "model": model,
+                "runs": len(runs),
+                "gpus": gpus,
+                "sharding": sharding,
+                "micro_batch_size": micro,
+                "gpu_memory_gb": max((e.peak_gb for e in ests if e.gpus), default=None),
+                "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
+                "gpu_hours": gpu_hours(runs),
+                "storage_gb": sum(e.storage_gb for e in ests),
+            }
+        )
+    on_gpu = [(rid, e) for rid, e in estimates.items() if e.gpus]
+    largest = max(on_gpu, key=lambda kv: kv[1].peak_gb / (kv[1].gpu_memory_gb or 1), default=None)
     return {
         "sweep_dir": str(plan.sweep_dir),
         "axes": plan.axes,
@@ -33,4 +474,15 @@ def summary(plan: Plan) -> dict[str, Any]:
         "done": len(plan.runs) - len(todo),
         "to_submit": len(todo),
         "gpu_hours_upper_bound": round(gpu_hours(todo), 1),
+        "storage_gb": round(sum(e.storage_gb for e in estimates.values()), 1),
+        "largest_gpu_memory": None
+        if largest is None
+        else {
+            "run": largest[0],
+            "model": run_label(plan, largest[0]),
+            "gpu_memory_gb": round(largest[1].peak_gb, 1),
+            "of_gb": largest[1].gpu_memory_gb,
+        },
+        "resources": resources,
+        "estimates": estimates,
     }

@@ -37,9 +37,10 @@ def run_study(
     on_progress: Callable[[list[Any]], None] | None = None,
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``."""
-    from klsweep import grid, report, submit
+    from klsweep import grid, planner, report, submit
 
     plan = grid.load_plan(grid_path, overrides, out=out)
+    planner.check(plan)  # refuses runs that cannot start or fit
     kind = cluster or submit.default_cluster(plan)
     suites = {r.config.get("eval", {}).get("suite", "none") for r in plan.runs}
     if suites == {"none"}:

@@ -252,7 +252,7 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
     assert code == 0
     data = json.loads(stdout)
     assert data["name"] == "tiny" and len(data["runs"]) == 60
-    assert set(data["runs"][0]) == {"id", "params"}
+    assert set(data["runs"][0]) == {"id", "params", "estimate"}
     assert set(data["runs"][0]["params"]) == {
         "kl.estimator",
         "kl.placement",

@@ -24,6 +24,7 @@ def test_shipped_sweep_plans(path, tmp_path):
     assert plan.name == path.stem
     assert plan.runs and len({r.id for r in plan.runs}) == len(plan.runs)
     assert all(set(r.params) == set(plan.axes) for r in plan.runs)
+    assert len(planner.check(plan)) == len(plan.runs)  # every run can start and fits its GPUs
     assert not any(tmp_path.iterdir())
 
 

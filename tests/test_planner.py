@@ -1,0 +1,316 @@
+"""klsweep.planner and `klsweep plan`'s resource checks: launch topology (one process per GPU), the batch split
+against TRL's own GRPOConfig, the memory formula against the published mixed-precision accounting and the real
+parameter count of a model, the paper sweep fitting its GPUs, and every shape that cannot start or fit refused
+with exit 2, located, with the change that would make it fit (nothing written)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from klsweep import grid, planner
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER = REPO / "sweeps" / "paper.yaml"
+
+
+def cli(args: list[str], monkeypatch, capsys, columns: int = 400) -> tuple[int, str, str]:
+    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr)."""
+    from klsweep import cli as cli_mod
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
+    code = 0
+    try:
+        cli_mod.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_run(*overrides: str) -> dict:
+    return grid.compose_run_config(None, list(overrides))
+
+
+# ------------------------------------------------------------------------------------------------ topology
+
+
+def test_tasks_follow_the_gpus_unless_set():
+    from klsweep.config import tasks_per_node
+    from klsweep.submit.slurm import slurm_parameters
+
+    config = one_run("model=qwen2.5-7b")
+    res = config["model"]["resources"]
+    assert res["tasks_per_node"] is None and tasks_per_node(res) == 8 == planner.processes(config)
+    params = slurm_parameters(res, config["cluster"], "x", eval_job=False)
+    assert params["ntasks_per_node"] == 8 and params["gpus_per_node"] == 8
+    assert slurm_parameters(res, config["cluster"], "x", eval_job=True)["ntasks_per_node"] == 1
+    assert tasks_per_node(one_run()["model"]["resources"]) == 1  # no GPU: one process
+    assert tasks_per_node(one_run("model.resources.tasks_per_node=2")["model"]["resources"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("prompts", "group", "processes", "micro"), [(4, 4, 1, None), (4, 4, 1, 2), (3, 5, 1, 5)]
+)
+def test_batch_shape_is_what_trl_accepts(prompts, group, processes, micro):
+    """The shape handed to TRL passes GRPOConfig's own checks and gives one generation batch per step."""
+    from trl import GRPOConfig
+
+    shape = planner.batch_shape(
+        {"prompts_per_step": prompts, "group_size": group, "micro_batch_size": micro}, processes
+    )
+    args = GRPOConfig(
+        output_dir="unused",
+        per_device_train_batch_size=shape.per_device,
+        gradient_accumulation_steps=shape.accumulation,
+        num_generations=group,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+    )
+    assert args.generation_batch_size == prompts * group == shape.completions
+    assert args.steps_per_generation == shape.accumulation
+    assert shape.per_device * shape.accumulation * processes == prompts * group
+
+
+def test_batch_shape_refusals():
+    with pytest.raises(grid.UserError, match=r"train.prompts_per_step.*15 completions.*8 processes"):
+        planner.batch_shape({"prompts_per_step": 3, "group_size": 5}, 8)
+    with pytest.raises(
+        grid.UserError, match=r"train.micro_batch_size: 3 does not divide the 40.*1, 2, 4, 5, 8"
+    ):
+        planner.batch_shape({"prompts_per_step": 64, "group_size": 5, "micro_batch_size": 3}, 8)
+    shape = planner.batch_shape({"prompts_per_step": 64, "group_size": 5, "micro_batch_size": 8}, 8)
+    assert (shape.per_device, shape.accumulation, shape.per_process) == (8, 5, 40)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def test_parameter_count_is_the_models_own(tmp_path):
+    """From a local path's config.json, and from the tiny model's spec: the count torch gives the real model, up
+    to the small tensors the formula leaves out (Qwen2's q/k/v biases: 0.2% of this tiny model, 0.01% of 7B)."""
+    from transformers import AutoModelForCausalLM
+
+    from klsweep.tinymodel import random_tiny_model
+
+    folder = random_tiny_model(tmp_path / "m")
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
+    assert planner.architecture({"path": str(folder)}).params == pytest.approx(real, rel=0.002)
+    assert planner.architecture({"path": "tiny"}).params == pytest.approx(real, rel=0.002)
+
+
+@pytest.mark.parametrize(
+    ("model", "billions"),
+    [("qwen2.5-7b", 7.62), ("llama-3.1-8b-instruct", 8.03), ("qwen3-4b-instruct-2507", 4.02)],
+)
+def test_shipped_architectures_give_the_published_sizes(model, billions):
+    arch = planner.architecture(one_run(f"model={model}")["model"])
+    assert arch.params / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def _state_bytes_per_param(*overrides: str) -> float:
+    config = one_run("model=qwen2.5-7b", *overrides)
+    arch = planner.architecture(config["model"])
+    parts = planner.memory_parts(
+        config, arch, planner.batch_shape(config["train"], planner.processes(config))
+    )
+    states = sum(parts[k] for k in ("weights", "gradients", "optimizer", "compute copy"))
+    return states * planner.GIB / arch.params
+
+
+def test_mixed_precision_adam_is_16_to_18_bytes_per_parameter_unsharded():
+    """One process, no sharding: Hugging Face's 18 bytes (fp32 weights, bf16 copy, fp32 grads, Adam 8), the
+    ZeRO paper's 16 without the compute copy; FSDP over W ranks: 16/W plus the gathered layers."""
+    one = ("model.resources.gpus_per_node=1", "train.sharding=none")
+    assert _state_bytes_per_param(*one) == pytest.approx(18)
+    assert _state_bytes_per_param(*one, "model.dtype=float32") == pytest.approx(16)
+    sharded = _state_bytes_per_param("train.sharding=fsdp")  # 8 ranks
+    assert (
+        16 / 8 < sharded < 16 / 8 + 1.2
+    )  # plus two bf16 units and one unit's gradient, out of 28 layers + root
+
+
+def test_memory_grows_with_the_micro_batch_and_shrinks_with_sharding():
+    def peak(*o: str) -> float:
+        config = one_run(
+            "model=qwen2.5-7b", "train.max_completion_length=1024", "train.prompts_per_step=64", *o
+        )
+        return planner.run_problems(config)[0].peak_gb
+
+    assert peak("train.micro_batch_size=4") < peak("train.micro_batch_size=8") < peak()
+    assert peak("train.sharding=fsdp") < peak("train.sharding=none")
+    vllm = peak("train.use_vllm=true")
+    assert vllm > peak() - 10 and vllm == pytest.approx(peak() + 0.3 * 80, abs=30)
+
+
+# ------------------------------------------------------------------------------------------------ the paper
+
+
+def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
+    code, out, err = cli(["plan", PAPER, "--out", tmp_path / "r", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["runs"]) == 300
+    for run in data["runs"]:
+        assert set(run["estimate"]) == {"gpu_memory_gb", "gpu_hours", "storage_gb"}
+        assert 10 < run["estimate"]["gpu_memory_gb"] < 80
+    plan = grid.load_plan(PAPER, out=tmp_path / "r")
+    by_id = {r.id: r for r in plan.runs}
+    for run in data["runs"]:  # 2 checkpoints kept (of 10 saves), 12 bytes per parameter each
+        params = planner.architecture(by_id[run["id"]].config["model"]).params
+        assert run["estimate"]["storage_gb"] == pytest.approx(2 * 12 * params / 2**30, abs=0.1)
+    assert data["storage_gb"] == pytest.approx(
+        sum(r["estimate"]["storage_gb"] for r in data["runs"]), rel=1e-3
+    )
+    assert data["gpu_hours_upper_bound"] == pytest.approx(
+        sum(r["estimate"]["gpu_hours"] for r in data["runs"])
+    )
+    assert data["largest_gpu_memory"]["of_gb"] == 80
+    assert not (tmp_path / "r").exists()
+
+
+def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys):
+    code, out, _ = cli(["plan", PAPER, "--out", tmp_path], monkeypatch, capsys, columns=80)
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    flat = " ".join(out.split())
+    for s in ("GPU-hours", "checkpoints kept", "TiB", "largest per GPU", "of 80 GiB", "fsdp", "/80"):
+        assert s in flat, s
+    for model in ("qwen2.5-7b", "qwen3-4b-instruct-2507"):  # model names are folded, never cut
+        assert model in out.replace("│", "").replace(" ", "").replace("\n", "") or model in flat
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+
+REFUSED = {
+    "GPUs without processes": (
+        ["model=qwen2.5-7b", "model.resources.tasks_per_node=1"],
+        [
+            "model.resources.tasks_per_node",
+            "1 processes per node for 8 GPUs",
+            "GPUs left idle",
+            "8 (one process",
+        ],
+    ),
+    "processes sharing GPUs": (
+        ["model=qwen3-4b-instruct-2507", "model.resources.tasks_per_node=8"],
+        ["model.resources.tasks_per_node", "processes sharing a GPU"],
+    ),
+    "batch that does not split": (
+        ["model=qwen2.5-7b", "train.prompts_per_step=3", "train.group_size=5"],
+        ["train.prompts_per_step", "15 completions", "8 processes", "a multiple of 8"],
+    ),
+    "micro-batch that does not divide": (
+        ["model=qwen2.5-7b", "train.micro_batch_size=3"],
+        ["train.micro_batch_size", "does not divide"],
+    ),
+    "does not fit without sharding": (
+        ["model=qwen2.5-7b", "train.sharding=none"],
+        [
+            "model.resources.gpu_memory_gb",
+            "needs ~",
+            "GiB per GPU",
+            "but a GPU has 80",
+            "train.sharding=fsdp",
+        ],
+    ),
+    "does not fit smaller GPUs": (
+        [
+            "model=qwen2.5-7b",
+            "model.resources.gpu_memory_gb=40",
+            "train.prompts_per_step=64",
+            "train.max_completion_length=1024",
+        ],
+        ["but a GPU has 40", "(activations", "train.micro_batch_size=8 (~"],
+    ),
+    "chat template differs from training": (
+        ["model=qwen2.5-7b", "eval=paper", "eval.apply_chat_template=true"],
+        [
+            "eval.apply_chat_template",
+            "trained without a chat template",
+            "null (the model's decision) or False",
+        ],
+    ),
+    "two warm-ups": (
+        ["train.warmup_steps=5", "train.warmup_ratio=0.1"],
+        ["train.warmup_ratio", "set together with train.warmup_steps"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED), ids=list(REFUSED))
+def test_shapes_that_cannot_start_or_fit_are_refused(case, tmp_path, monkeypatch, capsys):
+    overrides, expected = REFUSED[case]
+    g = tmp_path / "g.yaml"
+    g.write_text("name: shapes\ngrid:\n  seed: 0,1\n")
+    code, out, err = cli(["plan", g, *overrides, "--out", tmp_path / "r"], monkeypatch, capsys)
+    assert code == 2, (out, err)
+    flat = " ".join(err.split())
+    plan = grid.load_plan(g, overrides, out=tmp_path / "r")
+    assert f"runs {plan.runs[0].id}, {plan.runs[1].id}" in flat  # located: the runs, then the key
+    for s in expected:
+        assert s in flat, f"{s!r} not in:\n{err}"
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_suggested_change_fits(tmp_path):
+    g = tmp_path / "g.yaml"
+    g.write_text("name: fix\ngrid:\n  seed: 0\n")
+    for overrides in (
+        [
+            "model=qwen2.5-7b",
+            "model.resources.gpu_memory_gb=40",
+            "train.prompts_per_step=64",
+            "train.max_completion_length=1024",
+        ],
+        ["model=qwen2.5-7b", "model.resources.gpu_memory_gb=24"],  # more GPUs
+        ["model=llama-3.1-8b-instruct", "train.sharding=none"],  # sharding
+    ):
+        with pytest.raises(grid.UserError) as e:
+            planner.check(grid.load_plan(g, overrides))
+        fix = e.value.problems[0].allowed.split(" (~")[0].split()
+        estimates = planner.check(grid.load_plan(g, overrides + fix))
+        assert all(est.peak_gb <= est.gpu_memory_gb for est in estimates.values())
+
+
+def test_hub_model_without_architecture_is_refused_on_gpus(tmp_path, monkeypatch, capsys):
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("name: mine\npath: org/some-model\nresources:\n  gpus_per_node: 2\n")
+    g = tmp_path / "g.yaml"
+    g.write_text("name: m\nbase:\n  model: mine\ngrid:\n  seed: 0\n")
+    code, _, err = cli(["plan", g, "--config-dir", tmp_path / "conf"], monkeypatch, capsys)
+    assert code == 2
+    assert "model.arch" in err and "'org/some-model'" in err and "hidden_size" in err
+    # on a CPU nothing is checked against an estimate: the same model plans
+    code, out, err = cli(["plan", g, "--config-dir", tmp_path / "conf", "model.resources.gpus_per_node=0", "--json"],
+                         monkeypatch, capsys)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["runs"][0]["estimate"] is None
+
+
+def test_run_refuses_too(tmp_path, monkeypatch, capsys):
+    code, _, err = cli(
+        ["run", PAPER, "train.sharding=none", "--cluster", "debug", "--out", tmp_path / "r"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 2 and "train.sharding=fsdp" in " ".join(err.split())
+    assert not (tmp_path / "r").exists()
+
+
+def test_lr_schedulers_are_transformers_own():
+    from transformers.trainer_utils import SchedulerType
+
+    from klsweep.grid.validate import LR_SCHEDULERS
+
+    assert set(LR_SCHEDULERS) <= {s.value for s in SchedulerType}
+    with pytest.raises(grid.UserError, match="train.lr_scheduler_type"):
+        one_run("train.lr_scheduler_type=cosine_sometimes")
+    assert grid.run_id(one_run("train.lr_scheduler_type=cosine")) != grid.run_id(one_run())
+    assert grid.run_id(one_run("train.warmup_ratio=0.1")) != grid.run_id(one_run())

@@ -226,8 +226,8 @@ def lm_eval_version() -> str:
 def eval_settings(eval_cfg: EvalSection) -> dict[str, Any]:
     """The settings that decide a score (what the eval hash covers): the suite's fields but the batch size and
     the parallelism, and a digest of the custom task files. The same for every model of a sweep, so a sweep
-    has one hash per suite (``apply_chat_template`` is used for the models that have ``model.chat_template``;
-    results.json records it as ``chat_template_applied``)."""
+    has one hash per suite (``apply_chat_template``: null follows each model's ``model.chat_template``, the
+    decision its training used; results.json records what was done as ``chat_template_applied``)."""
     settings = {k: v for k, v in asdict(eval_cfg).items() if k not in _UNHASHED}
     settings["tasks_digest"] = _digest(include_dir(eval_cfg.include_path))
     return settings
@@ -348,7 +348,7 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
     stderr_one: dict[str, float | None] = {}
     keys: dict[str, str] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
-    chat = bool(cfg.apply_chat_template and item.model.chat_template)
+    chat = item.model.chat_template if cfg.apply_chat_template is None else cfg.apply_chat_template
     gen = {"max_gen_toks": cfg.max_gen_toks, "temperature": cfg.temperature, "do_sample": cfg.temperature > 0}
     try:
         for seed in range(cfg.num_samples):
@@ -401,6 +401,7 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
         "lm_eval_version": lm_eval_version(),
         "created_at": time.time(),
         # Beyond the DESIGN.md contract: what each number is and what was evaluated.
+        "final_state": _final_state(Path(item.model_path)),
         "metric_keys": keys,
         "chat_template_applied": chat,
         "num_problems": {
@@ -412,6 +413,13 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
     path = item.out_dir / RESULTS_FILE
     store.write_json(path, results)
     return path
+
+
+def _final_state(checkpoint: Path) -> str | None:
+    """``done`` or ``diverged`` when ``checkpoint`` is where its run ended (``store.FINAL_MARKER``), else None
+    (an earlier checkpoint, or a model that is not a run's checkpoint)."""
+    marker = checkpoint / store.FINAL_MARKER
+    return store.read_json(marker).get("state") if marker.is_file() else None
 
 
 def _is_primary(row: dict[str, Any], key: str) -> bool:

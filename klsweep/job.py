@@ -8,7 +8,11 @@
 - appends one row per optimiser step to ``metrics.jsonl`` (keys: ``ROW_KEYS`` plus every other float TRL
   logs; a non-finite value is written as null);
 - saves Hugging Face checkpoints (model, tokenizer, trainer state, optimizer, RNG, the trainer's lag buffer)
-  under ``run_dir/checkpoints/checkpoint-<step>`` every ``train.save_steps`` and at the end;
+  under ``run_dir/checkpoints/checkpoint-<step>`` every ``train.save_steps`` and at the end, keeping the newest
+  ``train.keep_checkpoints``; the last one, where the run ended (done or diverged), is marked
+  (``store.FINAL_MARKER`` in it, ``final_checkpoint`` in the status), so eval scores what the run ended as;
+- drops the training prompts longer than ``train.max_prompt_length`` tokens (``prompts_too_long`` in every
+  metrics row says how many);
 - mirrors the metrics to W&B (``config.wandb``; the metrics file stays the source of truth).
 
 Re-running it on a folder resumes from the last complete checkpoint: metrics rows past that checkpoint's step
@@ -22,6 +26,8 @@ Divergence is a result, not a crash (``train_run`` returns normally), at the fir
 - the task reward collapses: with ``m_t`` the mean task reward of the last ``train.collapse_window`` steps
   (defined once that many steps exist), and ``peak`` the largest ``m_t`` so far, the run collapses when
   ``peak >= COLLAPSE_MIN_PEAK`` and ``m_t < train.collapse_fraction * peak``.
+
+A diverged run saves its state at the step it stopped (``checkpoint-<step>``, marked ``diverged``).
 
 Distributed: with ``WORLD_SIZE > 1`` in the environment (the launcher sets RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR/PORT from Slurm) transformers/accelerate train data-parallel (``gloo`` on CPU); the prompts of a
@@ -146,6 +152,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if is_main:
             wandb_run = _init_wandb(config, run_dir)
         trainer = build_trainer(config, run_dir, report_to_wandb=wandb_run is not None)
+        monitor.constants["prompts_too_long"] = float(trainer.prompts_too_long)
         trainer.add_callback(monitor.callback())
         _live_trainer = trainer
         try:
@@ -157,6 +164,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         state = "diverged" if monitor.diverged else "done"
         if monitor.diverged:
             fields.update(diverged_step=monitor.diverged[0], reason=monitor.diverged[1])
+        fields["final_checkpoint"] = _save_final(trainer, state, fields["reason"], is_main)
     except Exception:
         state = "failed"
         lines = traceback.format_exc().rstrip().splitlines()
@@ -195,6 +203,21 @@ def save_on_preemption() -> None:
     trainer._save_checkpoint(trainer.model, trial=None)
 
 
+def _save_final(trainer: KLGRPOTrainer, state: str, reason: str | None, is_main: bool) -> str | None:
+    """Save the trainer's state where the run ended (unless that step is saved already) and mark it as the
+    run's final checkpoint; its name, None when no step was trained. Every rank calls it (a save is collective
+    under FSDP)."""
+    step = trainer.state.global_step
+    if step == 0:
+        return None
+    folder = Path(trainer.args.output_dir) / f"checkpoint-{step}"
+    if not (folder / TRAINER_STATE).exists():
+        trainer._save_checkpoint(trainer.model, trial=None)
+    if is_main:
+        store.write_json(folder / store.FINAL_MARKER, {"state": state, "step": step, "reason": reason})
+    return folder.name
+
+
 def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool = False) -> KLGRPOTrainer:
     """The KLGRPOTrainer of ``config``, writing checkpoints under ``run_dir/checkpoints``."""
     import importlib.util
@@ -205,19 +228,12 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
 
     from klsweep import tasks, tinymodel
     from klsweep.kl import KLConfig
+    from klsweep.planner import batch_shape
     from klsweep.trainer import KLGRPOTrainer
 
     train = config.train
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    completions = train.prompts_per_step * train.group_size
-    if completions % world:
-        raise UserError(
-            Problem(
-                "train.prompts_per_step",
-                f"{completions} completions a step do not split over {world} processes",
-                "prompts_per_step x group_size divisible by the number of processes",
-            )
-        )
+    shape = batch_shape(vars(train), int(os.environ.get("WORLD_SIZE", "1")))
+    world = shape.processes
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     dtypes = {
@@ -238,10 +254,11 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,
         learning_rate=train.learning_rate,
-        warmup_steps=train.warmup_steps,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.warmup_ratio or train.warmup_steps,  # transformers: a float < 1 is a ratio
         max_grad_norm=train.max_grad_norm,
-        per_device_train_batch_size=completions // world,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=shape.per_device,  # completions per forward/backward (micro-batch)
+        gradient_accumulation_steps=shape.accumulation,
         num_generations=train.group_size,
         max_completion_length=train.max_completion_length,
         temperature=train.temperature,
@@ -263,20 +280,25 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         ddp_find_unused_parameters=False,
         use_vllm=use_vllm,
         vllm_mode="colocate",
+        vllm_max_model_length=train.max_prompt_length + train.max_completion_length,
         report_to=["wandb"] if report_to_wandb else [],
         run_name=Path(run_dir).name,
         disable_tqdm=True,
         log_completions=False,
     )
-    return KLGRPOTrainer(
+    dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
+    dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
+    trainer = KLGRPOTrainer(
         model,
         reward_funcs=tasks.reward_function(config.task),
         args=args,
-        train_dataset=tasks.load_train_dataset(config.task, config.seed),
+        train_dataset=dataset,
         processing_class=tokenizer,
         kl=kl,
         lag=config.offpolicy.lag,
     )
+    trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
+    return trainer
 
 
 def reward_collapse(
@@ -318,6 +340,7 @@ class _RunMonitor:
         self.started = started
         self.is_main = is_main
         self.diverged: tuple[int, str] | None = None
+        self.constants: dict[str, float] = {}  # facts of the run repeated in every row
 
     def elapsed(self) -> float:
         return self.base_elapsed + time.time() - self.started
@@ -341,6 +364,7 @@ class _RunMonitor:
         row: dict[str, Any] = {"step": step, "time": time.time(), "elapsed_s": self.elapsed()}
         for key, source in ROW_KEYS.items():
             row[key] = _number(logs.get(source))
+        row.update(self.constants)
         for key, value in logs.items():
             if (
                 key not in _ROW_SOURCES
@@ -365,7 +389,7 @@ class _RunMonitor:
         if reason is not None:
             self.diverged = (step, reason)
             control.should_training_stop = True
-            control.should_save = False
+            control.should_save = True  # the state it diverged at: eval scores what the run ended as
         if self.is_main:
             store.append_jsonl(self.run_dir / store.METRICS_FILE, row)
             store.write_status(self.run_dir, "running", step=step, elapsed_s=row["elapsed_s"])

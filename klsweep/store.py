@@ -13,7 +13,8 @@ Layout (one sweep)::
             config.yaml            the resolved RunConfig (what `klsweep train` reads)
             status.json            {"state", "step", "total_steps", "reason", "started_at", "updated_at", ...}
             metrics.jsonl          one JSON object per optimiser step (the report's source of truth)
-            checkpoints/checkpoint-<step>/   Hugging Face format (lm-eval loads it) + trainer state
+            checkpoints/checkpoint-<step>/   Hugging Face format (lm-eval loads it) + trainer state; the newest
+                                     train.keep_checkpoints; the last holds FINAL_MARKER (done|diverged)
             eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl
             logs/                  stdout/stderr of the jobs that ran it (links or copies)
         report/                    tables and plots (`klsweep report`)
@@ -42,6 +43,7 @@ JOBS_FILE = "jobs.jsonl"
 SWEEP_FILE = "sweep.yaml"
 BASELINE_DIR = "baseline"
 REPORT_DIR = "report"
+FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

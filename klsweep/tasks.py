@@ -18,9 +18,12 @@ prompts); a KL penalty to the reference should limit that, which is what the out
 split once, by a fixed permutation that no run seed changes, into a ``train`` pool (SFT and RL) and a disjoint
 ``eval`` pool (lm-eval data written by ``write_eval_data``).
 
-Prompts are conversational (a list of ``{"role", "content"}`` messages): TRL's GRPOTrainer applies the model's
-chat template; lm-eval's ``apply_chat_template`` does the same with ``question``. The answer is what the
-assistant writes before ``<|im_end|>``.
+Prompts are conversational (a list of ``{"role", "content"}`` messages) for a model trained with its chat
+template (``model.chat_template``): TRL's GRPOTrainer applies the template, as lm-eval's ``apply_chat_template``
+does with ``question``. Without it (a base model) a prompt is the plain text the eval task shows the model
+(the system prompt, a blank line, the user's text). The answer is what the model writes before an end token.
+Training prompts longer than ``train.max_prompt_length`` tokens (as the model sees them) are dropped
+(``drop_long_prompts``).
 
 MATH. ``load_train_dataset`` reads the MATH training set from the hub (``DigitalLearningGmbH/MATH-lighteval``
 by default, or ``EleutherAI/hendrycks_math``, whose seven subject configs are concatenated) or from a local
@@ -229,7 +232,7 @@ def _load_math_raw(dataset: str, split: str) -> datasets.Dataset:
     return datasets.load_dataset(dataset, split=split)
 
 
-def _math_dataset(task: TaskSection) -> datasets.Dataset:
+def _math_dataset(task: TaskSection, chat_template: bool) -> datasets.Dataset:
     raw = _load_math_raw(task.dataset or MATH_DEFAULT_DATASET, task.split)
     missing = [c for c in ("problem", "solution") if c not in raw.column_names]
     if missing:
@@ -243,28 +246,28 @@ def _math_dataset(task: TaskSection) -> datasets.Dataset:
     raw = raw.map(lambda row: {"answer": last_boxed(row["solution"])})
     raw = raw.filter(lambda row: row["answer"] is not None)
 
-    def to_prompt(row: dict[str, Any]) -> dict[str, Any]:
-        messages = [{"role": "user", "content": f"{row['problem']}\n\n{MATH_INSTRUCTION}"}]
-        if task.system_prompt:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
-        return {"prompt": messages}
-
-    return raw.map(to_prompt)
+    return raw.map(
+        lambda row: {"prompt": _prompt(f"{row['problem']}\n\n{MATH_INSTRUCTION}", task, chat_template)}
+    )
 
 
-def _tiny_dataset(task: TaskSection) -> datasets.Dataset:
+def _prompt(text: str, task: TaskSection, chat_template: bool) -> list[dict[str, str]] | str:
+    """A training prompt: chat messages (the trainer applies the template) or the plain text."""
+    if not chat_template:
+        return f"{task.system_prompt}\n\n{text}" if task.system_prompt else text
+    messages = [{"role": "user", "content": text}]
+    if task.system_prompt:
+        messages.insert(0, {"role": "system", "content": task.system_prompt})
+    return messages
+
+
+def _tiny_dataset(task: TaskSection, chat_template: bool) -> datasets.Dataset:
     import datasets
 
     rows = tiny_problems(IN_DOMAIN_SKILL, "train", None, seed=0)
-    prompts = []
-    for r in rows:
-        messages = [{"role": "user", "content": r["question"]}]
-        if task.system_prompt:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
-        prompts.append(messages)
     return datasets.Dataset.from_dict(
         {
-            "prompt": prompts,
+            "prompt": [_prompt(r["question"], task, chat_template) for r in rows],
             "answer": [r["answer"] for r in rows],
             "question": [r["question"] for r in rows],
             "skill": [r["skill"] for r in rows],
@@ -272,20 +275,49 @@ def _tiny_dataset(task: TaskSection) -> datasets.Dataset:
     )
 
 
-def load_train_dataset(task: TaskSection, seed: int) -> datasets.Dataset:
+def load_train_dataset(task: TaskSection, seed: int, chat_template: bool = True) -> datasets.Dataset:
     """The RL training prompts of ``task``, shuffled with ``seed`` and capped at ``task.num_train``.
-    Columns: ``prompt`` (conversational messages), ``answer`` (the reference final answer), and per task
-    ``question``/``skill`` (tiny) or ``problem``/``solution``/``level``/``type`` (MATH)."""
+    Columns: ``prompt`` (conversational messages, or plain text without ``chat_template``), ``answer`` (the
+    reference final answer), and per task ``question``/``skill`` (tiny) or ``problem``/``solution``/``level``/
+    ``type`` (MATH)."""
     if task.name == "tiny":
-        ds = _tiny_dataset(task)
+        ds = _tiny_dataset(task, chat_template)
     elif task.name == "math":
-        ds = _math_dataset(task)
+        ds = _math_dataset(task, chat_template)
     else:
         raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))
     ds = ds.shuffle(seed=seed)
     if task.num_train is not None:
         ds = ds.select(range(min(task.num_train, len(ds))))
     return ds
+
+
+def drop_long_prompts(ds: datasets.Dataset, tokenizer: Any, max_length: int) -> tuple[datasets.Dataset, int]:
+    """``ds`` without the prompts longer than ``max_length`` tokens as the model sees them (chat messages with
+    the template and the generation prompt applied, as TRL does), and how many were dropped. ``UserError`` when
+    none is left."""
+
+    def lengths(batch: dict[str, list]) -> dict[str, list[int]]:
+        prompts = batch["prompt"]  # tokenized as TRL's GRPOTrainer._tokenize_prompts does
+        if prompts and not isinstance(prompts[0], str):
+            ids = tokenizer.apply_chat_template(
+                conversation=prompts, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        else:
+            ids = tokenizer(text=prompts)["input_ids"]
+        return {"_length": [len(x) for x in ids]}
+
+    measured = ds.map(lengths, batched=True, batch_size=256)
+    kept = measured.filter(lambda n: n <= max_length, input_columns="_length", batched=False)
+    if len(kept) == 0:
+        raise UserError(
+            Problem(
+                "train.max_prompt_length",
+                f"every one of the {len(ds)} training prompts is longer than {max_length} tokens",
+                f"at least {min(measured['_length'])}",
+            )
+        )
+    return kept.remove_columns("_length"), len(ds) - len(kept)
 
 
 def reward_function(task: TaskSection) -> Callable[..., list[float]]:

@@ -76,6 +76,7 @@ def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: e
     assert res["settings"] == ev.eval_settings(tiny)
     assert res["lm_eval_version"] == ev.lm_eval_version()
     assert res["num_problems"] == dict.fromkeys(TINY_TASKS, 8)
+    assert res["final_state"] is None  # no marker: not known to be where its run ended
     for task in TINY_TASKS:
         rows = store.read_jsonl(path.parent / f"samples_{task}.jsonl")
         assert len(rows) == 8 and {"doc", "resps", "filtered_resps", "exact_match"} <= set(rows[0])
@@ -88,6 +89,22 @@ def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: e
         "checkpoint-5",
         "checkpoint-10",
     ]
+
+
+def test_chat_template_is_the_models_training_decision(
+    tmp_path: Path, random_model: Path, tiny: ev.EvalSection
+) -> None:
+    """The suite's apply_chat_template null: each model is evaluated as it was trained (model.chat_template)."""
+    assert tiny.apply_chat_template is None
+    for chat in (True, False):
+        run = make_run(tmp_path / "sweep", f"chat-{chat}", random_model)
+        config = OmegaConf.load(run / store.CONFIG_FILE)
+        config.model.chat_template = chat
+        store.atomic_write_text(run / store.CONFIG_FILE, OmegaConf.to_yaml(config))
+        (path,) = ev.eval_run(run, replace(tiny, limit=2))
+        assert json.loads(path.read_text())["chat_template_applied"] is chat
+        add = store.read_jsonl(path.parent / "samples_tiny_add.jsonl")[0]
+        assert add["arguments"][0][0] == (add["doc"]["prompt"] if chat else add["doc"]["question"])
 
 
 def test_repeat_is_skipped_and_changed_settings_get_a_new_hash(

@@ -78,6 +78,10 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     assert rows[-1]["kl_k3"] > 0
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
     last = store.checkpoints(run)[-1]
+    assert status["final_checkpoint"] == "checkpoint-3"
+    assert store.read_json(last / store.FINAL_MARKER) == {"state": "done", "step": 3, "reason": None}
+    assert not (store.checkpoints(run)[0] / store.FINAL_MARKER).exists()
+    assert {r["prompts_too_long"] for r in rows} == {0.0}  # the tiny task's prompts all fit 512 tokens
     for name in ("config.json", "model.safetensors", "tokenizer.json", "trainer_state.json", "optimizer.pt"):
         assert (last / name).is_file(), name
     AutoModelForCausalLM.from_pretrained(last)
@@ -125,7 +129,7 @@ def test_resume_after_kill(tmp_path, model_dir):
     assert steps == [1, 2, 3, 4, 5, 6]  # strictly increasing, none twice
     # the lag buffer came back with the checkpoint: no second pipeline fill after the resume
     assert [r["policy_lag"] for r in store.read_metrics(run)] == [0, 1, 1, 1, 1, 1]
-    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-4", "checkpoint-6"]  # the last 2 kept
 
 
 def test_a_checkpoint_without_trainer_state_is_not_resumed(tmp_path, model_dir):
@@ -152,10 +156,16 @@ def test_non_finite_weights_diverge(tmp_path, model_dir, monkeypatch):
     assert status["diverged_step"] == 2
     assert "non-finite" in status["reason"]
     assert status["error"] is None
+    final = run / "checkpoints" / status["final_checkpoint"]  # the state it ended in is saved and marked
+    assert store.read_json(final / store.FINAL_MARKER)["state"] == "diverged"
+    assert store.checkpoints(run)[-1] == final
 
 
 def test_reward_collapse_diverges(tmp_path, model_dir, monkeypatch):
-    from klsweep import tasks
+    """The run stops at the collapse, saves the state it ended in, marked diverged, and eval scores that one."""
+    from dataclasses import replace
+
+    from klsweep import evaluate, tasks
 
     def falling_reward(prompts, completions, answer, trainer_state, **kwargs):
         return [1.0 if trainer_state.global_step < 2 else 0.0] * len(completions)
@@ -169,7 +179,16 @@ def test_reward_collapse_diverges(tmp_path, model_dir, monkeypatch):
     assert status["diverged_step"] == 4  # windowed means 1, 1, 0.5, 0
     assert "collapse" in status["reason"]
     assert [r["step"] for r in store.read_metrics(run)] == [1, 2, 3, 4]
-    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2"]  # nothing saved at the diverged step
+    # the state at the diverged step is saved and marked: eval scores what the run ended as
+    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
+    assert status["final_checkpoint"] == "checkpoint-4"
+    marker = store.read_json(run / "checkpoints" / "checkpoint-4" / store.FINAL_MARKER)
+    assert marker == {"state": "diverged", "step": 4, "reason": status["reason"]}
+    assert (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).is_file()
+    (results,) = evaluate.eval_run(run, replace(evaluate.load_suite("tiny"), limit=2))
+    assert results.parent.name == "checkpoint-4"
+    scored = store.read_json(results)
+    assert (scored["checkpoint"], scored["step"], scored["final_state"]) == ("checkpoint-4", 4, "diverged")
 
 
 def test_reward_collapse_rule():
@@ -191,12 +210,79 @@ def test_nan_loss_stops_the_run(tmp_path, model_dir):
     monitor.on_log(state, control, {"loss": 0.5, "grad_norm": 1.0, "task_reward/mean": 0.5})
     assert monitor.diverged is None and not control.should_training_stop
     state.global_step = 2
-    control.should_save = True
     monitor.on_log(state, control, {"loss": math.nan, "grad_norm": 1.0, "task_reward/mean": 0.5})
     assert monitor.diverged == (2, "non-finite loss (nan)")
-    assert control.should_training_stop and not control.should_save
+    assert control.should_training_stop and control.should_save  # its final state is saved
     rows = store.read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] is None
+
+
+@pytest.mark.parametrize(("keep", "kept"), [(None, [1, 2, 3, 4]), ("default", [3, 4]), (3, [2, 3, 4])])
+def test_keep_checkpoints(tmp_path, model_dir, keep, kept):
+    values = {"train.steps": 4, "train.save_steps": 1}
+    if keep != "default":
+        values["train.keep_checkpoints"] = keep
+    run = tmp_path / "run"
+    write_config(run, model_dir, **values)
+    assert job.train_run(run)["state"] == "done"
+    assert [store.checkpoint_step(c) for c in store.checkpoints(run)] == kept
+
+
+def _weights(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint / "model.safetensors")
+
+
+def test_gradient_accumulation_gives_the_same_update(tmp_path, model_dir, monkeypatch):
+    """One step over 8 completions in micro-batches of 2 (4 accumulated passes) or all at once: the same
+    weights after the step, up to float error (and the step did move them)."""
+    from klsweep import tasks
+
+    monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
+    values = {"train.steps": 1, "train.save_steps": 1, "kl.placement": "both", "kl.beta": 0.5}
+    after = {}
+    for micro in (None, 2):
+        run = tmp_path / f"micro-{micro}"
+        write_config(run, model_dir, **values, **{"train.micro_batch_size": micro})
+        assert job.train_run(run)["state"] == "done"
+        after[micro] = _weights(store.checkpoints(run)[-1])
+    before = _weights(model_dir)
+    moved = max((after[None][k] - before[k]).abs().max().item() for k in before)
+    assert moved > 1e-4
+    for key, value in after[None].items():
+        assert (value - after[2][key]).abs().max().item() < 1e-5, key
+
+
+def test_learning_rate_schedule_and_warmup(tmp_path, model_dir):
+    def rates(**values) -> list[float]:
+        run = tmp_path / str(len(list(tmp_path.iterdir())))
+        write_config(run, model_dir, **{"train.steps": 4, "train.save_steps": 4, **values})
+        assert job.train_run(run)["state"] == "done"
+        return [r["learning_rate"] for r in store.read_metrics(run)]
+
+    assert rates() == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])  # transformers' default: linear decay to 0
+    assert rates(**{"train.lr_scheduler_type": "constant"}) == pytest.approx([1e-3] * 4)
+    warm = rates(**{"train.lr_scheduler_type": "constant_with_warmup", "train.warmup_ratio": 0.5})
+    assert warm == pytest.approx([0.0, 5e-4, 1e-3, 1e-3])
+
+
+def test_a_base_model_trains_on_plain_text_prompts(tmp_path, model_dir):
+    """model.chat_template false: the task's prompts are plain text (no chat template in training, as in
+    eval); the tiny reward reads plain-text completions."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"model.chat_template": False, "train.steps": 1, "train.save_steps": 1})
+    assert job.train_run(run)["state"] == "done"
+    assert store.read_metrics(run)[0]["reward_mean"] is not None
+
+
+def test_prompts_longer_than_max_prompt_length_are_dropped(tmp_path, model_dir):
+    """Too long for every prompt: the run fails saying so (the count is a metrics column otherwise)."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.max_prompt_length": 3})
+    status = job.train_run(run)
+    assert status["state"] == "failed"
+    assert "train.max_prompt_length" in status["error"] and "longer than 3 tokens" in status["error"]
 
 
 def test_failure_is_recorded(tmp_path, model_dir):

@@ -219,6 +219,27 @@ def test_older_eval_hash_on_request(tmp_path):
         rp.build_report(FIXTURE, tmp_path, eval_hash="nope")
 
 
+def test_runs_table_names_the_checkpoint_scored_and_a_diverged_one(tmp_path):
+    """A diverged run is scored on the checkpoint it diverged at (klsweep.job saves and marks it): the runs
+    table says which checkpoint each run's numbers come from, and that this one is the diverged state."""
+    import json
+
+    sweep = tmp_path / "s"
+    shutil.copytree(FIXTURE, sweep)
+    done = json.loads((sweep / "c2-k3rew-s1/eval/c0ffee1234/checkpoint-40/results.json").read_text())
+    diverged = {**done, "checkpoint": "checkpoint-30", "step": 30, "final_state": "diverged"}
+    target = sweep / "c1-k3rew-s0/eval/c0ffee1234/checkpoint-30/results.json"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(diverged))
+    r = rp.build_report(sweep, formats=("md",))
+    md = (sweep / "report" / "report.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| c1-k3rew-s0 "))
+    assert "checkpoint-30 (diverged)" in line
+    assert "checkpoint-40 |" in next(x for x in md.splitlines() if x.startswith("| c2-k3rew-s1 "))
+    assert row(r.runs, run="c1-k3rew-s0")["eval_step"] == 30
+    assert "scored on the checkpoint it diverged at" in md
+
+
 def test_sweep_with_no_eval_and_no_metrics_yet(tmp_path):
     sweep = tmp_path / "s"
     shutil.copytree(FIXTURE, sweep)

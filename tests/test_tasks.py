@@ -81,6 +81,41 @@ def test_tiny_train_dataset() -> None:
         tasks.load_train_dataset(TaskSection(name="gsm8k"), seed=0)
 
 
+def test_plain_text_prompts_without_a_chat_template() -> None:
+    """A base model (model.chat_template false) trains on the text the eval task shows it."""
+    ds = tasks.load_train_dataset(TaskSection(name="tiny"), seed=3, chat_template=False)
+    assert ds[0]["prompt"] == ds[0]["question"]
+    ds = tasks.load_train_dataset(TaskSection(name="math", dataset=str(FIXTURE)), seed=0, chat_template=False)
+    assert ds[0]["prompt"] == f"{ds[0]['problem']}\n\n{tasks.MATH_INSTRUCTION}"
+    task = TaskSection(name="tiny", system_prompt="Add.")
+    assert tasks.load_train_dataset(task, seed=3, chat_template=False)[0]["prompt"].startswith("Add.\n\n")
+
+
+@pytest.mark.parametrize("chat_template", [True, False])
+def test_drop_long_prompts_counts_tokens_as_the_trainer_does(tmp_path: Path, chat_template: bool) -> None:
+    from transformers import AutoTokenizer
+
+    from klsweep.tinymodel import random_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(random_tiny_model(tmp_path / "m"))
+    ds = tasks.load_train_dataset(TaskSection(name="math", dataset=str(FIXTURE)), 0, chat_template)
+
+    def length(prompt) -> int:  # one prompt at a time, as TRL's GRPOTrainer._tokenize_prompts renders it
+        if isinstance(prompt, str):
+            return len(tokenizer(text=prompt)["input_ids"])
+        return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])  # fmt: skip
+
+    lengths = sorted(length(p) for p in ds["prompt"])
+    assert lengths[0] < lengths[-1]
+    limit = lengths[len(lengths) // 2]
+    kept, dropped = tasks.drop_long_prompts(ds, tokenizer, limit)
+    assert dropped == sum(n > limit for n in lengths) > 0
+    assert len(kept) == len(ds) - dropped and kept.column_names == ds.column_names
+    assert all(length(p) <= limit for p in kept["prompt"])
+    with pytest.raises(UserError, match=f"train.max_prompt_length.*at least {lengths[0]}"):
+        tasks.drop_long_prompts(ds, tokenizer, lengths[0] - 1)
+
+
 def test_tiny_reward_exact_match_on_both_completion_formats() -> None:
     reward = tasks.reward_function(TaskSection(name="tiny"))
     assert reward.__name__ == "tiny_reward"

@@ -8,7 +8,8 @@ sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.
   (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "none";
 - the runs frame (one row per run: config axes, status) and the metrics frame (``_load_runs``);
 - the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
-  last evaluated checkpoint under that hash, the in-domain and OOD averages (``_attach_evals``);
+  last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
+  in-domain and OOD averages (``_attach_evals``);
 - the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``).
 """
 
@@ -186,6 +187,8 @@ def _attach_evals(
         in_domain.update(dict.fromkeys(res.get("metrics", {}).get("in_domain", {})))
         ood.update(dict.fromkeys(res.get("metrics", {}).get("ood", {})))
     runs["eval_checkpoint"] = [last.get(r, {}).get("checkpoint") for r in runs["run"]]
+    # "diverged" when the checkpoint scored is the one the run diverged at (its final state), else done or None
+    runs["eval_final_state"] = [last.get(r, {}).get("final_state") for r in runs["run"]]
     runs["eval_step"] = [last.get(r, {}).get("step") for r in runs["run"]]
     for kind, tasks in (("in_domain", in_domain), ("ood", ood)):
         for t in tasks:

@@ -272,7 +272,10 @@ def _runs_view(report: Report) -> pd.DataFrame:
         f"{_fmt_value(_int_or_none(s))}/{_fmt_value(_int_or_none(t))}"
         for s, t in zip(r["step"], r["total_steps"], strict=True)
     ]
-    out["eval"] = r["eval_checkpoint"].map(_fmt_value)
+    out["eval"] = [  # which checkpoint each run's numbers come from
+        _fmt_value(c) + (" (diverged)" if f == "diverged" else "")
+        for c, f in zip(r["eval_checkpoint"], r["eval_final_state"], strict=True)
+    ]
     out[ID_AVG] = [_cell(v) for v in r[ID_AVG]]
     out[OOD_AVG] = [_cell(v) for v in r[OOD_AVG]]
     out["final reward"] = [_cell(v) for v in r["final reward"]]
@@ -298,7 +301,8 @@ def _captions(report: Report) -> dict[str, str]:
     h = report.eval_hash or "none"
     return {
         "main": (
-            f"Eval hash {h}, last evaluated checkpoint of each run (step). Mean ± sample std over the seeds "
+            f"Eval hash {h}, last evaluated checkpoint of each run (step; the runs table names each run's). "
+            "A diverged run is scored on the checkpoint it diverged at. Mean ± sample std over the seeds "
             "evaluated; n = seeds evaluated / seeds; — = no eval yet. Δ = change of the average from the step-0 "
             "baseline of the same model. Best value per column in bold."
         ),

@@ -397,7 +397,10 @@ def check(plan: Plan) -> dict[str, Estimate]:
     seen: dict[str, tuple[Estimate | None, list[tuple[str, str, str]]]] = {}
     for run in plan.runs:
         c = run.config
-        key = json.dumps([c["model"], c["train"], c.get("offpolicy"), c.get("eval")], sort_keys=True)
+        ev = c.get("eval", {})
+        key = repr(
+            (c["model"], c["train"], c.get("offpolicy"), ev.get("suite"), ev.get("apply_chat_template"))
+        )
         if key not in seen:  # runs differing only in KL settings or seed have the same needs
             seen[key] = run_problems(c)
         est, found = seen[key]

@@ -74,6 +74,10 @@ class KLSection:
     level: str = "token"
     beta: float = 0.0
     importance: str = "none"  # none | token | sequence: pi_theta/mu weighting of the KL term off-policy
+    # separate | shaped: how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md).
+    # separate: its own centred advantage, never std-scaled, so beta means what it says; shaped: added to the
+    # task reward and normalised with it, as TRL reward functions and verl's KL-in-reward do.
+    reward_mode: str = "separate"
 
 
 @dataclass

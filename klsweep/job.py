@@ -56,6 +56,7 @@ ROW_KEYS: dict[str, str] = {
     "reward_std": "task_reward/std",
     "kl_k1": "kl/k1",
     "kl_k3": "kl/k3",
+    "kl_forward": "kl/forward",
     "entropy": "entropy",
     "completion_length": "completion_length",
     "clip_ratio": "clip_ratio/region_mean",
@@ -81,7 +82,10 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        loaded = OmegaConf.load(path)
+        if "kl" in loaded and "reward_mode" not in loaded.kl:  # written before the key existed: shaped then
+            loaded.kl.reward_mode = "shaped"
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
     except Exception as e:  # omegaconf's validation errors
         raise UserError(Problem(str(path), str(e).splitlines()[0])) from e
     return OmegaConf.to_object(merged)

@@ -238,7 +238,7 @@ def test_reference_figures_beside_ours(tmp_path):
     import pandas as pd
 
     shipped = pd.read_csv(REPO / "results" / "paper_reference.csv")
-    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what KL.md states
+    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what docs/KL.md states
     assert shipped["source"].str.contains("2512.21852").all()
     assert set(shipped["model"]) == {"Qwen2.5-7B"}
 

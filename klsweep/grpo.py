@@ -10,7 +10,7 @@ trainer (``klsweep.trainer``) and the GRPO audit (``klsweep.audit.grpo_audit``) 
   klsweep reduces a per-sequence KL term (``sequences``: sum over sequences / (sequences x accumulation));
 - ``kl_loss``: the loss-placed KL term the trainer adds (before beta); ``policy_loss``: the on-policy surrogate
   of TRL's policy loss, ``aggregate(-A * log pi)``, whose gradient at importance ratio 1 is TRL's for every loss
-  type but vespo (the tests check it against the real trainer).
+  type but vespo (see its docstring for cispo; the tests check it against the real trainer).
 
 Every function accepts leading batch dimensions: ``[..., N]`` completions (``[..., N, T]`` tokens) reduce to
 ``[...]``, each leading index an independent optimiser step (the audit enumerates many steps at once); the
@@ -184,7 +184,9 @@ def kl_loss(
 
 def policy_loss(advantages: Tensor, logp: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
     """``aggregation(-A * log pi)``: on-policy (importance ratio 1, so no clipping is active) its gradient is
-    the gradient of TRL's policy loss for every loss type but vespo; its value is not TRL's loss value.
+    the gradient of TRL's policy loss for every loss type but vespo (cispo: with ``epsilon_high >= 1``; below
+    1 TRL's cispo clips the ratio 1 to epsilon_high, scaling the whole loss by that constant); its value is not
+    TRL's loss value.
     ``advantages`` ``[..., B]`` (one per sequence) or ``[..., B, T]``."""
     if advantages.dim() == logp.dim() - 1:
         advantages = advantages.unsqueeze(-1)

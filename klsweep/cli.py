@@ -146,7 +146,7 @@ def audit_command(
         _console().print(*audit.tables(rows, title=title))
 
 
-# --- plan (klsweep/grid.py) ------------------------------------------------------------------------------
+# --- plan (klsweep/grid/, klsweep/planner.py) -------------------------------------------------------------
 
 
 @app.command("plan")
@@ -162,17 +162,18 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
+    from klsweep import console, planner
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
-    summary = grid_mod.summary(plan)
+    summary = planner.summary(plan)
     if as_json:
         import json
 
         runs = [{"id": r.id, "params": r.params} for r in plan.runs]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
-        _console().print(grid_mod.table(plan, summary))
+        _console().print(console.plan_table(plan, summary))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from klsweep import grid
+from klsweep import grid, planner
 from klsweep.config import COSMETIC_KEYS
 
 TINY = """\
@@ -291,7 +291,7 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
 
 def test_gpu_hours_upper_bound(tmp_path):
     plan = grid.load_plan(write(tmp_path, "name: m\ngrid:\n  model: qwen2.5-7b,qwen3-4b-instruct-2507\n"))
-    assert grid.gpu_hours(plan.runs) == pytest.approx(8 * 1440 / 60 + 4 * 960 / 60)
+    assert planner.gpu_hours(plan.runs) == pytest.approx(8 * 1440 / 60 + 4 * 960 / 60)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 from klsweep import report as rp
 from klsweep.errors import UserError
+from klsweep.report import data as rp_data
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_axes_keep_every_varying_key_but_a_model_path_alias():
         },
     ]
     # estimator and placement are one-to-one here, but both are axes; model.path only repeats model.name
-    assert rp._varying_axes(configs) == ["model.name", "kl.estimator", "kl.placement"]
+    assert rp_data._varying_axes(configs) == ["model.name", "kl.estimator", "kl.placement"]
 
 
 def test_main_table_values(rep):

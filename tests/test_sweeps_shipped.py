@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from klsweep import grid
+from klsweep import grid, planner
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -49,7 +49,7 @@ def test_paper_sweep_is_the_study(tmp_path):
     }
     per_model = Counter(c["model"]["name"] for c in runs)
     assert per_model == {"qwen2.5-7b": 75, "llama-3.1-8b-instruct": 75, "qwen3-4b-instruct-2507": 150}
-    assert grid.gpu_hours(plan.runs) > 0
+    assert planner.gpu_hours(plan.runs) > 0
 
 
 def test_tiny_sweep_is_small(tmp_path):
@@ -58,7 +58,7 @@ def test_tiny_sweep_is_small(tmp_path):
     assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
     assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 4}
     assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
-    assert grid.gpu_hours(plan.runs) == 0
+    assert planner.gpu_hours(plan.runs) == 0
 
 
 def test_example_run_config_composes() -> None:

@@ -1,0 +1,57 @@
+"""A grid file -> a validated ``Plan`` of runs, each with a stable id.
+
+A grid file (see ``sweeps/*.yaml``)::
+
+    name: tiny                  # the sweep: results/<name>/
+    searchpath: [my_conf]       # optional: more config folders (model/, task/, ... options), relative to this file
+    base:                       # what every run starts from: config-group choices and values (dotted or nested)
+      model: tiny
+      train.steps: 50
+    grid:                       # every key is an axis: Hydra's override grammar, or a YAML list
+      kl.estimator: k1,k3
+      kl.beta: 0.05,0.1
+      seed: range(3)
+    exclude:                    # partial assignments of axis values; the runs matching one are dropped
+      - {kl.estimator: k1, kl.beta: 0.1}
+
+``grid:`` may also be a list of such mappings: the plan is the union of their products, deduplicated by run
+id (e.g. the full product plus a no-KL baseline ``{kl.beta: 0, seed: range(3)}``). Precedence, lowest first:
+the config groups' contents, ``base:``, the grid's axes, command-line overrides. A command-line ``key=a,b``
+makes ``key`` an axis of every sub-grid (replacing it where it was one); ``key=a`` sets it for every run.
+An exclude applies to the runs of the sub-grids that have all its keys as axes (so a no-KL baseline
+sub-grid without the estimator axis is never dropped by ``{kl.estimator: k3}``).
+
+Keys are the dotted keys of ``klsweep.config.RunConfig`` plus the config groups (``model``, ``task``,
+``cluster``, ``eval``, ``preset``: folders of ``klsweep/conf``). Composition is Hydra's: once per distinct
+combination of group choices; values are then set on plain dicts, each distinct value validated once.
+Every problem found is reported at once (``UserError``); nothing is written here.
+
+One question per module:
+
+    plan.py       what a grid becomes: ``Plan``, ``PlannedRun``, ``run_id``
+    load.py       the entry points ``load_plan`` and ``compose_run_config``; they only orchestrate the rest
+    parse.py      the file: YAML (duplicate keys), top-level keys, name, searchpath, sub-grids, excludes
+    schema.py     which keys exist: RunConfig's dotted leaves and sections, the config groups; did-you-mean
+    validate.py   which values are valid: bounds and choices, types, KL values, group options
+    overrides.py  how values are written: Hydra's override grammar, axes, base mappings, the command line
+    compose.py    how a run's config is made: Hydra composition once per group choice, values set on top
+    expand.py     which runs: each sub-grid's product minus excludes, deduplicated by id; the varying axes
+
+Resource estimates of a plan live in ``klsweep.planner``, its table in ``klsweep.console``.
+"""
+
+from klsweep.errors import UserError  # what load_plan and compose_run_config raise
+from klsweep.grid.compose import CONF_DIR
+from klsweep.grid.load import DEFAULT_OUT, compose_run_config, load_plan
+from klsweep.grid.plan import Plan, PlannedRun, run_id
+
+__all__ = [
+    "CONF_DIR",
+    "DEFAULT_OUT",
+    "Plan",
+    "PlannedRun",
+    "UserError",
+    "compose_run_config",
+    "load_plan",
+    "run_id",
+]

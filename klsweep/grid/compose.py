@@ -1,0 +1,111 @@
+"""How a run's config is made: Hydra composes ``klsweep/conf`` (plus the search path) once per distinct
+combination of config-group choices, the composed values are checked, and each run's own values are set
+on a copy as plain data. Also the options of each config group (for value checks and ``glob(...)``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from klsweep import config as config_mod
+from klsweep.errors import Problem
+from klsweep.grid.schema import GROUPS, Schema, lookup
+from klsweep.grid.validate import CHECKS, check_leaf
+
+CONF_DIR = Path(__file__).parents[1] / "conf"
+
+
+class Composer:
+    """Composes configs (once per group choice) and lists group options, from ``CONF_DIR`` and the search
+    path, recording problems."""
+
+    def __init__(self, searchpath: list[str], schema: Schema, problems: list[Problem]):
+        self.searchpath = searchpath
+        self.schema = schema
+        self.problems = problems
+        self.options: dict[str, list[str]] = {}
+        self.composed: dict[tuple, tuple[str, dict[str, Any]] | None] = {}
+
+    def group_options(self, group: str) -> list[str]:
+        if group not in self.options:
+            with self._hydra() as gh:
+                self.options[group] = gh.config_loader().get_group_options(
+                    group, config_name="config", overrides=self._sp()
+                )
+        return self.options[group]
+
+    def _sp(self) -> list[str]:
+        if not self.searchpath:
+            return []
+        return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in self.searchpath) + "]"]
+
+    def _hydra(self):
+        from contextlib import contextmanager
+
+        from hydra import initialize_config_dir
+        from hydra.core.config_store import ConfigStore
+        from hydra.core.global_hydra import GlobalHydra
+
+        @contextmanager
+        def ctx():
+            ConfigStore.instance().store(name="klsweep_schema", node=config_mod.RunConfig)
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="klsweep"):
+                yield GlobalHydra.instance()
+
+        return ctx()
+
+    def compose(self, choices: tuple[tuple[str, Any], ...]) -> tuple[str, dict[str, Any]] | None:
+        """The composed config (as JSON text: json.loads is the fastest deep copy) and the group choices."""
+        if choices in self.composed:
+            return self.composed[choices]
+        from hydra import compose
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf, open_dict
+        from omegaconf.errors import OmegaConfBaseException
+
+        overrides = [f"{g}={'null' if o is None else o}" for g, o in choices] + self._sp()
+        result: tuple[str, dict[str, Any]] | None
+        try:
+            with self._hydra():
+                cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+            picked = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
+            with open_dict(cfg):
+                del cfg["hydra"]
+            plain = OmegaConf.to_container(cfg, resolve=True)
+            result = json.dumps(plain), picked
+        except (HydraException, OmegaConfBaseException) as e:
+            text = " ".join(str(e).split())
+            self.problems.append(
+                Problem(f"config groups {' '.join(overrides)}", f"cannot be composed: {text}")
+            )
+            result = None
+        if result is not None:
+            composed = json.loads(result[0])
+            for key in CHECKS:
+                ok, _, err = check_leaf(self.schema, key, lookup(composed, key))
+                if not ok:
+                    self.problems.append(
+                        Problem(f"config groups {' '.join(overrides)}: {key}", err[0], err[1])
+                    )
+        self.composed[choices] = result
+        return result
+
+    def build(self, name: str, assignment: dict[str, Any]) -> tuple[dict, dict[str, Any]] | None:
+        """One run's resolved config and group choices."""
+        choices = tuple((g, assignment[g]) for g in GROUPS if g in assignment)
+        composed = self.compose(choices)
+        if composed is None:
+            return None
+        base, picked = composed
+        config = json.loads(base)
+        config["name"] = name
+        for key, value in assignment.items():
+            if key in GROUPS:
+                continue
+            node = config
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = json.loads(json.dumps(value)) if isinstance(value, list | dict) else value
+        return config, picked

@@ -1,0 +1,187 @@
+"""How values are written: Hydra's override grammar (``key=a,b``, ``range(3)``, ``choice(...)``,
+``glob(...)``) in axes and command-line overrides, YAML lists and scalars in axes, and base-style mappings
+(group choices; dotted or nested values). Each is read into validated keys and values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from klsweep.errors import Problem
+from klsweep.grid.schema import GROUPS, Schema
+from klsweep.grid.validate import Values, hashable
+
+
+class Reader:
+    """Reads keys and their values as grid files, run files and the command line write them, recording
+    problems."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        values: Values,
+        group_options: Callable[[str], list[str]],
+        problems: list[Problem],
+    ):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self.schema = schema
+        self.values = values
+        self.group_options = group_options
+        self.problems = problems
+        self.parser = OverridesParser.create()
+
+    def _key_ok(self, key: str, where: str, allow_name: bool = True) -> bool:
+        problem = self.schema.key_problem(key, where, allow_name)
+        if problem is not None:
+            self.problems.append(problem)
+        return problem is None
+
+    def assignments(self, data: Any, where: str, allow_name: bool) -> dict[str, Any]:
+        """Flatten a base-style mapping (group choices; dotted or nested values) and validate it."""
+        out: dict[str, Any] = {}
+        if data is None:
+            return out
+        if not isinstance(data, dict):
+            self.problems.append(
+                Problem(where, "must be a mapping", "group: option | key: value | section: {key: value}")
+            )
+            return out
+
+        def walk(d: dict, prefix: str) -> None:
+            for k, v in d.items():
+                key = prefix + str(k)
+                w = f"{where}.{key}"
+                if isinstance(v, dict) and self.schema.is_section(key):
+                    walk(v, key + ".")
+                elif self._key_ok(key, w, allow_name):
+                    ok, value = self.values.value(key, v, w)
+                    if ok:
+                        out[key] = value
+
+        walk(data, "")
+        return out
+
+    def axis(self, key: str, raw: Any, where: str) -> list[Any]:
+        """The values of one axis: a YAML list, or a string in Hydra's override grammar, or one scalar."""
+        if not self._key_ok(key, where, allow_name=False):
+            return []
+        if isinstance(raw, list):
+            values = raw
+        elif isinstance(raw, str):
+            parsed = self._parse(f"{key}={raw}", where)
+            if parsed is None:
+                return []
+            values = parsed[1]
+        elif isinstance(raw, dict):
+            self.problems.append(
+                Problem(
+                    where, "an axis is a list of values or a sweep", "key: a,b | key: [a, b] | key: range(3)"
+                )
+            )
+            return []
+        else:
+            values = [raw]
+        if not values:
+            self.problems.append(Problem(where, "an axis with no value", "at least one value"))
+        out = []
+        seen = set()
+        for v in values:
+            ok, value = self.values.value(key, v, where)
+            if ok and hashable(value) not in seen:
+                seen.add(hashable(value))
+                out.append(value)
+        return out
+
+    def override(self, arg: str) -> tuple[str, list[Any], bool] | None:
+        """A command-line override ``key=value`` (or ``key=a,b``): its key, values, and whether a sweep."""
+        where = f"command line: {arg}"
+        parsed = self._parse(arg, where)
+        if parsed is None:
+            return None
+        key, raw_values, is_sweep = parsed
+        if not self._key_ok(key, where):
+            return None
+        values = []
+        for v in raw_values:
+            ok, value = self.values.value(key, v, where)
+            if ok:
+                values.append(value)
+        return (key, values, is_sweep) if len(values) == len(raw_values) else None
+
+    def command_line(self, args: list[str]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """The command line's overrides of a grid: values set for every run, and axes (the last word on a
+        key wins)."""
+        single: dict[str, Any] = {}
+        sweep: dict[str, list[Any]] = {}
+        for arg in args:
+            parsed = self.override(arg)
+            if parsed is not None:
+                key, values, is_sweep = parsed
+                if is_sweep:
+                    sweep[key] = values
+                    single.pop(key, None)
+                else:
+                    single[key] = values[0]
+                    sweep.pop(key, None)
+        return single, sweep
+
+    def _parse(self, text: str, where: str) -> tuple[str, list[Any], bool] | None:
+        from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, ValueType
+        from hydra.errors import HydraException
+
+        try:
+            o = self.parser.parse_override(text)
+        except HydraException as e:
+            msg = str(e).splitlines()[0]
+            self.problems.append(
+                Problem(
+                    where,
+                    f"bad override grammar in {text!r}: {msg}",
+                    "key=value | key=a,b | key=range(3) | key=choice(a,b) | key=glob(*)",
+                )
+            )
+            return None
+        key = o.key_or_group
+        if o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None:
+            self.problems.append(
+                Problem(where, "+key, ++key, ~key and key@package are not used by klsweep", "key=value")
+            )
+            return None
+        if o.value_type == ValueType.INTERVAL_SWEEP:
+            self.problems.append(
+                Problem(
+                    where,
+                    "interval(...) is not enumerable",
+                    "a list a,b,c | range(start,stop,step) | choice(...)",
+                )
+            )
+            return None
+        v = o.value()
+        if isinstance(v, Glob):
+            if key not in GROUPS:
+                self.problems.append(
+                    Problem(where, "glob(...) selects config-group options", f"only for {', '.join(GROUPS)}")
+                )
+                return None
+            if not self._key_ok(key, where):
+                return None
+            return key, v.filter(self.group_options(key)), True
+        if isinstance(v, ChoiceSweep):
+            return key, [_plain(x) for x in v.list], True
+        if isinstance(v, RangeSweep):
+            return key, list(v.range()), True
+        return key, [_plain(v)], False
+
+
+def _plain(v: Any) -> Any:
+    """Parser values as plain data (quoted strings become str)."""
+    from hydra.core.override_parser.types import QuotedString
+
+    if isinstance(v, QuotedString):
+        return v.text
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v

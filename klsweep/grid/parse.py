@@ -1,0 +1,178 @@
+"""The file as written: YAML text -> data (with duplicate keys reported), and the shape of a grid file's
+top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids) and ``exclude``. The keys and values
+inside them are read by ``overrides`` and checked by ``schema`` and ``validate``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from klsweep.errors import Problem, UserError
+from klsweep.grid.schema import did_you_mean, unknown
+from klsweep.grid.validate import hashable
+
+TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def read_grid_file(path: Path, where: str, problems: list[Problem]) -> tuple[str, dict]:
+    """The grid file's text and its top-level mapping; raises ``UserError`` when there is none."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError([Problem(where, f"cannot read the grid file: {e.strerror or e}")]) from e
+    data = load_yaml(text, where, problems)
+    if not isinstance(data, dict):
+        raise UserError(
+            problems or [Problem(where, "a grid file is a mapping", "keys " + ", ".join(TOP_LEVEL_KEYS))]
+        )
+    return text, data
+
+
+def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
+    """Parse YAML, recording duplicate keys (which YAML loaders silently resolve to the last one)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # type: ignore[override]
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool):
+                    continue
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    problems.append(
+                        Problem(
+                            f"{where}:{line}: {key}",
+                            "duplicate key (a YAML loader keeps only the last)",
+                            "each key once",
+                        )
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    loader = Loader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(
+            [*problems, Problem(f"{where}{line}", f"YAML syntax error: {problem}")], title="invalid grid"
+        ) from e
+    finally:
+        loader.dispose()
+
+
+def sweep_name(data: dict, where: str, problems: list[Problem]) -> Any:
+    """The sweep's name, after checking the top-level keys; problems recorded for unknown keys and for a
+    missing or invalid name."""
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            problems.append(unknown(f"{where}: {key}", str(key), TOP_LEVEL_KEYS, "top-level key"))
+    name = data.get("name")
+    if name is None:
+        problems.append(
+            Problem(f"{where}: name", "missing: every grid file names its sweep", "letters, digits, . _ -")
+        )
+    elif not isinstance(name, str) or not NAME_PATTERN.match(name):
+        problems.append(
+            Problem(
+                f"{where}: name", f"{name!r} is not a valid sweep name", "letters, digits, . _ - (not first)"
+            )
+        )
+    return name
+
+
+def searchpath(
+    value: Any, base_dir: Path, where: str, config_dirs: list[str] | None, problems: list[Problem]
+) -> list[str]:
+    """The extra config folders: the grid's ``searchpath:`` (relative to it), then ``--config-dir``s."""
+    entries: list[tuple[str, Path]] = []
+    if value is not None:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            problems.append(
+                Problem(
+                    f"{where}: searchpath",
+                    "must be a folder or a list of folders",
+                    "paths relative to the grid file",
+                )
+            )
+            items = []
+        entries += [(f"{where}: searchpath", base_dir / v) for v in items]
+    entries += [(f"--config-dir {d}", Path(d)) for d in config_dirs or []]
+    out = []
+    for w, p in entries:
+        if not p.is_dir():
+            problems.append(
+                Problem(w, f"{p} is not a folder", "a folder holding config groups (model/, task/, ...)")
+            )
+        else:
+            out.append(str(p.absolute()))
+    return out
+
+
+def sub_grids(value: Any, where: str, problems: list[Problem]) -> list[tuple[str, dict]]:
+    """The sub-grids of ``grid:`` (a mapping, or a list of them), each with its label for messages."""
+    if value is None:
+        problems.append(
+            Problem(f"{where}: grid", "missing: no axis to sweep", "a mapping of axes, or a list of them")
+        )
+        return []
+    if isinstance(value, dict):
+        items = [("grid", value)]
+    elif isinstance(value, list):
+        items = [(f"grid[{i}]", g) for i, g in enumerate(value)]
+    else:
+        items = []
+    if not items or not all(isinstance(g, dict) for _, g in items):
+        problems.append(
+            Problem(
+                f"{where}: grid",
+                "must be a mapping of axes or a non-empty list of them",
+                "key: a,b | key: [a, b]",
+            )
+        )
+        return []
+    for label, g in items:
+        if not g:
+            problems.append(Problem(f"{where}: {label}", "empty: no axis", "key: a,b | key: [a, b]"))
+    return items
+
+
+def excludes(
+    value: Any,
+    where: str,
+    axis: Callable[[str, Any, str], list[Any]],
+    axes: set[str],
+    problems: list[Problem],
+) -> list[dict[str, list[Any]]]:
+    """``exclude:`` as partial assignments: axis key -> its excluded values (hashable), read by ``axis``."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(e, dict) and e for e in value):
+        problems.append(
+            Problem(f"{where}: exclude", "must be a list of partial assignments", "- {axis: value, ...}")
+        )
+        return []
+    out = []
+    for i, ex in enumerate(value):
+        entry = {}
+        for key, raw in ex.items():
+            w = f"{where}: exclude[{i}].{key}"
+            if key not in axes:
+                hint = did_you_mean(str(key), sorted(axes))
+                problems.append(
+                    Problem(
+                        w, f"{key!r} is not an axis of the grid{hint}", ", ".join(sorted(axes)) or "no axes"
+                    )
+                )
+                continue
+            entry[key] = [hashable(v) for v in axis(key, raw, w)]
+        out.append(entry)
+    return out

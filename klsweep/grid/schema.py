@@ -1,0 +1,102 @@
+"""Which keys a grid may set: the dotted leaves and sections of ``klsweep.config.RunConfig`` and the config
+groups (folders of ``klsweep/conf``); the check of one key, with a did-you-mean for a misspelt one."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import fields, is_dataclass
+from typing import Any, get_type_hints
+
+from klsweep import config as config_mod
+from klsweep.errors import Problem
+
+GROUPS = ("model", "task", "cluster", "eval", "preset")
+
+
+class Schema:
+    """RunConfig's key vocabulary, and a typed scratch RunConfig that converts a raw value to its key's type."""
+
+    def __init__(self) -> None:
+        from omegaconf import OmegaConf
+
+        self.leaves, self.sections = _schema_leaves()
+        self.dict_leaves = {k for k, t in self.leaves.items() if str(t).startswith("dict")}
+        self.scratch = OmegaConf.structured(config_mod.RunConfig)
+
+    def valid_keys(self) -> list[str]:
+        return [*GROUPS, *self.leaves]
+
+    def key_problem(self, key: str, where: str, allow_name: bool = True) -> Problem | None:
+        """What is wrong with ``key`` as the key of a run's value; None when nothing is."""
+        if key == "name" and not allow_name:
+            return Problem(
+                where, "the sweep's name is the grid file's top-level `name:`", "a top-level name: key"
+            )
+        if key in GROUPS or key in self.leaves:
+            return None
+        head = key.rsplit(".", 1)[0]
+        if head in self.dict_leaves or any(key.startswith(d + ".") for d in self.dict_leaves):
+            return None
+        return unknown(where, key, self.valid_keys())
+
+    def is_section(self, key: str) -> bool:
+        """Whether a mapping under ``key`` holds further keys (a section or a group), not one dict value."""
+        return (key in self.sections or key in GROUPS) and key not in self.dict_leaves
+
+    def convert(self, key: str, raw: Any) -> Any:
+        """``raw`` as the value of ``key`` in a RunConfig (OmegaConf's typed conversion). Raises OmegaConf's
+        errors (or ValueError) for a value the key's type does not take."""
+        from omegaconf import OmegaConf
+
+        OmegaConf.update(self.scratch, key, raw, merge=False, force_add=key not in self.leaves)
+        value = OmegaConf.select(self.scratch, key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        return value
+
+    def type_name(self, key: str) -> str:
+        t = self.leaves.get(key)
+        return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def _schema_leaves() -> tuple[dict[str, type], set[str]]:
+    """Dotted leaf keys of RunConfig -> their annotation, and the dotted keys of its sections."""
+    leaves: dict[str, Any] = {}
+    sections: set[str] = set()
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            t = hints[f.name]
+            if is_dataclass(t):
+                sections.add(prefix + f.name)
+                walk(t, prefix + f.name + ".")
+            else:
+                leaves[prefix + f.name] = t
+
+    walk(config_mod.RunConfig, "")
+    return leaves, sections
+
+
+def lookup(config: dict, key: str) -> Any:
+    """The value at dotted ``key`` of a plain config."""
+    node: Any = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def did_you_mean(word: str, options: Iterable[str]) -> str:
+    nearest = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean {nearest[0]!r}?" if nearest else ""
+
+
+def unknown(where: str, key: str, valid: Any, kind: str = "key") -> Problem:
+    hint = did_you_mean(key, valid)
+    allowed = (
+        f"{', '.join(valid)}"
+        if len(valid) <= 12
+        else f"{len(valid)} keys of klsweep.config.RunConfig, or a config group ({', '.join(GROUPS)})"
+    )
+    return Problem(where, f"unknown {kind} {key!r}{hint}", allowed)

@@ -1,0 +1,156 @@
+"""Which values are valid: the bounds and choices of ``CHECKS``, the types of RunConfig, the KL values
+(judged by ``klsweep.kl.KLConfig``) and the config groups' options. ``Values`` checks each distinct value of a
+key once and remembers where each was first given, so that a problem found later in a whole KL section
+(``check_kl``) points at the place that set the value."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from klsweep import config as config_mod
+from klsweep.errors import Problem, UserError
+from klsweep.grid.schema import GROUPS, Schema, did_you_mean
+
+# Bounds of numeric values and choices of string values (KL values are checked by klsweep.kl.KLConfig).
+_POSITIVE = (lambda v: v > 0, "> 0")
+_NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+CHECKS: dict[str, tuple[Any, str]] = {
+    "seed": _NON_NEGATIVE,
+    "train.steps": _POSITIVE,
+    "train.learning_rate": _POSITIVE,
+    "train.prompts_per_step": _POSITIVE,
+    "train.group_size": (lambda v: v >= 2, ">= 2 (GRPO compares completions within a group)"),
+    "train.max_prompt_length": _POSITIVE,
+    "train.max_completion_length": _POSITIVE,
+    "train.temperature": _POSITIVE,
+    "train.epsilon": _NON_NEGATIVE,
+    "train.max_grad_norm": _POSITIVE,
+    "train.warmup_steps": _NON_NEGATIVE,
+    "train.save_steps": _POSITIVE,
+    "train.keep_checkpoints": (lambda v: v is None or v > 0, "null or > 0"),
+    "train.collapse_window": _POSITIVE,
+    "train.collapse_fraction": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "offpolicy.lag": _NON_NEGATIVE,
+    "offpolicy.num_iterations": (lambda v: v >= 1, ">= 1"),
+    "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
+    "model.dtype": (
+        lambda v: v in ("auto", "float32", "bfloat16", "float16"),
+        "auto, float32, bfloat16, float16",
+    ),
+    "model.resources.nodes": _POSITIVE,
+    "model.resources.gpus_per_node": _NON_NEGATIVE,
+    "model.resources.tasks_per_node": _POSITIVE,
+    "model.resources.cpus_per_task": _POSITIVE,
+    "model.resources.mem_gb": _POSITIVE,
+    "model.resources.timeout_min": _POSITIVE,
+    "model.resources.eval_timeout_min": _POSITIVE,
+    "cluster.kind": (lambda v: v in ("local", "slurm", "debug"), "local, slurm, debug"),
+    "wandb.mode": (
+        lambda v: v in ("auto", "online", "offline", "disabled"),
+        "auto, online, offline, disabled",
+    ),
+    "eval.backend": (lambda v: v in ("hf", "vllm"), "hf, vllm"),
+}
+
+# (ok, the converted value, the error: (what, allowed) when not ok)
+Checked = tuple[bool, Any, Any]
+
+
+def check_group(key: str, raw: Any, options: list[str]) -> Checked:
+    """One choice of config group ``key`` among its ``options``."""
+    if key == "preset" and raw is None:
+        return True, None, ""
+    if not isinstance(raw, str) or raw not in options:
+        hint = did_you_mean(str(raw), options)
+        return False, None, (f"{raw!r} is not an option of config group {key!r}{hint}", ", ".join(options))
+    return True, raw, ""
+
+
+def check_leaf(schema: Schema, key: str, raw: Any) -> Checked:
+    """One value of a RunConfig key: its type, then KL values with KLConfig, then ``CHECKS``."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = schema.convert(key, raw)
+    except (OmegaConfBaseException, ValueError) as e:
+        msg = str(e).splitlines()[0]
+        return False, None, (f"{raw!r} is not a valid value: {msg}", schema.type_name(key))
+    if key.startswith("kl."):  # klsweep.kl.KLConfig judges KL values: this one, with valid defaults
+        from klsweep.kl import KLConfig
+
+        probe = dict(vars(config_mod.KLSection()), **{key[3:]: value})
+        try:
+            KLConfig(**probe)
+        except UserError as e:
+            return False, None, (f"{value!r} is not valid", e.problems[0].allowed)
+    check = CHECKS.get(key)
+    if check is not None:
+        predicate, allowed = check
+        try:
+            good = predicate(value)
+        except TypeError:
+            good = False
+        if not good:
+            return False, None, (f"{value!r} is out of range", allowed)
+    return True, value, ""
+
+
+class Values:
+    """Validates and converts the values of keys, each distinct value once, recording problems."""
+
+    def __init__(self, schema: Schema, group_options: Callable[[str], list[str]], problems: list[Problem]):
+        self.schema = schema
+        self.group_options = group_options
+        self.problems = problems
+        self.cache: dict[tuple[str, str], Checked] = {}
+        self.sources: dict[tuple[str, Any], str] = {}  # (key, value) -> where it was first given
+
+    def value(self, key: str, raw: Any, where: str) -> tuple[bool, Any]:
+        """Validate (once per distinct value) and convert one value of ``key``."""
+        cache_key = (key, json.dumps(raw, sort_keys=True, default=repr) + type(raw).__name__)
+        hit = self.cache.get(cache_key)
+        if hit is None:
+            hit = self._check(key, raw)
+            self.cache[cache_key] = hit
+        ok, value, error = hit
+        if not ok:
+            self.problems.append(
+                Problem(where, error[0], error[1]) if isinstance(error, tuple) else Problem(where, error)
+            )
+            return False, None
+        self.sources.setdefault((key, hashable(value)), where)
+        return True, value
+
+    def _check(self, key: str, raw: Any) -> Checked:
+        if key in GROUPS:
+            return check_group(key, raw, self.group_options(key))
+        return check_leaf(self.schema, key, raw)
+
+    def check_kl(self, configs: Iterable[dict]) -> None:
+        """Validate each distinct KL section once with klsweep.kl.KLConfig."""
+        from klsweep.kl import KLConfig
+
+        seen: set[tuple] = set()
+        reported: set[tuple[str, str]] = set()
+        for config in configs:
+            kl = config["kl"]
+            key = tuple(sorted(kl.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                KLConfig(**kl)
+            except UserError as e:
+                for p in e.problems:
+                    k = f"kl.{p.where}"
+                    where = self.sources.get((k, hashable(kl.get(p.where))), f"{k} (set by a config group)")
+                    if (where, p.what) not in reported:
+                        reported.add((where, p.what))
+                        self.problems.append(Problem(where, f"{k}: {p.what}", p.allowed))
+
+
+def hashable(v: Any) -> Any:
+    """``v`` as a set member or dict key: lists and mappings as their canonical JSON."""
+    return json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v

@@ -1,0 +1,251 @@
+"""What the report reads: every file it touches, and the per-run frame built from them.
+
+It reads only the files of the results store (``klsweep/store.py``, ``docs/DESIGN.md``): each run's
+``config.yaml``, ``status.json``, ``metrics.jsonl`` and ``eval/<eval-hash>/<checkpoint>/results.json``, and the
+sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.json``). Owns:
+
+- the configuration axes: the dotted config keys whose values differ between runs, seeds excepted
+  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "none";
+- the runs frame (one row per run: config axes, status) and the metrics frame (``_load_runs``);
+- the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
+  last evaluated checkpoint under that hash, the in-domain and OOD averages (``_attach_evals``);
+- the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep import store
+from klsweep.config import COSMETIC_KEYS
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Configuration axes: this order first, then any other varying key alphabetically.
+AXIS_ORDER = (
+    "model.name",
+    "model.path",
+    "task.name",
+    "kl.estimator",
+    "kl.placement",
+    "kl.level",
+    "kl.beta",
+    "kl.importance",
+    "offpolicy.lag",
+    "offpolicy.num_iterations",
+)
+ID_AVG, OOD_AVG, D_ID, D_OOD = "in-domain avg", "OOD avg", "Δ in-domain", "Δ OOD"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    with open(path) as f:
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = _hashable(v)
+    return out
+
+
+def _is_cosmetic(key: str) -> bool:
+    return key != "model.name" and any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS)
+
+
+def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:
+    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name), in AXIS_ORDER;
+    model.path is left out when it is one-to-one with model.name (the name says it)."""
+    keys = {k for c in configs for k in c}
+    axes = [
+        k
+        for k in keys
+        if k != "seed" and not _is_cosmetic(k) and len({_hashable(c.get(k)) for c in configs}) > 1
+    ]
+    axes.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    if "model.name" in axes and "model.path" in axes and _one_to_one(configs, "model.name", "model.path"):
+        axes.remove("model.path")
+    return axes
+
+
+def _hashable(v: Any) -> Any:
+    return json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v
+
+
+def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
+    pairs = {(_hashable(c.get(a)), _hashable(c.get(b))) for c in configs}
+    return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
+
+
+def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
+    """At beta = 0 the KL estimator, placement, level and importance do nothing: show them as "none", so
+    the no-KL runs form one configuration whatever those fields hold."""
+    if config.get("kl.beta") == 0:
+        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance"):
+            if key in config:
+                config[key] = "none"
+    return config
+
+
+def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
+    """One row per run (config, status) and all metrics rows (with a ``run`` column)."""
+    import pandas as pd
+
+    rows, configs, metric_rows = [], [], []
+    for d in dirs:
+        config = _without_kl_when_off(_flatten(_read_yaml(d / store.CONFIG_FILE)))
+        configs.append(config)
+        status = store.read_status(d)
+        rows.append(
+            {
+                "run": d.name,
+                "seed": config.get("seed"),
+                "state": status.get("state", "pending"),
+                "step": status.get("step"),
+                "total_steps": status.get("total_steps"),
+                "diverged_step": status.get("diverged_step"),
+                "reason": status.get("reason") or _last_line(status.get("error")),
+            }
+        )
+        for m in _read_metrics(d):
+            m["run"] = d.name
+            metric_rows.append(m)
+    axes = _varying_axes(configs)
+    runs = pd.DataFrame(rows)
+    for k in axes:
+        runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
+    for k in AXIS_ORDER:
+        if k not in runs:
+            runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
+    metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])
+    return runs, configs, axes, metrics
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """``store.read_metrics``, parsed as one JSON array (several times faster); the store's line-by-line reader
+    (which drops a torn last line) when that fails."""
+    p = run_dir / store.METRICS_FILE
+    if not p.exists():
+        return []
+    text = p.read_text().strip()
+    try:
+        return json.loads("[" + ",".join(text.splitlines()) + "]") if text else []
+    except json.JSONDecodeError:
+        return store.read_metrics(run_dir)
+
+
+def _last_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[-1] if text and text.strip() else None
+
+
+def _results_files(root: Path) -> list[Path]:
+    return list((root / store.EVAL_DIR).glob("*/*/results.json"))
+
+
+def _attach_evals(
+    sweep: Path, runs: pd.DataFrame, configs: list[dict[str, Any]], eval_hash: str | None
+) -> tuple[str | None, list[str], list[str]]:
+    """Pick the eval hash, and per run its last evaluated checkpoint: adds ``eval_checkpoint``, ``eval_step``
+    and one column per eval task. Returns (hash, in-domain tasks, OOD tasks)."""
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # hash -> [(run, results)]
+    newest: dict[str, float] = {}
+    for run in runs["run"]:
+        for p in _results_files(sweep / run):
+            res = store.read_json(p)
+            h = p.parent.parent.name
+            found.setdefault(h, []).append((run, res))
+            newest[h] = max(newest.get(h, -math.inf), float(res.get("created_at") or p.stat().st_mtime))
+    baseline_hashes = {
+        p.parent.parent.name for p in (sweep / store.BASELINE_DIR).glob("*/eval/*/step-0/results.json")
+    }
+    if eval_hash is not None and eval_hash not in found and eval_hash not in baseline_hashes:
+        raise UserError(
+            Problem(
+                "--eval-hash", f"{eval_hash!r} is not in this sweep", ", ".join(sorted(found)) or "none yet"
+            ),
+            title="unknown eval hash",
+        )
+    chosen = eval_hash if eval_hash is not None else (max(newest, key=newest.__getitem__) if newest else None)
+    last: dict[str, dict[str, Any]] = {}
+    for run, res in found.get(chosen, []):
+        if run not in last or res.get("step", -1) > last[run].get("step", -1):
+            last[run] = res
+    in_domain: dict[str, None] = {}
+    ood: dict[str, None] = {}
+    for res in last.values():
+        in_domain.update(dict.fromkeys(res.get("metrics", {}).get("in_domain", {})))
+        ood.update(dict.fromkeys(res.get("metrics", {}).get("ood", {})))
+    runs["eval_checkpoint"] = [last.get(r, {}).get("checkpoint") for r in runs["run"]]
+    runs["eval_step"] = [last.get(r, {}).get("step") for r in runs["run"]]
+    for kind, tasks in (("in_domain", in_domain), ("ood", ood)):
+        for t in tasks:
+            runs[t] = [_float(last.get(r, {}).get("metrics", {}).get(kind, {}).get(t)) for r in runs["run"]]
+    runs[ID_AVG] = runs[list(in_domain)].mean(axis=1) if in_domain else math.nan
+    runs[OOD_AVG] = runs[list(ood)].mean(axis=1) if ood else math.nan
+    return chosen, list(in_domain), list(ood)
+
+
+def _float(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _baseline(sweep: Path, eval_hash: str | None, in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+    """One row per baseline model folder: model name and path (from its config.yaml, else the folder name),
+    and the step-0 metrics under the chosen hash (NaN if that hash has no step-0 result)."""
+    import pandas as pd
+
+    rows = []
+    for d in sorted((sweep / store.BASELINE_DIR).glob("*/")):
+        config = _flatten(_read_yaml(d / store.CONFIG_FILE)) if (d / store.CONFIG_FILE).exists() else {}
+        p = d / store.EVAL_DIR / str(eval_hash) / "step-0" / "results.json"
+        res = store.read_json(p) if p.exists() else {}
+        m = res.get("metrics", {})
+        row = {
+            "folder": d.name,
+            "model.name": config.get("model.name", d.name),
+            "model.path": config.get("model.path"),
+        }
+        row |= {t: _float(m.get("in_domain", {}).get(t)) for t in in_domain}
+        row |= {t: _float(m.get("ood", {}).get(t)) for t in ood}
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["folder", "model.name", "model.path", *in_domain, *ood])
+    df[ID_AVG] = df[in_domain].mean(axis=1) if in_domain else math.nan
+    df[OOD_AVG] = df[ood].mean(axis=1) if ood else math.nan
+    return df
+
+
+def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
+    """Δ columns: each run's averages minus those of the baseline of its model (matched by model.path, then
+    by model.name or the baseline folder name)."""
+    by_key: dict[tuple[str, Any], tuple[float, float]] = {}
+    for folder, name, path, b_id, b_ood in zip(
+        baseline["folder"],
+        baseline["model.name"],
+        baseline["model.path"],
+        baseline[ID_AVG],
+        baseline[OOD_AVG],
+        strict=True,
+    ):
+        for key in (("path", path), ("name", folder), ("name", name)):
+            if _none(key[1]) is not None:
+                by_key.setdefault(key, (b_id, b_ood))
+    base = [
+        by_key.get(("path", path)) or by_key.get(("name", name)) or (math.nan, math.nan)
+        for path, name in zip(runs["model.path"], runs["model.name"], strict=True)
+    ]
+    runs[D_ID] = runs[ID_AVG] - [b[0] for b in base]
+    runs[D_OOD] = runs[OOD_AVG] - [b[1] for b in base]
+
+
+def _none(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v

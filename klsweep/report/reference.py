@@ -1,0 +1,78 @@
+"""The study's reported numbers beside ours: each figure of ``results/paper_reference.csv`` (its columns:
+``results/paper_reference.md``) with the mean ± std over seeds of every configuration of the sweep that matches
+its model, training task and configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+REFERENCE_CSV = Path(__file__).resolve().parents[2] / "results" / "paper_reference.csv"
+
+
+def _reference_table(
+    runs: pd.DataFrame, axes: list[str], tasks: list[str], reference_csv: str | Path | None
+) -> pd.DataFrame:
+    """The study's figures (one row per figure and matching configuration): model (a case-insensitive
+    substring of model.path or model.name), training task, estimator, placement, lag, and beta and level where
+    the figure gives them, all equal; the figure's eval key a substring of one of our eval tasks."""
+    import pandas as pd
+
+    cols = [
+        "model",
+        "estimator",
+        "placement",
+        "beta",
+        "lag",
+        "eval",
+        "paper",
+        "source",
+        "configuration",
+        "task",
+        "ours",
+        "ours std",
+        "ours n",
+    ]
+    if reference_csv is None or not Path(reference_csv).exists():
+        return pd.DataFrame(columns=cols)
+    ref = pd.read_csv(reference_csv)
+    rows = []
+    for _, f in ref.iterrows():
+        model = str(f["model"]).lower()
+        match = runs[
+            (
+                runs["model.path"].astype(str).str.lower().str.contains(model, regex=False)
+                | runs["model.name"].astype(str).str.lower().str.contains(model, regex=False)
+            )
+            & (runs["task.name"] == f["task"])
+            & (runs["kl.estimator"] == f["estimator"])
+            & (runs["kl.placement"] == f["placement"])
+            & (runs["offpolicy.lag"].astype(float) == float(f["lag"]))
+        ]
+        if pd.notna(f.get("beta")):
+            match = match[match["kl.beta"].astype(float) == float(f["beta"])]
+        if pd.notna(f.get("level")):
+            match = match[match["kl.level"] == f["level"]]
+        for task in (t for t in tasks if str(f["eval"]) in t):
+            for _, g in match.groupby("config", sort=True):
+                rows.append(
+                    {
+                        "model": f["model"],
+                        "estimator": f["estimator"],
+                        "placement": f["placement"],
+                        "beta": f.get("beta"),
+                        "lag": f["lag"],
+                        "eval": f["metric_label"],
+                        "paper": f["value"],
+                        "source": f["source"],
+                        "configuration": g["label"].iloc[0],
+                        "task": task,
+                        "ours": g[task].mean(),
+                        "ours std": g[task].std(),
+                        "ours n": int(g[task].count()),
+                    }
+                )
+    return pd.DataFrame(rows, columns=cols)

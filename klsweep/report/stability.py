@@ -1,0 +1,118 @@
+"""Training stability of a run, from its logged curves: smoothing, the collapse rule, and the per-run stability
+columns of the report (``_attach_stability``).
+
+Definitions (also printed in the report: ``DEFINITIONS``):
+
+- Smoothing: every curve is a trailing mean over ``window`` steps (default 10).
+- Collapse: after the peak of the smoothed reward, the smoothed reward falls below ``collapse_fraction``
+  (default 0.5) times that peak and stays below it to the last logged step; the collapse step is the first
+  step of that final stretch. A run whose peak smoothed reward is not positive cannot collapse.
+- Divergence: what the trainer recorded: ``status.json`` state ``diverged`` with ``diverged_step`` and ``reason``.
+
+The rule (``smooth``, ``collapse_step``) needs numpy only, imported when called: no pandas or matplotlib here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+WINDOW = 10
+COLLAPSE_FRACTION = 0.5
+CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
+
+DEFINITIONS = (
+    "Curves are smoothed by a trailing mean over {window} steps. "
+    "Collapse: after its peak, the smoothed task reward falls below {pct:g}% of that peak and stays below it "
+    "to the last logged step (collapse step = start of that final stretch). "
+    "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown."
+)
+
+
+def smooth(
+    values: Sequence[float] | np.ndarray, window: int = WINDOW, starts: np.ndarray | None = None
+) -> np.ndarray:
+    """Trailing mean over ``window`` steps (fewer at the start), ignoring NaN (NaN where a window has no value).
+    ``starts``: per element, the index where its series begins (several runs concatenated); default one series.
+    Vectorised with cumulative sums: one pass for every run of a sweep."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=float)
+    idx = np.arange(len(x))
+    lo = np.maximum(idx - window + 1, 0 if starts is None else starts)
+    ok = ~np.isnan(x)
+    total = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    count = np.concatenate([[0], np.cumsum(ok)])
+    n = count[idx + 1] - count[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (total[idx + 1] - total[lo]) / n, np.nan)
+
+
+def collapse_step(
+    steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW, fraction: float = COLLAPSE_FRACTION
+) -> int | None:
+    """The step at which the run collapsed, or None (see the module docstring for the definition)."""
+    return _collapse(steps, smooth(rewards, window), fraction)
+
+
+def _collapse(steps: Sequence[int], smoothed: np.ndarray, fraction: float) -> int | None:
+    import numpy as np
+
+    s = smoothed
+    if len(s) == 0 or np.isnan(s).all():
+        return None
+    peak = np.nanmax(s)
+    if not peak > 0:
+        return None
+    last_above = int(np.flatnonzero(~(s < fraction * peak))[-1])  # NaN counts as not below
+    return None if last_above == len(s) - 1 else int(steps[last_above + 1])
+
+
+def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fraction: float) -> None:
+    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3, lowest smoothed entropy, collapse step.
+    Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
+    import numpy as np
+
+    names = [m for m, _ in CURVES]
+    for m in names:
+        if m not in metrics:
+            metrics[m] = np.nan
+    stats = None
+    collapse: dict[str, int | None] = {}
+    if len(metrics):
+        metrics.sort_values(["run", "step"], inplace=True, kind="stable")
+        metrics.reset_index(drop=True, inplace=True)
+        run = metrics["run"].to_numpy()
+        first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+        starts = np.repeat(first, np.diff(np.r_[first, len(run)]))
+        for m in names:
+            metrics[f"{m} smoothed"] = smooth(metrics[m].to_numpy(dtype=float), window, starts)
+        g = metrics.groupby("run", sort=False)
+        stats = g.agg(
+            **{
+                "final reward": ("reward_mean smoothed", "last"),
+                "peak reward": ("reward_mean smoothed", "max"),
+                "peak KL k1": ("kl_k1 smoothed", "max"),
+                "peak KL k3": ("kl_k3 smoothed", "max"),
+                "min entropy": ("entropy smoothed", "min"),
+                "last logged step": ("step", "last"),
+            }
+        )
+        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean smoothed"].to_numpy()
+        for name, idx in g.indices.items():
+            collapse[name] = _collapse(steps[idx], rewards[idx], fraction)
+    for col in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy", "last logged step"):
+        runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
+    runs["has_metrics"] = runs["run"].isin(collapse)
+    runs["collapse_step"] = _object_series([collapse.get(r) for r in runs["run"]])
+    runs["collapsed"] = runs["collapse_step"].notna()
+
+
+def _object_series(values: list[Any]) -> pd.Series:
+    import pandas as pd
+
+    return pd.Series(values, dtype=object)

@@ -1,0 +1,318 @@
+"""The tables of a report, as numbers (``Report``) and as the formatted views every renderer prints.
+
+- Configurations: the runs grouped by the values of the configuration axes, numbered in sorted order and
+  labelled (``_label_configs``).
+- The main table (``main``): one row per configuration (its axes values), each in-domain and out-of-domain
+  metric as mean ± sample std over the seeds evaluated, ``n`` = seeds evaluated / seeds, the in-domain and OOD
+  averages and their change (Δ) from the step-0 baseline of the same model.
+- The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
+  ``kl_k3``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
+- Views (``_view``, ``_runs_view``, ``TITLES``, ``_captions``): each table (the audit and reference tables too)
+  as string cells and a bold mask (the best value of each main column), with its title and caption; md, LaTeX,
+  HTML and the terminal all print these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep import store
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, _none
+from klsweep.report.stability import COLLAPSE_FRACTION, DEFINITIONS, WINDOW, _object_series
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DASH = "—"
+
+# Short column names of the configuration axes.
+SHORT = {
+    "model.name": "model",
+    "model.path": "model path",
+    "task.name": "task",
+    "kl.estimator": "estimator",
+    "kl.placement": "placement",
+    "kl.level": "level",
+    "kl.beta": "beta",
+    "kl.importance": "importance",
+    "offpolicy.lag": "lag",
+    "offpolicy.num_iterations": "iterations",
+}
+
+
+@dataclass
+class Report:
+    """What ``build_report`` computed and wrote. DataFrames are numeric (``<metric>``, ``<metric> std``,
+    ``<metric> n`` columns); the files hold their formatted views."""
+
+    sweep_dir: Path
+    out_dir: Path
+    eval_hash: str | None
+    axes: list[str]  # the dotted config keys that vary between runs (the configuration columns)
+    in_domain: list[str]  # eval task names
+    ood: list[str]
+    runs: pd.DataFrame  # one row per run
+    main: pd.DataFrame  # one row per configuration
+    baseline: pd.DataFrame  # one row per model: the step-0 evaluation
+    stability: pd.DataFrame  # one row per configuration
+    audit: pd.DataFrame  # one row per KL configuration present
+    reference: pd.DataFrame  # the study's figures beside ours
+    window: int = WINDOW
+    collapse_fraction: float = COLLAPSE_FRACTION
+    paths: list[Path] = field(default_factory=list)
+
+
+def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
+
+
+def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """Adds ``config`` (0.. in sorted axis order) and ``label`` ("estimator=k1, placement=reward, ...")."""
+    keys = (
+        [tuple(_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
+        if axes
+        else [()] * len(runs)
+    )
+    order = {k: i for i, k in enumerate(sorted(set(keys), key=_sort_key))}
+    runs["config"] = [order[k] for k in keys]
+    runs["label"] = [
+        ", ".join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
+        for k in keys
+    ]
+    return runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
+
+
+def _fmt_value(v: Any) -> str:
+    v = _none(v)
+    if v is None:
+        return DASH
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _status_text(states: Sequence[str]) -> str:
+    counts = {s: 0 for s in store.STATES}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+
+
+def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
+    """The configuration columns (short names), run counts and status, one row per configuration (``g``: the
+    runs grouped by ``config``)."""
+    import pandas as pd
+
+    first = g.first()
+    df = pd.DataFrame(index=first.index)
+    for a in axes:
+        df[SHORT.get(a, a)] = first[a].astype(object)
+    if not axes:
+        df["configuration"] = "all runs"
+    df["label"] = first["label"]
+    df["runs"] = g.size()
+    df["status"] = g["state"].agg(lambda s: _status_text(list(s)))
+    return df
+
+
+def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
+    for c in cols:
+        agg = g[c].agg(["mean", "std", "count"])
+        df[c] = agg["mean"]
+        df[f"{c} std"] = agg["std"]
+        df[f"{c} n"] = agg["count"]
+
+
+def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+    g = runs.groupby("config", sort=True)
+    df = _config_frame(g, axes)
+    df["evaluated"] = g["eval_step"].count()
+    df["eval step"] = g["eval_step"].agg(_range_text)
+    _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
+    return df.reset_index(drop=True)
+
+
+def _range_text(s: pd.Series) -> str:
+    s = s.dropna()
+    if s.empty:
+        return DASH
+    lo, hi = int(s.min()), int(s.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    g = runs.groupby("config", sort=True)
+    df = _config_frame(g, axes)
+    df["with metrics"] = g["has_metrics"].sum()
+    _add_stats(df, g, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
+    df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
+    div = runs[runs["state"] == "diverged"]
+    notes = [
+        f"step {_fmt_value(_int_or_none(step))}" + (f": {reason}" if _none(reason) else "")
+        for step, reason in zip(div["diverged_step"], div["reason"], strict=True)
+    ]
+    df["diverged at"] = _object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
+    df["diverged at"] = df["diverged at"].fillna("")
+    df["collapsed"] = g["collapsed"].sum().astype(int)
+    df["collapsed at"] = g["collapse_step"].agg(lambda s: ", ".join(str(int(x)) for x in s.dropna()))
+    return df.reset_index(drop=True)
+
+
+def _int_or_none(v: Any) -> int | None:
+    v = _none(v)
+    return None if v is None else int(v)
+
+
+def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, signed: bool = False) -> str:
+    """ "0.512 ± 0.034", with " (n=k)" when fewer seeds than the row's n have this value; "—" when none."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return DASH
+    s = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    if std is not None and not math.isnan(std):
+        s += f" ± {std:.3f}"
+    if n != n_expected:
+        s += f" (n={n})"
+    return s
+
+
+def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells as strings, bold mask) of one table."""
+    import pandas as pd
+
+    cfg_cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+    if table == "main":
+        df = report.main
+        metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
+        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out["status"] = df["status"]
+        out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
+        out["step"] = df["eval step"]
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        for c in metric_cols:
+            out[c] = [
+                _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
+                for m, s, n, e in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["evaluated"], strict=True)
+            ]
+            best = df[c].max()
+            bold[c] = df[c].notna() & (df[c] >= best - 1e-12) & (df[c].notna().sum() > 1)
+        if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
+            base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
+            if "model" in base:
+                base["model"] = report.baseline["model.name"].map(_fmt_value).to_numpy()
+            base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = (
+                "step-0 baseline"
+            )
+            base["status"] = "baseline"
+            for c in metric_cols[:-2]:
+                base[c] = [_cell(v) for v in report.baseline[c]]
+            out = pd.concat([base, out], ignore_index=True)
+            bold = pd.concat(
+                [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
+            )
+        return out, bold
+    if table == "stability":
+        df = report.stability
+        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out["status"] = df["status"]
+        for c in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"):
+            out[c] = [
+                _cell(m, s, n, w)
+                for m, s, n, w in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["with metrics"], strict=True)
+            ]
+        out["diverged"] = [
+            f"{d}/{r}" + (f" ({a})" if a else "")
+            for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
+        ]
+        out["collapsed"] = [
+            f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
+            for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
+        ]
+        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
+    if table == "audit":
+        df = report.audit
+        out = df.drop(columns=["grad variance"]).astype(object)
+        for c in ("rel. err. reverse", "rel. err. forward"):
+            out[c] = [_cell(v) for v in df[c]]
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        bold["unbiased"] = df["unbiased"] == "yes"
+        return out.astype(str), bold
+    if table == "reference":
+        df = report.reference
+        out = pd.DataFrame(
+            {
+                "model": df["model"],
+                "estimator": df["estimator"],
+                "placement": df["placement"],
+                "eval": df["eval"],
+                "paper": [f"{v:.3f}" for v in df["paper"]],
+                "ours": [
+                    _cell(m, s, n, n) + f" (n={n})"
+                    for m, s, n in zip(df["ours"], df["ours std"], df["ours n"], strict=True)
+                ],
+                "our configuration": df["configuration"],
+                "our eval task": df["task"],
+            }
+        )
+        return out.astype(str), pd.DataFrame(False, index=out.index, columns=out.columns)
+    raise ValueError(table)
+
+
+def _runs_view(report: Report) -> pd.DataFrame:
+    import pandas as pd
+
+    r = report.runs
+    out = pd.DataFrame(
+        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(_fmt_value), "state": r["state"]}
+    )
+    out["step"] = [
+        f"{_fmt_value(_int_or_none(s))}/{_fmt_value(_int_or_none(t))}"
+        for s, t in zip(r["step"], r["total_steps"], strict=True)
+    ]
+    out["eval"] = r["eval_checkpoint"].map(_fmt_value)
+    out[ID_AVG] = [_cell(v) for v in r[ID_AVG]]
+    out[OOD_AVG] = [_cell(v) for v in r[OOD_AVG]]
+    out["final reward"] = [_cell(v) for v in r["final reward"]]
+    out["collapsed at"] = r["collapse_step"].map(lambda v: _fmt_value(_int_or_none(v)))
+    out["note"] = [
+        f"diverged at step {_fmt_value(_int_or_none(d))}: {_fmt_value(x)}"
+        if s == "diverged"
+        else (_fmt_value(x) if s == "failed" else "")
+        for s, d, x in zip(r["state"], r["diverged_step"], r["reason"], strict=True)
+    ]
+    return out
+
+
+TITLES = {
+    "main": "Results",
+    "stability": "Training stability",
+    "audit": "KL gradient audit",
+    "reference": "Beside the study's reported numbers (arXiv 2512.21852)",
+}
+
+
+def _captions(report: Report) -> dict[str, str]:
+    h = report.eval_hash or "none"
+    return {
+        "main": (
+            f"Eval hash {h}, last evaluated checkpoint of each run (step). Mean ± sample std over the seeds "
+            "evaluated; n = seeds evaluated / seeds; — = no eval yet. Δ = change of the average from the step-0 "
+            "baseline of the same model. Best value per column in bold."
+        ),
+        "stability": DEFINITIONS.format(window=report.window, pct=100 * report.collapse_fraction)
+        + " Values: mean ± std over the runs with metrics; diverged counts all runs, collapsed the runs with metrics.",
+        "audit": (
+            "Exact expected gradient of each KL configuration in the sweep (klsweep.audit: enumeration of a "
+            "tabular policy, vocabulary 3, length 3), relative error against the gradient of KL(pi||ref) "
+            "(reverse) and KL(ref||pi) (forward). Off-policy rows: behaviour policy shifted from pi (shift 0.5), "
+            "with the run's importance weighting. Unbiased = the expected gradient is the reverse-KL gradient."
+        ),
+        "reference": (
+            "Figures reported by the study (arXiv 2512.21852, from results/paper_reference.csv) beside ours for "
+            "the configurations whose model, training task, estimator, placement and lag match "
+            "(and beta and level where the study gives them)."
+        ),
+    }

@@ -285,7 +285,17 @@ def tables(rows: list[AuditRow], title: str = "") -> list:
 
 def cached_audit(behavior_shift: float = 0.0, importance: str = "none") -> list[AuditRow]:
     """``audit`` of the default policy, kept on disk under ``store.cache_dir()/audit/`` and keyed by the code of
-    ``kl.py`` and ``audit.py``, torch's version and the options: reports then need not import torch."""
+    ``kl.py``, ``grpo.py`` and ``audit.py``, torch's version and the options: reports then need not import
+    torch."""
+    return _cached(AuditRow, audit, behavior_shift=behavior_shift, importance=importance)
+
+
+def cached_grpo_audit(**options: Any) -> list[GRPOAuditRow]:
+    """``grpo_audit(**options)``, kept on disk like ``cached_audit``."""
+    return _cached(GRPOAuditRow, grpo_audit, **options)
+
+
+def _cached(row_type: type, compute: Callable[..., list], **options: Any) -> list:
     import hashlib
     import json
     from importlib.metadata import version
@@ -294,20 +304,21 @@ def cached_audit(behavior_shift: float = 0.0, importance: str = "none") -> list[
     key = hashlib.sha256(
         "\0".join(
             [
-                Path(kl.__file__).read_text(),
+                *(Path(m.__file__).read_text() for m in (kl, grpo)),
                 Path(__file__).read_text(),
                 version("torch"),
-                repr((behavior_shift, importance)),
+                compute.__name__,
+                repr(sorted(options.items())),
             ]
         ).encode()
     ).hexdigest()[:16]
     path = store.cache_dir() / "audit" / f"{key}.json"
     if path.exists():
         try:
-            return [AuditRow(**row) for row in store.read_json(path)]
+            return [row_type(**row) for row in store.read_json(path)]
         except (OSError, TypeError, json.JSONDecodeError):
             pass  # a stale or damaged cache entry is recomputed
-    rows = audit(behavior_shift=behavior_shift, importance=importance)
+    rows = compute(**options)
     store.write_json(path, rows_as_dicts(rows))
     return rows
 

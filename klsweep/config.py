@@ -141,5 +141,9 @@ class RunConfig:
     wandb: WandbSection = field(default_factory=WandbSection)
 
 
+# Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
+# config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
+LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
+
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = ("name", "eval", "cluster", "wandb", "model.name", "model.resources")

@@ -76,15 +76,16 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     """The RunConfig of a run folder (``config.yaml`` over the schema's defaults)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import RunConfig
+    from klsweep.config import LEGACY_VALUES, RunConfig
 
     path = Path(run_dir) / store.CONFIG_FILE
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
     try:
         loaded = OmegaConf.load(path)
-        if "kl" in loaded and "reward_mode" not in loaded.kl:  # written before the key existed: shaped then
-            loaded.kl.reward_mode = "shaped"
+        for key, value in LEGACY_VALUES.items():  # a folder written before the key existed
+            if OmegaConf.select(loaded, key, default=None) is None:
+                OmegaConf.update(loaded, key, value, force_add=True)
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
     except Exception as e:  # omegaconf's validation errors
         raise UserError(Problem(str(path), str(e).splitlines()[0])) from e

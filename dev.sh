@@ -81,6 +81,8 @@ test)
     log "ruff"
     "$VENV/bin/ruff" check klsweep tests bench
     "$VENV/bin/ruff" format --check klsweep tests bench
+    log "import layers (lint-imports: no import points up the path of a run, no cycle)"
+    "$VENV/bin/lint-imports" --no-cache
     log "pytest"
     "$VENV/bin/pytest" -q -ra --durations=15
     ;;

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import launcher_jobs as jobs  # noqa: E402
 
-from klsweep import launcher, store  # noqa: E402
+from klsweep import store, submit  # noqa: E402
+from klsweep.submit.sweep import write_sweep_file  # noqa: E402
 
 
 def noop(run_dir: Path) -> dict:
@@ -44,7 +45,7 @@ def count_sbatch(plan) -> tuple[int, float]:
     utils.CommandFunction.__call__ = counting_call
     try:
         t = time.time()
-        launcher.submit(plan, "slurm", train_fn=noop)
+        submit.submit(plan, "slurm", train_fn=noop)
         return calls, time.time() - t
     finally:
         utils.CommandFunction.__call__ = real_call
@@ -54,7 +55,7 @@ def count_sbatch(plan) -> tuple[int, float]:
 def synthetic_sweep(root: Path, n: int, with_cluster: bool) -> Path:
     plan = jobs.make_plan(root / "status", list(range(n)))
     sweep = plan.sweep_dir
-    launcher._write_sweep_file(plan, "slurm")
+    write_sweep_file(plan, "slurm")
     base = 1 if not with_cluster else 10**6  # ids the cluster does not know: the query still runs
     for i, run in enumerate(plan.runs):
         run.run_dir.mkdir(parents=True)
@@ -97,7 +98,7 @@ def main() -> None:
 
         subprocess.run = counting_run
         t = time.time()
-        runs = launcher.status(sweep)
+        runs = submit.status(sweep)
         batched = time.time() - t
         subprocess.run = real_run
         print(

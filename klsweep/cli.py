@@ -230,7 +230,7 @@ def report_command(
         console.print(str(path), highlight=False, soft_wrap=True)
 
 
-# --- eval (klsweep/evaluate.py) --------------------------------------------------------------------------
+# --- eval (klsweep/evaluate.py, submitted by klsweep/submit/) --------------------------------------------
 
 
 @app.command("eval")
@@ -247,10 +247,10 @@ def eval_command(
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
-    from klsweep.evaluate import evaluate
+    from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
-    outcome = evaluate(
+    outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
     )
     console = _console()
@@ -266,7 +266,7 @@ def eval_command(
         raise typer.Exit(1)
 
 
-# --- run / status / cancel (klsweep/launcher.py) ---------------------------------------------------------
+# --- run / status / cancel (klsweep/submit/) -------------------------------------------------------------
 
 
 @app.command("run")
@@ -290,12 +290,12 @@ def run_command(
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
     from klsweep import grid as grid_mod
-    from klsweep import launcher
-    from klsweep.study import default_cluster
+    from klsweep import submit
+    from klsweep.console import status_table
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
-    cluster = cluster or default_cluster(plan)
-    res = launcher.submit(plan, cluster, retry_failed=retry_failed, force=force)
+    cluster = cluster or submit.default_cluster(plan)
+    res = submit.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
@@ -306,13 +306,13 @@ def run_command(
 
         with Progress(console=console) as bar:
             task = bar.add_task("runs final", total=len(plan.runs))
-            runs = launcher.wait_until_final(
+            runs = submit.wait_until_final(
                 res.sweep_dir,
                 on_update=lambda rs: bar.update(
                     task, completed=sum(r.state in store.FINAL_STATES for r in rs)
                 ),
             )
-        console.print(launcher.table(runs, title=plan.name))
+        console.print(status_table(runs, title=plan.name))
 
 
 @app.command("status")
@@ -324,25 +324,26 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
 ) -> None:
     """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
-    from klsweep import launcher
+    from klsweep import submit
+    from klsweep.console import status_table
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
         import json
 
-        print(json.dumps([r.as_dict() for r in launcher.status(sweep_dir)], indent=2, default=str))
+        print(json.dumps([r.as_dict() for r in submit.status(sweep_dir)], indent=2, default=str))
         return
     console = _console()
     if watch:
         from rich.live import Live
 
         with Live(console=console) as live:
-            runs = launcher.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(launcher.table(rs, title=sweep_dir.name))
+            runs = submit.wait_until_final(
+                sweep_dir, on_update=lambda rs: live.update(status_table(rs, title=sweep_dir.name))
             )
     else:
-        runs = launcher.status(sweep_dir)
-        console.print(launcher.table(runs, title=sweep_dir.name))
+        runs = submit.status(sweep_dir)
+        console.print(status_table(runs, title=sweep_dir.name))
     for r in runs:
         if r.state == "failed" and r.log_tail:
             console.rule(f"{r.run_id} (failed)")
@@ -357,9 +358,9 @@ def cancel_command(
     ] = None,
 ) -> None:
     """Cancel a sweep's live jobs (scancel / stop local jobs); their runs become 'cancelled'."""
-    from klsweep import launcher
+    from klsweep import submit
 
-    cancelled = launcher.cancel(store.resolve_sweep(sweep), runs or None)
+    cancelled = submit.cancel(store.resolve_sweep(sweep), runs or None)
     _console().print(f"cancelled {len(cancelled)} run(s): {' '.join(cancelled)}", highlight=False)
 
 
@@ -387,7 +388,8 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep import launcher, report
+    from klsweep import report
+    from klsweep.console import status_table
     from klsweep.study import run_study
 
     console = _console()
@@ -432,7 +434,7 @@ def study_command(
         )
     finally:
         progress.stop()
-    console.print(launcher.table(res.runs, title=res.sweep_dir.name))
+    console.print(status_table(res.runs, title=res.sweep_dir.name))
     for table in report.rich_tables(res.report):
         console.print(table)
     for path in res.report.paths:

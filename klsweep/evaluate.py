@@ -19,8 +19,9 @@ Where results go (``docs/DESIGN.md``)::
 ``eval-hash`` covers every setting that changes a score (tasks, task files, generation, backend, lm-eval's
 version), so a repeated evaluation is skipped and a changed one goes to a new folder beside the old.
 
-Entry points: ``eval_run`` (what every eval job calls), ``eval_many`` (many runs in one process: lm-eval and
-the tasks are loaded once), ``eval_baseline`` (step 0), ``evaluate`` (``klsweep eval``).
+Entry points: ``eval_run`` (what every eval job of a sweep calls), ``eval_many`` (many runs in one process:
+lm-eval and the tasks are loaded once), ``eval_baseline`` (step 0), ``eval_request`` (what ``klsweep eval``
+evaluates) and ``eval_batch`` (what each of its jobs runs). Submitting those jobs is ``klsweep.submit``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,6 @@ BASELINE_CHECKPOINT = "step-0"
 EVALUATED_STATES = ("done", "diverged")
 BACKENDS = ("hf", "vllm")
 CHECKPOINT_CHOICES = ("last", "all")
-CLUSTERS = ("local", "slurm", "debug")
 # EvalSection fields that do not change a score (left out of the eval hash).
 _UNHASHED = ("batch_size", "tensor_parallel_size")
 
@@ -250,7 +251,8 @@ def _model_section(config: dict[str, Any]) -> ModelSection:
     return OmegaConf.to_object(merged)
 
 
-def _run_config(run_dir: Path) -> dict[str, Any]:
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` as a dict (``EvalError`` when the folder is not a run)."""
     from omegaconf import OmegaConf
 
     path = run_dir / store.CONFIG_FILE
@@ -439,7 +441,7 @@ def _pass1_stderr(
 def _checkpoint_items(run_dir: Path, suite: _Suite, checkpoints: str) -> list[_Item]:
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
-    model = _model_section(_run_config(run_dir))
+    model = _model_section(run_config(run_dir))
     found = store.checkpoints(run_dir)
     if not found:
         raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
@@ -558,21 +560,32 @@ def eval_baseline(
 
 @dataclass
 class EvalOutcome:
-    """What ``evaluate`` did: results written (in-process or waited for), failures, runs left out, jobs."""
+    """What an evaluation did: results written, failures, runs left out."""
 
     results: list[Path] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # run (or baseline) folder -> message
     skipped: dict[str, str] = field(default_factory=dict)  # run folder -> why (its state)
-    jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
 
 
-def _eval_job(
+@dataclass
+class EvalRequest:
+    """What ``klsweep eval`` evaluates, checked and resolved (``eval_request``)."""
+
+    runs: list[Path]  # a sweep's finished runs, or the one run folder
+    skipped: dict[str, str]  # run folder -> why it is left out (its state)
+    baselines: list[tuple[str, dict[str, Any]]]  # (sweep folder, a RunConfig dict) per model of a sweep
+    eval_cfg: dict[str, Any]  # the EvalSection as a dict
+    checkpoints: str  # last | all
+
+
+def eval_batch(
     run_dirs: list[str],
     eval_cfg: dict[str, Any],
     checkpoints: str,
     baselines: list[tuple[str, dict[str, Any]]],
 ) -> EvalOutcome:
-    """One job: the baselines, then the runs, in one process (lm-eval and the tasks loaded once)."""
+    """The baselines, then the runs, in one process (lm-eval and the tasks loaded once): the body of every
+    ``klsweep eval`` job. A run or baseline that fails is recorded in ``errors`` and the others go on."""
     suite = _Suite(as_eval_section(eval_cfg))
     out = EvalOutcome()
     for sweep_dir, config in baselines:
@@ -610,28 +623,27 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
 
 
 def _suite_of_runs(runs: list[Path]) -> EvalSection:
-    found = {json.dumps(_run_config(r).get("eval", {}), sort_keys=True) for r in runs}
+    found = {json.dumps(run_config(r).get("eval", {}), sort_keys=True) for r in runs}
     if len(found) != 1:
         raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
     return as_eval_section(json.loads(found.pop()))
 
 
-def evaluate(
+def eval_request(
     target: Path,
     suite: str | None = None,
     backend: str | None = None,
-    cluster: str = "local",
     checkpoints: str = "last",
-    wait: bool = False,
-) -> EvalOutcome:
-    """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
+    *,
+    problems: Sequence[Problem] = (),
+) -> EvalRequest:
+    """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
     baselines (one per model). ``suite`` names ``conf/eval/<suite>.yaml`` (default: the runs' own eval
-    settings); ``backend`` overrides the suite's. ``cluster`` debug evaluates in this process; local submits
-    one submitit job for everything (lm-eval loaded once); slurm one job per run and per baseline."""
+    settings); ``backend`` overrides the suite's. Unknown task names fail here, before anything is submitted.
+    ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
+    reported with these in one ``UserError``."""
     target = Path(target)
-    problems = []
-    if cluster not in CLUSTERS:
-        problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
+    problems = list(problems)
     if checkpoints not in CHECKPOINT_CHOICES:
         problems.append(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
     if backend is not None and backend not in BACKENDS:
@@ -645,64 +657,10 @@ def evaluate(
     if backend is not None:
         cfg.backend = backend
     cfg = as_eval_section(cfg)
-    resolve_tasks(cfg)  # unknown task names fail here, before anything is submitted
+    resolve_tasks(cfg)
     configs = {}
     for run in runs:
-        config = _run_config(run)
+        config = run_config(run)
         configs.setdefault(model_key(_model_section(config)), config)
     baselines = [(str(sweep_dir), c) for c in configs.values()] if sweep_dir is not None else []
-    cfg_dict = asdict(cfg)
-    if cluster == "debug":
-        out = _eval_job([str(r) for r in runs], cfg_dict, checkpoints, baselines)
-        out.skipped = skipped
-        return out
-    return _submit(runs, baselines, cfg_dict, checkpoints, cluster, wait, skipped)
-
-
-def _submit(
-    runs: list[Path],
-    baselines: list[tuple[str, dict[str, Any]]],
-    cfg: dict[str, Any],
-    checkpoints: str,
-    cluster: str,
-    wait: bool,
-    skipped: dict[str, str],
-) -> EvalOutcome:
-    """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl (as the launcher)."""
-    import submitit
-    from filelock import FileLock
-
-    from klsweep import launcher
-
-    if not runs:  # the baselines are those of the runs' models: none without runs
-        return EvalOutcome(skipped=skipped)
-    sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
-    folder = launcher.submission_folder(sweep_dir)
-    config = _run_config(runs[0])
-    res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
-    calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
-    if cluster == "local":
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * max(1, len(runs)))
-        calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines)))
-    else:
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        ex.update_parameters(**launcher.slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
-        calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b])) for b in baselines]
-        calls += [(r.name, ([str(r)], cfg, checkpoints, [])) for r in runs]
-    with ex.batch():
-        jobs = [ex.submit(_eval_job, *args) for _, args in calls]
-    rows = []
-    for (run_id, _), job in zip(calls, jobs, strict=True):
-        ids = [r.name for r in runs] + [store.BASELINE_DIR] if run_id == "*" else [run_id]
-        rows += [launcher.job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
-    with FileLock(str(sweep_dir / launcher.LOCK_FILE)):
-        for row in rows:
-            store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
-    out = EvalOutcome(skipped=skipped, jobs=[j.job_id for j in jobs])
-    if wait:
-        for job in jobs:
-            done = job.result()
-            out.results += done.results
-            out.errors.update(done.errors)
-    return out
+    return EvalRequest(runs, skipped, baselines, asdict(cfg), checkpoints)

@@ -1,7 +1,7 @@
 """A whole study in one call: train every run of a grid, evaluate them all, write the report.
 
 ``klsweep study sweeps/tiny.yaml`` is the README's main job: on the local machine (the default) it trains
-the tiny study's runs through the launcher (submitit, at most one job per core), then evaluates every
+the tiny study's runs through ``klsweep.submit`` (submitit, at most one job per core), then evaluates every
 finished run and the step-0 baseline in one lm-eval job (loaded once), then builds the report under
 ``results/<name>/report/``. On Slurm (``--cluster slurm``) the same three stages run as job arrays.
 Rerunning is cheap: done runs are skipped, evaluated checkpoints are not evaluated again.
@@ -20,8 +20,8 @@ from klsweep.errors import Problem, UserError
 @dataclass
 class StudyResult:
     sweep_dir: Path
-    runs: list[Any]  # launcher.RunStatus, final
-    eval: Any  # evaluate.EvalOutcome
+    runs: list[Any]  # submit.RunStatus, final
+    eval: Any  # submit.EvalSubmission
     report: Any  # report.Report
 
 
@@ -37,10 +37,10 @@ def run_study(
     on_progress: Callable[[list[Any]], None] | None = None,
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``."""
-    from klsweep import evaluate, grid, launcher, report
+    from klsweep import grid, report, submit
 
     plan = grid.load_plan(grid_path, overrides, out=out)
-    kind = cluster or default_cluster(plan)
+    kind = cluster or submit.default_cluster(plan)
     suites = {r.config.get("eval", {}).get("suite", "none") for r in plan.runs}
     if suites == {"none"}:
         raise UserError(
@@ -57,23 +57,10 @@ def run_study(
             title="not a study",
         )
     on_stage(f"train: {len(plan.runs)} runs on {kind}")
-    launcher.submit(plan, kind, retry_failed=retry_failed, chain_eval=False)
-    runs = launcher.wait_until_final(plan.sweep_dir, on_update=on_progress)
+    submit.submit(plan, kind, retry_failed=retry_failed, chain_eval=False)
+    runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
     on_stage("eval: every finished run and the step-0 baseline")
-    outcome = evaluate.evaluate(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
+    outcome = submit.submit_eval(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
     return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep)
-
-
-def default_cluster(plan: Any) -> str:
-    """The cluster the grid asks for (``cluster.kind`` in its base), ``local`` when it does not say."""
-    kinds = {r.config.get("cluster", {}).get("kind", "local") for r in plan.runs}
-    if len(kinds) > 1:
-        raise UserError(
-            Problem(
-                "cluster.kind", f"the runs ask for several clusters: {sorted(kinds)}", "one per submission"
-            ),
-            title="ambiguous cluster",
-        )
-    return kinds.pop() if kinds else "local"

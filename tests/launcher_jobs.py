@@ -115,7 +115,7 @@ def train_rows(sweep_dir: Path) -> dict[str, list[dict]]:
 
 def submit_in_child(plan: Plan, cluster: str, train_fn: Any, out: str) -> None:
     """Entry for a forked process of the race test: submit, write the result's actions to ``out``."""
-    from klsweep.launcher import submit
+    from klsweep.submit import submit
 
     res = submit(plan, cluster, train_fn=train_fn)
     Path(out).write_text(json.dumps(res.actions))

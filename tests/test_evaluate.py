@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from klsweep import evaluate as ev
 from klsweep import store
 from klsweep.errors import UserError
+from klsweep.submit import submit_eval
 
 CONTRACT_KEYS = {
     "suite",
@@ -162,7 +163,7 @@ def test_evaluate_a_sweep_in_process(
     make_run(sweep, "running-run", random_model, state="running")
     base = ev.load_suite("tiny")
     monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
-    out = ev.evaluate(sweep, suite="tiny", cluster="debug")
+    out = submit_eval(sweep, suite="tiny", cluster="debug")
     h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
     assert sorted(out.results) == sorted(
         [
@@ -268,7 +269,7 @@ def test_evaluate_a_sweep_as_a_local_job(
     run = make_run(sweep, "done-run", random_model)
     base = ev.load_suite("tiny")
     monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
-    out = ev.evaluate(sweep, suite="tiny", cluster="local", wait=True)
+    out = submit_eval(sweep, suite="tiny", cluster="local", wait=True)
     h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
     assert len(out.jobs) == 1 and out.errors == {}
     assert run / "eval" / h / "checkpoint-10" / "results.json" in out.results

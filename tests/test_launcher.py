@@ -10,13 +10,13 @@ from pathlib import Path
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
 import pytest
 
-from klsweep import launcher, store
+from klsweep import store, submit
 
 CLUSTERS = ["local", pytest.param("slurm", marks=pytest.mark.slurm)]
 
 
-def wait(sweep: Path, timeout_s: float = 120) -> dict[str, launcher.RunStatus]:
-    runs = launcher.wait_until_final(sweep, poll_s=0.5, timeout_s=timeout_s)
+def wait(sweep: Path, timeout_s: float = 120) -> dict[str, submit.RunStatus]:
+    runs = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=timeout_s)
     return {r.run_id: r for r in runs}
 
 
@@ -32,7 +32,7 @@ def wait_for(cond, timeout_s: float = 60) -> None:
 def test_array_runs_then_rerun_skips(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "arr"
     plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.max_local_jobs": 2, "cluster.array_parallelism": 2})
-    res = launcher.submit(plan, cluster, train_fn=jobs.ok_train)
+    res = submit.submit(plan, cluster, train_fn=jobs.ok_train)
     assert res.actions == {r.id: "submit" for r in plan.runs}
     if cluster == "slurm":
         assert res.sbatch_calls == 1
@@ -45,7 +45,7 @@ def test_array_runs_then_rerun_skips(tmp_path: Path, cluster: str) -> None:
     assert (sweep / store.SWEEP_FILE).exists()
     assert all((r.run_dir / store.CONFIG_FILE).exists() for r in plan.runs)
     n_rows = len(store.read_jsonl(sweep / store.JOBS_FILE))
-    again = launcher.submit(plan, cluster, train_fn=jobs.ok_train)
+    again = submit.submit(plan, cluster, train_fn=jobs.ok_train)
     assert set(again.actions.values()) == {"skip-done"}
     assert again.jobs == [] and again.sbatch_calls == 0
     assert len(store.read_jsonl(sweep / store.JOBS_FILE)) == n_rows
@@ -55,14 +55,14 @@ def test_array_runs_then_rerun_skips(tmp_path: Path, cluster: str) -> None:
 def test_failing_run_shows_failed_with_log_tail(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "fail"
     plan = jobs.make_plan(sweep, [0])
-    launcher.submit(plan, cluster, train_fn=jobs.bad_train)
+    submit.submit(plan, cluster, train_fn=jobs.bad_train)
     (run,) = wait(sweep).values()
     assert run.state == "failed"
     assert any("KLSWEEP-BOOM" in line for line in run.log_tail)
     # a failed run is not resubmitted unless asked
-    assert launcher.submit(plan, cluster, train_fn=jobs.ok_train).actions[run.run_id] == "skip-failed"
+    assert submit.submit(plan, cluster, train_fn=jobs.ok_train).actions[run.run_id] == "skip-failed"
     assert (
-        launcher.submit(plan, cluster, train_fn=jobs.ok_train, retry_failed=True).actions[run.run_id]
+        submit.submit(plan, cluster, train_fn=jobs.ok_train, retry_failed=True).actions[run.run_id]
         == "resume"
     )
     (run,) = wait(sweep).values()
@@ -73,11 +73,11 @@ def test_failing_run_shows_failed_with_log_tail(tmp_path: Path, cluster: str) ->
 def test_cancel(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "cancel"
     plan = jobs.make_plan(sweep, [0])
-    launcher.submit(plan, cluster, train_fn=jobs.slow_train)
+    submit.submit(plan, cluster, train_fn=jobs.slow_train)
     run_dir = plan.runs[0].run_dir
     wait_for(lambda: (run_dir / "progress.txt").exists())
-    assert launcher.status(sweep)[0].state == "running"
-    assert launcher.cancel(sweep) == [plan.runs[0].id]
+    assert submit.status(sweep)[0].state == "running"
+    assert submit.cancel(sweep) == [plan.runs[0].id]
     (run,) = wait(sweep, timeout_s=30).values()
     assert run.state == "cancelled"
     stopped_at = int((run_dir / "progress.txt").read_text())
@@ -89,7 +89,7 @@ def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
     sweep = tmp_path / "requeue"
     plan = jobs.make_plan(sweep, [0])
     plan.runs[0].config["model"]["resources"]["timeout_min"] = 0.25  # 15 s; USR2 at 10 s
-    launcher.submit(plan, "local", train_fn=jobs.slow_train)
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
     (run,) = wait(sweep, timeout_s=90).values()
     assert run.state == "done" and run.step == 20
     starts = [int(line.split()[0]) for line in (plan.runs[0].run_dir / "starts.txt").read_text().splitlines()]
@@ -100,7 +100,7 @@ def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
 def test_eval_runs_after_successful_train_only(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "evaldep"
     plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})
-    res = launcher.submit(plan, cluster, train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
+    res = submit.submit(plan, cluster, train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
     assert sorted(r["kind"] for r in res.jobs) == ["eval", "eval", "train", "train"]
     final = wait(sweep)
     good, bad = plan.runs[0], plan.runs[1]
@@ -145,9 +145,9 @@ def test_concurrent_submits_submit_each_run_once(tmp_path: Path, cluster: str) -
 def test_debug_executor_runs_in_process(tmp_path: Path) -> None:
     sweep = tmp_path / "debug"
     plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})
-    res = launcher.submit(plan, "debug", train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
+    res = submit.submit(plan, "debug", train_fn=jobs.seed_train, eval_fn=jobs.ok_eval)
     # in-process: everything has run by the time submit returns
-    states = {r.run_id: (r.state, r.eval_state) for r in launcher.status(sweep)}
+    states = {r.run_id: (r.state, r.eval_state) for r in submit.status(sweep)}
     assert states == {plan.runs[0].id: ("done", "done"), plan.runs[1].id: ("failed", None)}
     assert {r["kind"] for r in res.jobs} == {"train", "eval"}
 
@@ -155,17 +155,17 @@ def test_debug_executor_runs_in_process(tmp_path: Path) -> None:
 def test_force_resubmits_and_clears(tmp_path: Path) -> None:
     sweep = tmp_path / "force"
     plan = jobs.make_plan(sweep, [0])
-    launcher.submit(plan, "debug", train_fn=jobs.ok_train)
+    submit.submit(plan, "debug", train_fn=jobs.ok_train)
     marker = plan.runs[0].run_dir / "stale.txt"
     marker.write_text("x")
-    res = launcher.submit(plan, "debug", train_fn=jobs.ok_train, force=True)
+    res = submit.submit(plan, "debug", train_fn=jobs.ok_train, force=True)
     assert res.actions == {plan.runs[0].id: "submit"}
     assert not marker.exists()
-    assert launcher.status(sweep)[0].state == "done"
+    assert submit.status(sweep)[0].state == "done"
 
 
 def test_unknown_cluster_is_a_user_error(tmp_path: Path) -> None:
     from klsweep.errors import UserError
 
     with pytest.raises(UserError, match="unknown cluster"):
-        launcher.submit(jobs.make_plan(tmp_path / "x", [0]), "kubernetes")
+        submit.submit(jobs.make_plan(tmp_path / "x", [0]), "kubernetes")

@@ -10,7 +10,7 @@ from pathlib import Path
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
 import pytest
 
-from klsweep import launcher, store
+from klsweep import store, submit
 
 pytestmark = pytest.mark.slurm
 
@@ -19,7 +19,7 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     sweep = tmp_path / "preempt"
     plan = jobs.make_plan(sweep, [0])
     run_dir = plan.runs[0].run_dir
-    res = launcher.submit(plan, "slurm", train_fn=jobs.slow_train)
+    res = submit.submit(plan, "slurm", train_fn=jobs.slow_train)
     (job_id,) = [r["job_id"] for r in res.jobs]
     start = time.time()
     while not (run_dir / "progress.txt").exists() or int((run_dir / "progress.txt").read_text()) < 3:
@@ -29,9 +29,9 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     # (About 1 in 16 `scontrol requeue` calls made from inside a job report failure although Slurm requeued
     # it: the run may pass through 'failed' but must end done.)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    runs = launcher.wait_until_final(sweep, poll_s=1, timeout_s=180)
+    runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=180)
     if runs[0].state == "failed":  # the flaky requeue report: give the requeued job its time
-        runs = launcher.wait_until_final(sweep, poll_s=1, timeout_s=120)
+        runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=120)
     assert runs[0].state == "done" and runs[0].step == 20
     starts = [int(line.split()[0]) for line in (run_dir / "starts.txt").read_text().splitlines()]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 3  # resumed, not restarted
@@ -71,8 +71,8 @@ def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None
         },
     )
     run_dir = plan.runs[0].run_dir
-    launcher.submit(plan, "slurm", train_fn=jobs.train_keeping_weights)
-    (run,) = launcher.wait_until_final(sweep, poll_s=1, timeout_s=300)
+    submit.submit(plan, "slurm", train_fn=jobs.train_keeping_weights)
+    (run,) = submit.wait_until_final(sweep, poll_s=1, timeout_s=300)
     assert run.state == "done", run.log_tail
     folder = Path(store.read_jsonl(sweep / store.JOBS_FILE)[-1]["folder"])
     assert len(list(folder.glob(f"{run.job_id}_*_log.err"))) == 2  # two tasks ran

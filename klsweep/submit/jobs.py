@@ -1,0 +1,96 @@
+"""The two kinds of job, train a run and evaluate a run: the submitit callables that run on the compute node
+(pickled by submitit), and what a planned run asks of its jobs (resources, cluster settings, a chained eval).
+
+Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout it calls
+``klsweep.job.save_on_preemption()`` and requeues itself, at most ``cluster.max_requeues`` times);
+``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+
+
+@dataclass
+class TrainJob:
+    """Train one run: ``klsweep.job.train_run(run_dir)`` (or ``fn``, for tests), data-parallel when the job has
+    several tasks. Checkpointable: submitit calls ``checkpoint`` on preemption/timeout and requeues the job."""
+
+    run_dir: str
+    fn: Callable[[Path], Any] | None = None
+
+    def __call__(self) -> Any:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        if env.num_tasks > 1:
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        if self.fn is None:
+            from klsweep.job import train_run
+
+            fn: Callable[[Path], Any] = train_run
+        else:
+            fn = self.fn
+        try:
+            return fn(Path(self.run_dir))
+        except Exception:
+            if env.global_rank == 0 and store.read_status(self.run_dir)["state"] not in store.FINAL_STATES:
+                store.write_status(
+                    self.run_dir, "failed", reason="exception", error=_tail(traceback.format_exc())
+                )
+            raise
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        if self.fn is None:
+            from klsweep.job import save_on_preemption
+
+            save_on_preemption()
+        return DelayedSubmission(self)
+
+
+@dataclass
+class EvalJob:
+    """Evaluate one trained run: ``klsweep.evaluate.eval_run(run_dir, eval_cfg, checkpoints="last")``."""
+
+    run_dir: str
+    eval_cfg: dict[str, Any]
+    fn: Callable[..., Any] | None = None
+
+    def __call__(self) -> Any:
+        if self.fn is None:
+            from klsweep.evaluate import eval_run
+
+            return eval_run(Path(self.run_dir), self.eval_cfg, checkpoints="last")
+        return self.fn(Path(self.run_dir), self.eval_cfg, checkpoints="last")
+
+
+def _tail(text: str, n: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def resources(run: Any) -> dict[str, Any]:
+    """What one job of the planned run asks the scheduler for (``model.resources``)."""
+    return dict(run.config.get("model", {}).get("resources", {}))
+
+
+def cluster_settings(run: Any) -> dict[str, Any]:
+    """The planned run's ``cluster`` section (partition, account, setup, requeues, local parallelism...)."""
+    return dict(run.config.get("cluster", {}))
+
+
+def wants_eval(run: Any) -> bool:
+    """Whether the planned run names an eval suite (an eval job follows its training job)."""
+    return run.config.get("eval", {}).get("suite", "none") not in ("none", "", None)
+
+
+def has_eval_results(run_dir: Path) -> bool:
+    """Whether the run's eval job has written results (under any eval settings)."""
+    return any((run_dir / store.EVAL_DIR).glob("*/*/results.json"))

@@ -1,0 +1,218 @@
+"""What was submitted and what the scheduler says about it: the sweep's job records (``jobs.jsonl``, the
+lock, the submitit folders), one batched query for the state of every recorded job (``sacct``/``squeue``
+on Slurm; the process table and submitit's result files locally), and stopping live jobs.
+
+A job record (``job_row``) is ``{run_id, kind: train|eval, cluster, job_id, folder, submitted_at}`` plus
+``supervisor`` (the local supervisor's pid, while the job waits in its queue) or ``state`` (the final state,
+known at once for debug jobs and for jobs the local supervisor skipped). States are Slurm's words
+(``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED`` ...) for every cluster, plus ``LOST``
+(a local supervisor gone), ``GONE`` (not in squeue) and ``UNKNOWN`` (not in sacct).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+
+LOCK_FILE = ".lock"
+# The local supervisor runs as ``python -m klsweep.submit supervise QUEUE``: how it is found in /proc.
+SUPERVISOR_MODULE = "klsweep.submit"
+LIVE_SLURM = {
+    "PENDING",
+    "REQUEUED",
+    "CONFIGURING",
+    "RESIZING",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RUNNING",
+    "COMPLETING",
+    "STAGE_OUT",
+    "SIGNALING",
+    "STOPPED",
+}
+RUNNING_SLURM = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+
+# --- records -------------------------------------------------------------------------------------------------
+
+
+def submission_folder(sweep_dir: Path) -> Path:
+    """A new folder for one submission's submitit files: ``<sweep>/submitit/<time>[-k]/``."""
+    base = time.strftime("%Y%m%d-%H%M%S")
+    folder = sweep_dir / "submitit" / base
+    k = 1
+    while folder.exists():
+        k += 1
+        folder = sweep_dir / "submitit" / f"{base}-{k}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def job_row(
+    run_id: str, kind: str, cluster: str, job_id: str | None, folder: Path, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "kind": kind,
+        "cluster": cluster,
+        "job_id": job_id,
+        "folder": str(folder),
+        "submitted_at": time.time(),
+        **extra,
+    }
+
+
+def latest_rows(sweep_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The latest jobs.jsonl row per (run id, kind)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in store.read_jsonl(sweep_dir / store.JOBS_FILE):
+        out[(row["run_id"], row["kind"])] = row
+    return out
+
+
+# --- states --------------------------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: int, marker: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return marker in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _local_state(row: dict[str, Any]) -> str:
+    """A Slurm-like state of a local job, read from the process table and submitit's result file."""
+    if row.get("state"):
+        return row["state"]
+    if row["job_id"] is None:
+        return "PENDING" if _pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE) else "LOST"
+    if _pid_alive(int(row["job_id"]), "submitit"):
+        return "RUNNING"
+    return _result_state(Path(row["folder"]), row["job_id"])
+
+
+def _result_state(folder: Path, job_id: str) -> str:
+    import pickle
+
+    path = folder / f"{job_id}_0_result.pkl"
+    if not path.exists():
+        return "CANCELLED" if (folder / f"{job_id}.cancelled").exists() else "FAILED"
+    try:
+        outcome = pickle.loads(path.read_bytes())[0]
+    except Exception:
+        return "FAILED"
+    return "COMPLETED" if outcome == "success" else "FAILED"
+
+
+def _run_cmd(cmd: list[str]) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _squeue() -> dict[str, str] | None:
+    """Live Slurm jobs of this user (one squeue call): job id -> state; None when squeue is unavailable."""
+    out = _run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"])
+    if out is None:
+        return None
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def _sacct(job_ids: list[str]) -> dict[str, str]:
+    """Final or live states of Slurm jobs (one sacct call for all; arrays are queried by their array id)."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    if not job_ids:
+        return {}
+    bases = sorted({j.split("_")[0] for j in job_ids}, key=lambda s: (len(s), s))
+    out = _run_cmd(["sacct", "-X", "--parsable2", "-o", "JobID,State", "-j", ",".join(bases)])
+    if out is None:
+        return {}
+    info = SlurmInfoWatcher().read_info(out)
+    return {j: s["State"].split()[0] for j, s in info.items()}
+
+
+def scheduler_states(rows: list[dict[str, Any]], live_only: bool = False) -> dict[str, str]:
+    """``key(row)`` -> Slurm-like state, for every row (one scheduler query for the Slurm ones)."""
+    states: dict[str, str] = {}
+    slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
+    if slurm_ids:
+        if live_only:
+            q = _squeue()
+            if q is None:  # no squeue: trust accounting
+                q = {j: s for j, s in _sacct(slurm_ids).items() if s in LIVE_SLURM}
+            states.update({j: q.get(j, "GONE") for j in slurm_ids})
+        else:
+            acct = _sacct(slurm_ids)
+            states.update({j: acct.get(j, "UNKNOWN") for j in slurm_ids})
+    for r in rows:
+        if r["cluster"] == "local":
+            states[key(r)] = _local_state(r)
+        elif r["cluster"] == "debug":
+            states[key(r)] = r.get("state", "COMPLETED")
+    return states
+
+
+def key(row: dict[str, Any]) -> str:
+    """A row's key in ``scheduler_states``: the Slurm job id, or one built from the local/debug row."""
+    return (
+        row["job_id"]
+        if row["cluster"] == "slurm"
+        else f"{row['cluster']}:{row['job_id']}:{row.get('supervisor')}:{row['run_id']}:{row['kind']}"
+    )
+
+
+def row_state(row: dict[str, Any]) -> str:
+    return scheduler_states([row])[key(row)]
+
+
+def live_jobs(rows: Any) -> set[tuple[str, str]]:
+    """(run id, kind) of the rows whose job is still queued or running."""
+    rows = list(rows)
+    states = scheduler_states(rows, live_only=True)
+    return {(r["run_id"], r["kind"]) for r in rows if states.get(key(r)) in LIVE_SLURM}
+
+
+# --- stopping ------------------------------------------------------------------------------------------------
+
+
+def cancel_rows(rows: list[dict[str, Any]]) -> None:
+    """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue), SIGINT then SIGKILL locally."""
+    slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
+    if slurm_ids:
+        _run_cmd(["scancel", *slurm_ids])
+        # submitit jobs ignore SIGTERM: Slurm kills them KillWait seconds later. Wait for that, so that no
+        # dying job overwrites the 'cancelled' status afterwards.
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            q = _squeue()
+            if q is None or not any(j in q for j in slurm_ids):
+                break
+            time.sleep(0.5)
+    pids = []
+    for r in rows:
+        if r["cluster"] != "local":
+            continue
+        if r["job_id"] is None:
+            continue  # queued in the supervisor: it skips runs whose status is cancelled
+        if _pid_alive(int(r["job_id"]), "submitit"):
+            Path(r["folder"], f"{r['job_id']}.cancelled").touch()
+            os.kill(int(r["job_id"]), signal.SIGINT)  # submitit's local controller stops its tasks
+            pids.append(int(r["job_id"]))
+    deadline = time.time() + 5
+    while pids and time.time() < deadline:
+        pids = [p for p in pids if _pid_alive(p, "submitit")]
+        time.sleep(0.1)
+    for p in pids:
+        os.kill(p, signal.SIGKILL)

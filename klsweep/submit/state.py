@@ -1,0 +1,235 @@
+"""The state of a sweep's runs: each run's ``status.json`` combined with its jobs' scheduler states into a
+``RunStatus`` (``status``, ``wait_until_final``), and cancelling runs (``cancel``).
+
+The scheduler is asked once per call for the whole sweep (``scheduler.scheduler_states``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+from klsweep.errors import Problem, UserError
+from klsweep.submit.jobs import has_eval_results
+from klsweep.submit.scheduler import (
+    LIVE_SLURM,
+    LOCK_FILE,
+    RUNNING_SLURM,
+    cancel_rows,
+    key,
+    latest_rows,
+    live_jobs,
+    scheduler_states,
+)
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    params: dict[str, Any]  # the sweep's varying axes -> this run's value
+    state: str  # pending | running | done | failed | diverged | cancelled
+    step: int
+    total_steps: int | None
+    reward: float | None  # reward_mean of the last metrics row
+    elapsed_s: float
+    gpu_hours: float
+    job_id: str | None
+    cluster: str | None
+    eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped
+    log_tail: list[str]  # failed runs: the last lines of the job's stderr (or the recorded traceback)
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _combine(status_state: str, sched: str | None) -> str:
+    if sched in RUNNING_SLURM:
+        return "running"
+    if sched in LIVE_SLURM:
+        return "pending"
+    if status_state in ("done", "diverged"):
+        return status_state
+    if sched is None or sched in ("UNKNOWN", "GONE"):
+        return status_state
+    if sched == "COMPLETED":
+        return status_state if status_state in store.FINAL_STATES else "done"
+    if sched.startswith("CANCELLED"):
+        return "cancelled"
+    if sched == "LOST":
+        return status_state if status_state in store.FINAL_STATES else "failed"
+    return "failed"  # FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, DEADLINE
+
+
+def _last_line(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def _log_tail(row: dict[str, Any] | None, n: int = 15) -> list[str]:
+    if row is None or not row.get("job_id"):
+        return []
+    path = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
+    try:
+        return path.read_text(errors="replace").rstrip().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def status(sweep_dir: str | Path) -> list[RunStatus]:
+    """The state of every run of a sweep: status.json combined with one batched scheduler query."""
+    import yaml
+
+    sweep_dir = Path(sweep_dir)
+    sweep_path = sweep_dir / store.SWEEP_FILE
+    sweep = yaml.safe_load(sweep_path.read_text()) if sweep_path.exists() else {}
+    axes: list[str] = list(sweep.get("axes") or [])
+    planned: dict[str, dict] = sweep.get("runs") or {}
+    rows = latest_rows(sweep_dir)
+    states = scheduler_states(list(rows.values()))
+    out: list[RunStatus] = []
+    for run_dir in store.run_dirs(sweep_dir):
+        rid = run_dir.name
+        st = store.read_status(run_dir)
+        train_row, eval_row = rows.get((rid, "train")), rows.get((rid, "eval"))
+        sched = states.get(key(train_row)) if train_row else None
+        state = _combine(st.get("state", "pending"), sched)
+        # accounting lags the job: trust a running status written since this submission
+        fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
+        if state == "pending" and st.get("state") == "running" and fresh:
+            state = "running"
+        eval_state = None
+        if eval_row is not None:
+            e_sched = states.get(key(eval_row))
+            eval_state = (
+                "done"
+                if has_eval_results(run_dir)
+                else "skipped"
+                if e_sched == "SKIPPED"
+                else _combine("pending", e_sched)
+            )
+        cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
+        params = planned.get(rid)
+        if params is None:
+            cfg = _read_config(run_dir)
+            params = _axes_from_config(cfg, axes)
+        last = _last_line(run_dir / store.METRICS_FILE) or {}
+        elapsed = float(st.get("elapsed_s") or 0.0)
+        if state == "running" and st.get("started_at"):
+            elapsed = max(elapsed, time.time() - float(st["started_at"]))
+        res: dict[str, Any] = {}
+        if elapsed:
+            with contextlib.suppress(OSError):
+                res = _resources_of(cfg if cfg is not None else _read_config(run_dir))
+        gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
+        tail: list[str] = []
+        if state == "failed":
+            tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
+        out.append(
+            RunStatus(
+                run_id=rid,
+                params={a: params.get(a) for a in axes} if axes else dict(params),
+                state=state,
+                step=int(st.get("step") or last.get("step") or 0),
+                total_steps=st.get("total_steps"),
+                reward=last.get("reward_mean"),
+                elapsed_s=elapsed,
+                gpu_hours=elapsed * gpus / 3600.0,
+                job_id=train_row["job_id"] if train_row else None,
+                cluster=train_row["cluster"] if train_row else None,
+                eval_state=eval_state,
+                log_tail=tail,
+            )
+        )
+    return out
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((run_dir / store.CONFIG_FILE).read_text()) or {}
+
+
+def _axes_from_config(cfg: dict[str, Any], axes: list[str]) -> dict[str, Any]:
+    out = {}
+    for a in axes:
+        v: Any = cfg
+        for part in a.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        out[a] = v
+    return out
+
+
+def _resources_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    return (cfg.get("model") or {}).get("resources") or {}
+
+
+def wait_until_final(
+    sweep_dir: str | Path,
+    poll_s: float = 2.0,
+    on_update: Callable[[list[RunStatus]], None] | None = None,
+    timeout_s: float | None = None,
+) -> list[RunStatus]:
+    """Poll ``status`` until every run (and its eval) is final; returns the last statuses."""
+    start = time.time()
+    while True:
+        runs = status(sweep_dir)
+        if on_update is not None:
+            on_update(runs)
+        if all(r.state in store.FINAL_STATES and r.eval_state not in ("pending", "running") for r in runs):
+            return runs
+        if timeout_s is not None and time.time() - start > timeout_s:
+            raise TimeoutError(f"runs of {sweep_dir} still not final after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]:
+    """Cancel the live jobs of a sweep (or of the given runs); their status becomes 'cancelled'.
+    Returns the run ids cancelled."""
+    from filelock import FileLock
+
+    sweep_dir = Path(sweep_dir)
+    known = {p.name for p in store.run_dirs(sweep_dir)}
+    if run_ids:
+        unknown = [r for r in run_ids if r not in known]
+        if unknown:
+            raise UserError([Problem("RUN", f"no run {r!r} in {sweep_dir}") for r in unknown])
+    targets = set(run_ids) if run_ids else known
+    with FileLock(str(sweep_dir / LOCK_FILE)):
+        rows = [r for k, r in latest_rows(sweep_dir).items() if k[0] in targets]
+        live = live_jobs(rows)
+        rows = [r for r in rows if (r["run_id"], r["kind"]) in live]
+        cancelled = sorted(
+            {r["run_id"] for r in rows}
+            | {r for r in targets if store.read_status(sweep_dir / r).get("state") in ("pending", "running")}
+        )
+        for rid in cancelled:
+            store.write_status(
+                sweep_dir / rid, "cancelled", reason="cancelled by user", finished_at=time.time()
+            )
+        cancel_rows(rows)
+        for rid in cancelled:  # a dying job may have written its own state meanwhile
+            if store.read_status(sweep_dir / rid).get("state") != "done":
+                store.write_status(sweep_dir / rid, "cancelled", reason="cancelled by user")
+    return cancelled

@@ -1,0 +1,202 @@
+"""Submitting a sweep: which of a plan's runs to train, resume, evaluate or skip, decided under the sweep's
+lock, and the sweep's own files (``sweep.yaml``, each run's ``config.yaml``, the ``jobs.jsonl`` records).
+
+Decisions are taken under a file lock on ``results/<sweep>/.lock`` and every submission is recorded in
+``jobs.jsonl`` (run id, kind, cluster, job id, submitit folder, time), so two concurrent ``klsweep run`` never
+submit a run twice. The back ends (``klsweep.submit.local``, ``klsweep.submit.slurm``) submit the jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+from klsweep.errors import Problem, UserError
+from klsweep.submit.jobs import has_eval_results, wants_eval
+from klsweep.submit.local import submit_debug, submit_local
+from klsweep.submit.scheduler import (
+    LOCK_FILE,
+    cancel_rows,
+    key,
+    latest_rows,
+    live_jobs,
+    row_state,
+    scheduler_states,
+)
+from klsweep.submit.slurm import submit_slurm
+from klsweep.submit.state import wait_until_final
+
+CLUSTERS = ("local", "slurm", "debug")
+
+
+@dataclass
+class SubmitResult:
+    sweep_dir: Path
+    cluster: str
+    actions: dict[str, str]  # run id -> submit | resume | eval | skip-done | skip-live | skip-failed
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # the jobs.jsonl rows written
+    sbatch_calls: int = 0
+
+    @property
+    def submitted(self) -> list[str]:
+        return [r for r, a in self.actions.items() if a in ("submit", "resume", "eval")]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.actions.values():
+            out[a] = out.get(a, 0) + 1
+        return out
+
+
+def default_cluster(plan: Any) -> str:
+    """The cluster the grid asks for (``cluster.kind`` in its base), ``local`` when it does not say."""
+    kinds = {r.config.get("cluster", {}).get("kind", "local") for r in plan.runs}
+    if len(kinds) > 1:
+        raise UserError(
+            Problem(
+                "cluster.kind", f"the runs ask for several clusters: {sorted(kinds)}", "one per submission"
+            ),
+            title="ambiguous cluster",
+        )
+    return kinds.pop() if kinds else "local"
+
+
+def submit(
+    plan: Any,
+    cluster_kind: str = "local",
+    wait: bool = False,
+    retry_failed: bool = False,
+    force: bool = False,
+    *,
+    chain_eval: bool = True,
+    train_fn: Callable[[Path], Any] | None = None,
+    eval_fn: Callable[..., Any] | None = None,
+) -> SubmitResult:
+    """Write the sweep's files and submit what is not done yet; see the module docstring.
+
+    ``chain_eval=False`` submits training only, even when the runs name an eval suite (``klsweep study``
+    evaluates the whole sweep afterwards in one job). ``train_fn``/``eval_fn`` replace
+    ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests)."""
+    from filelock import FileLock
+    from omegaconf import OmegaConf
+
+    if cluster_kind not in CLUSTERS:
+        raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
+    sweep_dir = Path(plan.sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_models(plan)
+    result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
+    with FileLock(str(sweep_dir / LOCK_FILE)):
+        write_sweep_file(plan, cluster_kind)
+        rows = latest_rows(sweep_dir)
+        live = live_jobs(rows.values())
+        if force:
+            cancel_rows([r for k, r in rows.items() if k in live])
+            live = set()
+        train: list[Any] = []
+        evals: list[Any] = []  # eval-only (training already done)
+        slurm_evals: dict[str, str] = {}
+
+        def eval_state(row: dict[str, Any]) -> str:
+            """An eval row's state; one sacct call for all the Slurm ones, at the first need."""
+            if row["cluster"] != "slurm":
+                return row_state(row)
+            if not slurm_evals:
+                slurm_evals.update(
+                    scheduler_states(
+                        [r for (_, kind), r in rows.items() if kind == "eval" and r["cluster"] == "slurm"]
+                    )
+                )
+            return slurm_evals[key(row)]
+
+        for run in plan.runs:
+            run_dir = Path(run.run_dir)
+            if force and run_dir.exists():
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            cfg_text = OmegaConf.to_yaml(OmegaConf.create(run.config))
+            if (
+                not (run_dir / store.CONFIG_FILE).exists()
+                or (run_dir / store.CONFIG_FILE).read_text() != cfg_text
+            ):
+                store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
+            action = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
+            result.actions[run.id] = action
+            if action in ("submit", "resume"):
+                store.write_status(run_dir, "pending", reason=action, error=None, finished_at=None)
+                train.append(run)
+            elif action == "eval":
+                evals.append(run)
+        if train or evals:
+            submit_fn = {"local": submit_local, "slurm": submit_slurm, "debug": submit_debug}[cluster_kind]
+            if not chain_eval:
+                train = [_without_eval(r) for r in train]
+            result.jobs, result.sbatch_calls = submit_fn(sweep_dir, train, evals, train_fn, eval_fn)
+            for row in result.jobs:
+                store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+    if wait and cluster_kind != "debug":
+        wait_until_final(sweep_dir)
+    return result
+
+
+def _prepare_models(plan: Any) -> None:
+    """Build the project's tiny model here, once, if a run uses it: otherwise every job (every rank) would
+    build it, or wait on its lock, while holding its allocation."""
+    if any(r.config.get("model", {}).get("path") == "tiny" for r in plan.runs):
+        from klsweep import tinymodel
+
+        tinymodel.tiny_model_path()
+
+
+def _without_eval(run: Any) -> Any:
+    """The same planned run with no eval chained (its config.yaml on disk keeps its eval settings)."""
+    config = {**run.config, "eval": {**run.config.get("eval", {}), "suite": "none"}}
+    return dataclasses.replace(run, config=config)
+
+
+def _decide(
+    run: Any,
+    rows: dict[tuple[str, str], dict],
+    live: set[tuple[str, str]],
+    retry_failed: bool,
+    chain_eval: bool = True,
+    eval_row_state: Callable[[dict[str, Any]], str] | None = None,
+) -> str:
+    if (run.id, "train") in live:
+        return "skip-live"
+    run_dir = Path(run.run_dir)
+    state = store.read_status(run_dir).get("state", "pending")
+    if state in ("done", "diverged"):
+        if state == "done" and chain_eval and wants_eval(run) and not has_eval_results(run_dir):
+            if (run.id, "eval") in live:
+                return "skip-live"
+            last = rows.get((run.id, "eval"))
+            if last is None or retry_failed:
+                return "eval"
+            return "skip-failed" if (eval_row_state or row_state)(last) in ("FAILED", "CANCELLED") else "eval"
+        return "skip-done"
+    if state in ("failed", "cancelled") and not retry_failed:
+        return "skip-failed"
+    return "resume" if store.checkpoints(run_dir) or state in ("running", "failed", "cancelled") else "submit"
+
+
+def write_sweep_file(plan: Any, cluster_kind: str) -> None:
+    """``<sweep>/sweep.yaml``: the plan's name, axes, exclusions, runs' parameters and grid text."""
+    from omegaconf import OmegaConf
+
+    data = {
+        "name": plan.name,
+        "cluster": cluster_kind,
+        "axes": list(plan.axes),
+        "excluded": plan.excluded,
+        "runs": {r.id: dict(r.params) for r in plan.runs},
+        "grid": plan.grid_text,
+    }
+    store.atomic_write_text(
+        Path(plan.sweep_dir) / store.SWEEP_FILE, OmegaConf.to_yaml(OmegaConf.create(data))
+    )

@@ -8,7 +8,9 @@ lower layers; ``lint-imports`` checks it):
     submit/    submitit jobs: local, Slurm arrays, state       submit, status, cancel, submit_eval
     job        one run in its folder: train, metrics, resume   train_run
     trainer    KLGRPOTrainer: TRL's GRPOTrainer + any KL       KLGRPOTrainer
+    grpo       GRPO's advantages, reward modes, aggregation    (klsweep.grpo)
     kl         the KL estimators and surrogates (the math)     KLConfig, estimate, surrogate
+    audit      exact enumeration: estimators, GRPO objective   grpo_audit (klsweep audit [--grpo])
     evaluate   lm-eval on a run's checkpoints                  eval_run
     report/    tables, statistics, figures, renderers          build_report
 
@@ -29,6 +31,8 @@ _EXPORTS = {
     "estimate": "klsweep.kl",
     "surrogate": "klsweep.kl",
     "token_terms": "klsweep.kl",
+    "forward_estimate": "klsweep.kl",
+    "grpo_audit": "klsweep.audit",
     "KLGRPOTrainer": "klsweep.trainer",
     "load_plan": "klsweep.grid",
     "Plan": "klsweep.grid",

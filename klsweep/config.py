@@ -74,6 +74,10 @@ class KLSection:
     level: str = "token"
     beta: float = 0.0
     importance: str = "none"  # none | token | sequence: pi_theta/mu weighting of the KL term off-policy
+    # separate | shaped: how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md).
+    # separate: its own centred advantage, never std-scaled, so beta means what it says; shaped: added to the
+    # task reward and normalised with it, as TRL reward functions and verl's KL-in-reward do.
+    reward_mode: str = "separate"
 
 
 @dataclass
@@ -136,6 +140,10 @@ class RunConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     wandb: WandbSection = field(default_factory=WandbSection)
 
+
+# Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
+# config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
+LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
 
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = ("name", "eval", "cluster", "wandb", "model.name", "model.resources")

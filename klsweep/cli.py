@@ -44,7 +44,10 @@ def _console(stderr: bool = False):
 @app.command("audit")
 def audit_command(
     vocab: Annotated[int, typer.Option(help="vocabulary size V of the tabular policy")] = 3,
-    length: Annotated[int, typer.Option(help="completion length L (all V**L sequences are enumerated)")] = 3,
+    length: Annotated[
+        int | None,
+        typer.Option(help="completion length L (all V**L sequences are enumerated) [default: 3; --grpo: 2]"),
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed of the random policy, reference and behaviour policy")] = 0,
     ref_distance: Annotated[
         float, typer.Option(help="reference logits = policy logits + this x noise")
@@ -55,16 +58,65 @@ def audit_command(
     importance: Annotated[
         str, typer.Option(help="off-policy weighting pi/mu: none | token | sequence | all")
     ] = "none",
+    grpo: Annotated[
+        bool,
+        typer.Option(
+            "--grpo",
+            help="audit the trainer's whole GRPO objective (advantages, reward mode, loss aggregation): the "
+            "effective KL gradient per unit beta",
+        ),
+    ] = False,
+    group_size: Annotated[
+        int | None, typer.Option(help="--grpo: completions per group G [default: 4]")
+    ] = None,
+    groups: Annotated[
+        int | None, typer.Option(help="--grpo: groups per step, for --scale-rewards batch [default: 2]")
+    ] = None,
+    beta: Annotated[float | None, typer.Option(help="--grpo: the KL coefficient [default: 0.1]")] = None,
+    scale_rewards: Annotated[
+        str | None, typer.Option(help="--grpo: group | batch | none | all [default: group]")
+    ] = None,
+    reward_mode: Annotated[
+        str | None, typer.Option(help="--grpo: separate | shaped | all [default: all]")
+    ] = None,
+    loss_type: Annotated[str | None, typer.Option(help="--grpo: a TRL loss type [default: dapo]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as a JSON list")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print the rows as CSV")] = False,
 ) -> None:
-    """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy."""
+    """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
+    with --grpo, the exact expected update of the trainer's whole GRPO objective."""
     from klsweep import audit
     from klsweep.errors import Problem
 
+    problems = []
     if as_json and as_csv:
-        raise UserError(Problem("--json, --csv", "both given", "at most one of them"))
-    rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
+        problems.append(Problem("--json, --csv", "both given", "at most one of them"))
+    grpo_options = {
+        "group_size": group_size,
+        "groups": groups,
+        "beta": beta,
+        "scale_rewards": scale_rewards,
+        "reward_mode": reward_mode,
+        "loss_type": loss_type,
+    }
+    if grpo:
+        if behavior_shift != 0.0 or importance != "none":
+            problems.append(
+                Problem("--behavior-shift, --importance", "given with --grpo", "the GRPO audit is on-policy")
+            )
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in grpo_options.items() if v is not None]
+        if given:
+            problems.append(Problem(", ".join(given), "given without --grpo", "add --grpo"))
+    if problems:
+        raise UserError(problems)
+    if grpo:
+        options = {k: v for k, v in grpo_options.items() if v is not None}
+        length = 2 if length is None else length
+        rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **options)
+    else:
+        length = 3 if length is None else length
+        rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
     if as_json:
         import json
 
@@ -76,6 +128,16 @@ def audit_command(
         writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(dicts)
+    elif grpo:
+        r = rows[0]
+        console = _console()
+        console.print(
+            f"GRPO audit, on-policy: V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            f" seed {seed}, ref distance {ref_distance:g}",
+            markup=False,
+        )
+        console.print(*audit.grpo_tables(rows))
+        console.print(audit.GRPO_LEGEND, markup=False, highlight=False)
     else:
         policy = "on-policy" if behavior_shift == 0 else f"off-policy, behaviour shift {behavior_shift}"
         title = (

@@ -89,13 +89,10 @@ class TrainSection:
     # Completions per forward/backward pass on each process: a step's completions are split into micro-batches
     # of this size and their gradients accumulated. None: all of the process's completions in one pass.
     micro_batch_size: int | None = None
-    sharding: str = (
-        "none"  # none (DDP: a full copy per GPU) | fsdp (policy and reference sharded over the ranks)
-    )
+    # none (DDP: a full copy on every GPU) | fsdp (policy and reference sharded over the processes)
+    sharding: str = "none"
     save_steps: int = 25
-    keep_checkpoints: int | None = (
-        2  # the newest checkpoints kept (TRL's save_total_limit); None keeps every one
-    )
+    keep_checkpoints: int | None = 2  # the newest kept (TRL's save_total_limit); None keeps every one
     use_vllm: bool = False  # GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])
     # Divergence: a non-finite loss, or a reward collapse (see klsweep.trainer for the definition).
     collapse_window: int = 10
@@ -111,6 +108,10 @@ class KLSection:
     level: str = "token"
     beta: float = 0.0
     importance: str = "none"  # none | token | sequence: pi_theta/mu weighting of the KL term off-policy
+    # separate | shaped: how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md).
+    # separate: its own centred advantage, never std-scaled, so beta means what it says; shaped: added to the
+    # task reward and normalised with it, as TRL reward functions and verl's KL-in-reward do.
+    reward_mode: str = "separate"
 
 
 @dataclass
@@ -174,6 +175,10 @@ class RunConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     wandb: WandbSection = field(default_factory=WandbSection)
 
+
+# Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
+# config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
+LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
 
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = (

@@ -62,6 +62,7 @@ ROW_KEYS: dict[str, str] = {
     "reward_std": "task_reward/std",
     "kl_k1": "kl/k1",
     "kl_k3": "kl/k3",
+    "kl_forward": "kl/forward",
     "entropy": "entropy",
     "completion_length": "completion_length",
     "clip_ratio": "clip_ratio/region_mean",
@@ -81,13 +82,17 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     """The RunConfig of a run folder (``config.yaml`` over the schema's defaults)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import RunConfig
+    from klsweep.config import LEGACY_VALUES, RunConfig
 
     path = Path(run_dir) / store.CONFIG_FILE
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        loaded = OmegaConf.load(path)
+        for key, value in LEGACY_VALUES.items():  # a folder written before the key existed
+            if OmegaConf.select(loaded, key, default=None) is None:
+                OmegaConf.update(loaded, key, value, force_add=True)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
     except Exception as e:  # omegaconf's validation errors
         raise UserError(Problem(str(path), str(e).splitlines()[0])) from e
     return OmegaConf.to_object(merged)

@@ -1,8 +1,17 @@
 """The KL math of klsweep: the estimators k1/k2/k3, their placement (reward, loss, both), their level (token,
-sequence) and importance weighting for off-policy samples. This is the only implementation in the project:
-the trainer and the audit (``klsweep audit``, which proves it against exact gradients) both call it.
+sequence), importance weighting for off-policy samples, and a forward-KL estimate for monitoring. This is the
+only implementation of the estimators in the project; the trainer and both audits (``klsweep audit``,
+``klsweep audit --grpo``) call it.
 
-Notation (see KL.md): for a sampled completion y, per unmasked token t,
+What is exact, and where. ``surrogate`` is the *per-sample* KL-gradient estimate of a configuration; its
+expectation, on-policy, is what the table of docs/KL.md states (``klsweep audit`` proves it by enumeration).
+The trainer uses these functions as they are for the loss half (``placement`` loss, and the loss half of
+both). For the reward half it uses ``estimate`` (the detached penalty) and GRPO's advantages
+(``klsweep.grpo``): with ``reward_mode="separate"`` the expected update of the KL part is exactly beta times
+the expectation of ``surrogate``'s reward term (aggregated like the policy loss); with ``reward_mode="shaped"``
+it is not (the penalty is normalised with the task reward: see docs/KL.md, "beta in the reward").
+
+Notation (see docs/KL.md): for a sampled completion y, per unmasked token t,
 ``delta_t = log pi_theta(y_t | y_<t) - log pi_ref(y_t | y_<t)``; ``k1 = delta``, ``k2 = delta**2 / 2``,
 ``k3 = exp(-delta) - 1 + delta``. Token level: ``KL_hat(y) = sum_t k(delta_t)``; sequence level:
 ``KL_hat(y) = k(sum_t delta_t)``.
@@ -47,6 +56,7 @@ ESTIMATORS = ("k1", "k2", "k3")
 PLACEMENTS = ("reward", "loss", "both")
 LEVELS = ("token", "sequence")
 IMPORTANCE = ("none", "token", "sequence")
+REWARD_MODES = ("separate", "shaped")  # how a penalty in the reward enters GRPO's advantage (klsweep.grpo)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,11 @@ class KLConfig:
     level: str = "token"  # token | sequence
     beta: float = 0.0  # coefficient of the KL term (>= 0); the trainer applies it, not surrogate()
     importance: str = "none"  # none | token | sequence: stop-gradient pi_theta/mu weighting off-policy
+    # separate | shaped: how the reward-placed penalty enters GRPO's advantage (klsweep.grpo.advantages):
+    # separate: its own leave-one-out-centred advantage, no std scaling, so the expected KL update is exactly
+    # beta x E[stopgrad(KL_hat) grad log pi]; shaped: added to the task reward and normalised with it (TRL
+    # reward functions, verl's use_kl_in_reward).
+    reward_mode: str = "separate"
 
     def __post_init__(self) -> None:
         problems = [
@@ -67,6 +82,7 @@ class KLConfig:
                 ("placement", self.placement, PLACEMENTS),
                 ("level", self.level, LEVELS),
                 ("importance", self.importance, IMPORTANCE),
+                ("reward_mode", self.reward_mode, REWARD_MODES),
             )
             if value not in allowed
         ]
@@ -164,3 +180,18 @@ def surrogate(
     ``behavior_logp`` are per-token log-probabilities [B, T] of the sampled tokens under pi_theta, pi_ref and
     the sampling policy mu; ``mask`` [B, T] marks the completion tokens."""
     return token_terms(logp, ref_logp, mask, config, behavior_logp).sum(-1)
+
+
+def forward_estimate(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """Per sequence [B], an estimate of the forward KL(pi_ref || pi_theta) from completions sampled from pi_theta:
+    ``sum_t (r_t log r_t - r_t + 1)`` with ``r_t = pi_ref(y_t|y_<t) / pi_theta(y_t|y_<t)`` over the unmasked
+    tokens. Each term is >= 0, and given its prefix its expectation under pi_theta is the forward KL of the
+    next-token distributions, ``KL(pi_ref(.|y_<t) || pi_theta(.|y_<t))`` (``-r + 1`` has mean 0 and lowers the
+    variance). Summed over positions this is the forward KL along pi_theta's prefixes: exactly KL(ref || pi)
+    for one-token completions; for longer ones the prefixes follow pi_theta, not pi_ref. A monitoring metric
+    (``kl/forward``), never a training term."""
+    import torch
+
+    mask = mask.bool()
+    neg_delta = _masked(ref_logp, mask) - _masked(logp, mask)  # log r
+    return _masked(neg_delta * torch.exp(neg_delta) - torch.expm1(neg_delta), mask).sum(-1)

@@ -117,13 +117,15 @@ def build_tokenizer(spec: TinySpec = TinySpec()) -> Any:
     )
 
 
-def _new_model(spec: TinySpec, tokenizer: Any) -> Any:
+def _new_model(
+    spec: TinySpec, tokenizer: Any, vocab_size: int | None = None, device: str | None = None
+) -> Any:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(spec.seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -136,7 +138,8 @@ def _new_model(spec: TinySpec, tokenizer: Any) -> Any:
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    model = Qwen2ForCausalLM(config)
+    with torch.device(device or "cpu"):
+        model = Qwen2ForCausalLM(config)
     end_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=tokenizer.pad_token_id)
     return model
@@ -147,12 +150,17 @@ def _save(model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def random_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> Path:
-    """Save an untrained tiny model and its tokenizer in ``folder`` (created) and return it."""
+def random_tiny_model(
+    folder: Path, spec: TinySpec = TinySpec(), vocab_size: int | None = None, device: str | None = None
+) -> Path:
+    """Save an untrained (randomly initialised) Qwen2 model of ``spec``'s shape and the tiny tokenizer in
+    ``folder`` (created) and return it. ``vocab_size`` sets the embedding rows (default: the tokenizer's; a
+    real LLM's, e.g. 151936, gives its memory footprint; ids past the tokenizer decode to nothing);
+    ``device`` is where the weights are initialised (a GPU builds billions of parameters in seconds)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec)
-    _save(_new_model(spec, tokenizer), tokenizer, folder)
+    _save(_new_model(spec, tokenizer, vocab_size, device), tokenizer, folder)
     return folder
 
 

@@ -2,7 +2,8 @@
 
 Construct it like ``trl.GRPOTrainer`` plus ``kl=KLConfig(...)`` and ``lag=k``. TRL's own KL term stays off
 (``args.beta`` must be 0; the coefficient is ``kl.beta``). All KL values and surrogates come from
-``klsweep.kl`` (``estimate``, ``token_terms``, ``surrogate``): this module only decides where they go.
+``klsweep.kl``, and the advantages and aggregations from ``klsweep.grpo`` (the functions the GRPO audit
+enumerates): this module only decides where they go.
 
 Reference model. A frozen copy of the initial policy is always built (also at ``kl.beta == 0``, because the
 k1/k3 metrics need it): the cost is one more copy of the weights in memory and one no-grad forward of the
@@ -11,16 +12,32 @@ batch is generated and travel with the batch (``ref_per_token_logps``).
 
 Placements (``kl.placement``):
 
-- ``reward``: ``-beta * KL_hat(y)`` (``kl.estimate`` at ``kl.level``, detached, evaluated with the log-probs
-  of the policy that sampled y) is added to each completion's task reward *before* the group normalisation,
-  so it enters the advantage like any reward. Off-policy, the clipped ratio pi_theta/pi_old of the policy
-  loss already importance-weights this term (``kl.importance`` does not apply to it).
-- ``loss``: ``beta * kl.token_terms(..., placement="loss")`` enters the loss. Token level: the per-token terms
-  are aggregated exactly like the policy loss of ``args.loss_type`` (same normaliser; for k3/loss/token this
-  is TRL's built-in KL with ``use_bias_correction_kl=False``). Sequence level: the per-sequence surrogate
-  ``kl.surrogate`` is averaged over the sequences of the optimiser step (sum over the micro-batch divided by
-  micro-batch size x gradient-accumulation steps), whatever the loss type.
-- ``both``: the two at once.
+- ``reward``: the penalty ``KL_hat(y)`` (``kl.estimate`` at ``kl.level``, detached, evaluated with the
+  log-probs of the policy that sampled y) enters each completion's advantage, before the policy loss, per
+  ``kl.reward_mode`` (``klsweep.grpo.advantages``): ``separate`` gives it its own leave-one-out-centred,
+  unscaled advantage next to the GRPO-normalised task reward, so that on-policy the KL part of the update is
+  beta times ``kl.surrogate``'s reward term less a baseline independent of the completion, aggregated like the
+  policy loss: its expectation is ``beta x E[stopgrad(KL_hat) grad log pi]`` in the policy loss's units
+  (exactly, where those weigh every token alike: equal lengths, dr_grpo, luspo; dapo and bnpo divide by the
+  step's token count and grpo by each completion's length, which weighs completions by length, as they do
+  the task reward); ``shaped`` subtracts ``beta * KL_hat`` from the task reward
+  before GRPO's normalisation (TRL reward functions, verl's KL-in-reward), which rescales it by
+  ``(1 - 1/G) / std`` of the shaped rewards: beta then does not mean what it says. Off-policy, the clipped
+  ratio pi_theta/pi_old of the policy loss already importance-weights this term (``kl.importance`` does not
+  apply to it).
+- ``loss``: ``beta * klsweep.grpo.kl_loss(...)`` enters the loss. Token level: ``kl.token_terms`` aggregated
+  exactly like the policy loss of ``args.loss_type`` (same normaliser; for k3/loss/token this is TRL's
+  built-in KL with ``use_bias_correction_kl=False``). Sequence level: the per-sequence ``kl.surrogate`` is
+  averaged over the sequences of the optimiser step (sum over the micro-batch divided by micro-batch size x
+  gradient-accumulation steps), whatever the loss type: not divided by tokens, so at the same beta it is
+  about mean-length times stronger than the token level under dapo/grpo/bnpo.
+- ``both``: the two at once. Exactly the total derivative of E[KL_hat] only with ``separate`` at token level
+  (both halves then have the policy loss's unit); with ``shaped`` the score half carries (1 - 1/G)/std and the
+  loss half 1, and at sequence level the loss half is per sequence while the score half is per token.
+
+What is exact. On-policy (ratio 1), the gradient of this trainer's loss minus its gradient at beta = 0 is,
+on every batch, ``beta`` times the gradient of the KL terms above (tests/test_trainer.py checks it against
+``kl.surrogate`` on the tiny model); ``klsweep audit --grpo`` gives its exact expectation on a tabular policy.
 
 Importance weighting of the loss-placed term (``kl.importance`` token/sequence): ``behavior_logp`` is the
 log-probs of the policy that generated the batch (``old_per_token_logps``); on-policy the weights are 1.
@@ -41,7 +58,8 @@ Metrics (``self._metrics``, averaged by TRL at log time), besides TRL's own (``e
 ``step_time``, ...), for the batch trained at each step: ``task_reward/mean``, ``task_reward/std`` (the task
 reward without the KL penalty), ``kl/k1`` and ``kl/k3`` (``kl.estimate`` at token level, mean per sequence,
 of the policy that sampled the batch against the reference: whatever the training estimator, also at
-beta = 0), ``kl/penalty`` (the training estimator at its level, mean per sequence), ``completion_length``
+beta = 0), ``kl/forward`` (``kl.forward_estimate``: the forward KL(ref || pi) along the sampled prefixes,
+mean per sequence), ``kl/penalty`` (the training estimator at its level, mean per sequence), ``completion_length``
 (mean unmasked tokens) and ``policy_lag`` (optimiser steps between generation and training of the batch).
 They are computed from tensors the step already has: no extra forward pass.
 
@@ -53,7 +71,6 @@ no DeepSpeed/FSDP-specific preparation of the reference; ``multi_objective_aggre
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from collections import deque
 from typing import Any
@@ -61,6 +78,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from klsweep import grpo
 from klsweep import kl as klmath
 from klsweep.kl import KLConfig
 
@@ -210,52 +228,27 @@ class KLGRPOTrainer(GRPOTrainer):
                 behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level
             )
             penalty = self.accelerator.gather(penalty.float())
-            out["advantages"] = self._group_advantages(task_reward - self.kl.beta * penalty, mode)[local]
+            g = self.num_generations if mode == "train" else self.num_generations_eval
+            advantages = grpo.advantages(
+                task_reward, penalty, self.kl.beta, g, self.scale_rewards, self.kl.reward_mode
+            )
+            out["advantages"] = advantages[local]
         out["task_reward"] = task_reward[local]
         out["policy_version"] = torch.full((n_local,), self.state.global_step, device=mask.device)
         return out
 
-    def _group_advantages(self, rewards: torch.Tensor, mode: str) -> torch.Tensor:
-        """TRL's ``sum_then_normalize`` advantages of per-completion rewards (all processes' completions)."""
-        from trl.trainer.utils import nanstd
-
-        g = self.num_generations if mode == "train" else self.num_generations_eval
-        grouped = rewards.view(-1, g)
-        mean = torch.nanmean(grouped, dim=1).repeat_interleave(g, dim=0)
-        if self.scale_rewards in ("group", "none"):
-            std = nanstd(grouped, dim=1).repeat_interleave(g, dim=0) if g > 1 else torch.zeros_like(rewards)
-        elif self.scale_rewards == "batch":
-            std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        else:
-            raise ValueError(f"scale_rewards={self.scale_rewards!r} is not one of group, batch, none")
-        advantages = rewards - mean
-        if self.scale_rewards != "none":
-            advantages = advantages / (std + 1e-4)
-        return torch.nan_to_num(advantages, nan=0.0)
-
     # ------------------------------------------------------------------------------------------ loss
 
-    def _aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
-        """Aggregate a [B, T] per-token term exactly like TRL aggregates the policy loss of ``loss_type``."""
+    def _aggregation(self, inputs: dict[str, Any]) -> grpo.Aggregation:
+        """How TRL aggregates the policy loss of ``loss_type`` in this step (``klsweep.grpo.Aggregation``)."""
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        x = per_token * mask
-        if self.loss_type in ("grpo", "sapo"):
-            return (x.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-        if self.loss_type == "bnpo":
-            return x.sum() / mask.sum().clamp(min=1.0) / accumulation
-        if self.loss_type == "dr_grpo":
-            return x.sum() / (x.size(0) * self.max_completion_length) / accumulation
+        tokens = None
         if self.loss_type in ("cispo", "dapo", "vespo"):
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
-                normalizer = (
-                    normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-                )
-            return x.sum() / normalizer
-        if self.loss_type == "luspo":
-            return x.sum(-1).mean() / accumulation
-        raise ValueError(f"unknown loss_type {self.loss_type!r}")
+                tokens = tokens * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return grpo.Aggregation(self.loss_type, accumulation, tokens, self.max_completion_length)
 
     def _compute_loss(self, model, inputs):
         from trl.trainer.utils import nanstd
@@ -270,21 +263,15 @@ class KLGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
 
         if self.kl.beta > 0 and self.kl.placement in ("loss", "both"):
-            config = dataclasses.replace(self.kl, placement="loss")
             weights_from = sampled if self.kl.importance != "none" else None
-            if self.kl.level == "token":
-                terms = klmath.token_terms(logps, ref, mask, config, behavior_logp=weights_from)
-                kl_loss = self._aggregate(terms, mask, inputs)
-            else:
-                accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-                per_sequence = klmath.surrogate(logps, ref, mask, config, behavior_logp=weights_from)
-                kl_loss = per_sequence.sum() / (per_sequence.size(0) * accumulation)
+            kl_loss = grpo.kl_loss(logps, ref, mask, self.kl, self._aggregation(inputs), weights_from)
             loss = loss + self.kl.beta * kl_loss
 
         with torch.no_grad():
             values = {
                 "kl/k1": klmath.estimate(sampled, ref, mask, "k1", "token"),
                 "kl/k3": klmath.estimate(sampled, ref, mask, "k3", "token"),
+                "kl/forward": klmath.forward_estimate(sampled, ref, mask),
                 "kl/penalty": klmath.estimate(sampled, ref, mask, self.kl.estimator, self.kl.level),
                 "completion_length": mask.sum(-1).float(),
                 "policy_lag": (self.state.global_step - inputs["policy_version"]).float(),

@@ -1,5 +1,6 @@
-"""klsweep.audit and `klsweep audit`: exact expected gradients of every configuration, KL.md's verdict table,
-off-policy importance weighting, and the command line."""
+"""klsweep.audit and `klsweep audit`: exact expected gradients of every configuration, docs/KL.md's verdict
+table, off-policy importance weighting, the GRPO audit of the trainer's whole objective (exact enumeration
+against Monte Carlo, the reward modes' scales), and the command line."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from klsweep import audit, kl
+from klsweep import audit, grpo, kl
 from klsweep.errors import UserError
 
-# KL.md, "What each configuration's expected gradient is, on-policy": the verdict column.
+# docs/KL.md, "What each configuration's expected gradient is, on-policy": the verdict column.
 KL_MD = {
     ("k1", "reward", "token"): "unbiased reverse KL",
     ("k1", "reward", "sequence"): "unbiased reverse KL",
@@ -38,6 +39,7 @@ KL_MD = {
     ("k3", "both", "sequence"): "unbiased reverse KL",
 }
 UNBIASED = {k for k, v in KL_MD.items() if v == "unbiased reverse KL"}
+REPO = Path(__file__).resolve().parents[1]
 SIZES = [(3, 3, 0), (2, 4, 1), (4, 2, 2), (2, 2, 3), (3, 4, 4)]
 
 
@@ -244,3 +246,208 @@ def test_cached_audit_is_the_audit_and_survives_a_damaged_cache(tmp_path, monkey
     entry.write_text("{not json")
     assert audit.cached_audit() == fresh  # recomputed, not trusted
     assert audit.cached_audit(behavior_shift=0.5) != fresh  # options are part of the key
+
+
+# ------------------------------------------------------------------------------------------------ GRPO audit
+
+
+def grpo_rows(**options) -> dict[tuple[str, str, str, str, str], audit.GRPOAuditRow]:
+    return {
+        (r.estimator, r.placement, r.level, r.reward_mode, r.scale_rewards): r
+        for r in audit.grpo_audit(**options)
+    }
+
+
+@pytest.mark.parametrize("beta", [1e-3, 0.1, 1.0, 10.0])
+def test_separate_k1_in_the_reward_has_scale_one_at_any_beta(beta):
+    rows = grpo_rows(beta=beta, scale_rewards="all", vocab=2, length=2)
+    for scale in grpo.SCALE_REWARDS:
+        for level in kl.LEVELS:
+            r = rows["k1", "reward", level, "separate", scale]
+            assert r.effective_scale == pytest.approx(1.0, abs=1e-6)
+            assert r.cos_reverse == pytest.approx(1.0, abs=1e-6)
+            assert r.verdict == "exact"
+        # the same estimator in both places: the total derivative, at the policy loss's unit (token level)
+        assert rows["k3", "both", "token", "separate", scale].verdict == "exact"
+
+
+def test_separate_k1_in_the_reward_has_scale_one_on_the_default_policy():
+    rows = grpo_rows(beta=0.1)  # V=3, L=2, G=4, dapo, group scaling
+    r = rows["k1", "reward", "token", "separate", "group"]
+    assert abs(r.effective_scale - 1) < 1e-6 and abs(r.cos_reverse - 1) < 1e-6
+
+
+def test_shaped_without_std_is_scaled_by_one_minus_one_over_g():
+    """The inclusive group mean: E[(x_i - mean_j x_j) grad log pi(y_i)] = (1 - 1/G) E[x_i grad log pi(y_i)]."""
+    for g in (2, 4, 5):
+        r = grpo_rows(group_size=g, vocab=2, length=2, scale_rewards="none", reward_mode="shaped")
+        row = r["k1", "reward", "token", "shaped", "none"]
+        assert row.effective_scale == pytest.approx(1 - 1 / g, abs=1e-9)
+        assert row.cos_reverse == pytest.approx(1.0, abs=1e-9) and row.verdict == "rescaled"
+
+
+def test_shaped_with_group_scaling_amplifies_small_betas():
+    """Normalised with the task reward, the penalty's weight per unit beta grows as beta shrinks."""
+    scales = [
+        grpo_rows(beta=b, reward_mode="shaped")["k1", "reward", "token", "shaped", "group"].effective_scale
+        for b in (0.01, 0.1, 1.0)
+    ]
+    assert scales[0] > scales[1] > scales[2] and scales[0] > 5
+    separate = [
+        grpo_rows(beta=b, reward_mode="separate")[
+            "k1", "reward", "token", "separate", "group"
+        ].effective_scale
+        for b in (0.01, 1.0)
+    ]
+    assert separate == pytest.approx([1.0, 1.0], abs=1e-9)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "luspo", "dr_grpo"])
+def test_sequence_level_loss_is_per_sequence_and_token_level_per_token(loss_type):
+    """k2 in the loss at sequence level is the reverse-KL gradient, divided by sequences: scale = L under a
+    per-token aggregation, 1 under luspo (sum over tokens, mean over sequences)."""
+    length = 3
+    rows = grpo_rows(vocab=2, length=length, loss_type=loss_type, reward_mode="separate")
+    r = rows["k2", "loss", "sequence", "separate", "group"]
+    assert r.effective_scale == pytest.approx(1.0 if loss_type == "luspo" else length, rel=1e-9)
+    assert r.cos_reverse == pytest.approx(1.0, abs=1e-9)
+    assert rows["k1", "loss", "token", "separate", "group"].verdict == "zero in expectation"
+    assert rows["k1", "reward", "token", "separate", "group"].verdict == "exact"
+
+
+def test_groups_matter_only_for_batch_scaling():
+    policy = audit.TabularPolicy.random(2, 2, 0, 1.0, 0.0)
+    reward = audit.task_reward_table(4, 0)
+    probs = policy.token_logp(policy.theta).sum(-1).exp()
+    config = kl.KLConfig("k3", "both", "token", beta=0.3, reward_mode="shaped")
+    expected = {}
+    for groups in (1, 2):
+        seqs, p = audit.enumerate_steps(probs, 3, groups)
+        assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
+        for scale in grpo.SCALE_REWARDS:
+            expected[scale, groups] = audit.grpo_gradients(policy, reward, seqs, config, 3, scale, "dapo", p)
+    for scale in ("group", "none"):
+        torch.testing.assert_close(expected[scale, 1], expected[scale, 2], rtol=1e-10, atol=1e-14)
+    assert not torch.allclose(expected["batch", 1], expected["batch", 2])
+    torch.testing.assert_close(expected["batch", 1], expected["group", 1], rtol=1e-10, atol=1e-14)
+
+
+def test_multisets_weigh_steps_like_ordered_enumeration():
+    """The multiset enumeration gives the expectation of every order-blind function of a step that the
+    enumeration of every ordered step gives."""
+    import itertools
+
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    g, groups = 2, 2
+    seqs, p = audit.enumerate_steps(probs, g, groups)
+    values = torch.tensor([1.0, -2.0, 5.0], dtype=torch.float64)
+
+    def f(step: torch.Tensor) -> torch.Tensor:  # order-blind within and across groups, not separable
+        groups_sum = values[step].view(*step.shape[:-1], groups, g).sum(-1)
+        return groups_sum.max(-1).values * values[step].std(-1)
+
+    ordered = torch.tensor(list(itertools.product(range(3), repeat=g * groups)))
+    p_ordered = probs[ordered].prod(-1)
+    assert (p @ f(seqs)).item() == pytest.approx((p_ordered @ f(ordered)).item(), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "placement", "level", "reward_mode", "scale"),
+    [
+        ("k1", "reward", "token", "shaped", "group"),
+        ("k3", "both", "sequence", "separate", "group"),
+        ("k3", "reward", "token", "shaped", "batch"),
+        ("k2", "both", "token", "shaped", "none"),
+    ],
+)
+def test_grpo_audit_agrees_with_monte_carlo(estimator, placement, level, reward_mode, scale):
+    """Sample steps of the tabular policy, compute each one's update with the same objective, average: the
+    exact expectation lies within a few standard errors, for the update and the effective KL gradient."""
+    policy = audit.TabularPolicy.random(3, 2, 1, 1.0, 0.0)
+    reward = audit.task_reward_table(9, 1)
+    probs = policy.token_logp(policy.theta).sum(-1).exp()
+    g, groups = 4, 2 if scale == "batch" else 1
+    config = kl.KLConfig(estimator, placement, level, beta=0.2, reward_mode=reward_mode)
+    zero = kl.KLConfig(estimator, placement, level, beta=0.0, reward_mode=reward_mode)
+    seqs, p = audit.enumerate_steps(probs, g, groups)
+    exact = audit.grpo_gradients(policy, reward, seqs, config, g, scale, "dapo", p)
+    exact_kl = (exact - audit.grpo_gradients(policy, reward, seqs, zero, g, scale, "dapo", p)) / 0.2
+
+    gen = torch.Generator().manual_seed(0)
+    n = 20_000
+    sampled = torch.multinomial(probs, n * g * groups, replacement=True, generator=gen).view(n, g * groups)
+    per_step = audit.grpo_gradients(policy, reward, sampled, config, g, scale, "dapo")
+    per_step_kl = (per_step - audit.grpo_gradients(policy, reward, sampled, zero, g, scale, "dapo")) / 0.2
+    for mc, want in ((per_step, exact), (per_step_kl, exact_kl)):
+        mean, se = mc.mean(0), mc.std(0) / n**0.5
+        z = (mean - want).abs() / se.clamp(min=1e-12)
+        assert z.max() < 4.5, z
+        assert (mean - want).norm() < 0.1 * want.norm()  # and the signal is well above the noise
+
+
+def test_grpo_audit_rejects_bad_options_together():
+    with pytest.raises(UserError) as info:
+        audit.grpo_audit(
+            group_size=1, beta=0.0, scale_rewards="groups", reward_mode="normalised", loss_type="vespo"
+        )
+    where = {p.where for p in info.value.problems}
+    assert where == {"group_size", "beta", "scale_rewards", "reward_mode", "loss_type"}
+    text = str(info.value)
+    assert "separate, shaped, all" in text and "group, batch, none, all" in text
+    with pytest.raises(UserError, match="at most"):
+        audit.grpo_audit(vocab=3, length=3, group_size=8, scale_rewards="batch")
+
+
+def test_cli_grpo_json_rows_carry_the_keys():
+    out = run_cli("--grpo", "--json", "--vocab", "2", "--scale-rewards", "none", "--beta", "0.5")
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    assert len(rows) == 36
+    for key in (
+        "estimator",
+        "placement",
+        "level",
+        "reward_mode",
+        "scale_rewards",
+        "effective_scale",
+        "cos_reverse",
+        "cos_forward",
+    ):
+        assert all(key in r for r in rows), key
+    want = audit.rows_as_dicts(audit.grpo_audit(vocab=2, scale_rewards="none", beta=0.5))
+    assert rows == want
+
+
+def test_cli_grpo_table_fits_80_columns_piped_and_in_a_terminal():
+    import os
+    import re
+
+    cmd = [sys.executable, "-m", "klsweep.cli", "audit", "--grpo", "--vocab", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TTY_COMPATIBLE", "NO_COLOR")}
+    for extra in ({}, {"COLUMNS": "80", "TTY_COMPATIBLE": "1"}):  # piped; a terminal 80 columns wide
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**env, **extra}, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout)
+        assert ("\x1b[" in out.stdout) == bool(extra)  # colours only in the terminal
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        assert any(line.split()[:4] == ["k1", "reward", "token", "1.000"] for line in lines)
+        assert "reward_mode separate, scale_rewards group" in text
+        assert "reward_mode shaped, scale_rewards group" in text
+        assert "E[grad L(beta)]" in text  # not eaten as markup
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--beta", "0.1"], ["--beta", "without --grpo"]),
+        (["--grpo", "--importance", "token"], ["--importance", "on-policy"]),
+        (["--grpo", "--reward-mode", "normalised", "--group-size", "1"], ["reward_mode", "group_size"]),
+    ],
+)
+def test_cli_grpo_bad_options_exit_2(args, needles):
+    cmd = [sys.executable, "-m", "klsweep.cli", "audit", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in out.stderr

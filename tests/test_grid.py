@@ -82,6 +82,7 @@ def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
         "level": "token",
         "beta": 0.05,
         "importance": "none",
+        "reward_mode": "separate",
     }
     json.dumps(c)  # JSON-able
     assert len({r.id for r in plan.runs}) == len(plan.runs)
@@ -108,6 +109,20 @@ def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):
     changed["kl"]["beta"] = 0.5
     assert grid.run_id(changed) != grid.run_id(config)
     assert "model.resources" in COSMETIC_KEYS
+
+
+def test_reward_mode_is_a_kl_key_in_the_id_and_the_plan(tmp_path, monkeypatch, capsys):
+    plan = grid.load_plan(write(tmp_path, TINY))
+    assert {r.config["kl"]["reward_mode"] for r in plan.runs} == {"separate"}  # the default
+    text = "name: m\ngrid:\n  kl.placement: reward\n  kl.reward_mode: separate,shaped\n"
+    plan = grid.load_plan(write(tmp_path, text))
+    assert plan.axes == ["kl.reward_mode"]
+    assert len({r.id for r in plan.runs}) == 2
+    # varying through a preset, it is shown too (the kl keys that vary are columns)
+    plan = grid.load_plan(write(tmp_path, "name: p\ngrid:\n  preset: trl,paper\n"))
+    assert "kl.reward_mode" in plan.axes
+    code, stdout, _ = cli(["plan", write(tmp_path, text)], monkeypatch, capsys)
+    assert code == 0 and "kl.reward_mode" in stdout and "shaped" in stdout
 
 
 def test_grid_list_is_a_union_deduplicated_by_id(tmp_path):
@@ -186,10 +201,12 @@ def test_presets_as_an_axis_set_kl(tmp_path):
         "level": "token",
         "beta": 0.04,
         "importance": "token",
+        "reward_mode": "shaped",
     }
     assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
     assert by["openrlhf"]["estimator"] == "k1" and by["openrlhf"]["placement"] == "reward"
     assert by["paper"]["estimator"] == "k1" and by["paper"]["placement"] == "reward"
+    assert by["verl"]["reward_mode"] == "shaped" and by["paper"]["reward_mode"] == "separate"
     assert "kl.estimator" in plan.axes  # varies through the preset
     # values override a preset (Hydra: overrides beat group contents)
     plan = grid.load_plan(write(tmp_path, text), ["kl.beta=0.2"])
@@ -314,6 +331,16 @@ MALFORMED = {
         G,
         ["kl.placement=rewards"],
         ["command line: kl.placement=rewards", "reward, loss, both"],
+    ),
+    "invalid KL reward mode": (
+        G,
+        ["kl.reward_mode=shapd"],
+        ["command line: kl.reward_mode=shapd", "'shapd' is not valid", "separate, shaped"],
+    ),
+    "invalid KL reward mode in the file": (
+        "name: bad\ngrid:\n  kl.reward_mode: separate,normalised\n",
+        [],
+        ["grid.kl.reward_mode", "'normalised' is not valid", "separate, shaped"],
     ),
     "negative beta": ("name: bad\ngrid:\n  kl.beta: 0.1,-1\n", [], ["grid.kl.beta", "-1.0", ">= 0"]),
     "bad override grammar": (

@@ -73,9 +73,18 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     for row in rows:
         for key in ("step", "time", "elapsed_s", *job.ROW_KEYS):
             assert key in row, key
-        for key in ("reward_mean", "kl_k1", "kl_k3", "kl_penalty", "entropy", "loss", "grad_norm"):
+        for key in (
+            "reward_mean",
+            "kl_k1",
+            "kl_k3",
+            "kl_forward",
+            "kl_penalty",
+            "entropy",
+            "loss",
+            "grad_norm",
+        ):
             assert isinstance(row[key], float), key
-    assert rows[-1]["kl_k3"] > 0
+    assert rows[-1]["kl_k3"] > 0 and rows[-1]["kl_forward"] > 0
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
     last = store.checkpoints(run)[-1]
     assert status["final_checkpoint"] == "checkpoint-3"
@@ -88,6 +97,18 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     AutoTokenizer.from_pretrained(last)
     assert any((run / "wandb").rglob("*.wandb"))
     assert job.train_run(run) == status  # a done run is left as it is
+
+
+def test_run_config_reward_mode_default_and_folders_written_before_it(tmp_path, model_dir):
+    from omegaconf import OmegaConf
+
+    config = write_config(tmp_path / "new", model_dir)
+    assert config["kl"]["reward_mode"] == "separate"
+    assert job.load_run_config(tmp_path / "new").kl.reward_mode == "separate"
+    del config["kl"]["reward_mode"]  # a run folder written before the key existed trained shaped
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+    assert job.load_run_config(tmp_path / "old").kl.reward_mode == "shaped"
 
 
 _KILLABLE = """

@@ -1,4 +1,5 @@
-"""klsweep.kl: estimator values by hand, surrogate gradients against KL.md's closed forms, masking, validation."""
+"""klsweep.kl: estimator values by hand, surrogate gradients against docs/KL.md's closed forms, the forward-KL
+estimate, masking, validation."""
 
 from __future__ import annotations
 
@@ -54,6 +55,38 @@ def test_estimate_by_hand_both_levels():
         seq = kl.estimate(logp, ref_logp, mask, est, "sequence").tolist()
         assert token == pytest.approx([sum(k_hand(d, est) for d in ds) for ds in deltas], abs=1e-12)
         assert seq == pytest.approx([k_hand(sum(ds), est) for ds in deltas], abs=1e-12)
+
+
+def test_forward_estimate_by_hand_and_masked():
+    logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -0.3, float("nan")]], dtype=torch.float64)
+    ref_logp = torch.tensor([[-1.0, -0.2, -1.5], [-0.4, -0.3, float("inf")]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    got = kl.forward_estimate(logp, ref_logp, mask).tolist()
+    logr = [[-0.5, 0.8, 0.5], [-0.3, 0.0]]  # log(ref / pi)
+    want = [sum(math.exp(x) * x - math.exp(x) + 1 for x in row) for row in logr]
+    assert got == pytest.approx(want, abs=1e-12)
+    assert min(got) >= 0
+
+
+def test_forward_estimate_is_unbiased_for_one_token_and_follows_pi_prefixes_for_more():
+    """One token: E_pi[estimate] = KL(ref || pi) exactly. Longer: the sum over positions of the next-token
+    forward KLs along pi's prefixes, which is not the sequence KL(ref || pi)."""
+    for length in (1, 2):
+        policy = TabularPolicy.random(3, length, seed=4, ref_distance=1.0, behavior_shift=0.0)
+        logp, ref = policy.token_logp(policy.theta), policy.token_logp(policy.ref)
+        p = logp.sum(-1).exp()
+        estimate = p @ kl.forward_estimate(logp, ref, torch.ones_like(logp, dtype=torch.bool))
+        forward = ref.sum(-1).exp() @ (ref.sum(-1) - logp.sum(-1))
+        # next-token forward KL at every prefix, weighted by pi's probability of the prefix
+        rows_kl = (policy.ref.softmax(-1) * (policy.ref.log_softmax(-1) - policy.theta.log_softmax(-1))).sum(
+            -1
+        )
+        along_pi = p @ rows_kl[policy.rows].sum(-1)  # E_pi[sum_t KL(ref || pi)(. | y_<t)]
+        assert estimate.item() == pytest.approx(along_pi.item(), rel=1e-10)
+        if length == 1:
+            assert estimate.item() == pytest.approx(forward.item(), rel=1e-10)
+        else:
+            assert abs(estimate.item() - forward.item()) > 1e-3
 
 
 def test_k1_token_and_sequence_estimates_are_equal_and_k3_is_not():
@@ -200,16 +233,18 @@ def test_masked_positions_affect_neither_values_nor_gradients(config):
 
 def test_config_reports_every_problem_with_field_value_and_allowed():
     with pytest.raises(UserError) as info:
-        kl.KLConfig("k4", "rewards", "tok", beta=-0.1, importance="seq")
+        kl.KLConfig("k4", "rewards", "tok", beta=-0.1, importance="seq", reward_mode="normalised")
     problems = {p.where: p for p in info.value.problems}
-    assert set(problems) == {"estimator", "placement", "level", "beta", "importance"}
+    assert set(problems) == {"estimator", "placement", "level", "beta", "importance", "reward_mode"}
+    assert "'normalised'" in problems["reward_mode"].what
+    assert problems["reward_mode"].allowed == "separate, shaped"
     assert "'k4'" in problems["estimator"].what and problems["estimator"].allowed == "k1, k2, k3"
     assert "'rewards'" in problems["placement"].what and problems["placement"].allowed == "reward, loss, both"
     assert problems["level"].allowed == "token, sequence"
     assert problems["importance"].allowed == "none, token, sequence"
     assert "-0.1" in problems["beta"].what
     text = str(info.value)
-    assert "5 problems" in text and "'tok'" in text and "'seq'" in text
+    assert "6 problems" in text and "'tok'" in text and "'seq'" in text
 
 
 @pytest.mark.parametrize("beta", [float("nan"), float("inf"), -1, "0.1", True, None])
@@ -228,5 +263,7 @@ def test_config_accepts_valid_values():
         "token",
     )
     assert kl.KLConfig("k1", "reward", beta=1).beta == 1
+    assert kl.KLConfig("k1", "reward").reward_mode == "separate"  # the default: beta means what it says
+    assert kl.KLConfig("k1", "reward", reward_mode="shaped").reward_mode == "shaped"
     with pytest.raises(AttributeError):
         c.beta = 1.0  # frozen

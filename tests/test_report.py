@@ -147,12 +147,72 @@ def test_smooth_matches_pandas_rolling():
 def test_audit_table(rep):
     a = rep.audit.set_index(["estimator", "placement", "level"])
     assert list(a.index) == [("k1", "reward", "token"), ("k3", "loss", "token"), ("k3", "reward", "token")]
-    assert a.loc[("k1", "reward", "token"), "unbiased"] == "yes"
-    assert a.loc[("k1", "reward", "token"), "rel. err. reverse"] < 1e-6
+    # The fixture's runs were written before kl.reward_mode existed: shaped, with their G, scaling, loss type.
+    assert set(a["reward mode"]) == {"shaped"} and set(a["G"]) == {4} and set(a["beta"]) == {0.1}
+    assert set(a["scale_rewards"]) == {"group"} and set(a["loss type"]) == {"dapo"}
+    k1 = a.loc[("k1", "reward", "token")]
+    assert k1["unbiased"] == "no" and k1["effective scale"] > 1.5  # amplified by the group std
+    assert k1["cos reverse"] < 0.99
     assert a.loc[("k3", "loss", "token"), "unbiased"] == "no"  # the common default is biased
-    assert a.loc[("k3", "reward", "token"), "rel. err. reverse"] > 1
+    assert a.loc[("k3", "reward", "token"), "cos reverse"] < 0
     assert (a["sampling"] == "on-policy").all()
     assert list(a["runs"]) == [3, 2, 3]
+
+
+def test_audit_table_uses_each_runs_settings():
+    """One row per distinct setting: the GRPO audit with the runs' G, reward scaling, reward mode, loss type and
+    beta; no-KL runs and settings the audit cannot enumerate are said so; off-policy rows add the estimator's
+    off-policy verdict."""
+    import pandas as pd
+
+    from klsweep.report.audit_table import _audit_table
+
+    def run(config, **kw):
+        base = {
+            "kl.estimator": "k1",
+            "kl.placement": "reward",
+            "kl.level": "token",
+            "kl.beta": 0.1,
+            "kl.importance": "none",
+            "kl.reward_mode": "separate",
+            "train.group_size": 4,
+            "train.scale_rewards": "group",
+            "train.loss_type": "dapo",
+            "offpolicy.lag": 0,
+            "offpolicy.num_iterations": 1,
+            "config": config,
+        }
+        return base | kw
+
+    runs = pd.DataFrame(
+        [
+            run(0),
+            run(0),
+            run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
+            run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
+            run(3, **{"train.loss_type": "vespo"}),
+            run(4, **{"kl.beta": 0.0}),
+            run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
+            run(6, **{"train.group_size": 64}),
+        ]
+    )
+    a = _audit_table(runs)
+    by = {
+        (r["reward mode"], r["G"], r["scale_rewards"], r["loss type"], r["sampling"]): r
+        for _, r in a.iterrows()
+    }
+    exact = by["separate", 4, "group", "dapo", "on-policy"]
+    assert exact["runs"] == 2 and exact["unbiased"] == "yes" and exact["verdict"] == "exact"
+    assert exact["effective scale"] == pytest.approx(1.0, abs=1e-6)
+    assert by["shaped", 4, "none", "dapo", "on-policy"]["effective scale"] == pytest.approx(0.75, abs=1e-9)
+    g5 = by["shaped", 5, "group", "dapo", "on-policy"]
+    assert g5["unbiased"] == "no" and g5["effective scale"] > 1.5
+    assert by["separate", 4, "group", "vespo", "on-policy"]["verdict"].startswith("not audited: loss_type")
+    assert "at most" in by["separate", 64, "group", "dapo", "on-policy"]["verdict"]
+    assert a[a["estimator"] == "none"]["verdict"].tolist() == ["no KL term (beta = 0)"]
+    off = by["separate", 4, "group", "dapo", "off-policy, importance=sequence"]
+    assert off["unbiased"] == "yes" and off["off-policy estimator verdict"] == "unbiased reverse KL"
+    assert exact["off-policy estimator verdict"] == "—"
 
 
 def test_csv_tables(rep):
@@ -260,7 +320,7 @@ def test_reference_figures_beside_ours(tmp_path):
     import pandas as pd
 
     shipped = pd.read_csv(REPO / "results" / "paper_reference.csv")
-    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what KL.md states
+    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what docs/KL.md states
     assert shipped["source"].str.contains("2512.21852").all()
     assert set(shipped["model"]) == {"Qwen2.5-7B"}
 

@@ -1,6 +1,8 @@
 """KLGRPOTrainer against real TRL on an untrained tiny model: every placement and level trains and logs the KL
 metrics; k3/loss/token equals TRL's built-in KL (loss and gradients); the KL part of the gradient equals the
-gradient of ``kl.surrogate`` for each placement; lag and num_iterations; on-policy is plain TRL."""
+gradient of ``kl.surrogate`` for each placement and reward mode; shaped mode is the pre-change trainer bit for
+bit; klsweep.grpo's advantages are TRL's and its policy-loss surrogate has TRL's gradient for every loss type
+(what the GRPO audit relies on); lag and num_iterations; on-policy is plain TRL."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from pre_grpo import old_group_advantages  # tests/ is on sys.path under pytest
 
+from klsweep import grpo
 from klsweep import kl as klmath
 from klsweep.kl import KLConfig
 
@@ -130,11 +134,12 @@ def test_each_placement_and_level_trains_and_logs(model_dir, dataset, tmp_path, 
     logs = [row for row in trainer.state.log_history if "loss" in row]
     assert len(logs) == 2
     for row in logs:
-        for key in ("kl/k1", "kl/k3", "kl/penalty", "task_reward/mean", "task_reward/std", "entropy"):
+        for key in ("kl/k1", "kl/k3", "kl/forward", "kl/penalty", "task_reward/mean", "task_reward/std"):
             assert isinstance(row[key], float), key
-        assert row["kl/k3"] >= 0
+        assert row["kl/k3"] >= 0 and row["kl/forward"] >= 0
     assert logs[0]["kl/k1"] == pytest.approx(0.0, abs=1e-5)  # step 0: the policy is the reference
-    assert logs[1]["kl/k3"] > 0
+    assert logs[0]["kl/forward"] == pytest.approx(0.0, abs=1e-5)
+    assert logs[1]["kl/k3"] > 0 and logs[1]["kl/forward"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
 
 
@@ -190,18 +195,26 @@ def test_k3_loss_token_equals_trl_builtin_kl(model_dir, dataset, tmp_path, loss_
     assert ours._metrics["train"]["kl/k3"][-1] > 0
 
 
+@pytest.mark.parametrize(("reward_mode", "scale_rewards"), [("shaped", "none"), ("separate", "group")])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("placement", ["reward", "loss", "both"])
-def test_kl_gradient_is_surrogate_gradient(model_dir, dataset, tmp_path, placement, level):
+def test_kl_gradient_is_surrogate_gradient(
+    model_dir, dataset, tmp_path, placement, level, reward_mode, scale_rewards
+):
     """grad(loss at beta) - grad(loss at beta 0), same batch, equals beta x the gradient of kl.surrogate with
-    the trainer's normalisers. Exact because on-policy (ratio 1, no clipping) with scale_rewards="none" the
-    policy loss is linear in the advantages: a KL in the reward changes the advantage of sequence y by
-    -beta (KL_hat(y) - its group's mean), i.e. a score-function term with the GRPO group-mean baseline, and the
-    dapo loss divides everything by the number of completion tokens N. A KL in the loss is divided by N at
+    the trainer's baselines and normalisers. Exact because on-policy (ratio 1, no clipping) the policy loss is
+    linear in the advantages, and the KL part of the advantage does not depend on beta's effect on the std:
+    - separate (with TRL's default group scaling): the advantage of sequence y changes by
+      -beta (KL_hat(y) - the mean of the other KL_hat of its group), a score-function term with a
+      leave-one-out baseline, unscaled;
+    - shaped, with scale_rewards="none" (no std to rescale it): by -beta (KL_hat(y) - its group's mean).
+    The dapo loss divides everything by the number of completion tokens N. A KL in the loss is divided by N at
     token level, by the number of sequences at sequence level."""
     beta = 0.5
-    config = KLConfig("k3", placement, level, beta=beta)
-    trainer = make_trainer(model_dir, dataset, tmp_path, config, scale_rewards="none", loss_type="dapo")
+    config = KLConfig("k3", placement, level, beta=beta, reward_mode=reward_mode)
+    trainer = make_trainer(
+        model_dir, dataset, tmp_path, config, scale_rewards=scale_rewards, loss_type="dapo"
+    )
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -224,9 +237,12 @@ def test_kl_gradient_is_surrogate_gradient(model_dir, dataset, tmp_path, placeme
     objective = torch.zeros(())
     if placement in ("reward", "both"):
         surrogate = klmath.surrogate(logp, ref, mask, dataclasses.replace(config, placement="reward"))
-        kl_hat = klmath.estimate(logp, ref, mask, "k3", level).detach()
-        baseline = kl_hat.view(-1, GROUP).mean(1).repeat_interleave(GROUP)
-        objective = objective + (surrogate - baseline * (logp * mask).sum(-1)).sum() / n_tokens
+        kl_hat = klmath.estimate(logp, ref, mask, "k3", level).detach().view(-1, GROUP)
+        if reward_mode == "shaped":
+            baseline = kl_hat.mean(1, keepdim=True).expand(-1, GROUP)
+        else:
+            baseline = (kl_hat.sum(1, keepdim=True) - kl_hat) / (GROUP - 1)
+        objective = objective + (surrogate - baseline.flatten() * (logp * mask).sum(-1)).sum() / n_tokens
     if placement in ("loss", "both"):
         surrogate = klmath.surrogate(logp, ref, mask, dataclasses.replace(config, placement="loss"))
         objective = objective + surrogate.sum() / (n_tokens if level == "token" else surrogate.numel())
@@ -236,6 +252,68 @@ def test_kl_gradient_is_surrogate_gradient(model_dir, dataset, tmp_path, placeme
     assert scale > 1e-4  # a real signal
     # float32: the difference of two gradients carries rounding of the order of 1e-7 x their size
     assert_grads_close(difference, expected, rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch"])
+def test_shaped_reproduces_the_pre_change_advantages_bit_for_bit(model_dir, dataset, tmp_path, scale_rewards):
+    """reward_mode="shaped" is the trainer as it was: the penalised reward normalised by the code that
+    KLGRPOTrainer._group_advantages held (tests/pre_grpo.py), to the bit."""
+    beta = 0.3
+    config = KLConfig("k3", "reward", "sequence", beta=beta, reward_mode="shaped")
+    trainer = make_trainer(model_dir, dataset, tmp_path, config, scale_rewards=scale_rewards)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    inputs = generate(trainer, dataset)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        behavior = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, inputs["completion_ids"].size(1), batch_size=BATCH
+        )[0]
+    penalty = klmath.estimate(
+        behavior, inputs["ref_per_token_logps"], inputs["completion_mask"], "k3", "sequence"
+    )
+    want = old_group_advantages(inputs["task_reward"] - beta * penalty, GROUP, scale_rewards)
+    assert torch.equal(inputs["advantages"], want)
+    assert inputs["advantages"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_group_advantages_are_trls_bit_for_bit(model_dir, dataset, tmp_path, scale_rewards):
+    """Without a KL in the reward the trainer keeps TRL's advantages; klsweep.grpo computes the same bits, so
+    the separate mode's task part and the audit's advantages are TRL's."""
+    trainer = make_trainer(
+        model_dir, dataset, tmp_path, KLConfig("k1", "loss", beta=0.1), scale_rewards=scale_rewards
+    )
+    inputs = generate(trainer, dataset)
+    assert inputs["task_reward"].unique().numel() > 1
+    assert torch.equal(
+        inputs["advantages"], grpo.group_advantages(inputs["task_reward"], GROUP, scale_rewards)
+    )
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "sapo"])
+def test_grpo_policy_loss_has_trls_gradient(model_dir, dataset, tmp_path, loss_type):
+    """On-policy, the gradient of TRL's policy loss (the trainer's at beta 0) is the gradient of
+    grpo.policy_loss: aggregate(-A log pi) with the trainer's aggregation, for each loss type the GRPO audit
+    accepts. (cispo clips the ratio at epsilon_high, TRL's default 0.2 scaling the whole loss by it: a
+    constant, as ScaleRL's epsilon_high >= 1 shows.)"""
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer = make_trainer(
+        model_dir, dataset, tmp_path, KLConfig("k1", "reward", beta=0.0), loss_type=loss_type, **extra
+    )
+    inputs = generate(trainer, dataset)
+    _, grads = loss_and_grads(trainer, inputs)
+    model = trainer.model
+    model.zero_grad()
+    logp = independent_logps(model, inputs)
+    mask = inputs["completion_mask"]
+    grpo.policy_loss(inputs["advantages"], logp, mask, trainer._aggregation(inputs)).backward()
+    expected = [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
+    scale = max(e.abs().max().item() for e in expected)
+    assert scale > 1e-4
+    assert_grads_close(grads, expected, rtol=1e-4, atol=1e-5 * scale)
 
 
 # ------------------------------------------------------------------------------------------------ off-policy

@@ -11,7 +11,8 @@ One module per stage of the data flow; each imports only from the ones listed be
 - ``data.py``: everything read from the store: runs, configs, metrics, eval results, the step-0 baseline, Δ;
 - ``stability.py``: smoothing and the collapse rule (their definitions), the per-run stability columns;
 - ``tables.py``: ``Report``; the main and stability tables; the view of every table (cells, bold, title,
-  caption) that all renderers print; ``audit_table.py``: the KL gradient audit; ``reference.py``: the study's
+  caption) that all renderers print; ``audit_table.py``: the KL gradient audit
+  with the sweep's settings (group size, reward scaling, reward mode, loss type, beta); ``reference.py``: the study's
   reported numbers beside ours;
 - ``figures.py``: the curves and the eval bars;
 - ``render.py``: the files, one writer per format (md, csv, latex, html); ``terminal.py``: the rich tables;

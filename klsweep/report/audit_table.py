@@ -1,6 +1,8 @@
-"""The KL gradient audit table: for each KL configuration in the sweep (estimator, placement, level, and for
-off-policy runs the importance weighting), whether its expected gradient is the reverse-KL gradient, from the
-exact enumeration of ``klsweep.audit`` (computed once per process)."""
+"""The KL gradient audit table: for each KL configuration in the sweep, what the trainer's expected KL update is
+with the sweep's real settings, from the exact enumeration of ``klsweep.audit.grpo_audit`` (the GRPO audit:
+estimator, placement, level, reward mode, beta, group size G, ``scale_rewards`` and loss type of the runs), and
+for off-policy runs also the off-policy audit of the bare estimator with the runs' importance weighting. Audits
+are cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process."""
 
 from __future__ import annotations
 
@@ -13,48 +15,52 @@ from klsweep.report.tables import DASH, _sort_key
 if TYPE_CHECKING:
     import pandas as pd
 
+# The run settings a row is keyed by, after the sampling: dotted config key -> column.
+SETTINGS = {
+    "kl.estimator": "estimator",
+    "kl.placement": "placement",
+    "kl.level": "level",
+    "kl.reward_mode": "reward mode",
+    "kl.beta": "beta",
+    "train.group_size": "G",
+    "train.scale_rewards": "scale_rewards",
+    "train.loss_type": "loss type",
+}
+
 
 def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per KL configuration in the sweep (estimator, placement, level, and for off-policy runs the
-    importance weighting), with the exact on-policy or off-policy audit of its expected gradient."""
+    """One row per KL configuration in the sweep (the ``SETTINGS`` of its runs and whether they are on- or
+    off-policy, with the importance weighting), with the GRPO audit of the trainer's expected update:
+    ``effective scale`` (1: the KL part of the update is beta x grad KL(pi||ref) in the policy loss's units),
+    the cosines with grad KL(pi||ref) and grad KL(ref||pi), the relative error against the former, the verdict;
+    ``unbiased`` = the verdict is exact. Off-policy rows add the bare estimator's off-policy verdict."""
     import pandas as pd
 
     off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
         runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
     )
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
+    settings = runs[list(SETTINGS)].astype(object).to_numpy()
     keys = [
-        ("none",) * 4 if nk else (est, plc, lvl, imp if o else "on-policy")
-        for nk, o, est, plc, lvl, imp in zip(
-            no_kl,
-            off,
-            runs["kl.estimator"],
-            runs["kl.placement"],
-            runs["kl.level"],
-            runs["kl.importance"],
-            strict=True,
-        )
+        (("none",) * 3 + (DASH,) * 5 + ("none",))
+        if nk
+        else (*(_plain(v) for v in values), imp if o else "on-policy")
+        for nk, o, values, imp in zip(no_kl, off, settings, runs["kl.importance"], strict=True)
     ]
     counts: dict[tuple[Any, ...], list[int]] = {}
     for k, c in zip(keys, runs["config"], strict=True):
         counts.setdefault(k, []).append(c)
-    on_policy = (
-        {(r.estimator, r.placement, r.level): r for r in _audit(0.0, "none")}
-        if any(k[3] == "on-policy" for k in counts)
-        else {}
-    )
     off_policy = (
         {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(0.5, "all")}
-        if any(k[3] != "on-policy" and k[0] != "none" for k in counts)
+        if any(k[-1] != "on-policy" and k[0] != "none" for k in counts)
         else {}
     )
     rows = []
     for k in sorted(counts, key=_sort_key):
-        est, plc, lvl, imp = k
-        row = {
-            "estimator": est,
-            "placement": plc,
-            "level": lvl,
+        *values, imp = k
+        est, plc, lvl, mode, beta, g, scale, loss_type = values
+        row: dict[str, Any] = dict(zip(SETTINGS.values(), values, strict=True))
+        row |= {
             "sampling": {"on-policy": "on-policy", "none": "off-policy, no importance weights"}.get(
                 imp, f"off-policy, importance={imp}"
             )
@@ -63,25 +69,66 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
             "configurations": len(set(counts[k])),
             "runs": len(counts[k]),
         }
-        a = on_policy.get((est, plc, lvl)) if imp == "on-policy" else off_policy.get((est, plc, lvl, imp))
-        if est == "none" or a is None:
+        audited = None if est == "none" else _grpo(g, scale, mode, loss_type, beta)
+        a = audited.get((est, plc, lvl)) if isinstance(audited, dict) else None
+        if a is None:
+            verdict = (
+                "no KL term (beta = 0)"
+                if est == "none"
+                else f"not audited: {audited}"
+                if isinstance(audited, str)
+                else "not audited"
+            )
             row |= {
+                "effective scale": math.nan,
+                "cos reverse": math.nan,
+                "cos forward": math.nan,
                 "rel. err. reverse": math.nan,
-                "rel. err. forward": math.nan,
-                "grad variance": math.nan,
-                "verdict": "no KL term (beta = 0)" if est == "none" else "not audited",
+                "verdict": verdict,
                 "unbiased": DASH,
             }
         else:
             row |= {
+                "effective scale": a.effective_scale,
+                "cos reverse": a.cos_reverse,
+                "cos forward": a.cos_forward,
                 "rel. err. reverse": a.rel_err_reverse,
-                "rel. err. forward": a.rel_err_forward,
-                "grad variance": a.grad_variance,
                 "verdict": a.verdict,
-                "unbiased": "yes" if a.verdict == "unbiased reverse KL" else "no",
+                "unbiased": "yes" if a.verdict == "exact" else "no",
             }
+        o = off_policy.get((est, plc, lvl, imp))
+        row["off-policy estimator verdict"] = o.verdict if o is not None else DASH
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _plain(v: Any) -> Any:
+    """A config value as a plain, hashable Python value (numpy scalars unwrapped; NaN as None)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+@functools.cache
+def _grpo(group_size: Any, scale_rewards: Any, reward_mode: Any, loss_type: Any, beta: Any) -> dict | str:
+    """{(estimator, placement, level): GRPOAuditRow} of ``klsweep.audit.grpo_audit`` with these settings and
+    its default policy, or why it cannot be audited (settings it rejects, e.g. a group too large to
+    enumerate, a loss type it does not model)."""
+    from klsweep import audit
+    from klsweep.errors import UserError
+
+    try:
+        rows = audit.cached_grpo_audit(
+            group_size=int(group_size),
+            scale_rewards=scale_rewards,
+            reward_mode=reward_mode,
+            loss_type=loss_type,
+            beta=float(beta),
+        )
+    except (UserError, TypeError, ValueError) as e:
+        problems = getattr(e, "problems", None)
+        return "; ".join(map(str, problems)) if problems else str(e)
+    return {(r.estimator, r.placement, r.level): r for r in rows}
 
 
 @functools.cache

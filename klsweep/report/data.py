@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS
+from klsweep.config import COSMETIC_KEYS, LEGACY_VALUES
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -37,9 +37,12 @@ AXIS_ORDER = (
     "kl.level",
     "kl.beta",
     "kl.importance",
+    "kl.reward_mode",
     "offpolicy.lag",
     "offpolicy.num_iterations",
 )
+# Settings the KL audit of a run depends on (klsweep.audit.grpo_audit): a column of every run, varying or not.
+AUDIT_KEYS = ("train.group_size", "train.scale_rewards", "train.loss_type")
 ID_AVG, OOD_AVG, D_ID, D_OOD = "in-domain avg", "OOD avg", "Δ in-domain", "Δ OOD"
 
 
@@ -89,10 +92,10 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
 
 
 def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
-    """At beta = 0 the KL estimator, placement, level and importance do nothing: show them as "none", so
-    the no-KL runs form one configuration whatever those fields hold."""
+    """At beta = 0 the KL estimator, placement, level, importance and reward mode do nothing: show them as
+    "none", so the no-KL runs form one configuration whatever those fields hold."""
     if config.get("kl.beta") == 0:
-        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance"):
+        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance", "kl.reward_mode"):
             if key in config:
                 config[key] = "none"
     return config
@@ -104,7 +107,10 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
 
     rows, configs, metric_rows = [], [], []
     for d in dirs:
-        config = _without_kl_when_off(_flatten(_read_yaml(d / store.CONFIG_FILE)))
+        config = _flatten(_read_yaml(d / store.CONFIG_FILE))
+        if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
+            config = {**LEGACY_VALUES, **config}
+        config = _without_kl_when_off(config)
         configs.append(config)
         status = store.read_status(d)
         rows.append(
@@ -125,7 +131,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
     runs = pd.DataFrame(rows)
     for k in axes:
         runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
-    for k in AXIS_ORDER:
+    for k in (*AXIS_ORDER, *AUDIT_KEYS):
         if k not in runs:
             runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
     metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 WINDOW = 10
 COLLAPSE_FRACTION = 0.5
 CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
+SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forward KL (KL(ref||pi), a column)
+# Per run, then mean ± std per configuration in the stability table.
+STABILITY_STATS = (
+    "final reward",
+    "peak reward",
+    "peak KL k1",
+    "peak KL k3",
+    "peak KL forward",
+    "min entropy",
+)
 
 DEFINITIONS = (
     "Curves are smoothed by a trailing mean over {window} steps. "
@@ -73,11 +83,11 @@ def _collapse(steps: Sequence[int], smoothed: np.ndarray, fraction: float) -> in
 
 
 def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fraction: float) -> None:
-    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3, lowest smoothed entropy, collapse step.
-    Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
+    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy, collapse
+    step. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
     import numpy as np
 
-    names = [m for m, _ in CURVES]
+    names = list(SMOOTHED)
     for m in names:
         if m not in metrics:
             metrics[m] = np.nan
@@ -98,6 +108,7 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fr
                 "peak reward": ("reward_mean smoothed", "max"),
                 "peak KL k1": ("kl_k1 smoothed", "max"),
                 "peak KL k3": ("kl_k3 smoothed", "max"),
+                "peak KL forward": ("kl_forward smoothed", "max"),
                 "min entropy": ("entropy smoothed", "min"),
                 "last logged step": ("step", "last"),
             }
@@ -105,7 +116,7 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fr
         steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean smoothed"].to_numpy()
         for name, idx in g.indices.items():
             collapse[name] = _collapse(steps[idx], rewards[idx], fraction)
-    for col in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy", "last logged step"):
+    for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)
     runs["collapse_step"] = _object_series([collapse.get(r) for r in runs["run"]])

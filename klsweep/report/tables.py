@@ -6,7 +6,7 @@
   metric as mean ± sample std over the seeds evaluated, ``n`` = seeds evaluated / seeds, the in-domain and OOD
   averages and their change (Δ) from the step-0 baseline of the same model.
 - The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
-  ``kl_k3``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
+  ``kl_k3``, and the forward KL(ref||pi): ``kl_forward``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
 - Views (``_view``, ``_runs_view``, ``TITLES``, ``_captions``): each table (the audit and reference tables too)
   as string cells and a bold mask (the best value of each main column), with its title and caption; md, LaTeX,
   HTML and the terminal all print these.
@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, _none
-from klsweep.report.stability import COLLAPSE_FRACTION, DEFINITIONS, WINDOW, _object_series
+from klsweep.report.stability import (
+    COLLAPSE_FRACTION,
+    DEFINITIONS,
+    STABILITY_STATS,
+    WINDOW,
+    _object_series,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +45,7 @@ SHORT = {
     "kl.level": "level",
     "kl.beta": "beta",
     "kl.importance": "importance",
+    "kl.reward_mode": "reward mode",
     "offpolicy.lag": "lag",
     "offpolicy.num_iterations": "iterations",
 }
@@ -148,7 +155,7 @@ def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["with metrics"] = g["has_metrics"].sum()
-    _add_stats(df, g, ["final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"])
+    _add_stats(df, g, list(STABILITY_STATS))
     df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
     div = runs[runs["state"] == "diverged"]
     notes = [
@@ -218,7 +225,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         df = report.stability
         out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
         out["status"] = df["status"]
-        for c in ("final reward", "peak reward", "peak KL k1", "peak KL k3", "min entropy"):
+        for c in STABILITY_STATS:
             out[c] = [
                 _cell(m, s, n, w)
                 for m, s, n, w in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["with metrics"], strict=True)
@@ -234,9 +241,11 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return out, pd.DataFrame(False, index=out.index, columns=out.columns)
     if table == "audit":
         df = report.audit
-        out = df.drop(columns=["grad variance"]).astype(object)
-        for c in ("rel. err. reverse", "rel. err. forward"):
+        out = df.astype(object)
+        for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
             out[c] = [_cell(v) for v in df[c]]
+        for c in ("beta", "G"):
+            out[c] = df[c].map(_fmt_value)
         bold = pd.DataFrame(False, index=out.index, columns=out.columns)
         bold["unbiased"] = df["unbiased"] == "yes"
         return out.astype(str), bold
@@ -309,10 +318,14 @@ def _captions(report: Report) -> dict[str, str]:
         "stability": DEFINITIONS.format(window=report.window, pct=100 * report.collapse_fraction)
         + " Values: mean ± std over the runs with metrics; diverged counts all runs, collapsed the runs with metrics.",
         "audit": (
-            "Exact expected gradient of each KL configuration in the sweep (klsweep.audit: enumeration of a "
-            "tabular policy, vocabulary 3, length 3), relative error against the gradient of KL(pi||ref) "
-            "(reverse) and KL(ref||pi) (forward). Off-policy rows: behaviour policy shifted from pi (shift 0.5), "
-            "with the run's importance weighting. Unbiased = the expected gradient is the reverse-KL gradient."
+            "What the trainer's KL update is with the runs' settings (klsweep audit --grpo: exact enumeration of "
+            "every step of G completions of a tabular policy, vocabulary 3, length 2; the trainer's own "
+            "advantages, reward mode and loss aggregation), on-policy. Effective scale: the effective KL "
+            "gradient (E[grad L(beta)] - E[grad L(0)]) / beta projected on grad KL(pi||ref), in units of the "
+            "loss type's aggregation; cos: its cosine with grad KL(pi||ref) (reverse) and grad KL(ref||pi) "
+            "(forward). Unbiased = exact: the expected KL update is beta x grad KL(pi||ref) (scale 1, cosine 1). "
+            "Off-policy rows add the bare estimator's audit with a behaviour policy shifted from pi (shift 0.5) "
+            "and the runs' importance weighting. See docs/KL.md."
         ),
         "reference": (
             "Figures reported by the study (arXiv 2512.21852, from results/paper_reference.csv) beside ours for "

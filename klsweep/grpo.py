@@ -1,0 +1,193 @@
+"""GRPO's advantages and policy-loss aggregation as pure torch functions: the one implementation that the
+trainer (``klsweep.trainer``) and the GRPO audit (``klsweep.audit.grpo_audit``) both call.
+
+- ``group_advantages``: TRL's ``sum_then_normalize`` advantages (``scale_rewards`` group | batch | none), op for
+  op, so that the trainer's advantages are TRL's bit for bit;
+- ``leave_one_out``: a value centred by the mean of the *other* completions of its group;
+- ``advantages``: the advantage of each completion given its task reward and its KL penalty in the reward,
+  per ``reward_mode`` (below);
+- ``Aggregation``: how TRL reduces a per-token loss of each ``loss_type`` to a scalar (``__call__``), and how
+  klsweep reduces a per-sequence KL term (``sequences``: sum over sequences / (sequences x accumulation));
+- ``kl_loss``: the loss-placed KL term the trainer adds (before beta); ``policy_loss``: the on-policy surrogate
+  of TRL's policy loss, ``aggregate(-A * log pi)``, whose gradient at importance ratio 1 is TRL's for every loss
+  type but vespo (see its docstring for cispo; the tests check it against the real trainer).
+
+Every function accepts leading batch dimensions: ``[..., N]`` completions (``[..., N, T]`` tokens) reduce to
+``[...]``, each leading index an independent optimiser step (the audit enumerates many steps at once); the
+trainer calls them with one step.
+
+Reward modes, for completions i = 1..G of a group, task reward R_i and penalty P_i = beta * KL_hat(y_i):
+
+- ``shaped``: A_i = (R_i - P_i - mean_j (R_j - P_j)) / (std_j (R_j - P_j) + eps). The penalty is normalised
+  with the task reward (TRL reward functions, verl's KL-in-reward). Its expected update is not beta x
+  E[KL_hat grad log pi]: the inclusive group mean scales it by (1 - 1/G) and the std rescales it, by a factor
+  that depends on beta (when every completion has the same task reward, the KL part is rescaled to unit
+  variance whatever beta is).
+- ``separate``: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) - beta (KL_hat_i - mean_{j != i} KL_hat_j). The
+  task reward is normalised as GRPO does; the penalty gets its own advantage, centred by a leave-one-out
+  baseline (independent of y_i, so it adds no bias) and never scaled. The expected KL part of the update is
+  then exactly beta x E[stopgrad(KL_hat(y)) grad log pi(y)], aggregated like the policy loss, at any beta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from klsweep import kl as klmath
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo", "vespo", "luspo")
+EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
+
+
+def nanstd(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
+    """The standard deviation over ``dim`` ignoring NaNs, with Bessel's correction (NaN for fewer than two
+    values): the operations of ``trl.trainer.utils.nanstd``, without importing TRL."""
+    import torch
+
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    variance = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(x), dim=dim, keepdim=True)
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    variance *= correction
+    std = torch.sqrt(variance)
+    return std if keepdim else std.squeeze(dim)
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale_rewards: str) -> Tensor:
+    """TRL's ``sum_then_normalize`` advantages of rewards ``[..., N]`` (consecutive groups of ``group_size``
+    completions; NaN = unscorable, left out of the statistics, advantage 0): reward minus its group's mean,
+    divided by (std + 1e-4) of its group (``group``) or of all N (``batch``), or not divided (``none``)."""
+    import torch
+
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)}")
+    g = group_size
+    grouped = rewards.unflatten(-1, (-1, g))
+    mean = torch.nanmean(grouped, dim=-1, keepdim=True).expand_as(grouped).flatten(-2)
+    if scale_rewards in ("group", "none"):
+        if g > 1:
+            std = nanstd(grouped, dim=-1, keepdim=True).expand_as(grouped).flatten(-2)
+        else:
+            std = torch.zeros_like(rewards)
+    elif rewards.size(-1) > 1:  # batch
+        std = nanstd(rewards, dim=-1, keepdim=True).expand_as(rewards)
+    else:
+        std = torch.zeros_like(rewards)
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + EPS)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def leave_one_out(values: Tensor, group_size: int) -> Tensor:
+    """``x_i - mean_{j != i} x_j`` over the other completions of i's group, for values ``[..., N]``. NaN values
+    are left out of the baselines and get 0; a completion with no other valid one in its group keeps its value
+    (baseline 0). Because the baseline does not depend on y_i, E[(x_i - b_i) grad log pi(y_i)] =
+    E[x_i grad log pi(y_i)] exactly (an inclusive group mean would give (1 - 1/G) times that)."""
+    import torch
+
+    grouped = values.unflatten(-1, (-1, group_size))
+    valid = ~torch.isnan(grouped)
+    filled = torch.where(valid, grouped, torch.zeros((), dtype=grouped.dtype, device=grouped.device))
+    others = valid.sum(-1, keepdim=True) - valid.to(torch.long)
+    baseline = (filled.sum(-1, keepdim=True) - filled) / others.clamp(min=1)
+    baseline = torch.where(others > 0, baseline, torch.zeros_like(baseline))
+    return torch.nan_to_num(grouped - baseline, nan=0.0).flatten(-2)
+
+
+def advantages(
+    task_reward: Tensor,
+    penalty: Tensor | None,
+    beta: float,
+    group_size: int,
+    scale_rewards: str,
+    reward_mode: str,
+) -> Tensor:
+    """The advantage ``[..., N]`` of each completion given its task reward and its detached KL penalty
+    ``KL_hat`` in the reward (``penalty``; None or ``beta == 0``: no KL in the reward), per ``reward_mode``
+    (see the module docstring)."""
+    if penalty is None or beta == 0:
+        return group_advantages(task_reward, group_size, scale_rewards)
+    if reward_mode == "shaped":
+        return group_advantages(task_reward - beta * penalty, group_size, scale_rewards)
+    if reward_mode == "separate":
+        task = group_advantages(task_reward, group_size, scale_rewards)
+        return task - beta * leave_one_out(penalty, group_size)
+    raise ValueError(f"reward_mode={reward_mode!r} is not one of {', '.join(klmath.REWARD_MODES)}")
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How one optimiser step reduces per-token losses ``[..., B, T]`` to ``[...]``, per TRL ``loss_type``:
+
+    - grpo, sapo: each sequence's mean over its tokens, then the mean over sequences;
+    - bnpo: the sum over all tokens / the number of tokens of the micro-batch;
+    - dr_grpo: the sum / (sequences x ``max_completion_length``);
+    - dapo, cispo, vespo: the sum / ``tokens`` (TRL: the completion tokens of the whole optimiser step, per
+      process; the accumulation is already in it);
+    - luspo: each sequence's sum over its tokens, then the mean over sequences;
+
+    all but dapo/cispo/vespo then divided by ``accumulation`` (gradient-accumulation steps).
+    """
+
+    loss_type: str
+    accumulation: float = 1.0
+    tokens: Any = None  # dapo/cispo/vespo normaliser (a number or a 0-d tensor)
+    max_completion_length: int | None = None  # dr_grpo
+
+    def __call__(self, per_token: Tensor, mask: Tensor) -> Tensor:
+        x = per_token * mask
+        if self.loss_type in ("grpo", "sapo"):
+            return (x.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean(-1) / self.accumulation
+        if self.loss_type == "bnpo":
+            return x.sum((-2, -1)) / mask.sum((-2, -1)).clamp(min=1.0) / self.accumulation
+        if self.loss_type == "dr_grpo":
+            return x.sum((-2, -1)) / (x.size(-2) * self.max_completion_length) / self.accumulation
+        if self.loss_type in ("cispo", "dapo", "vespo"):
+            return x.sum((-2, -1)) / self.tokens
+        if self.loss_type == "luspo":
+            return x.sum(-1).mean(-1) / self.accumulation
+        raise ValueError(f"loss_type {self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+
+    def sequences(self, per_sequence: Tensor) -> Tensor:
+        """A per-sequence term ``[..., B]`` averaged over the sequences of the step, whatever the loss type:
+        the sum / (B x accumulation). (So a sequence-level KL in the loss is not divided by tokens: at the
+        same beta it is about mean-length times stronger than the token level under dapo, grpo or bnpo.)"""
+        return per_sequence.sum(-1) / (per_sequence.size(-1) * self.accumulation)
+
+
+def kl_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    config: klmath.KLConfig,
+    aggregation: Aggregation,
+    behavior_logp: Tensor | None = None,
+) -> Tensor:
+    """The loss-placed KL term of ``config`` (its ``placement`` is ignored), before beta: token level,
+    ``kl.token_terms`` aggregated like the policy loss; sequence level, ``kl.surrogate`` averaged over the
+    sequences (``Aggregation.sequences``). ``behavior_logp`` feeds the importance weights, if any."""
+    import dataclasses
+
+    config = dataclasses.replace(config, placement="loss")
+    if config.level == "token":
+        terms = klmath.token_terms(logp, ref_logp, mask, config, behavior_logp=behavior_logp)
+        return aggregation(terms, mask)
+    return aggregation.sequences(klmath.surrogate(logp, ref_logp, mask, config, behavior_logp=behavior_logp))
+
+
+def policy_loss(advantages: Tensor, logp: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
+    """``aggregation(-A * log pi)``: on-policy (importance ratio 1, so no clipping is active) its gradient is
+    the gradient of TRL's policy loss for every loss type but vespo (cispo: with ``epsilon_high >= 1``; below
+    1 TRL's cispo clips the ratio 1 to epsilon_high, scaling the whole loss by that constant); its value is not
+    TRL's loss value.
+    ``advantages`` ``[..., B]`` (one per sequence) or ``[..., B, T]``."""
+    if advantages.dim() == logp.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    return aggregation(-advantages.detach() * logp, mask)

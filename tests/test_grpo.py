@@ -1,0 +1,127 @@
+"""klsweep.grpo: TRL's advantages and aggregations bit for bit (against the trainer's code before the module
+existed, and TRL's nanstd), the leave-one-out baseline, the reward modes, leading batch dimensions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pre_grpo import old_aggregate, old_group_advantages  # tests/ is on sys.path under pytest
+
+from klsweep import grpo
+
+
+def rewards_with_every_case(dtype=torch.float32) -> torch.Tensor:
+    """Four groups of 4: mixed, constant, one unscorable (NaN), two unscorable."""
+    torch.manual_seed(0)
+    r = torch.randn(16, dtype=dtype)
+    r[4:8] = 0.7
+    r[9] = torch.nan
+    r[12], r[15] = torch.nan, torch.nan
+    return r
+
+
+@pytest.mark.parametrize("scale_rewards", grpo.SCALE_REWARDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_advantages_are_the_old_ones_bit_for_bit(scale_rewards, dtype):
+    r = rewards_with_every_case(dtype)
+    for g in (1, 2, 4, 8):
+        assert torch.equal(
+            grpo.group_advantages(r, g, scale_rewards), old_group_advantages(r, g, scale_rewards)
+        )
+    one = r[:1]
+    assert torch.equal(
+        grpo.group_advantages(one, 1, scale_rewards), old_group_advantages(one, 1, scale_rewards)
+    )
+
+
+def test_nanstd_is_trls():
+    from trl.trainer.utils import nanstd
+
+    r = rewards_with_every_case().view(4, 4)
+    assert torch.equal(grpo.nanstd(r, dim=-1), nanstd(r, dim=-1))
+    assert torch.equal(grpo.nanstd(r, dim=-1, keepdim=True), nanstd(r, dim=-1, keepdim=True))
+    assert torch.isnan(grpo.nanstd(torch.tensor([1.0, torch.nan]))).item()  # one value: no std
+
+
+@pytest.mark.parametrize("loss_type", grpo.LOSS_TYPES)
+def test_aggregation_is_the_old_one_bit_for_bit(loss_type):
+    torch.manual_seed(1)
+    per_token = torch.randn(6, 9)
+    mask = (torch.rand(6, 9) > 0.3).float()
+    mask[2] = 0  # an empty completion
+    tokens = torch.tensor(31.0)
+    for accumulation in (1.0, 3.0):
+        new = grpo.Aggregation(loss_type, accumulation, tokens, 12)(per_token, mask)
+        assert torch.equal(new, old_aggregate(per_token, mask, loss_type, accumulation, tokens, 12))
+    per_sequence = torch.randn(6)
+    assert torch.equal(
+        grpo.Aggregation(loss_type, 2.0).sequences(per_sequence), per_sequence.sum() / (6 * 2.0)
+    )
+
+
+def test_leading_dimensions_are_independent_steps():
+    torch.manual_seed(2)
+    rewards = torch.randn(5, 8, dtype=torch.float64)
+    for scale in grpo.SCALE_REWARDS:
+        batched = grpo.group_advantages(rewards, 4, scale)
+        for i in range(5):
+            torch.testing.assert_close(
+                batched[i], grpo.group_advantages(rewards[i], 4, scale), rtol=0, atol=1e-15
+            )
+    per_token, mask = torch.randn(5, 8, 3, dtype=torch.float64), torch.ones(5, 8, 3)
+    for loss_type in grpo.LOSS_TYPES:
+        agg = grpo.Aggregation(loss_type, tokens=24.0, max_completion_length=3)
+        batched = agg(per_token, mask)
+        assert batched.shape == (5,)
+        for i in range(5):
+            torch.testing.assert_close(batched[i], agg(per_token[i], mask[i]), rtol=1e-15, atol=0)
+    loo = grpo.leave_one_out(rewards, 4)
+    for i in range(5):
+        assert torch.equal(loo[i], grpo.leave_one_out(rewards[i], 4))
+
+
+def test_leave_one_out_by_hand():
+    x = torch.tensor([1.0, 2.0, 3.0, 6.0, 5.0, torch.nan, 7.0, torch.nan])
+    got = grpo.leave_one_out(x, 4)
+    # group 1: baselines (2+3+6)/3, (1+3+6)/3, (1+2+6)/3, (1+2+3)/3
+    want = torch.tensor([1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 2, 5 - 7, 0.0, 7 - 5, 0.0])
+    torch.testing.assert_close(got, want)
+    # no other valid completion in the group: baseline 0
+    torch.testing.assert_close(
+        grpo.leave_one_out(torch.tensor([4.0, torch.nan]), 2), torch.tensor([4.0, 0.0])
+    )
+    # G/(G-1) times the deviation from the inclusive mean
+    y = torch.randn(12, dtype=torch.float64)
+    inclusive = y.view(-1, 4) - y.view(-1, 4).mean(-1, keepdim=True)
+    torch.testing.assert_close(grpo.leave_one_out(y, 4), (inclusive * 4 / 3).flatten())
+
+
+def test_reward_modes():
+    torch.manual_seed(3)
+    task, penalty = torch.randn(8), torch.rand(8)
+    for scale in grpo.SCALE_REWARDS:
+        shaped = grpo.advantages(task, penalty, 0.3, 4, scale, "shaped")
+        assert torch.equal(shaped, grpo.group_advantages(task - 0.3 * penalty, 4, scale))
+        separate = grpo.advantages(task, penalty, 0.3, 4, scale, "separate")
+        task_only = grpo.group_advantages(task, 4, scale)
+        assert torch.equal(separate, task_only - 0.3 * grpo.leave_one_out(penalty, 4))
+        for mode in ("shaped", "separate"):  # no penalty, or beta 0: the task advantages
+            assert torch.equal(grpo.advantages(task, None, 0.3, 4, scale, mode), task_only)
+            assert torch.equal(grpo.advantages(task, penalty, 0.0, 4, scale, mode), task_only)
+    # shaped with a constant task reward: the penalty rescaled to unit variance, whatever beta is
+    constant = torch.zeros(4)
+    a = grpo.advantages(constant, penalty[:4], 0.1, 4, "group", "shaped")
+    b = grpo.advantages(constant, penalty[:4], 1.0, 4, "group", "shaped")
+    torch.testing.assert_close(a, b, rtol=0.01, atol=0)  # up to the 1e-4 added to the std
+    with pytest.raises(ValueError, match="separate, shaped"):
+        grpo.advantages(task, penalty, 0.3, 4, "group", "normalised")
+    with pytest.raises(ValueError, match="group, batch, none"):
+        grpo.group_advantages(task, 4, "groups")
+
+
+def test_policy_loss_gradient_is_minus_advantage_times_score():
+    logp = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(4, 3)
+    adv = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
+    grpo.policy_loss(adv, logp, mask, grpo.Aggregation("luspo")).backward()
+    torch.testing.assert_close(logp.grad, -adv[:, None].expand(4, 3) / 4)

@@ -1,0 +1,40 @@
+"""bench/gpu_check.py, the GPU check, at tiny size on the CPU: so that the script the GPU machine runs once
+cannot rot. It trains every variant through the real job/trainer path, reads the planner's estimate, and
+checks the precision claim (fp32 master weights: one step at lr 1e-6 moves nearly every weight)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--sizes", "tiny", "--length", "8",
+           "--steps", "2", "--prompts", "2", "--group", "4", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert set(rows) == {"trl", "loss", "reward", "both"}
+    for name, row in rows.items():
+        assert row["size"] == "tiny" and row["step_s"] > 0
+        assert row["estimate_gb"] > 0  # the planner's estimate of the same run config
+        assert row["master_dtype"] == "float32"
+        assert row["changed_fraction"] > 0.9, (name, row["changed_fraction"])  # lr 1e-6 is not rounded away
+        assert row["peak_gb"] is None  # no GPU: nothing to measure, no ratio made up
+        assert name == "trl" or row["ratio_to_trl"] > 0
+    assert "vs TRL" in proc.stdout and "written:" in proc.stdout
+
+
+def test_gpu_check_refuses_unknown_sizes() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--sizes", "70b"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "allowed: tiny, 0.5b, 1.5b, 3b" in proc.stderr

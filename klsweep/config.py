@@ -29,7 +29,9 @@ class ModelSection:
     name: str = "tiny"
     # "tiny" builds (once, cached) the project's own warm-started tiny model; anything else is a hub id or a path.
     path: str = "tiny"
-    dtype: str = "auto"  # auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
+    # Compute dtype (autocast): auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16. The trained
+    # policy's weights and optimizer state are float32 whatever it says; the reference is held in it (klsweep.layout).
+    dtype: str = "auto"
     chat_template: bool = True
     resources: Resources = field(default_factory=Resources)
 
@@ -59,6 +61,7 @@ class TrainSection:
     warmup_steps: int = 0
     save_steps: int = 25
     keep_checkpoints: int | None = None  # None keeps every checkpoint
+    sharding: str = "none"  # none (DDP) | fsdp (policy and reference sharded, GPUs only): klsweep.layout
     use_vllm: bool = False  # GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])
     # Divergence: a non-finite loss, or a reward collapse (see klsweep.trainer for the definition).
     collapse_window: int = 10

@@ -203,7 +203,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOConfig
 
-    from klsweep import tasks, tinymodel
+    from klsweep import layout, tasks, tinymodel
     from klsweep.kl import KLConfig
     from klsweep.trainer import KLGRPOTrainer
 
@@ -220,19 +220,13 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         )
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
-    dtypes = {
-        "auto": torch.bfloat16 if gpu else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "float16": torch.float16,
-    }
-    if config.model.dtype not in dtypes:
-        raise UserError(Problem("model.dtype", f"{config.model.dtype!r} is not valid", ", ".join(dtypes)))
+    lay = layout.layout(config.model.dtype, train.sharding, gpu)
     use_vllm = train.use_vllm and gpu and importlib.util.find_spec("vllm") is not None
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[config.model.dtype])
+    # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
     tokenizer = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
@@ -256,10 +250,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         save_total_limit=train.keep_checkpoints,
         seed=config.seed,
         data_seed=config.seed,
-        bf16=gpu,
-        use_cpu=not gpu,
-        activation_checkpointing=gpu,  # memory for large models on GPU; off on CPU
-        ddp_backend="gloo" if world > 1 and not gpu else None,
+        **layout.training_arguments(lay, gpu, world),  # precision, sharding, devices
         ddp_find_unused_parameters=False,
         use_vllm=use_vllm,
         vllm_mode="colocate",

@@ -7,7 +7,15 @@ Construct it like ``trl.GRPOTrainer`` plus ``kl=KLConfig(...)`` and ``lag=k``. T
 Reference model. A frozen copy of the initial policy is always built (also at ``kl.beta == 0``, because the
 k1/k3 metrics need it): the cost is one more copy of the weights in memory and one no-grad forward of the
 reference per generated batch, the same as TRL's ``beta > 0``. Its per-token log-probs are computed when a
-batch is generated and travel with the batch (``ref_per_token_logps``).
+batch is generated and travel with the batch (``ref_per_token_logps``). It is prepared the way TRL prepares its
+own ``ref_model``: sharded by TRL's ``prepare_fsdp`` under FSDP (``prepare_deepspeed`` under DeepSpeed),
+otherwise placed by accelerate without a DDP wrapper.
+
+Precision. The trained policy is held in float32 whatever dtype it comes in (master weights: gradients and
+AdamW state are float32 too, so an lr 1e-6 update is not rounded away); ``args.bf16`` / ``args.fp16`` make the
+forward and backward passes run under autocast. The reference is held in that compute dtype (it has no
+gradients or optimizer state); without autocast it stays in the dtype the policy came in (see
+``klsweep.layout``).
 
 Placements (``kl.placement``):
 
@@ -45,9 +53,12 @@ beta = 0), ``kl/penalty`` (the training estimator at its level, mean per sequenc
 (mean unmasked tokens) and ``policy_lag`` (optimiser steps between generation and training of the batch).
 They are computed from tensors the step already has: no extra forward pass.
 
-Limits: text-only models (no multimodal inputs to the reference), no PEFT (the reference is a deep copy),
-no DeepSpeed/FSDP-specific preparation of the reference; ``multi_objective_aggregation`` must be
-``sum_then_normalize`` when the KL is in the reward.
+Limits: text-only models (no multimodal inputs to the reference), no PEFT (the reference is a deep copy);
+``multi_objective_aggregation`` must be ``sum_then_normalize`` when the KL is in the reward. FSDP runs on GPUs
+only (accelerate ignores its FSDP plugin on CPU processes), so on a CPU only its configuration is tested; under
+FSDP2 TRL's ``prepare_fsdp`` shards the reference as a single unit, whose forward all-gathers all its weights at
+once. DeepSpeed goes through TRL's ``prepare_deepspeed`` but is untested (deepspeed is not a dependency). A
+resume needs the number of processes that saved the checkpoint.
 """
 
 from __future__ import annotations
@@ -113,6 +124,7 @@ class KLGRPOTrainer(GRPOTrainer):
         ref_model = copy.deepcopy(model) if isinstance(model, PreTrainedModel) else None
 
         super().__init__(model, reward_funcs, args, **kwargs)
+        self.model.to(torch.float32)  # master weights: an update of lr 1e-6 is not rounded away
 
         if ref_model is None:
             from trl.trainer.utils import create_model_from_path, get_config_model_id
@@ -133,6 +145,8 @@ class KLGRPOTrainer(GRPOTrainer):
 
         ref_model.eval()
         ref_model.requires_grad_(False)
+        if self.args.bf16 or self.args.fp16:  # frozen: held in the compute dtype, no master copy needed
+            ref_model.to(torch.bfloat16 if self.args.bf16 else torch.float16)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref_model)
         add_fused_lm_head(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klsweep import config as config_mod
+from klsweep import layout
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 
@@ -35,10 +36,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "offpolicy.lag": _NON_NEGATIVE,
     "offpolicy.num_iterations": (lambda v: v >= 1, ">= 1"),
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
-    "model.dtype": (
-        lambda v: v in ("auto", "float32", "bfloat16", "float16"),
-        "auto, float32, bfloat16, float16",
-    ),
+    "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
+    "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
     "model.resources.nodes": _POSITIVE,
     "model.resources.gpus_per_node": _NON_NEGATIVE,
     "model.resources.tasks_per_node": _POSITIVE,

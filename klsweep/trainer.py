@@ -42,8 +42,11 @@ is taken against them) and its reference log-probs. Pipeline fill: on the first 
 are all generated, by the initial policy, from that round's prompts (k+1 independent groups of completions per
 prompt), so steps 0..k train on batches of the initial policy; the prompts of the last k rounds of a run are
 generated but never trained on. The FIFO, TRL's generation buffer and its micro-step counter are saved with
-every checkpoint (``klsweep_buffers_rank<r>.pt``) and restored on resume. ``lag=0`` with
-``num_iterations=1`` is exactly TRL's on-policy behaviour.
+every checkpoint by every process (``klsweep_buffers_rank<r>.pt``; all of them are written before the
+checkpoint's ``trainer_state.json``) and restored on resume, each process its own; a checkpoint holding the
+buffers of another number of processes is refused (a rank with an empty queue would generate k+1 batches while
+the others generate one, and the run would hang). ``lag=0`` with ``num_iterations=1`` is exactly TRL's
+on-policy behaviour.
 
 Metrics (``self._metrics``, averaged by TRL at log time), besides TRL's own (``entropy``, ``clip_ratio/*``,
 ``step_time``, ...), for the batch trained at each step: ``task_reward/mean``, ``task_reward/std`` (the task
@@ -65,6 +68,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import os
 from collections import deque
 from typing import Any
@@ -330,14 +334,29 @@ class KLGRPOTrainer(GRPOTrainer):
             "step": self._step,
         }
         torch.save(buffers, self._buffers_path(folder))
+        self.accelerator.wait_for_everyone()  # every rank's buffers are complete before trainer_state.json
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not os.path.exists(self._buffers_path(checkpoint)):
+        if checkpoint is None:
             return
+        saved = len(glob.glob(os.path.join(glob.escape(checkpoint), BUFFERS_FILE.format(rank="*"))))
+        if saved == 0:
+            return  # not written by this trainer: TRL's behaviour (the queue refills)
+        if saved != self.accelerator.num_processes or not os.path.exists(self._buffers_path(checkpoint)):
+            # A rank with an empty queue would generate k+1 batches while the others generate one: their
+            # collectives would no longer match and the run would hang.
+            raise RuntimeError(
+                f"{checkpoint} holds the lag buffers of {saved} processes, not of this process "
+                f"(rank {self.accelerator.process_index} of {self.accelerator.num_processes}): "
+                "resume it with the processes that saved it"
+            )
+        device = self.accelerator.device  # "cpu:<rank>" in a multi-process CPU run: torch.load wants "cpu"
         buffers = torch.load(
-            self._buffers_path(checkpoint), map_location=self.accelerator.device, weights_only=True
+            self._buffers_path(checkpoint),
+            map_location="cpu" if device.type == "cpu" else device,
+            weights_only=True,
         )
         self._lag_queue = deque(buffers["lag_queue"])
         self._buffered_inputs = buffers["buffered_inputs"]

@@ -252,6 +252,7 @@ def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path
     assert values["bf16"] and values["fsdp"] and not values["activation_checkpointing"]
     # transformers checks bf16 against the machine: build the arguments as a CPU process would
     args = GRPOConfig(output_dir=str(tmp_path), **{**values, "bf16": False, "use_cpu": True})
+    assert not args.activation_checkpointing  # with FSDP's own, the Trainer refuses to start
     plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward and plugin.activation_checkpointing
     assert "FULL_STATE_DICT" in str(plugin.state_dict_type)

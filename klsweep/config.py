@@ -53,7 +53,9 @@ class ModelSection:
     name: str = "tiny"
     # "tiny" builds (once, cached) the project's own warm-started tiny model; anything else is a hub id or a path.
     path: str = "tiny"
-    dtype: str = "auto"  # auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
+    # Compute dtype (autocast): auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16. The trained
+    # policy's weights and optimizer state are float32 whatever it says; the reference is held in it (klsweep.layout).
+    dtype: str = "auto"
     # Whether prompts go through the tokenizer's chat template, in training (the task's prompts are chat
     # messages, else plain text) and in eval (lm-eval's apply_chat_template): false for a base model.
     chat_template: bool = True

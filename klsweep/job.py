@@ -30,11 +30,19 @@ Divergence is a result, not a crash (``train_run`` returns normally), at the fir
 A diverged run saves its state at the step it stopped (``checkpoint-<step>``, marked ``diverged``).
 
 Distributed: with ``WORLD_SIZE > 1`` in the environment (the launcher sets RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR/PORT from Slurm) transformers/accelerate train data-parallel (``gloo`` on CPU); the prompts of a
-step are split over the ranks; only rank 0 writes the status, the metrics and W&B.
+MASTER_ADDR/PORT from Slurm) transformers/accelerate train data-parallel (DDP, or FSDP on GPUs; ``gloo`` on
+CPU); the prompts of a
+step are split over the ranks; only rank 0 writes the status, the metrics and W&B; every rank writes its own
+lag buffers into each checkpoint.
 
-GPU: the model in bf16 (``model.dtype: auto``) with bf16 autocast; vLLM generation (TRL's colocate mode) when
-``train.use_vllm`` and vllm is installed. On a CPU vllm is never imported.
+Preemption: a job's preemption signal is deferred to the end of the step in progress (``defer_to_step_end``,
+called by the launcher's signal handler in every task); there every rank saves the checkpoint together (so a
+resume finds every rank's buffers, and FSDP's collective save can run), then the handler requeues the job.
+
+Precision and sharding (``model.dtype``, ``train.sharding``): see ``klsweep.layout`` (float32 master weights of
+the policy, compute under autocast in ``model.dtype``, the reference in the compute dtype; DDP or FSDP). GPU:
+vLLM generation (TRL's colocate mode) when ``train.use_vllm`` and vllm is installed. On a CPU vllm is never
+imported.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +85,7 @@ ROW_KEYS: dict[str, str] = {
 _ROW_SOURCES = frozenset(ROW_KEYS.values())  # log keys already mapped to a row key
 
 _live_trainer: KLGRPOTrainer | None = None  # the trainer training in this process, for save_on_preemption
+_deferred_signal: Callable[[], Any] | None = None  # a preemption handler waiting for the end of the step
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
@@ -121,7 +131,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
 
 def train_run(run_dir: str | Path) -> dict[str, Any]:
     """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
-    global _live_trainer
+    global _live_trainer, _deferred_signal
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     status = store.read_status(run_dir)
@@ -159,6 +169,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         trainer = build_trainer(config, run_dir, report_to_wandb=wandb_run is not None)
         monitor.constants["prompts_too_long"] = float(trainer.prompts_too_long)
         trainer.add_callback(monitor.callback())
+        trainer.add_callback(_preemption_callback(trainer))
         _live_trainer = trainer
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -175,7 +186,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         lines = traceback.format_exc().rstrip().splitlines()
         fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
     finally:
-        _live_trainer = None
+        _live_trainer = _deferred_signal = None  # a signal after the last step: the run is final anyway
         fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if wandb_run is not None:
             wandb_run.finish()
@@ -197,10 +208,23 @@ def _use_allocated_cpus(config: RunConfig) -> None:
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint
 
 
+def defer_to_step_end(handler: Callable[[], Any]) -> bool:
+    """Defer a preemption signal's ``handler`` (submitit's: checkpoint, requeue, exit) to the end of the training
+    step in progress in this process, where every rank saves a checkpoint, its own lag buffers included, before
+    ``handler`` runs. False when no trainer is training here (run ``handler`` now)."""
+    global _deferred_signal
+    if _live_trainer is None:
+        return False
+    _deferred_signal = handler
+    return True
+
+
 def save_on_preemption() -> None:
-    """Save a checkpoint of the trainer training in this process, if any (before a requeue)."""
+    """Save a checkpoint of the trainer training in this process, if any (before a requeue). A no-op after the
+    step-end save of ``defer_to_step_end``. Without it, only a one-process run is saved here: one rank alone
+    cannot save a checkpoint of many (the others' lag buffers; FSDP's collective save would hang)."""
     trainer = _live_trainer
-    if trainer is None or trainer.state.global_step == 0:
+    if trainer is None or trainer.state.global_step == 0 or trainer.accelerator.num_processes > 1:
         return
     folder = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
     if (folder / TRAINER_STATE).exists():
@@ -231,7 +255,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOConfig
 
-    from klsweep import tasks, tinymodel
+    from klsweep import layout, tasks, tinymodel
     from klsweep.kl import KLConfig
     from klsweep.planner import batch_shape
     from klsweep.trainer import KLGRPOTrainer
@@ -241,19 +265,13 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     world = shape.processes
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
-    dtypes = {
-        "auto": torch.bfloat16 if gpu else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "float16": torch.float16,
-    }
-    if config.model.dtype not in dtypes:
-        raise UserError(Problem("model.dtype", f"{config.model.dtype!r} is not valid", ", ".join(dtypes)))
+    lay = layout.layout(config.model.dtype, train.sharding, gpu)
     use_vllm = train.use_vllm and gpu and importlib.util.find_spec("vllm") is not None
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[config.model.dtype])
+    # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
     tokenizer = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
@@ -278,10 +296,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         save_total_limit=train.keep_checkpoints,
         seed=config.seed,
         data_seed=config.seed,
-        bf16=gpu,
-        use_cpu=not gpu,
-        activation_checkpointing=gpu,  # memory for large models on GPU; off on CPU
-        ddp_backend="gloo" if world > 1 and not gpu else None,
+        **layout.training_arguments(lay, gpu, world),  # precision, sharding, devices
         ddp_find_unused_parameters=False,
         use_vllm=use_vllm,
         vllm_mode="colocate",
@@ -399,6 +414,46 @@ class _RunMonitor:
             store.append_jsonl(self.run_dir / store.METRICS_FILE, row)
             store.write_status(self.run_dir, "running", step=step, elapsed_s=row["elapsed_s"])
         return control
+
+
+def _preemption_callback(trainer: KLGRPOTrainer):
+    """A TrainerCallback that saves a checkpoint on every rank at the end of a step where any rank holds a
+    deferred preemption signal (``defer_to_step_end``), then runs the signal's handler: on rank 0 submitit's
+    checkpoint-and-requeue, which exits; on the other ranks submitit does nothing, and they train on until the
+    requeue stops the job, as submitit has them do."""
+    from transformers import TrainerCallback
+
+    class _Callback(TrainerCallback):
+        saving = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if _any_rank(_deferred_signal is not None, trainer):  # one collective a step: all ranks agree
+                control.should_save = self.saving = True
+            return control
+
+        def on_save(self, args, state, control, **kwargs):
+            global _deferred_signal
+            if not self.saving:
+                return
+            self.saving = False
+            trainer.accelerator.wait_for_everyone()  # every rank's checkpoint files are written
+            handler, _deferred_signal = _deferred_signal, None
+            if handler is not None:
+                handler()
+
+    return _Callback()
+
+
+def _any_rank(flag: bool, trainer: KLGRPOTrainer) -> bool:
+    """Whether ``flag`` holds on any process of the run."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=trainer.accelerator.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _number(value: Any) -> float | None:

@@ -8,7 +8,15 @@ enumerates): this module only decides where they go.
 Reference model. A frozen copy of the initial policy is always built (also at ``kl.beta == 0``, because the
 k1/k3 metrics need it): the cost is one more copy of the weights in memory and one no-grad forward of the
 reference per generated batch, the same as TRL's ``beta > 0``. Its per-token log-probs are computed when a
-batch is generated and travel with the batch (``ref_per_token_logps``).
+batch is generated and travel with the batch (``ref_per_token_logps``). It is prepared the way TRL prepares its
+own ``ref_model``: sharded by TRL's ``prepare_fsdp`` under FSDP (``prepare_deepspeed`` under DeepSpeed),
+otherwise placed by accelerate without a DDP wrapper.
+
+Precision. The trained policy is held in float32 whatever dtype it comes in (master weights: gradients and
+AdamW state are float32 too, so an lr 1e-6 update is not rounded away); ``args.bf16`` / ``args.fp16`` make the
+forward and backward passes run under autocast. The reference is held in that compute dtype (it has no
+gradients or optimizer state); without autocast it stays in the dtype the policy came in (see
+``klsweep.layout``).
 
 Placements (``kl.placement``):
 
@@ -51,8 +59,11 @@ is taken against them) and its reference log-probs. Pipeline fill: on the first 
 are all generated, by the initial policy, from that round's prompts (k+1 independent groups of completions per
 prompt), so steps 0..k train on batches of the initial policy; the prompts of the last k rounds of a run are
 generated but never trained on. The FIFO, TRL's generation buffer and its micro-step counter are saved with
-every checkpoint (``klsweep_buffers_rank<r>.pt``) and restored on resume. ``lag=0`` with
-``num_iterations=1`` is exactly TRL's on-policy behaviour.
+every checkpoint by every process (``klsweep_buffers_rank<r>.pt``; all of them are written before the
+checkpoint's ``trainer_state.json``) and restored on resume, each process its own; a checkpoint holding the
+buffers of another number of processes is refused (a rank with an empty queue would generate k+1 batches while
+the others generate one, and the run would hang). ``lag=0`` with ``num_iterations=1`` is exactly TRL's
+on-policy behaviour.
 
 Metrics (``self._metrics``, averaged by TRL at log time), besides TRL's own (``entropy``, ``clip_ratio/*``,
 ``step_time``, ...), for the batch trained at each step: ``task_reward/mean``, ``task_reward/std`` (the task
@@ -63,14 +74,18 @@ mean per sequence), ``kl/penalty`` (the training estimator at its level, mean pe
 (mean unmasked tokens) and ``policy_lag`` (optimiser steps between generation and training of the batch).
 They are computed from tensors the step already has: no extra forward pass.
 
-Limits: text-only models (no multimodal inputs to the reference), no PEFT (the reference is a deep copy),
-no DeepSpeed/FSDP-specific preparation of the reference; ``multi_objective_aggregation`` must be
-``sum_then_normalize`` when the KL is in the reward.
+Limits: text-only models (no multimodal inputs to the reference), no PEFT (the reference is a deep copy);
+``multi_objective_aggregation`` must be ``sum_then_normalize`` when the KL is in the reward. FSDP runs on GPUs
+only (accelerate ignores its FSDP plugin on CPU processes), so on a CPU only its configuration is tested; under
+FSDP2 TRL's ``prepare_fsdp`` shards the reference as a single unit, whose forward all-gathers all its weights at
+once. DeepSpeed goes through TRL's ``prepare_deepspeed`` but is untested (deepspeed is not a dependency). A
+resume needs the number of processes that saved the checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
+import glob
 import os
 from collections import deque
 from typing import Any
@@ -131,6 +146,7 @@ class KLGRPOTrainer(GRPOTrainer):
         ref_model = copy.deepcopy(model) if isinstance(model, PreTrainedModel) else None
 
         super().__init__(model, reward_funcs, args, **kwargs)
+        self.model.to(torch.float32)  # master weights: an update of lr 1e-6 is not rounded away
 
         if ref_model is None:
             from trl.trainer.utils import create_model_from_path, get_config_model_id
@@ -151,6 +167,8 @@ class KLGRPOTrainer(GRPOTrainer):
 
         ref_model.eval()
         ref_model.requires_grad_(False)
+        if self.args.bf16 or self.args.fp16:  # frozen: held in the compute dtype, no master copy needed
+            ref_model.to(torch.bfloat16 if self.args.bf16 else torch.float16)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref_model)
         add_fused_lm_head(
@@ -303,14 +321,29 @@ class KLGRPOTrainer(GRPOTrainer):
             "step": self._step,
         }
         torch.save(buffers, self._buffers_path(folder))
+        self.accelerator.wait_for_everyone()  # every rank's buffers are complete before trainer_state.json
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not os.path.exists(self._buffers_path(checkpoint)):
+        if checkpoint is None:
             return
+        saved = len(glob.glob(os.path.join(glob.escape(checkpoint), BUFFERS_FILE.format(rank="*"))))
+        if saved == 0:
+            return  # not written by this trainer: TRL's behaviour (the queue refills)
+        if saved != self.accelerator.num_processes or not os.path.exists(self._buffers_path(checkpoint)):
+            # A rank with an empty queue would generate k+1 batches while the others generate one: their
+            # collectives would no longer match and the run would hang.
+            raise RuntimeError(
+                f"{checkpoint} holds the lag buffers of {saved} processes, not of this process "
+                f"(rank {self.accelerator.process_index} of {self.accelerator.num_processes}): "
+                "resume it with the processes that saved it"
+            )
+        device = self.accelerator.device  # "cpu:<rank>" in a multi-process CPU run: torch.load wants "cpu"
         buffers = torch.load(
-            self._buffers_path(checkpoint), map_location=self.accelerator.device, weights_only=True
+            self._buffers_path(checkpoint),
+            map_location="cpu" if device.type == "cpu" else device,
+            weights_only=True,
         )
         self._lag_queue = deque(buffers["lag_queue"])
         self._buffered_inputs = buffers["buffered_inputs"]

@@ -423,6 +423,11 @@ MALFORMED = {
         ["grid.offpolicy.lag", "-10 is out of range", ">= 0"],
     ),
     "zero steps": (G, ["train.steps=0"], ["train.steps", "0 is out of range", "> 0"]),
+    "unknown sharding": (
+        G,
+        ["train.sharding=zero3"],
+        ["train.sharding", "'zero3' is out of range", "none, fsdp"],
+    ),
     "group size one": (
         "name: bad\nbase:\n  train.group_size: 1\n" + G[10:],
         [],

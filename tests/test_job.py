@@ -306,6 +306,75 @@ def test_prompts_longer_than_max_prompt_length_are_dropped(tmp_path, model_dir):
     assert "train.max_prompt_length" in status["error"] and "longer than 3 tokens" in status["error"]
 
 
+def test_bf16_compute_trains_float32_master_weights(tmp_path, model_dir, monkeypatch):
+    """``model.dtype: bfloat16``: forward and backward run under bf16 autocast, the policy's weights (and so its
+    AdamW update) stay float32, and the frozen reference is held in bf16. At the paper's lr 1e-6 one step moves
+    nearly every weight; the same update applied to bf16 weights (the policy's dtype before) rounds away on most
+    of them, as bf16's resolution at |w| ~ 1e-2 is ~1e-4."""
+    import torch
+
+    from klsweep import tasks
+
+    monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"model.dtype": "bfloat16", "train.learning_rate": 1e-6, "train.steps": 1})
+    trainer = job.build_trainer(job.load_run_config(run), run)
+    policy = trainer.model
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    assert {p.dtype for p in trainer.ref_model.parameters()} == {torch.bfloat16}
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    computed: set[torch.dtype] = set()
+    hook = policy.model.layers[0].mlp.register_forward_hook(lambda m, i, out: computed.add(out.dtype))
+    trainer.train()
+    hook.remove()
+    assert computed == {torch.bfloat16}
+
+    after = dict(policy.named_parameters())
+    total = sum(p.numel() for p in before.values())
+    moved = sum((after[n].detach() != p).sum().item() for n, p in before.items())
+    assert moved / total > 0.9
+    in_bf16 = sum(
+        ((p.bfloat16() + (after[n].detach() - p).bfloat16()) != p.bfloat16()).sum().item()
+        for n, p in before.items()
+    )
+    assert in_bf16 / total < 0.1
+
+
+def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path, model_dir):
+    """``train.sharding: fsdp`` gives accelerate an FSDP2 plugin (transformers' ``fsdp``/``fsdp_config``) that
+    shards the policy per decoder layer, with FSDP's activation checkpointing and full state-dict checkpoints.
+    accelerate applies an FSDP plugin only to accelerator processes (a CPU run would silently train unsharded),
+    so on a CPU this checks the plugin accelerate would build, and that a CPU run is refused."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    from klsweep import layout
+    from klsweep.errors import UserError
+
+    lay = layout.layout("auto", "fsdp", gpu=True)
+    assert (lay.compute, lay.policy, lay.reference) == ("bfloat16", "float32", "bfloat16")
+    values = layout.training_arguments(lay, gpu=True, world=8)
+    assert values["bf16"] and values["fsdp"] and not values["activation_checkpointing"]
+    # transformers checks bf16 against the machine: build the arguments as a CPU process would
+    args = GRPOConfig(output_dir=str(tmp_path), **{**values, "bf16": False, "use_cpu": True})
+    assert not args.activation_checkpointing  # with FSDP's own, the Trainer refuses to start
+    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward and plugin.activation_checkpointing
+    assert "FULL_STATE_DICT" in str(plugin.state_dict_type)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    wraps = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    units = [m for m in model.modules() if wraps(m)]
+    assert len(units) == model.config.num_hidden_layers
+    assert {type(m).__name__ for m in units} == set(model._no_split_modules)
+
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.sharding": "fsdp"})
+    with pytest.raises(UserError, match="train.sharding: fsdp needs GPUs"):
+        job.build_trainer(job.load_run_config(run), run)
+
+
 def test_failure_is_recorded(tmp_path, model_dir):
     run = tmp_path / "run"
     write_config(run, model_dir, **{"model.path": str(tmp_path / "no-such-model")})

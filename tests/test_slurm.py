@@ -86,3 +86,84 @@ def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None
     saved = load_file(store.checkpoints(run_dir)[-1] / "model.safetensors")
     assert saved.keys() <= ranks[0].keys()
     assert all(torch.equal(saved[k], ranks[0][k]) for k in saved)
+
+
+def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path) -> None:
+    """2 tasks, ``offpolicy.lag`` 2, the real training job. USR2 (what Slurm sends before preemption or the time
+    limit): every rank saves a checkpoint with its own lag buffers at the end of the step in progress, then the
+    job requeues itself and resumes there. Then a hard ``scontrol requeue`` (no warning): the job restarts and
+    resumes from its last complete checkpoint. The run finishes with every metrics step written exactly once,
+    the steps before the preemption checkpoint kept as they were (resumed, not restarted), and the batch of
+    every step after the pipeline fill generated ``lag`` steps earlier on every rank (a rank whose queue came
+    back empty would refill it: a smaller mean lag, or ranks whose collectives no longer match, a hang)."""
+    from klsweep.tinymodel import random_tiny_model
+
+    lag, steps = 2, 24
+    model_dir = random_tiny_model(tmp_path / "model")
+    sweep = tmp_path / "lagpreempt"
+    plan = jobs.make_plan(
+        sweep,
+        [0],
+        **{
+            "model.path": str(model_dir),
+            "model.resources.tasks_per_node": 2,
+            "train.steps": steps,
+            "train.save_steps": 10,
+            "train.keep_checkpoints": None,
+            "train.prompts_per_step": 2,
+            "train.max_completion_length": 8,
+            "train.learning_rate": 1e-3,
+            "kl.estimator": "k1",
+            "kl.placement": "loss",
+            "kl.beta": 0.1,
+            "offpolicy.lag": lag,
+            "wandb.mode": "disabled",
+        },
+    )
+    run_dir = plan.runs[0].run_dir
+    (job_id,) = [r["job_id"] for r in submit.submit(plan, "slurm").jobs]
+
+    def rows() -> list[dict]:
+        return store.read_metrics(run_dir)
+
+    def wait_for(cond, what: str, timeout_s: float = 240) -> None:
+        start = time.time()
+        while not cond():
+            status = store.read_status(run_dir)
+            # 'failed' may be the flaky in-job requeue report (see above): the requeued job goes on
+            assert status["state"] in ("pending", "running", "failed"), f"{what}: the run ended {status}"
+            assert time.time() - start < timeout_s, (
+                f"{what}: timed out, {status['state']}: {status['reason']}"
+            )
+            time.sleep(0.5)
+
+    wait_for(lambda: len(rows()) >= 3, "first steps")
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    signalled = {r["step"]: r["time"] for r in rows()}
+
+    def preemption_checkpoint() -> Path | None:
+        late = [c for c in store.checkpoints(run_dir) if store.checkpoint_step(c) >= max(signalled)]
+        return next((c for c in late if (c / "trainer_state.json").exists()), None)
+
+    wait_for(lambda: preemption_checkpoint() is not None, "the preemption save")
+    saved = preemption_checkpoint()
+    assert saved is not None and store.checkpoint_step(saved) % 10  # not a periodic save
+    assert sorted(p.name for p in saved.glob("klsweep_buffers_rank*.pt")) == [
+        "klsweep_buffers_rank0.pt",
+        "klsweep_buffers_rank1.pt",
+    ]
+    p = store.checkpoint_step(saved)
+    wait_for(lambda: max((r["step"] for r in rows()), default=0) >= p + 2, "training after the requeue")
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+
+    runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=300)
+    if runs[0].state == "failed":  # the flaky in-job requeue report (see above): the requeued job goes on
+        runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=240)
+    (run,) = runs
+    assert run.state == "done" and run.step == steps, run.log_tail
+    assert run.job_id == job_id  # the same job, requeued
+    final = rows()
+    assert [r["step"] for r in final] == list(range(1, steps + 1))
+    times = {r["step"]: r["time"] for r in final}
+    assert {s: times[s] for s in signalled} == signalled  # resumed from the preemption save, not restarted
+    assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)

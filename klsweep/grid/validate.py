@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klsweep import config as config_mod
+from klsweep import layout
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 
@@ -30,7 +31,6 @@ LR_SCHEDULERS = (
     "cosine_warmup_with_min_lr",
     "warmup_stable_decay",
 )
-SHARDING = ("none", "fsdp")
 CHECKS: dict[str, tuple[Any, str]] = {
     "seed": _NON_NEGATIVE,
     "train.steps": _POSITIVE,
@@ -46,7 +46,6 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "train.warmup_ratio": (lambda v: 0 <= v < 1, ">= 0 and < 1"),
     "train.lr_scheduler_type": (lambda v: v in LR_SCHEDULERS, ", ".join(LR_SCHEDULERS)),
     "train.micro_batch_size": (lambda v: v is None or v > 0, "null (all completions at once) or > 0"),
-    "train.sharding": (lambda v: v in SHARDING, ", ".join(SHARDING)),
     "train.save_steps": _POSITIVE,
     "train.keep_checkpoints": (lambda v: v is None or v > 0, "null or > 0"),
     "train.collapse_window": _POSITIVE,
@@ -54,10 +53,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "offpolicy.lag": _NON_NEGATIVE,
     "offpolicy.num_iterations": (lambda v: v >= 1, ">= 1"),
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
-    "model.dtype": (
-        lambda v: v in ("auto", "float32", "bfloat16", "float16"),
-        "auto, float32, bfloat16, float16",
-    ),
+    "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
+    "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
     "model.resources.nodes": _POSITIVE,
     "model.resources.gpus_per_node": _NON_NEGATIVE,
     "model.resources.tasks_per_node": (lambda v: v is None or v > 0, "null (one per GPU) or > 0"),

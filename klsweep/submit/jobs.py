@@ -1,8 +1,8 @@
 """The two kinds of job, train a run and evaluate a run: the submitit callables that run on the compute node
 (pickled by submitit), and what a planned run asks of its jobs (resources, cluster settings, a chained eval).
 
-Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout it calls
-``klsweep.job.save_on_preemption()`` and requeues itself, at most ``cluster.max_requeues`` times);
+Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout every rank saves a checkpoint at
+the end of the step in progress, then it requeues itself, at most ``cluster.max_requeues`` times);
 ``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``.
 """
 
@@ -31,6 +31,7 @@ class TrainJob:
         env = submitit.JobEnvironment()
         if env.num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        _defer_preemption_to_step_end(env)
         if self.fn is None:
             from klsweep.job import train_run
 
@@ -70,6 +71,30 @@ class EvalJob:
 
             return eval_run(Path(self.run_dir), self.eval_cfg, checkpoints="last")
         return self.fn(Path(self.run_dir), self.eval_cfg, checkpoints="last")
+
+
+def _defer_preemption_to_step_end(env: Any) -> None:
+    """In every task of a training job: submitit's preemption handler (``USR2`` by default) runs at the end of
+    the training step in progress instead of at once (``klsweep.job.defer_to_step_end``), after every rank saved
+    a checkpoint with its own lag buffers; right away when no trainer is training. submitit alone would save on
+    rank 0 only, in the middle of a step, and a collective save (FSDP) there would hang."""
+    import signal
+    import threading
+
+    from klsweep.job import defer_to_step_end
+
+    signum = getattr(signal, "SIG" + env.USR_SIG, None)
+    if signum is None or threading.current_thread() is not threading.main_thread():
+        return  # the debug executor runs jobs in the caller: no handler to defer
+    handler = signal.getsignal(signum)
+    if not callable(handler):
+        return
+
+    def deferred(sig: int, frame: Any) -> None:
+        if not defer_to_step_end(lambda: handler(sig, frame)):
+            handler(sig, frame)
+
+    signal.signal(signum, deferred)
 
 
 def _tail(text: str, n: int = 20) -> str:

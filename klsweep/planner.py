@@ -26,7 +26,8 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
   weights, prefetch included, and one layer's unsharded gradient); DDP with W > 1 adds its gradient buckets
   (4P). Unsharded that is the published 16-18 bytes per parameter of mixed-precision Adam (ZeRO paper: 16;
   Hugging Face's model memory anatomy: 18 with the fp16/bf16 copy); FSDP is ZeRO-3 (16P/W).
-- the reference model (frozen, compute dtype): 2P/S;
+- the reference model (frozen, compute dtype): 2P/S, and under FSDP the whole of it again while its forward
+  runs (TRL's ``prepare_fsdp`` wraps it as one unit, so its forward gathers every weight);
 - working memory, the larger of training and generation: training holds, per micro-batch of m sequences of
   S_len = max_prompt_length + max_completion_length tokens, the checkpointed input of every layer (fp32 residual
   stream) and one layer's recomputed activations (SwiGLU MLP, attention with a fused kernel: no S_len**2 term;
@@ -39,7 +40,8 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
 
 GPU-hours: an upper bound, every job using its whole time limit. Storage: the checkpoints a run keeps
 (``train.keep_checkpoints`` of its ``ceil(steps / save_steps)`` saves), each fp32 weights and AdamW moments
-(12 bytes per parameter); one more exists briefly while a new one is written.
+(12 bytes per parameter; 16 under FSDP, where accelerate also writes a full fp32 copy of the weights); one more
+exists briefly while a new one is written.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ GIB = 2**30
 OVERHEAD_GB = 2.0  # per process: CUDA context, NCCL and cuBLAS workspaces
 FRAGMENTATION = 0.10  # caching-allocator headroom on the estimated tensors
 VLLM_SHARE = 0.3  # TRL's vllm_gpu_memory_utilization (colocate mode), the GPU fraction vLLM reserves
-CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights (4) + AdamW moments (8)
+# fp32 weights (4) + AdamW moments (8); under FSDP accelerate writes a second full fp32 copy of the weights
+# (pytorch_model_fsdp.bin) beside the model's own: 16
+CHECKPOINT_BYTES_PER_PARAM = {"none": 12, "fsdp": 16}
 _LAG_BYTES_PER_TOKEN = 24  # a queued batch per token: ids, masks, behaviour and reference log-probs
 _EXAMPLES = 3  # run ids named in a grouped problem
 
@@ -241,6 +245,8 @@ def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> di
         "compute copy": (2 * unit * compute + 4 * unit) if fsdp else (2 * p if compute == 2 else 0),
         "reference": compute * p / shards,
     }
+    if fsdp:  # TRL's prepare_fsdp wraps the reference as one unit: its forward gathers every weight at once
+        parts["reference gather"] = compute * p * (1 - 1 / shards)
     if not fsdp and w > 1:
         parts["ddp buckets"] = 4 * p
     seq = int(train["max_prompt_length"]) + int(train["max_completion_length"])
@@ -280,7 +286,7 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     return Estimate(
         peak_gb=sum(parts.values()),
         gpu_hours=_job_gpu_hours(res),
-        storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM * arch.params / GIB,
+        storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM[train.get("sharding", "none")] * arch.params / GIB,
         parts=parts,
         gpus=gpus,
         gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,
@@ -329,6 +335,14 @@ def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple
     if train.get("warmup_steps") and train.get("warmup_ratio"):
         found.append(
             ("train.warmup_ratio", "set together with train.warmup_steps", "one of them; the other 0")
+        )
+    if train.get("sharding") == "fsdp" and not gpus:
+        found.append(
+            (
+                "train.sharding",
+                "fsdp without GPUs (accelerate applies its FSDP plugin to GPU processes only)",
+                "none on CPUs, or model.resources.gpus_per_node > 0",
+            )
         )
     arch = architecture(model)
     if arch is None and gpus:  # without GPUs, nothing is checked against the estimate

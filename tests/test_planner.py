@@ -161,9 +161,9 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
         assert 10 < run["estimate"]["gpu_memory_gb"] < 80
     plan = grid.load_plan(PAPER, out=tmp_path / "r")
     by_id = {r.id: r for r in plan.runs}
-    for run in data["runs"]:  # 2 checkpoints kept (of 10 saves), 12 bytes per parameter each
+    for run in data["runs"]:  # 2 checkpoints kept (of 10 saves), 16 bytes per parameter each under FSDP
         params = planner.architecture(by_id[run["id"]].config["model"]).params
-        assert run["estimate"]["storage_gb"] == pytest.approx(2 * 12 * params / 2**30, abs=0.1)
+        assert run["estimate"]["storage_gb"] == pytest.approx(2 * 16 * params / 2**30, abs=0.1)
     assert data["storage_gb"] == pytest.approx(
         sum(r["estimate"]["storage_gb"] for r in data["runs"]), rel=1e-3
     )
@@ -314,3 +314,9 @@ def test_lr_schedulers_are_transformers_own():
         one_run("train.lr_scheduler_type=cosine_sometimes")
     assert grid.run_id(one_run("train.lr_scheduler_type=cosine")) != grid.run_id(one_run())
     assert grid.run_id(one_run("train.warmup_ratio=0.1")) != grid.run_id(one_run())
+
+
+def test_fsdp_without_gpus_is_refused(tmp_path):
+    config = grid.compose_run_config(None, ["train.sharding=fsdp"])
+    _, problems = planner.run_problems(config)
+    assert [p[0] for p in problems] == ["train.sharding"]

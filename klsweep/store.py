@@ -14,7 +14,9 @@ Layout (one sweep)::
             status.json            {"state", "step", "total_steps", "reason", "started_at", "updated_at", ...}
             metrics.jsonl          one JSON object per optimiser step (the report's source of truth)
             checkpoints/checkpoint-<step>/   Hugging Face format (lm-eval loads it) + trainer state
-            eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl
+            eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl, results_<date>.json
+                                   (lm-eval's own results file)
+            wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that ran it (links or copies)
         report/                    tables and plots (`klsweep report`)
 

@@ -69,7 +69,8 @@ def _save(fig: Any, path: Path) -> list[Path]:
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
     fig.savefig(path, dpi=100)  # the constrained layout runs here...
     fig.set_layout_engine("none")  # ...once: the vector copy keeps its positions
-    fig.savefig(vector)
+    with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
+        fig.savefig(vector)
     plt.close(fig)
     return [path, vector]
 
@@ -124,8 +125,8 @@ def _styles(configs: pd.DataFrame, hues: list[str]) -> dict[tuple[Any, ...], tup
     import matplotlib
 
     keys: dict[tuple[Any, ...], bool] = {}
-    for row in configs.itertuples(index=False):
-        keys[_hue_key(row._asdict(), hues)] = bool(row.kl_on)
+    for row in configs.to_dict("records"):
+        keys[_hue_key(row, hues)] = bool(row["kl_on"])
     with_kl = sorted((k for k, on in keys.items() if on), key=_sort_key)
     without = sorted((k for k, on in keys.items() if not on), key=_sort_key)
     n = len(with_kl)
@@ -142,21 +143,14 @@ def _styles(configs: pd.DataFrame, hues: list[str]) -> dict[tuple[Any, ...], tup
 
 
 def _hue_key(row: dict[str, Any], hues: list[str]) -> tuple[Any, ...]:
-    return tuple("none" if (a in KL_KEYS and not row["kl_on"]) else _fmt_value(row[_col(a)]) for a in hues)
-
-
-def _col(axis: str) -> str:
-    """The column of an axis in the configurations frame (itertuples renames dotted names)."""
-    return axis.replace(".", "_")
+    return tuple("none" if (a in KL_KEYS and not row["kl_on"]) else _fmt_value(row[a]) for a in hues)
 
 
 def _configs(report: Report) -> pd.DataFrame:
-    """One row per configuration: its axis values (dotted names and ``_col`` names) and ``kl_on``."""
+    """One row per configuration: ``config``, its axis values and ``kl_on``."""
     first = report.runs.drop_duplicates("config").set_index("config", drop=False)
     configs = first[["config", *report.axes]].copy()
     configs["kl_on"] = _kl_on(first)
-    for a in report.axes:
-        configs[_col(a)] = first[a]
     return configs
 
 
@@ -202,26 +196,25 @@ def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path
         members = configs[_in_panel(configs, facets, panel)] if facets else configs
         bands = len(members) <= MAX_BANDS
         any_bands |= bands
+        keys = [_hue_key(row, hues) for row in members.to_dict("records")]
         lines = [
-            (groups[row.config], styles[_hue_key(row._asdict(), hues)], _hue_key(row._asdict(), hues))
-            for row in members.itertuples(index=False)
-            if row.config in groups
+            (groups[c], styles[k][1]) for c, k in zip(members["config"], keys, strict=True) if c in groups
         ]
-        used.update(dict.fromkeys(key for _, _, key in lines))
+        used.update(dict.fromkeys(k for c, k in zip(members["config"], keys, strict=True) if c in groups))
         for c, (ax, (name, title)) in enumerate(zip(axes_row, CURVES, strict=True)):
             mean, lo, hi = series[name]
             # one artist per panel: many Line2D objects make every draw (PNG, PDF, layout) slow
             ax.add_collection(
                 LineCollection(
-                    [np.column_stack([steps[i], mean[i]]) for i, _, _ in lines],
-                    colors=[style[1]["color"] for _, style, _ in lines],
-                    linestyles=[style[1]["ls"] for _, style, _ in lines],
+                    [np.column_stack([steps[i], mean[i]]) for i, _ in lines],
+                    colors=[style["color"] for _, style in lines],
+                    linestyles=[style["ls"] for _, style in lines],
                     lw=1.3,
                 )
             )
             if bands:
-                for i, style, _ in lines:
-                    ax.fill_between(steps[i], lo[i], hi[i], color=style[1]["color"], alpha=0.15, lw=0)
+                for i, style in lines:
+                    ax.fill_between(steps[i], lo[i], hi[i], color=style["color"], alpha=0.15, lw=0)
             ax.autoscale_view()
             ax.grid(alpha=0.3)
             if rows == 1 or r == 0:

@@ -44,9 +44,10 @@ setup() {
 }
 
 system_packages() {
-    # Debian packages the tests use: the local Slurm cluster and a TeX to compile the LaTeX tables.
+    # Debian packages the tests use: the local Slurm cluster, a TeX to compile the LaTeX tables (and
+    # poppler's pdftotext to read them back), a headless Chromium to render report.html.
     if [ "$(id -u)" != 0 ]; then
-        log "not root: skipping Debian packages (Slurm integration tests will be skipped)"
+        log "not root: skipping Debian packages (Slurm, LaTeX and browser tests will be skipped)"
         return
     fi
     bash slurm/install.sh
@@ -54,6 +55,11 @@ system_packages() {
         log "installing texlive-latex-base (LaTeX table check)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
             texlive-latex-base texlive-latex-recommended >/dev/null
+    fi
+    if ! command -v pdftotext >/dev/null || ! command -v chromium-headless-shell >/dev/null; then
+        log "installing poppler-utils, chromium-headless-shell (LaTeX text and report.html render checks)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            poppler-utils chromium-headless-shell >/dev/null
     fi
 }
 

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import store
+from klsweep import environment, store
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -161,6 +161,8 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         status = store.write_status(run_dir, "running", **fields)
 
     _use_allocated_cpus(config)
+    if is_main:
+        environment.record(run_dir)  # after the thread count is set: what this start trains with
     monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main)
     wandb_run = None
     try:

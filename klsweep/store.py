@@ -12,6 +12,7 @@ Layout (one sweep)::
         <run-id>/
             config.yaml            the resolved RunConfig (what `klsweep train` reads)
             status.json            {"state", "step", "total_steps", "reason", "started_at", "updated_at", ...}
+            env.json               the environment of the last training start (klsweep/environment.py)
             metrics.jsonl          one JSON object per optimiser step (the report's source of truth)
             checkpoints/checkpoint-<step>/   Hugging Face format (lm-eval loads it) + trainer state; the newest
                                      train.keep_checkpoints; the last holds FINAL_MARKER (done|diverged)
@@ -39,6 +40,7 @@ FINAL_STATES = ("done", "failed", "diverged", "cancelled")
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
+ENV_FILE = "env.json"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 JOBS_FILE = "jobs.jsonl"

@@ -10,6 +10,8 @@ sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.
 - the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
   last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
   in-domain and OOD averages (``_attach_evals``);
+- each run's lm-eval stderr per task and per average (``<task> eval se``) and its recorded environment
+  (``env.json``: the ``env`` column, canonical JSON);
 - the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``).
 """
 
@@ -44,6 +46,7 @@ AXIS_ORDER = (
 # Settings the KL audit of a run depends on (klsweep.audit.grpo_audit): a column of every run, varying or not.
 AUDIT_KEYS = ("train.group_size", "train.scale_rewards", "train.loss_type")
 ID_AVG, OOD_AVG, D_ID, D_OOD = "in-domain avg", "OOD avg", "Δ in-domain", "Δ OOD"
+SE = "eval se"  # suffix of a run's lm-eval stderr column: "<task> eval se"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -122,6 +125,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
                 "total_steps": status.get("total_steps"),
                 "diverged_step": status.get("diverged_step"),
                 "reason": status.get("reason") or _last_line(status.get("error")),
+                "env": _read_env(d),
             }
         )
         for m in _read_metrics(d):
@@ -149,6 +153,15 @@ def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         return json.loads("[" + ",".join(text.splitlines()) + "]") if text else []
     except json.JSONDecodeError:
         return store.read_metrics(run_dir)
+
+
+def _read_env(run_dir: Path) -> str | None:
+    """The run's recorded environment (``env.json``, written at training start) as canonical JSON, or None."""
+    p = run_dir / store.ENV_FILE
+    try:
+        return json.dumps(store.read_json(p), sort_keys=True) if p.exists() else None
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _last_line(text: str | None) -> str | None:
@@ -201,6 +214,12 @@ def _attach_evals(
             runs[t] = [_float(last.get(r, {}).get("metrics", {}).get(kind, {}).get(t)) for r in runs["run"]]
     runs[ID_AVG] = runs[list(in_domain)].mean(axis=1) if in_domain else math.nan
     runs[OOD_AVG] = runs[list(ood)].mean(axis=1) if ood else math.nan
+    # each run's lm-eval stderr per task (its binomial eval noise), and that of each average (independent tasks)
+    for avg, tasks in ((ID_AVG, list(in_domain)), (OOD_AVG, list(ood))):
+        for t in tasks:
+            runs[f"{t} {SE}"] = [_float(last.get(r, {}).get("stderr", {}).get(t)) for r in runs["run"]]
+        se = runs[[f"{t} {SE}" for t in tasks]] if tasks else None
+        runs[f"{avg} {SE}"] = (se**2).mean(axis=1) ** 0.5 / len(tasks) ** 0.5 if tasks else math.nan
     return chosen, list(in_domain), list(ood)
 
 

@@ -5,8 +5,8 @@
   the same in every run with KL goes to the caption), and for the results the scores only: no status, no eval
   step (both go to the caption), no Δ (the step-0 baseline row is in the table), no average over a single task.
   Every column is in ``report.md`` and the CSV files.
-- Numbers right-aligned, each column in one format (so the decimal points line up); mean ± std as
-  ``0.512`` with a small ``±0.034`` after it; the best value of a column in bold; in-domain and out-of-domain
+- Numbers right-aligned, each column in one format (so the decimal points line up); mean ± CI half-width as
+  ``0.512`` with a small ``±0.034`` after it; a significantly best mean in bold; in-domain and out-of-domain
   scores under a spanning header.
 - ``\\small`` and, when a table is still wider than ``\\linewidth``, shrunk to it (graphicx's ``\\resizebox``
   with the natural width as the bound): never an overfull box.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from klsweep import store
-from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE
 from klsweep.report.tables import (
     DASH,
     SHORT,
@@ -219,7 +219,8 @@ def _paper_view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame,
         states = list(report.runs["state"])
         notes.append(f"Runs: {_status_text(states)}.")
     if table == "main":
-        drop += [D_ID, D_OOD]
+        drop += [D_ID, D_OOD, f"{ID_AVG} {SE}", f"{OOD_AVG} {SE}"]
+        notes.append("The mean per-run eval stderr of each configuration: report.md.")
         if len(report.in_domain) == 1:
             drop.append(ID_AVG)
         if len(report.ood) == 1:

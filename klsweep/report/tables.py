@@ -3,12 +3,14 @@
 - Configurations: the runs grouped by the values of the configuration axes, numbered in sorted order and
   labelled (``_label_configs``).
 - The main table (``main``): one row per configuration (its axes values), each in-domain and out-of-domain
-  metric as mean ± sample std over the seeds evaluated, ``n`` = seeds evaluated / seeds, the in-domain and OOD
+  metric as mean ± the half-width of its t-based 95% CI over the seeds evaluated (``statistics.py``), the mean
+  per-run eval stderr of each average, ``n`` = seeds evaluated / seeds, the in-domain and OOD
   averages and their change (Δ) from the step-0 baseline of the same model.
 - The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
   ``kl_k3``, and the forward KL(ref||pi): ``kl_forward``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
 - Views (``_view``, ``_runs_view``, ``TITLES``, ``_captions``): each table (the audit and reference tables too)
-  as string cells and a bold mask (the best value of each main column), with its title and caption; md, LaTeX,
+  as string cells and a bold mask (the best mean of a main column, only when significantly better than every
+  other), with its title and caption; md, LaTeX,
   HTML and the terminal all print these.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, _none
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, _none
 from klsweep.report.stability import (
     COLLAPSE_FRACTION,
     DEFINITIONS,
@@ -30,6 +32,7 @@ from klsweep.report.stability import (
     WINDOW,
     _object_series,
 )
+from klsweep.report.statistics import ALPHA, LEVEL, t_interval, welch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,11 +131,14 @@ def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
 
 
 def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
+    """``<c>``, ``<c> std``, ``<c> n`` and ``<c> ci``: the half-width of the t-based 95% CI of the mean over
+    seeds (``statistics.t_interval``; NaN with fewer than 2 seeds)."""
     for c in cols:
         agg = g[c].agg(["mean", "std", "count"])
         df[c] = agg["mean"]
         df[f"{c} std"] = agg["std"]
         df[f"{c} n"] = agg["count"]
+        df[f"{c} ci"] = g[c].agg(lambda s: t_interval(list(s))[1])
 
 
 def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
@@ -141,7 +147,26 @@ def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: 
     df["evaluated"] = g["eval_step"].count()
     df["eval step"] = g["eval_step"].agg(_range_text)
     _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
+    for c in (*in_domain, ID_AVG, *ood, OOD_AVG):  # the mean per-run lm-eval stderr: the eval's own noise
+        df[f"{c} {SE}"] = g[f"{c} {SE}"].mean() if f"{c} {SE}" in runs else math.nan
     return df.reset_index(drop=True)
+
+
+def _significant_best(report: Report, column: str) -> list[bool]:
+    """Per configuration (row of ``main``): whether it has the best mean of ``column`` and that mean is
+    significantly higher than every other configuration's with a value (one-sided Welch over seeds,
+    p < ALPHA). A best that is not significantly better than the runner-up is not marked."""
+    df = report.main
+    marks = [False] * len(df)
+    values = {c: list(v.dropna()) for c, v in report.runs.groupby("config")[column]}
+    present = [i for i in range(len(df)) if values.get(i)]
+    if len(present) < 2:
+        return marks
+    best = max(present, key=lambda i: df[column].iloc[i])
+    marks[best] = all(
+        welch(values[best], values[i], alternative="greater").p < ALPHA for i in present if i != best
+    )
+    return marks
 
 
 def _range_text(s: pd.Series) -> str:
@@ -203,10 +228,12 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         for c in metric_cols:
             out[c] = [
                 _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
-                for m, s, n, e in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["evaluated"], strict=True)
+                for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
             ]
-            best = df[c].max()
-            bold[c] = df[c].notna() & (df[c] >= best - 1e-12) & (df[c].notna().sum() > 1)
+            bold[c] = _significant_best(report, c)
+        for c in (ID_AVG, OOD_AVG):
+            out[f"{c} {SE}"] = [_cell(v) for v in df[f"{c} {SE}"]]
+            bold[f"{c} {SE}"] = False
         if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
             base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
             if "model" in base:
@@ -217,6 +244,8 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             base["status"] = "baseline"
             for c in metric_cols[:-2]:
                 base[c] = [_cell(v) for v in report.baseline[c]]
+            for c in (ID_AVG, OOD_AVG):
+                base[f"{c} {SE}"] = DASH
             out = pd.concat([base, out], ignore_index=True)
             bold = pd.concat(
                 [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
@@ -229,7 +258,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         for c in STABILITY_STATS:
             out[c] = [
                 _cell(m, s, n, w)
-                for m, s, n, w in zip(df[c], df[f"{c} std"], df[f"{c} n"], df["with metrics"], strict=True)
+                for m, s, n, w in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["with metrics"], strict=True)
             ]
         out["diverged"] = [
             f"{d}/{r}" + (f" ({a})" if a else "")
@@ -312,12 +341,17 @@ def _captions(report: Report) -> dict[str, str]:
     return {
         "main": (
             f"Eval hash {h}, last evaluated checkpoint of each run (step; the runs table names each run's). "
-            "A diverged run is scored on the checkpoint it diverged at. Mean ± sample std over the seeds "
-            "evaluated; n = seeds evaluated / seeds; — = no eval yet. Δ = change of the average from the step-0 "
-            "baseline of the same model. Best value per column in bold."
+            "A diverged run is scored on the checkpoint it diverged at. "
+            f"Mean ± half-width of its t-based {LEVEL:.0%} confidence interval over the seeds evaluated "
+            "(no ± with one seed); n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
+            "lm-eval stderr of the average (the eval's own noise, part of the spread between seeds). "
+            "Δ = change of the average from the step-0 baseline of the same model. Bold: the best mean of a "
+            f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
+            f"over seeds, p < {ALPHA:g}); no bold where the best is within noise."
         ),
         "stability": DEFINITIONS.format(window=report.window, pct=100 * report.collapse_fraction)
-        + " Values: mean ± std over the runs with metrics; diverged counts all runs, collapsed the runs with metrics.",
+        + f" Values: mean ± half-width of the t-based {LEVEL:.0%} CI over the runs with metrics; "
+        "diverged counts all runs, collapsed the runs with metrics.",
         "audit": (
             "What the trainer's KL update is with the runs' settings (klsweep audit --grpo: exact enumeration of "
             "every step of G completions of a tabular policy, vocabulary 3, length 2; the trainer's own "

@@ -1,0 +1,100 @@
+"""The environment a run trained in, recorded in its folder (``env.json``) at every training start, so a sweep's
+report shows which machines and package versions its numbers come from (``report/``: the Environment section).
+
+``record(run_dir)`` writes ``describe()``: Python and the versions of the packages that decide the numbers
+(``PACKAGES``), torch's intra-op threads and ``OMP_NUM_THREADS``, the CPU model (``/proc/cpuinfo``), the GPU
+name (None without CUDA), klsweep's version and git commit (None when it is not installed from a git
+checkout), and the hostname. Every value is a string, an int or None.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+
+# distribution names whose versions are recorded (key: the name shown)
+PACKAGES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "trl": "trl",
+    "accelerate": "accelerate",
+    "datasets": "datasets",
+    "lm-eval": "lm_eval",
+    "numpy": "numpy",
+}
+KEYS = (
+    "python",
+    *PACKAGES,
+    "torch threads",
+    "OMP_NUM_THREADS",
+    "cpu",
+    "gpu",
+    "klsweep",
+    "git commit",
+    "hostname",
+)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _git_commit() -> str | None:
+    """The commit of the checkout klsweep is imported from, or None (an installed wheel, no git)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def describe() -> dict[str, Any]:
+    """This process's environment (``KEYS``)."""
+    import torch
+
+    import klsweep
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "python": platform.python_version(),
+        **{name: _version(dist) for name, dist in PACKAGES.items()},
+        "torch threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "cpu": _cpu_model(),
+        "gpu": gpu,
+        "klsweep": klsweep.__version__,
+        "git commit": _git_commit(),
+        "hostname": socket.gethostname(),
+    }
+
+
+def record(run_dir: str | Path) -> dict[str, Any]:
+    """Write ``describe()`` to ``<run_dir>/env.json`` and return it."""
+    env = describe()
+    store.write_json(Path(run_dir) / store.ENV_FILE, env)
+    return env

@@ -1,0 +1,128 @@
+"""The statistics of a report: confidence intervals over seeds, tests between configurations, and their power.
+
+Owns the definitions the tables and the claims print (scipy's distributions and tests do the arithmetic):
+
+- ``t_interval``: the mean of a configuration's seeds and the half-width of its t-based ``LEVEL`` (95%)
+  confidence interval, ``t_{n-1, 0.975} * s / sqrt(n)``. Each seed's score already carries its own eval noise
+  (64 problems: a binomial stderr of ~0.06), so the spread between seeds, and with it this interval, includes
+  it; the mean per-run lm-eval stderr is shown beside it so a reader sees how much of the width the eval is.
+- ``welch``: Welch's unequal-variance t-test of two groups of per-seed values (two-sided, or one-sided with
+  ``alternative``), with the difference of the means and its CI; NaN where a group has fewer than 2 values or
+  both have no spread (the test is undefined).
+- ``welch_power``: the probability that the one-sided Welch test at ``ALPHA`` detects a true difference of
+  ``effect``, with the groups' observed spread and sizes (noncentral t): the test is *underpowered* when it is
+  below ``POWER`` (0.8).
+- ``tost``: two one-sided tests of equivalence within ``± margin`` (p < ALPHA: the difference lies inside).
+- ``rate_test``: Fisher's exact test that a rate (runs that collapsed or diverged) is higher in one group, and
+  the smallest p-value the group sizes allow (when that is not below ALPHA, no outcome could be significant).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LEVEL = 0.95  # confidence level of every interval
+ALPHA = 0.05  # significance level of every test
+POWER = 0.8  # a test with less power at the claim's smallest effect is underpowered
+
+
+def _clean(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, int]:
+    """(mean, CI half-width, n) of the non-NaN values; half-width NaN when n < 2."""
+    from scipy import stats
+
+    x = _clean(values)
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(x) / n
+    if n < 2:
+        return mean, math.nan, n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
+    return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n), n
+
+
+@dataclass(frozen=True)
+class Welch:
+    """Welch's test of mean(a) - mean(b)."""
+
+    diff: float
+    half_width: float  # of the LEVEL CI of the difference (Welch-Satterthwaite df)
+    t: float
+    df: float
+    p: float
+    n_a: int
+    n_b: int
+    se: float
+
+
+def welch(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided") -> Welch:
+    """Welch's t-test of ``a`` against ``b`` (``alternative``: "two-sided", "greater": mean(a) > mean(b),
+    "less")."""
+    from scipy import stats
+
+    x, y = _clean(a), _clean(b)
+    nan = Welch(math.nan, math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan)
+    if len(x) < 2 or len(y) < 2:
+        return nan if not (x and y) else Welch(
+            _mean(x) - _mean(y), math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan
+        )
+    vx, vy = _var(x) / len(x), _var(y) / len(y)
+    se = math.sqrt(vx + vy)
+    diff = _mean(x) - _mean(y)
+    if se == 0:
+        return Welch(diff, math.nan, math.nan, math.nan, math.nan, len(x), len(y), se)
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    res = stats.ttest_ind(x, y, equal_var=False, alternative=alternative)
+    half = float(stats.t.ppf(0.5 + LEVEL / 2, df)) * se
+    return Welch(diff, half, float(res.statistic), df, float(res.pvalue), len(x), len(y), se)
+
+
+def _mean(x: list[float]) -> float:
+    return sum(x) / len(x)
+
+
+def _var(x: list[float]) -> float:
+    m = _mean(x)
+    return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+
+def welch_power(w: Welch, effect: float, alpha: float = ALPHA) -> float:
+    """Power of the one-sided Welch test (``w``'s spread and sizes) to detect a true difference ``effect``."""
+    from scipy import stats
+
+    if not (w.se > 0 and w.df > 0):
+        return math.nan
+    crit = float(stats.t.ppf(1 - alpha, w.df))
+    return float(stats.nct.sf(crit, w.df, abs(effect) / w.se))
+
+
+def tost(a: Sequence[float], b: Sequence[float], margin: float) -> tuple[float, Welch]:
+    """Two one-sided tests that |mean(a) - mean(b)| < ``margin``: (p, the two-sided Welch test). The p is the
+    larger of the two one-sided Welch p-values against -margin and +margin (NaN where Welch is undefined)."""
+    from scipy import stats
+
+    w = welch(a, b)
+    if not (w.se > 0) or math.isnan(w.df):
+        return math.nan, w
+    p_low = float(stats.t.sf((w.diff + margin) / w.se, w.df))  # H0: diff <= -margin
+    p_high = float(stats.t.cdf((w.diff - margin) / w.se, w.df))  # H0: diff >= +margin
+    return max(p_low, p_high), w
+
+
+def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, float]:
+    """Fisher's exact one-sided test that the event rate of a exceeds that of b: (p, smallest p possible with
+    these group sizes: every run of a with the event, none of b). NaN when a group is empty."""
+    from scipy import stats
+
+    if n_a == 0 or n_b == 0:
+        return math.nan, math.nan
+    table = [[events_a, n_a - events_a], [events_b, n_b - events_b]]
+    p = float(stats.fisher_exact(table, alternative="greater").pvalue)
+    best = float(stats.fisher_exact([[n_a, 0], [0, n_b]], alternative="greater").pvalue)
+    return p, best

@@ -58,11 +58,19 @@ def write_sweep(
     seed: int = 0,
 ) -> Path:
     """Write every configuration of ``grid`` (dotted overrides of RunConfig) x ``seeds`` as finished, evaluated
-    runs of ``sweep``, and a step-0 baseline per model. Returns ``sweep``."""
+    runs of ``sweep``, and a step-0 baseline per model. Returns ``sweep``.
+
+    A configuration may also set its truth (keys starting with "_", not config keys): ``_skill`` (the mean eval
+    score; default drawn from U(0.2, 0.8)), ``_noise`` (the seeds' eval spread, default 0.05), ``_kl`` (the
+    slope of the KL curves per step), ``_collapse`` (True: the reward falls to ~0 after 60% of the steps)."""
     rng = random.Random(seed)
     models: dict[str, dict[str, Any]] = {}
     for ci, overrides in enumerate(grid):
         skill = rng.uniform(0.2, 0.8)
+        truth = {k: overrides[k] for k in overrides if k.startswith("_")}
+        overrides = {k: v for k, v in overrides.items() if not k.startswith("_")}
+        skill = truth.get("_skill", skill)
+        kl_slope = truth.get("_kl", 0.002 + 0.001 * ci)
         for s in range(seeds):
             config = asdict(RunConfig())
             config["name"], config["seed"] = sweep.name, s
@@ -77,6 +85,8 @@ def write_sweep(
             rows = []
             for step in range(1, steps + 1):
                 reward = skill * min(1.0, step / (steps / 2)) + rng.gauss(0, 0.03)
+                if truth.get("_collapse") and step > 0.6 * steps:
+                    reward = 0.01 * skill
                 rows.append(
                     json.dumps(
                         {
@@ -84,8 +94,8 @@ def write_sweep(
                             "time": 1.7e9 + step,
                             "elapsed_s": float(step),
                             "reward_mean": reward,
-                            "kl_k1": (0.002 + 0.001 * ci) * step + rng.gauss(0, 0.002),
-                            "kl_k3": (0.001 + 0.0005 * ci) * step,
+                            "kl_k1": kl_slope * step + rng.gauss(0, 0.002),
+                            "kl_k3": kl_slope / 2 * step * (1 + rng.gauss(0, 0.05) if "_kl" in truth else 1),
                             "entropy": 1.0 + 0.5 * math.exp(-step / (20 + ci)),
                             "loss": 0.0,
                         }
@@ -93,7 +103,8 @@ def write_sweep(
                 )
             (run / store.METRICS_FILE).write_text("\n".join(rows) + "\n")
             store.write_json(run / store.STATUS_FILE, {"state": "done", "step": steps, "total_steps": steps})
-            values = {t: min(1.0, max(0.0, skill + rng.gauss(0, 0.05))) for t in (*in_domain, *ood)}
+            noise = truth.get("_noise", 0.05)
+            values = {t: min(1.0, max(0.0, skill + rng.gauss(0, noise))) for t in (*in_domain, *ood)}
             _write_eval(run, f"checkpoint-{steps}", steps, values, in_domain, ood)
             models.setdefault(config["model"]["name"], config)
     for name, config in models.items():

@@ -36,17 +36,7 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     ``unbiased`` = the verdict is exact. Off-policy rows add the bare estimator's off-policy verdict."""
     import pandas as pd
 
-    off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
-        runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
-    )
-    no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
-    settings = runs[list(SETTINGS)].astype(object).to_numpy()
-    keys = [
-        (("none",) * 3 + (DASH,) * 5 + ("none",))
-        if nk
-        else (*(_plain(v) for v in values), imp if o else "on-policy")
-        for nk, o, values, imp in zip(no_kl, off, settings, runs["kl.importance"], strict=True)
-    ]
+    keys = _keys(runs)
     counts: dict[tuple[Any, ...], list[int]] = {}
     for k, c in zip(keys, runs["config"], strict=True):
         counts.setdefault(k, []).append(c)
@@ -100,6 +90,29 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["off-policy estimator verdict"] = o.verdict if o is not None else DASH
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Per run: the audit row it belongs to (its ``SETTINGS`` values and sampling)."""
+    off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
+        runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
+    )
+    no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
+    settings = runs[list(SETTINGS)].astype(object).to_numpy()
+    return [
+        (("none",) * 3 + (DASH,) * 5 + ("none",))
+        if nk
+        else (*(_plain(v) for v in values), imp if o else "on-policy")
+        for nk, o, values, imp in zip(no_kl, off, settings, runs["kl.importance"], strict=True)
+    ]
+
+
+def _run_unbiased(runs: pd.DataFrame, audit: pd.DataFrame) -> list[str]:
+    """Per run, the ``unbiased`` verdict of its audit row: "yes", "no", or DASH (no KL, not audited)."""
+    keys = _keys(runs)
+    order = sorted(set(keys), key=_sort_key)  # the audit's rows, in the order ``_audit_table`` built them
+    verdicts = dict(zip(order, audit["unbiased"], strict=True)) if len(audit) == len(order) else {}
+    return [verdicts.get(k, DASH) for k in keys]
 
 
 def _plain(v: Any) -> Any:

@@ -1,5 +1,6 @@
 """``build_report``: the report of a sweep end to end: read the store (``data.py``), attach the stability columns
-(``stability.py``), build the tables (``tables.py``, ``audit_table.py``, ``reference.py``), draw the figures
+(``stability.py``), build the tables (``tables.py``, ``audit_table.py``, ``reference.py``, the tests and claims of
+``claims.py``), draw the figures
 (``figures.py``) and write each format asked for (``render.py``)."""
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from pathlib import Path
 from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.report.audit_table import _audit_table
-from klsweep.report.data import _attach_deltas, _attach_evals, _baseline, _load_runs
+from klsweep.report.claims import _claims_table, _comparisons_table
+from klsweep.report.data import ID_AVG, OOD_AVG, _attach_deltas, _attach_evals, _baseline, _load_runs
 from klsweep.report.figures import _plot_curves, _plot_eval
 from klsweep.report.reference import REFERENCE_CSV, _reference_table
 from klsweep.report.render import _WRITERS, FORMATS
 from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, _attach_stability
-from klsweep.report.tables import Report, _label_configs, _main_table, _stability_table
+from klsweep.report.tables import Report, _environment_table, _label_configs, _main_table, _stability_table
 
 
 def build_report(
@@ -58,6 +60,7 @@ def build_report(
     baseline = _baseline(sweep, chosen, in_domain, ood)
     _attach_deltas(runs, baseline)
     runs = _label_configs(runs, axes)
+    audit = _audit_table(runs)
     report = Report(
         sweep_dir=sweep,
         out_dir=out,
@@ -69,8 +72,11 @@ def build_report(
         main=_main_table(runs, axes, in_domain, ood),
         baseline=baseline,
         stability=_stability_table(runs, axes),
-        audit=_audit_table(runs),
+        audit=audit,
         reference=_reference_table(runs, axes, in_domain + ood, reference_csv),
+        comparisons=_comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
+        claims=_claims_table(runs, audit),
+        environment=_environment_table(runs),
         window=window,
         collapse_fraction=collapse_fraction,
     )

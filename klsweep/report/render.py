@@ -1,7 +1,9 @@
 """The files of a report, one writer per format (``_WRITERS``), each printing the views of ``tables.py``:
 
-- ``md``: ``report.md`` (summary, every table with its caption, the figures, the runs);
-- ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``runs``);
+- ``md``: ``report.md`` (summary, every table with its caption, the figures, the claims with their verdicts,
+  the comparisons with the references, the environments, the runs);
+- ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``comparisons``,
+  ``claims`` (claim, verdict, test, statistic, p_value, n, detail), ``environment``, ``runs``);
 - ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
 - ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
   embedded as data URIs, numbers right-aligned.
@@ -33,6 +35,13 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMATS = ("md", "csv", "latex", "html")
+# sections of report.md and report.html after the paper tables (not LaTeX tables), and what each says when empty
+EXTRA_SECTIONS = ("claims", "comparisons", "environment")
+NONE = {
+    "claims": "No claim tested.",
+    "comparisons": "No configuration has a reference (no KL, k1 in the reward) sharing its other axes.",
+    "environment": "No run recorded its environment (env.json) yet.",
+}
 
 
 def _shown_path(path: Path) -> str:
@@ -88,6 +97,9 @@ def _write_md(report: Report) -> list[Path]:
     note = _reference_note(report)
     if note is not None:
         parts += [f"## {TITLES['reference']}", "", note, ""]
+    for t in EXTRA_SECTIONS:
+        cells, bold = _view(report, t)
+        parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold) if len(cells) else NONE[t], ""]
     runs = _runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
     path = report.out_dir / "report.md"
@@ -97,7 +109,7 @@ def _write_md(report: Report) -> list[Path]:
 
 def _write_csv(report: Report) -> list[Path]:
     paths = []
-    for name in ("main", "baseline", "stability", "audit", "reference", "runs"):
+    for name in ("main", "baseline", "stability", "audit", "reference", "comparisons", "claims", "environment", "runs"):
         path = report.out_dir / f"{name}.csv"
         store.atomic_write_text(path, getattr(report, name).to_csv(index=False))
         paths.append(path)
@@ -161,6 +173,13 @@ def _write_html(report: Report) -> list[Path]:
     note = _reference_note(report)
     if note is not None:
         body += [f"<h2>{html.escape(TITLES['reference'])}</h2>", f"<p>{html.escape(note)}</p>"]
+    for t in EXTRA_SECTIONS:
+        cells, bold = _view(report, t)
+        body += [
+            f"<h2>{html.escape(TITLES[t])}</h2>",
+            f"<p>{html.escape(caps[t])}</p>",
+            _html_table(cells, bold) if len(cells) else f"<p>{html.escape(NONE[t])}</p>",
+        ]
     body += ["<h2>Runs</h2>", _html_table(_runs_view(report))]
     doc = (
         '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report: '

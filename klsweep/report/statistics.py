@@ -75,7 +75,7 @@ def welch(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided"
     vx, vy = _var(x) / len(x), _var(y) / len(y)
     se = math.sqrt(vx + vy)
     diff = _mean(x) - _mean(y)
-    if se == 0:
+    if se <= 1e-12 * max(1.0, abs(diff)):  # no spread on either side: the test is undefined
         return Welch(diff, math.nan, math.nan, math.nan, math.nan, len(x), len(y), se)
     df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
     res = stats.ttest_ind(x, y, equal_var=False, alternative=alternative)
@@ -126,3 +126,19 @@ def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, 
     p = float(stats.fisher_exact(table, alternative="greater").pvalue)
     best = float(stats.fisher_exact([[n_a, 0], [0, n_b]], alternative="greater").pvalue)
     return p, best
+
+
+# The claims' decision rule (applied in claims.py, stated in the report).
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+EFFECT = {"accuracy": 0.05, "peak KL": 0.5}  # smallest effect of interest: absolute; peak KL: x the reference
+EQUIVALENCE = EFFECT  # (b)'s margins: the same sizes
+RULE = (
+    f"Verdicts at significance level {ALPHA:g}: supported = the one-sided test in the claim's direction has "
+    f"p < {ALPHA:g} ((b): equivalence by two one-sided Welch tests within a margin of ±{EQUIVALENCE['accuracy']:g} "
+    f"accuracy and ±{EQUIVALENCE['peak KL']:.0%} of no KL's peak KL); not supported = not significant although "
+    f"the test could have been (Fisher: the group sizes allow p < {ALPHA:g}; Welch: power >= {POWER:g} at an "
+    f"effect of {EFFECT['accuracy']:g} accuracy or {EFFECT['peak KL']:.0%} of the reference's peak KL), or "
+    "significant the other way ((b): the two differ, two-sided Welch); inconclusive = data missing (no run in a "
+    "group, fewer than 2 values) or a test without that power ((b): neither equivalent nor different). "
+    "Unstable = diverged or collapsed; biased/unbiased = the KL gradient audit's verdict; finished runs only."
+)

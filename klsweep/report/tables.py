@@ -32,7 +32,7 @@ from klsweep.report.stability import (
     WINDOW,
     _object_series,
 )
-from klsweep.report.statistics import ALPHA, LEVEL, t_interval, welch
+from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,6 +72,9 @@ class Report:
     stability: pd.DataFrame  # one row per configuration
     audit: pd.DataFrame  # one row per KL configuration present
     reference: pd.DataFrame  # the study's figures beside ours
+    comparisons: pd.DataFrame  # each configuration against its references (claims.py)
+    claims: pd.DataFrame  # the study's claims, tested (claims.py)
+    environment: pd.DataFrame  # one row per distinct recorded environment, with its run count
     window: int = WINDOW
     collapse_fraction: float = COLLAPSE_FRACTION
     paths: list[Path] = field(default_factory=list)
@@ -195,6 +198,27 @@ def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct environment the runs recorded (``env.json``; ``klsweep/environment.py``): its
+    fields and how many runs trained in it ("runs"); the runs with none recorded are one row of "—"."""
+    import json
+
+    import pandas as pd
+
+    counts: dict[str, int] = {}
+    for e in runs["env"] if "env" in runs else []:
+        key = e if isinstance(e, str) else ""
+        counts[key] = counts.get(key, 0) + 1
+    if not any(counts):  # none recorded (runs from before env.json, or not started): no table
+        return pd.DataFrame()
+    rows = [
+        {**(json.loads(k) if k else {}), "runs": n}
+        for k, n in sorted(counts.items(), key=lambda kv: (not kv[0], -kv[1], kv[0]))
+    ]
+    df = pd.DataFrame(rows)
+    return df[[c for c in df.columns if c != "runs"] + ["runs"]] if len(df) else df
+
+
 def _int_or_none(v: Any) -> int | None:
     v = _none(v)
     return None if v is None else int(v)
@@ -297,7 +321,53 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             }
         )
         return out.astype(str), pd.DataFrame(False, index=out.index, columns=out.columns)
+    if table == "comparisons":
+        df = report.comparisons
+        out = pd.DataFrame(
+            {
+                "configuration": df["configuration"],
+                "reference": df["reference"],
+                "metric": df["metric"],
+                "difference": [_cell(d, h, signed=True) for d, h in zip(df["difference"], df["difference ci"], strict=True)],
+                "t": [_cell(v) if v == v else DASH for v in df["t"]],
+                "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
+                "p": [_p(v) for v in df["p"]],
+                "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
+            }
+        )
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        bold["p"] = df["p"] < ALPHA
+        return out.astype(str), bold
+    if table == "claims":
+        df = report.claims
+        out = pd.DataFrame(
+            {
+                "claim": df["claim"],
+                "verdict": df["verdict"],
+                "test": df["test"],
+                "statistic": [_cell(v) for v in df["statistic"]],
+                "p": [_p(v) for v in df["p_value"]],
+                "n": df["n"].astype(str),
+                "detail": df["detail"],
+            }
+        )
+        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
+        bold["verdict"] = df["verdict"] == "supported"
+        return out.astype(str), bold
+    if table == "environment":
+        df = report.environment.astype(object)
+        out = pd.DataFrame({"field": [str(c) for c in df.columns]})
+        for i in range(len(df)):
+            out[f"environment {i + 1}"] = [_fmt_value(v) for v in df.iloc[i]]
+        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
     raise ValueError(table)
+
+
+def _p(v: float) -> str:
+    """A p-value: three significant digits, "<0.001" below that, "—" when undefined."""
+    if v is None or v != v:
+        return DASH
+    return "<0.001" if v < 0.001 else f"{v:.3f}"
 
 
 def _runs_view(report: Report) -> pd.DataFrame:
@@ -333,6 +403,9 @@ TITLES = {
     "stability": "Training stability",
     "audit": "KL gradient audit",
     "reference": "Beside the study's reported numbers (arXiv 2512.21852)",
+    "comparisons": "Each configuration against its references",
+    "claims": "The study's claims on this sweep",
+    "environment": "Environment",
 }
 
 
@@ -361,6 +434,19 @@ def _captions(report: Report) -> dict[str, str]:
             "(forward). Unbiased = exact: the expected KL update is beta x grad KL(pi||ref) (scale 1, cosine 1). "
             "Off-policy rows add the bare estimator's audit with a behaviour policy shifted from pi (shift 0.5) "
             "and the runs' importance weighting. See docs/KL.md."
+        ),
+        "comparisons": (
+            "In-domain and OOD averages of each configuration against the no-KL baseline (beta = 0) and k1 in "
+            "the reward (same beta) that share all its other axes (model, task, lag, ...): difference of the "
+            f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds (t, df, p; p < "
+            f"{ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
+            "seeds on a side, or no spread)."
+        ),
+        "claims": RULE,
+        "environment": (
+            "The environments the runs trained in (each run's env.json, recorded at its training start): one "
+            "column per distinct environment, with how many runs used it. A sweep that mixes machines or "
+            "package versions shows several."
         ),
         "reference": (
             "Figures reported by the study (arXiv 2512.21852, klsweep/report/paper_reference.csv) beside ours for "

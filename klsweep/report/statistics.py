@@ -75,7 +75,7 @@ def welch(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided"
     vx, vy = _var(x) / len(x), _var(y) / len(y)
     se = math.sqrt(vx + vy)
     diff = _mean(x) - _mean(y)
-    if se <= 1e-12 * max(1.0, abs(diff)):  # no spread on either side: the test is undefined
+    if se <= 1e-9 * max(1.0, abs(_mean(x)), abs(_mean(y))):  # no spread on either side: undefined
         return Welch(diff, math.nan, math.nan, math.nan, math.nan, len(x), len(y), se)
     df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
     res = stats.ttest_ind(x, y, equal_var=False, alternative=alternative)

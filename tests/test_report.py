@@ -5,9 +5,12 @@ crafted curves, LaTeX that compiles, the CLI's errors, and a report of real tiny
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import platform
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -234,7 +237,10 @@ def test_latex_fragments_compile(rep, tmp_path):
     main = tex["main"]
     assert "\\toprule" in main and "\\midrule" in main and "\\bottomrule" in main  # booktabs
     assert (
-        "0.700{\\scriptsize\\,$\\pm$1.271}" in main and "\\textbf" not in main and "tiny\\_add" in main and "$\\Delta$" in main
+        "0.700{\\scriptsize\\,$\\pm$1.271}" in main
+        and "\\textbf" not in main
+        and "tiny\\_add" in main
+        and "$\\Delta$" in main
     )
     assert all(ch.isascii() for t in tex.values() for ch in t)
     if shutil.which("pdflatex") is None:
@@ -422,7 +428,26 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
         evaluate.eval_run(sweep / name, suite)
     evaluate.eval_baseline(sweep, resolved, suite)
 
+    # each run recorded the environment it trained in, at its training start
+    import torch
+
+    from klsweep import environment
+
+    for name in ("r-k1", "r-k3"):
+        env = json.loads((sweep / name / "env.json").read_text())
+        assert set(env) == set(environment.KEYS)
+        assert env["torch"] == torch.__version__ and env["trl"].startswith("1.16")
+        assert env["python"] == platform.python_version() and env["hostname"] == socket.gethostname()
+        assert env["torch threads"] == 1  # model.resources.cpus_per_task, set before it is recorded
+        assert env["cpu"] and env["gpu"] is None and env["klsweep"] == "0.1.0"
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert env["git commit"] == head.stdout.strip()  # this checkout's commit
+
     r = rp.build_report(sweep, formats=("md", "csv", "latex", "html"))
+    assert list(r.environment["runs"]) == [2]  # one environment, both runs
+    md = (sweep / "report" / "report.md").read_text()
+    env_section = md.split("## Environment")[1].split("## ")[0]
+    assert f"| torch | {torch.__version__} |" in env_section and "| runs | 2 |" in env_section
     assert r.axes == ["kl.estimator", "kl.placement"]
     assert r.eval_hash is not None and r.in_domain == ["tiny_add"] and set(r.ood) == {"tiny_sub", "tiny_rev"}
     assert list(r.main["evaluated"]) == [1, 1] and list(r.main["eval step"]) == ["3", "3"]

@@ -8,7 +8,7 @@ vector PDF of the same figure (for a paper's ``\\includegraphics``):
   (``stability.py``) with a min-max band over seeds (when the panel has at most ``MAX_BANDS`` lines); the
   runs without KL (beta = 0) are drawn, grey and dashed, in every panel of their lag/model/...; colours are the
   same configuration in every panel, and one legend names them above the panels;
-- ``eval_bars.png`` / ``eval_bars.pdf``: the in-domain and OOD averages per configuration (mean ± std over
+- ``eval_bars.png`` / ``eval_bars.pdf``: the in-domain and OOD averages per configuration (mean ± 95% CI over
   seeds), the step-0 baseline of each model as a dashed line, the legend above the axes (never over a bar).
 
 Labels name only the axes that vary (``tables._labelled_axes``): a KL field that is the same in every run with
@@ -266,7 +266,8 @@ def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) 
 
 
 def _plot_eval(report: Report, path: Path) -> list[Path]:
-    """In-domain and OOD averages per configuration (mean ± std over seeds); the step-0 baseline dashed."""
+    """In-domain and OOD averages per configuration (mean ± t-based 95% CI over seeds); the step-0 baseline
+    dashed."""
     import numpy as np
 
     df = report.main
@@ -289,10 +290,10 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
             x + off,
             df[col].fillna(0),
             width,
-            yerr=df[f"{col} std"].fillna(0),
+            yerr=df[f"{col} ci"].fillna(0),
             capsize=2 if n <= 40 else 0,
             color=color,
-            label=f"{col} (mean ± std over seeds)",
+            label=f"{col} (mean ± 95% CI over seeds)",
         )
     base = report.baseline
     for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):

@@ -1,5 +1,5 @@
 """The study's reported numbers beside ours: each figure of ``paper_reference.csv`` (package data, beside this
-module, so every install has it; its columns: ``paper_reference.md``) with the mean ± std over seeds of every
+module, so every install has it; its columns: ``paper_reference.md``) with the mean over seeds (± std, and the half-width of its 95% CI) of every
 configuration of the sweep that matches its model, training task and configuration."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from klsweep.errors import Problem, UserError
+from klsweep.report.statistics import t_interval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,6 +37,7 @@ def _reference_table(
         "task",
         "ours",
         "ours std",
+        "ours ci",
         "ours n",
     ]
     if reference_csv is None:
@@ -82,6 +84,7 @@ def _reference_table(
                         "task": task,
                         "ours": g[task].mean(),
                         "ours std": g[task].std(),
+                        "ours ci": t_interval(list(g[task]))[1],
                         "ours n": int(g[task].count()),
                     }
                 )

@@ -109,7 +109,17 @@ def _write_md(report: Report) -> list[Path]:
 
 def _write_csv(report: Report) -> list[Path]:
     paths = []
-    for name in ("main", "baseline", "stability", "audit", "reference", "comparisons", "claims", "environment", "runs"):
+    for name in (
+        "main",
+        "baseline",
+        "stability",
+        "audit",
+        "reference",
+        "comparisons",
+        "claims",
+        "environment",
+        "runs",
+    ):
         path = report.out_dir / f"{name}.csv"
         store.atomic_write_text(path, getattr(report, name).to_csv(index=False))
         paths.append(path)

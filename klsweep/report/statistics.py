@@ -69,8 +69,10 @@ def welch(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided"
     x, y = _clean(a), _clean(b)
     nan = Welch(math.nan, math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan)
     if len(x) < 2 or len(y) < 2:
-        return nan if not (x and y) else Welch(
-            _mean(x) - _mean(y), math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan
+        return (
+            nan
+            if not (x and y)
+            else Welch(_mean(x) - _mean(y), math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan)
         )
     vx, vy = _var(x) / len(x), _var(y) / len(y)
     se = math.sqrt(vx + vy)

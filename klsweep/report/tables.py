@@ -206,7 +206,7 @@ def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     counts: dict[str, int] = {}
-    for e in runs["env"] if "env" in runs else []:
+    for e in runs.get("env", []):
         key = e if isinstance(e, str) else ""
         counts[key] = counts.get(key, 0) + 1
     if not any(counts):  # none recorded (runs from before env.json, or not started): no table
@@ -314,7 +314,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "paper": [f"{v:.3f}" for v in df["paper"]],
                 "ours": [
                     _cell(m, s, n, n) + f" (n={n})"
-                    for m, s, n in zip(df["ours"], df["ours std"], df["ours n"], strict=True)
+                    for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
                 ],
                 "our configuration": df["configuration"],
                 "our eval task": df["task"],
@@ -328,7 +328,10 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "configuration": df["configuration"],
                 "reference": df["reference"],
                 "metric": df["metric"],
-                "difference": [_cell(d, h, signed=True) for d, h in zip(df["difference"], df["difference ci"], strict=True)],
+                "difference": [
+                    _cell(d, h, signed=True)
+                    for d, h in zip(df["difference"], df["difference ci"], strict=True)
+                ],
                 "t": [_cell(v) if v == v else DASH for v in df["t"]],
                 "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
                 "p": [_p(v) for v in df["p"]],
@@ -451,7 +454,8 @@ def _captions(report: Report) -> dict[str, str]:
         "reference": (
             "Figures reported by the study (arXiv 2512.21852, klsweep/report/paper_reference.csv) beside ours for "
             "the configurations whose model, training task, estimator, placement and lag match "
-            "(and beta and level where the study gives them)."
+            "(and beta and level where the study gives them). Ours: mean ± half-width of its t-based "
+            f"{LEVEL:.0%} CI over seeds (n seeds)."
         ),
     }
 
@@ -483,7 +487,7 @@ def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
     return f"{values} in every run with KL"
 
 
-# a number, count ("2/3"), range ("20–40") or mean ± std, maybe with a note in parentheses ("(n=2)")
+# a number, count ("2/3"), range ("20–40") or mean ± CI half-width, maybe with a note in parentheses ("(n=2)")
 _NUMERIC = re.compile(r"^[+\-−]?\d[\d.]*(e[+-]?\d+)?(/\d+|–\d+)?( ± [\d.]+)?( \(.*\))?$")
 
 

@@ -3,6 +3,7 @@
 ``train_run(run_dir)`` is what every training job calls (``klsweep train``, the launcher's submitit jobs):
 
 - reads ``run_dir/config.yaml`` (a complete RunConfig), seeds everything from ``config.seed``;
+- records the environment it trains in (``env.json``, ``environment.record``) at every start;
 - writes ``status.json``: ``running`` (with ``step`` after every step), then ``done``, ``failed`` (the last
   lines of the traceback in ``error``) or ``diverged`` (``diverged_step`` and ``reason``);
 - appends one row per optimiser step to ``metrics.jsonl`` (keys: ``ROW_KEYS`` plus every other float TRL

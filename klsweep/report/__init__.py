@@ -11,10 +11,14 @@ One module per stage of the data flow; each imports only from the ones listed be
 
 - ``data.py``: everything read from the store: runs, configs, metrics, eval results, the step-0 baseline, Δ;
 - ``stability.py``: smoothing and the collapse rule (their definitions), the per-run stability columns;
+- ``statistics.py``: t-based confidence intervals over seeds, Welch's test, TOST, Fisher's exact test and the
+  power of each; the claims' decision rule;
 - ``tables.py``: ``Report``; the main and stability tables; the view of every table (cells, bold, title,
   caption) that all renderers print; ``audit_table.py``: the KL gradient audit
   with the sweep's settings (group size, reward scaling, reward mode, loss type, beta); ``reference.py``: the study's
-  reported numbers beside ours (``paper_reference.csv``, package data);
+  reported numbers beside ours (``paper_reference.csv``, package data); ``claims.py``: each configuration
+  against its references and the study's claims with their verdicts (``claims.csv``); the Environment table
+  (each run's ``env.json``);
 - ``figures.py``: the curves (small multiples) and the eval bars, PNG and PDF;
 - ``latex.py``: the paper tables (``<table>.tex``); ``render.py``: the files, one writer per format (md, csv,
   latex, html); ``terminal.py``: the rich tables;

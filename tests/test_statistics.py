@@ -42,6 +42,9 @@ def test_welch_matches_its_formula_and_holds_its_level():
     assert w.t == pytest.approx((np.mean(a) - np.mean(b)) / math.sqrt(va + vb))
     assert w.df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 2))
     assert st.welch(a, b, alternative="greater").p == pytest.approx(w.p / 2)
+    from scipy import stats  # scipy's own Welch test agrees
+
+    assert w.p == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
     assert math.isnan(st.welch([0.5], b).p) and math.isnan(st.welch([0.5, 0.5], [0.5, 0.5]).p)
     rng = np.random.default_rng(1)  # under the null, p < 0.05 about 5% of the time
     rejected = np.mean([st.welch(rng.normal(0, 1, 4), rng.normal(0, 3, 6)).p < 0.05 for _ in range(3000)])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from klsweep import job, store
+from klsweep import environment, job, store
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,8 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     AutoModelForCausalLM.from_pretrained(last)
     AutoTokenizer.from_pretrained(last)
     assert any((run / "wandb").rglob("*.wandb"))
+    env = store.read_json(run / store.ENV_FILE)  # the environment it trained in
+    assert set(env) == set(environment.KEYS) and env["torch threads"] == 1 and env["numpy"]
     assert job.train_run(run) == status  # a done run is left as it is
 
 

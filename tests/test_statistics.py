@@ -154,3 +154,23 @@ def test_missing_data_is_inconclusive(tmp_path):
     rep, verdicts = _claims(tmp_path / "two", grid, seeds=2)
     assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
     assert "underpowered" in rep.claims.set_index("claim")["detail"].iloc[0]
+
+
+def test_environment_section_counts_each_distinct_environment(tmp_path):
+    """A sweep whose runs trained on two machines (and one run from before env.json) shows both, with counts."""
+    from klsweep import environment, store
+
+    sweep = sweepgen.write_sweep(tmp_path / "sweep", [_kl("k1", "reward"), _kl("k3", "loss")], seeds=2)
+    env = {k: f"v-{k}" for k in environment.KEYS}
+    runs = sorted(store.run_dirs(sweep))
+    for i, run in enumerate(runs[:3]):
+        store.write_json(run / store.ENV_FILE, env | {"hostname": "node-b" if i == 2 else "node-a"})
+    rep = rp.build_report(sweep, tmp_path / "report", formats=("md", "csv", "html"))
+    assert list(rep.environment["hostname"].fillna("-")) == ["node-a", "node-b", "-"]
+    assert list(rep.environment["runs"]) == [2, 1, 1]
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## Environment")[1].split("## ")[0]
+    assert "| hostname | node-a | node-b | — |" in section and "| runs | 2 | 1 | 1 |" in section
+    assert "trained in 2 different environments" in md
+    csv = pd.read_csv(tmp_path / "report" / "environment.csv")
+    assert len(csv) == 3 and csv["runs"].sum() == 4

@@ -64,6 +64,20 @@ def _summary(report: Report) -> list[str]:
         f"out of domain: {', '.join(report.ood) or DASH}.",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `klsweep report`.",
     ]
+    if len(report.claims):
+        verdicts = report.claims["verdict"].value_counts()
+        lines.insert(
+            -1,
+            "The study's claims on this sweep: "
+            + ", ".join(
+                f"{verdicts[v]} {v}" for v in ("supported", "not supported", "inconclusive") if v in verdicts
+            )
+            + f" (of {len(report.claims)} tests; section below).",
+        )
+    env = report.environment
+    envs = int(env["python"].notna().sum()) if "python" in env else 0  # not counting runs with none recorded
+    if envs > 1:
+        lines.insert(-1, f"The runs trained in {envs} different environments (see Environment).")
     return lines
 
 

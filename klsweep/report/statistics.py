@@ -147,5 +147,8 @@ RULE = (
     f"effect of {EFFECT['accuracy']:g} accuracy or {EFFECT['peak KL']:.0%} of the reference's peak KL), or "
     "significant the other way ((b): the two differ, two-sided Welch); inconclusive = data missing (no run in a "
     "group, fewer than 2 values) or a test without that power ((b): neither equivalent nor different). "
-    "Unstable = diverged or collapsed; biased/unbiased = the KL gradient audit's verdict; finished runs only."
+    "Unstable = diverged or collapsed; biased/unbiased = the KL gradient audit's verdict; finished runs only; "
+    "(c) pools the runs of every configuration in a group. Each claim is tested on its own at "
+    f"{ALPHA:g} (no correction for the several tests: about one claim in {1 / ALPHA:.0f} without an effect reads "
+    "supported by chance)."
 )

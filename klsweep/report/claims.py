@@ -88,9 +88,8 @@ def _comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[st
 
     rows = []
     for i in first.index:
-        for ref_name, is_ref, keys in (
-            ("no KL", ~kl_on, shared),
-            ("k1 in reward", k1_reward, [*shared, "kl.beta"]),
+        for ref_name, is_ref, keys in zip(
+            REFERENCES, (~kl_on, k1_reward), (shared, [*shared, "kl.beta"]), strict=True
         ):
             if is_ref[i]:
                 continue

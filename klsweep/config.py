@@ -7,8 +7,12 @@ public vocabulary of grid files and command-line overrides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+from klsweep import store
 
 
 @dataclass
@@ -121,6 +125,8 @@ class WandbSection:
     mode: str = "auto"  # auto (online when W&B is configured, else offline) | online | offline | disabled
     project: str = "klsweep"
     entity: str | None = None
+    # online: give up on W&B after this long and mirror offline instead (W&B never fails a run)
+    init_timeout_s: float = 30.0
 
 
 @dataclass
@@ -139,3 +145,30 @@ class RunConfig:
 
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = ("name", "eval", "cluster", "wandb", "model.name", "model.resources")
+
+
+CONFIG_TODO = "rerun `klsweep run` with the sweep's grid (it rewrites config.yaml), or restore the file"
+
+
+def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A run folder's ``config.yaml`` as plain data (what every reader of a run's config calls).
+    ``store.UnreadableFile`` when it is not a whole RunConfig file: not YAML, not a mapping, or cut short (no
+    final newline, or a top-level section missing: klsweep writes every section)."""
+    import yaml
+
+    path = Path(run_dir) / store.CONFIG_FILE
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise store.UnreadableFile(path, "not a text file", CONFIG_TODO) from e
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        raise store.UnreadableFile(path, f"not valid YAML: {' '.join(str(e).split())}", CONFIG_TODO) from e
+    if not isinstance(data, dict):
+        raise store.UnreadableFile(path, "not a mapping of config keys", CONFIG_TODO)
+    missing = [f.name for f in fields(RunConfig) if f.name not in data]
+    if missing or not text.endswith("\n"):
+        what = f"cut short (no {', '.join(missing)} section)" if missing else "cut short (no final newline)"
+        raise store.UnreadableFile(path, what, CONFIG_TODO)
+    return data

@@ -9,19 +9,22 @@
   logs; a non-finite value is written as null);
 - saves Hugging Face checkpoints (model, tokenizer, trainer state, optimizer, RNG, the trainer's lag buffer)
   under ``run_dir/checkpoints/checkpoint-<step>`` every ``train.save_steps`` and at the end;
-- mirrors the metrics to W&B (``config.wandb``; the metrics file stays the source of truth).
+- mirrors the metrics to W&B (``config.wandb``; the metrics file stays the source of truth). W&B never fails
+  a run: when it cannot start online (no network, a bad key: ``wandb.init_timeout_s``) the run mirrors
+  offline instead, and when it breaks during training (its service process killed by a preemption's SIGTERM)
+  the mirroring stops; either way with a line in ``status.json``'s ``warnings`` and on stderr.
 
-Re-running it on a folder resumes from the last complete checkpoint: metrics rows past that checkpoint's step
-are dropped first, so no step is written twice. A folder already ``done`` or ``diverged`` is left as it is
-(its status is returned).
+Re-running it on a folder resumes from the last complete checkpoint: metrics.jsonl is cut just before its first
+row past that checkpoint's step (``store.cut_metrics``), so no step is written twice and no row before it is
+lost (an unreadable line is skipped and counted in ``warnings``). A folder already ``done`` or ``diverged`` is
+left as it is (its status is returned).
 
 Divergence is a result, not a crash (``train_run`` returns normally), at the first step where either
 
 - the loss or the gradient norm is not finite (a model whose weights became non-finite, which makes
   sampling fail, counts too), or
-- the task reward collapses: with ``m_t`` the mean task reward of the last ``train.collapse_window`` steps
-  (defined once that many steps exist), and ``peak`` the largest ``m_t`` so far, the run collapses when
-  ``peak >= COLLAPSE_MIN_PEAK`` and ``m_t < train.collapse_fraction * peak``.
+- the task reward collapses: ``klsweep.collapse`` (the rule the report applies too), with the run's
+  ``train.collapse_window`` and ``train.collapse_fraction``.
 
 Distributed: with ``WORLD_SIZE > 1`` in the environment (the launcher sets RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR/PORT from Slurm) transformers/accelerate train data-parallel (``gloo`` on CPU); the prompts of a
@@ -37,17 +40,18 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.collapse import find_collapse
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
     from klsweep.trainer import KLGRPOTrainer
 
-COLLAPSE_MIN_PEAK = 0.1  # a collapse needs a windowed task reward at least this high to fall from
 ERROR_LINES = 30  # traceback lines kept in status.json
 
 # metrics.jsonl key <- TRL/Trainer log key
@@ -75,13 +79,14 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     """The RunConfig of a run folder (``config.yaml`` over the schema's defaults)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, read_run_file
 
     path = Path(run_dir) / store.CONFIG_FILE
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
+    data = read_run_file(run_dir)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(data))
     except Exception as e:  # omegaconf's validation errors
         raise UserError(Problem(str(path), str(e).splitlines()[0])) from e
     return OmegaConf.to_object(merged)
@@ -92,8 +97,11 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
+    from klsweep.config import read_run_file
+
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
+        read_run_file(run_dir)  # UnreadableFile when it was cut short
         existing = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         if existing != config:
             raise UserError(
@@ -122,8 +130,18 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     found = [c for c in store.checkpoints(run_dir) if (c / TRAINER_STATE).exists()]
     resume = found[-1] if found else None
     resume_step = store.checkpoint_step(resume) if resume else 0
-    kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
-    base_elapsed = kept[-1]["elapsed_s"] if kept else 0.0
+    warnings: list[str] = []
+    if is_main:
+        kept, bad = store.cut_metrics(run_dir, resume_step)
+        if bad:
+            _warn(
+                warnings,
+                f"{run_dir / store.METRICS_FILE}: {len(bad)} unreadable line(s) skipped "
+                f"(line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})",
+            )
+    else:
+        kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
+    base_elapsed = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
     started = time.time()
     fields: dict[str, Any] = {
         "step": resume_step,
@@ -134,19 +152,21 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         "started_at": status.get("started_at") or started,
         "finished_at": None,
         "elapsed_s": base_elapsed,
+        "warnings": warnings,
     }
     if is_main:
-        store.atomic_write_text(run_dir / store.METRICS_FILE, "".join(_json_line(row) for row in kept))
         status = store.write_status(run_dir, "running", **fields)
 
     _use_allocated_cpus(config)
-    monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main)
+    monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main, warnings)
     wandb_run = None
     try:
         if is_main:
-            wandb_run = _init_wandb(config, run_dir)
+            wandb_run = _init_wandb(config, run_dir, monitor.warn)
         trainer = build_trainer(config, run_dir, report_to_wandb=wandb_run is not None)
         trainer.add_callback(monitor.callback())
+        if wandb_run is not None:
+            _guard_wandb_callback(trainer, monitor.warn)
         _live_trainer = trainer
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -165,8 +185,12 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         _live_trainer = None
         fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if wandb_run is not None:
-            wandb_run.finish()
+            try:  # on a preemption wandb's service process is gone: its teardown raises
+                wandb_run.finish()
+            except Exception as e:
+                monitor.warn(f"W&B: finishing the run failed ({_one_line(e)}); metrics.jsonl is complete")
     fields["finished_at"] = time.time()
+    fields["warnings"] = monitor.warnings
     if is_main:
         return store.write_status(run_dir, state, **fields)
     return {**status, **fields, "state": state}
@@ -279,21 +303,6 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     )
 
 
-def reward_collapse(
-    rewards: list[float | None], window: int, fraction: float, min_peak: float = COLLAPSE_MIN_PEAK
-) -> str | None:
-    """Why the task reward has collapsed at the last step of ``rewards`` (one per step), or None. See the module
-    docstring; steps with no reward (None or nan) are skipped."""
-    values = [r for r in rewards if r is not None and math.isfinite(r)]
-    if window < 1 or len(values) < window:
-        return None
-    means = [sum(values[i - window + 1 : i + 1]) / window for i in range(window - 1, len(values))]
-    peak, now = max(means), means[-1]
-    if peak >= min_peak and now < fraction * peak:
-        return f"reward collapse: mean task reward over the last {window} steps {now:.4g} < {fraction} x peak {peak:.4g}"
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------- internals
 
 
@@ -309,15 +318,24 @@ class _RunMonitor:
         base_elapsed: float,
         started: float,
         is_main: bool,
+        warnings: list[str] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.config = config
+        self.steps = [row.get("step", 0) for row in kept]
         self.rewards = [row.get("reward_mean") for row in kept]
         self.last_step = kept[-1]["step"] if kept else 0
         self.base_elapsed = base_elapsed
         self.started = started
         self.is_main = is_main
         self.diverged: tuple[int, str] | None = None
+        self.warnings = warnings if warnings is not None else []
+
+    def warn(self, text: str) -> None:
+        """Record a warning: stderr (the job's log) and, on rank 0, status.json's ``warnings``."""
+        _warn(self.warnings, text)
+        if self.is_main and (self.run_dir / store.STATUS_FILE).exists():
+            store.write_status(self.run_dir, store.read_status(self.run_dir)["state"], warnings=self.warnings)
 
     def elapsed(self) -> float:
         return self.base_elapsed + time.time() - self.started
@@ -350,6 +368,7 @@ class _RunMonitor:
             ):
                 row[key] = _number(value)
         self.last_step = step
+        self.steps.append(step)
         self.rewards.append(row["reward_mean"])
 
         reason = None
@@ -359,9 +378,9 @@ class _RunMonitor:
                 reason = f"non-finite {key} ({value})"
                 break
         if reason is None:
-            reason = reward_collapse(
-                self.rewards, self.config.train.collapse_window, self.config.train.collapse_fraction
-            )
+            train = self.config.train
+            collapse = find_collapse(self.steps, self.rewards, train.collapse_window, train.collapse_fraction)
+            reason = collapse.reason if collapse is not None else None
         if reason is not None:
             self.diverged = (step, reason)
             control.should_training_stop = True
@@ -378,10 +397,16 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _json_line(row: dict[str, Any]) -> str:
-    import json
+def _warn(warnings: list[str], text: str) -> None:
+    import sys
 
-    return json.dumps(row) + "\n"
+    warnings.append(text)
+    print(f"klsweep warning: {text}", file=sys.stderr, flush=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def _is_non_finite_sampling(error: RuntimeError) -> bool:
@@ -416,8 +441,10 @@ def wandb_tags(config: RunConfig) -> list[str]:
     ]
 
 
-def _init_wandb(config: RunConfig, run_dir: Path):
-    """A W&B run for this run folder (group = sweep name, tags = axes, files under run_dir/wandb), or None."""
+def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
+    """A W&B run for this run folder (group = sweep name, tags = axes, files under run_dir/wandb), or None.
+    Online fails within ``wandb.init_timeout_s`` when W&B cannot be reached (or the key is refused): then
+    offline, with a warning; if even that fails, no W&B at all, with a warning. Never raises."""
     mode = _wandb_mode(config.wandb.mode)
     if mode == "disabled":
         return None
@@ -428,7 +455,7 @@ def _init_wandb(config: RunConfig, run_dir: Path):
 
     folder = run_dir / "wandb"
     folder.mkdir(parents=True, exist_ok=True)
-    return wandb.init(
+    kwargs: dict[str, Any] = dict(
         project=config.wandb.project,
         entity=config.wandb.entity,
         group=config.name,
@@ -438,5 +465,51 @@ def _init_wandb(config: RunConfig, run_dir: Path):
         tags=wandb_tags(config),
         config=dataclasses.asdict(config),
         dir=str(folder),
-        mode=mode,
     )
+    if mode == "online":
+        try:
+            settings = wandb.Settings(init_timeout=float(config.wandb.init_timeout_s))
+            return wandb.init(**kwargs, mode="online", settings=settings)
+        except Exception as e:
+            warn(
+                f"W&B online failed ({_one_line(e)}): mirroring offline to {folder} instead "
+                "(upload later with `wandb sync`); metrics.jsonl is complete"
+            )
+    try:
+        return wandb.init(**kwargs, mode="offline")
+    except Exception as e:
+        warn(f"W&B offline failed too ({_one_line(e)}): not mirrored; metrics.jsonl is complete")
+        return None
+
+
+_WANDB_EVENTS = ("setup", "on_train_begin", "on_train_end", "on_log", "on_save", "on_evaluate", "on_predict")
+
+
+def _guard_wandb_callback(trainer: Any, warn: Callable[[str], None]) -> None:
+    """Replace transformers' W&B callback of ``trainer`` by one whose first failure (W&B gone mid-run, e.g. its
+    service process killed by a preemption's SIGTERM) ends the mirroring with a warning instead of the run."""
+    from transformers.integrations import WandbCallback
+
+    class GuardedWandbCallback(WandbCallback):
+        broken = False
+
+    def guard(name: str) -> Callable[..., Any]:
+        method = getattr(WandbCallback, name)
+
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.broken:
+                return None
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                self.broken = True
+                warn(f"W&B mirroring stopped ({_one_line(e)}); metrics.jsonl is complete")
+                return None
+
+        return guarded
+
+    for name in _WANDB_EVENTS:
+        if hasattr(WandbCallback, name):
+            setattr(GuardedWandbCallback, name, guard(name))
+    if trainer.pop_callback(WandbCallback) is not None:
+        trainer.add_callback(GuardedWandbCallback())

@@ -25,6 +25,10 @@ app = typer.Typer(
 )
 
 OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
+MaxRunsOpt = Annotated[
+    int | None,
+    typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),
+]
 
 
 def _console(stderr: bool = False):
@@ -98,12 +102,13 @@ def plan_command(
         list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    max_runs: MaxRunsOpt = None,
 ) -> None:
     """Show the runs a grid file expands to (validated; nothing is written or submitted)."""
     from klsweep import console, planner
     from klsweep import grid as grid_mod
 
-    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     summary = planner.summary(plan)
     if as_json:
         import json
@@ -157,6 +162,8 @@ def report_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands."""
+    from rich.markup import escape
+
     from klsweep.report import build_report, rich_tables
 
     report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
@@ -164,6 +171,8 @@ def report_command(
     if not quiet:
         for table in rich_tables(report):
             console.print(table)
+    for line in report.set_aside:
+        _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
 
@@ -225,13 +234,14 @@ def run_command(
     out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
         "results"
     ),
+    max_runs: MaxRunsOpt = None,
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
     from klsweep import grid as grid_mod
     from klsweep import submit
     from klsweep.console import status_table
 
-    plan = grid_mod.load_plan(grid, overrides, out=out)
+    plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     cluster = cluster or submit.default_cluster(plan)
     res = submit.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
@@ -239,6 +249,8 @@ def run_command(
     console.print(
         f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
     )
+    for line in res.hints():
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if wait and cluster != "debug":
         from rich.progress import Progress
 
@@ -283,9 +295,9 @@ def status_command(
         runs = submit.status(sweep_dir)
         console.print(status_table(runs, title=sweep_dir.name))
     for r in runs:
-        if r.state == "failed" and r.log_tail:
-            console.rule(f"{r.run_id} (failed)")
-            console.print("\n".join(r.log_tail), highlight=False, markup=False)
+        if r.state in ("failed", "unreadable") and r.log_tail:
+            console.rule(f"{r.run_id} ({r.state})")
+            console.print("\n".join(r.log_tail), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("cancel")

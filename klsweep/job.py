@@ -14,7 +14,9 @@
   offline instead, and when it breaks during training (its service process killed by a preemption's SIGTERM)
   the mirroring stops; either way with a line in ``status.json``'s ``warnings`` and on stderr.
 
-Re-running it on a folder resumes from the last complete checkpoint: metrics.jsonl is cut just before its first
+A preemption (submitit's checkpoint-and-requeue) is not a failure: the run keeps its ``running`` status, and an
+error raised while the job exits (W&B's teardown) does not change that. Re-running it on a folder resumes from
+the last complete checkpoint: metrics.jsonl is cut just before its first
 row past that checkpoint's step (``store.cut_metrics``), so no step is written twice and no row before it is
 lost (an unreadable line is skipped and counted in ``warnings``). A folder already ``done`` or ``diverged`` is
 left as it is (its status is returned).
@@ -36,6 +38,7 @@ GPU: the model in bf16 (``model.dtype: auto``) with bf16 autocast; vLLM generati
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     from klsweep.trainer import KLGRPOTrainer
 
 ERROR_LINES = 30  # traceback lines kept in status.json
+MAX_WARNINGS = 20  # warnings of earlier attempts kept in status.json
 
 # metrics.jsonl key <- TRL/Trainer log key
 ROW_KEYS: dict[str, str] = {
@@ -73,6 +77,7 @@ ROW_KEYS: dict[str, str] = {
 _ROW_SOURCES = frozenset(ROW_KEYS.values())  # log keys already mapped to a row key
 
 _live_trainer: KLGRPOTrainer | None = None  # the trainer training in this process, for save_on_preemption
+_live_monitor: _RunMonitor | None = None  # its monitor: the last step whose metrics row was written
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
@@ -118,7 +123,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
 
 def train_run(run_dir: str | Path) -> dict[str, Any]:
     """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
-    global _live_trainer
+    global _live_trainer, _live_monitor
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     status = store.read_status(run_dir)
@@ -130,7 +135,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     found = [c for c in store.checkpoints(run_dir) if (c / TRAINER_STATE).exists()]
     resume = found[-1] if found else None
     resume_step = store.checkpoint_step(resume) if resume else 0
-    warnings: list[str] = []
+    warnings: list[str] = list(status.get("warnings") or [])[-MAX_WARNINGS:]  # earlier attempts' too
     if is_main:
         kept, bad = store.cut_metrics(run_dir, resume_step)
         if bad:
@@ -163,11 +168,13 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     try:
         if is_main:
             wandb_run = _init_wandb(config, run_dir, monitor.warn)
-        trainer = build_trainer(config, run_dir, report_to_wandb=wandb_run is not None)
+        # W&B through a guarded callback only: with report_to=["wandb"], TRL also calls wandb.log directly
+        # (its profiling timings), unguarded
+        trainer = build_trainer(config, run_dir)
         trainer.add_callback(monitor.callback())
         if wandb_run is not None:
-            _guard_wandb_callback(trainer, monitor.warn)
-        _live_trainer = trainer
+            trainer.add_callback(_wandb_callback(monitor.warn))
+        _live_trainer, _live_monitor = trainer, monitor
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except RuntimeError as e:
@@ -177,12 +184,15 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         state = "diverged" if monitor.diverged else "done"
         if monitor.diverged:
             fields.update(diverged_step=monitor.diverged[0], reason=monitor.diverged[1])
-    except Exception:
+    except Exception as e:
+        exiting = _exit_in_flight(e)
+        if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
+            raise exiting from None
         state = "failed"
         lines = traceback.format_exc().rstrip().splitlines()
         fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
     finally:
-        _live_trainer = None
+        _live_trainer = _live_monitor = None
         fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if wandb_run is not None:
             try:  # on a preemption wandb's service process is gone: its teardown raises
@@ -209,10 +219,14 @@ TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it save
 
 
 def save_on_preemption() -> None:
-    """Save a checkpoint of the trainer training in this process, if any (before a requeue)."""
+    """Save a checkpoint of the trainer training in this process, if any (before a requeue); not when its last
+    step's metrics row is not written yet (the signal came between an optimiser step and its log): resuming
+    from such a checkpoint would lose that row, so the resume redoes the step from the checkpoint before."""
     trainer = _live_trainer
     if trainer is None or trainer.state.global_step == 0:
         return
+    if _live_monitor is not None and _live_monitor.last_step < trainer.state.global_step:
+        return  # this step's metrics row is not written yet: the resume redoes it from the last checkpoint
     folder = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
     if (folder / TRAINER_STATE).exists():
         return  # this step is saved already
@@ -367,7 +381,6 @@ class _RunMonitor:
                 and not isinstance(value, bool)
             ):
                 row[key] = _number(value)
-        self.last_step = step
         self.steps.append(step)
         self.rewards.append(row["reward_mean"])
 
@@ -387,6 +400,10 @@ class _RunMonitor:
             control.should_save = False
         if self.is_main:
             store.append_jsonl(self.run_dir / store.METRICS_FILE, row)
+        self.last_step = (
+            step  # only now: a preemption save needs this step's row written (save_on_preemption)
+        )
+        if self.is_main:
             store.write_status(self.run_dir, "running", step=step, elapsed_s=row["elapsed_s"])
         return control
 
@@ -475,6 +492,8 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
                 f"W&B online failed ({_one_line(e)}): mirroring offline to {folder} instead "
                 "(upload later with `wandb sync`); metrics.jsonl is complete"
             )
+            with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
+                wandb.teardown()
     try:
         return wandb.init(**kwargs, mode="offline")
     except Exception as e:
@@ -485,9 +504,22 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
 _WANDB_EVENTS = ("setup", "on_train_begin", "on_train_end", "on_log", "on_save", "on_evaluate", "on_predict")
 
 
-def _guard_wandb_callback(trainer: Any, warn: Callable[[str], None]) -> None:
-    """Replace transformers' W&B callback of ``trainer`` by one whose first failure (W&B gone mid-run, e.g. its
-    service process killed by a preemption's SIGTERM) ends the mirroring with a warning instead of the run."""
+def _exit_in_flight(error: BaseException) -> SystemExit | None:
+    """The SystemExit that ``error`` was raised while handling, if any (submitit exits after requeueing a
+    preempted job; cleanup code that then fails must not make the preemption a failure)."""
+    seen: set[int] = set()
+    context = error.__context__
+    while context is not None and id(context) not in seen:
+        if isinstance(context, SystemExit):
+            return context
+        seen.add(id(context))
+        context = context.__context__
+    return None
+
+
+def _wandb_callback(warn: Callable[[str], None]) -> Any:
+    """transformers' W&B callback, except that its first failure (W&B gone mid-run, e.g. its service process
+    killed by a preemption's SIGTERM) ends the mirroring with a warning instead of the run."""
     from transformers.integrations import WandbCallback
 
     class GuardedWandbCallback(WandbCallback):
@@ -511,5 +543,4 @@ def _guard_wandb_callback(trainer: Any, warn: Callable[[str], None]) -> None:
     for name in _WANDB_EVENTS:
         if hasattr(WandbCallback, name):
             setattr(GuardedWandbCallback, name, guard(name))
-    if trainer.pop_callback(WandbCallback) is not None:
-        trainer.add_callback(GuardedWandbCallback())
+    return GuardedWandbCallback()

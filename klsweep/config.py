@@ -152,8 +152,9 @@ CONFIG_TODO = "rerun `klsweep run` with the sweep's grid (it rewrites config.yam
 
 def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A run folder's ``config.yaml`` as plain data (what every reader of a run's config calls).
-    ``store.UnreadableFile`` when it is not a whole RunConfig file: not YAML, not a mapping, or cut short (no
-    final newline, or a top-level section missing: klsweep writes every section)."""
+    ``store.UnreadableFile`` when it is not YAML, not a mapping, or cut short: no final newline, or the
+    sections of a file klsweep wrote (every section, in RunConfig's order) stopping before the last one. A
+    hand-written file may leave sections out (their defaults apply)."""
     import yaml
 
     path = Path(run_dir) / store.CONFIG_FILE
@@ -167,8 +168,11 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise store.UnreadableFile(path, f"not valid YAML: {' '.join(str(e).split())}", CONFIG_TODO) from e
     if not isinstance(data, dict):
         raise store.UnreadableFile(path, "not a mapping of config keys", CONFIG_TODO)
-    missing = [f.name for f in fields(RunConfig) if f.name not in data]
-    if missing or not text.endswith("\n"):
-        what = f"cut short (no {', '.join(missing)} section)" if missing else "cut short (no final newline)"
-        raise store.UnreadableFile(path, what, CONFIG_TODO)
+    if not text.endswith("\n"):
+        raise store.UnreadableFile(path, "cut short (no final newline)", CONFIG_TODO)
+    sections = [f.name for f in fields(RunConfig)]
+    present = list(data)
+    if 2 <= len(present) < len(sections) and present == sections[: len(present)]:
+        missing = ", ".join(sections[len(present) :])
+        raise store.UnreadableFile(path, f"cut short (it stops before {missing})", CONFIG_TODO)
     return data

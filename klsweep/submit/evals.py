@@ -44,8 +44,9 @@ def submit_eval(
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
+    if Path(target).is_dir():
+        store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = evaluate.eval_request(Path(target), suite, backend, checkpoints, problems=problems)
-    store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines

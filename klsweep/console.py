@@ -78,7 +78,7 @@ def resources_table(counts: dict[str, Any]) -> Table:
 
 def status_table(runs: list[RunStatus], title: str = "") -> Any:
     """A rich table of ``klsweep.submit.status`` rows (failed runs' log tails are printed separately by the
-    CLI)."""
+    CLI). A run diverged by a reward collapse shows as ``collapsed``, as the report counts it."""
     from rich.table import Table
 
     t = Table(title=title or None)
@@ -93,14 +93,17 @@ def status_table(runs: list[RunStatus], title: str = "") -> Any:
     colour = {
         "done": "green",
         "failed": "red",
+        "unreadable": "red",
         "diverged": "magenta",
+        "collapsed": "magenta",
         "cancelled": "yellow",
         "running": "cyan",
     }
     for r in runs:
         step = f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step)
         reward = "" if r.reward is None else f"{r.reward:.3f}"
-        state = f"[{colour.get(r.state, 'white')}]{r.state}[/]"
+        shown = "collapsed" if r.collapsed else r.state  # as the report calls it
+        state = f"[{colour.get(shown, 'white')}]{shown}[/]"
         t.add_row(r.run_id, *(str(r.params.get(a)) for a in axes), state, step, reward,
                   f"{r.elapsed_s / 60:.1f}m", f"{r.gpu_hours:.2f}", r.job_id or "", r.eval_state or "")  # fmt: skip
     return t

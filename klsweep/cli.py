@@ -22,7 +22,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's own help: flags read `--wait` (typer's rich panels print `--wait <bool>`), plain text that reads
+    # at 80 columns and in a pipe
+    rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"klsweep {version('klsweep')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report."""
+
 
 OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
 
@@ -285,7 +307,13 @@ def run_command(
             help="local | slurm | debug (in this process, for pdb); default: the grid's cluster.kind"
         ),
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="show progress until every run is final")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="show progress until every run is final; exit 1 if one failed"),
+    ] = False,
+    fail_on_diverged: Annotated[
+        bool, typer.Option("--fail-on-diverged", help="--wait: exit 1 also when a run diverged")
+    ] = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
     ] = False,
@@ -294,7 +322,9 @@ def run_command(
         "results"
     ),
 ) -> None:
-    """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
+    """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
+    --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
+    results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
     from klsweep.console import status_table
@@ -320,6 +350,14 @@ def run_command(
                 ),
             )
         console.print(status_table(runs, title=plan.name))
+    elif cluster == "debug":  # in this process: every run is final already
+        runs = submit.status(res.sweep_dir)
+    else:
+        return
+    line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
+    console.print(f"{plan.name}: {line}", highlight=False)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("status")

@@ -5,7 +5,7 @@ It reads only the files of the results store (``klsweep/store.py``, ``docs/DESIG
 sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.json``). Owns:
 
 - the configuration axes: the dotted config keys whose values differ between runs, seeds excepted
-  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "none";
+  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "no KL" (``config.without_kl_when_off``);
 - the runs frame (one row per run: config axes, status) and the metrics frame (``_load_runs``);
 - the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
   last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, LEGACY_VALUES
+from klsweep.config import COSMETIC_KEYS, LEGACY_VALUES, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -91,16 +91,6 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
     return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
 
 
-def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
-    """At beta = 0 the KL estimator, placement, level, importance and reward mode do nothing: show them as
-    "none", so the no-KL runs form one configuration whatever those fields hold."""
-    if config.get("kl.beta") == 0:
-        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance", "kl.reward_mode"):
-            if key in config:
-                config[key] = "none"
-    return config
-
-
 def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
     """One row per run (config, status) and all metrics rows (with a ``run`` column)."""
     import pandas as pd
@@ -110,7 +100,7 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
         config = _flatten(_read_yaml(d / store.CONFIG_FILE))
         if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
             config = {**LEGACY_VALUES, **config}
-        config = _without_kl_when_off(config)
+        config = without_kl_when_off(config)
         configs.append(config)
         status = store.read_status(d)
         rows.append(

@@ -50,9 +50,9 @@ OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overri
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
+    from klsweep.console import cli_console
 
-    return Console(stderr=stderr)
+    return cli_console(stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,6 +182,9 @@ def plan_command(
         list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    runs: Annotated[
+        bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
+    ] = False,
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
     or fit its GPUs; nothing is written or submitted)."""
@@ -200,8 +203,10 @@ def plan_command(
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
-        _console().print(console.plan_table(plan, summary))
-        _console().print(console.resources_table(summary))
+        out = _console()
+        width = console.table_width(out)
+        out.print(console.plan_table(plan, summary, width=width, runs=runs))
+        out.print(console.resources_table(summary, width=width))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
@@ -252,7 +257,9 @@ def report_command(
     report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
     console = _console()
     if not quiet:
-        for table in rich_tables(report):
+        from klsweep.console import table_width
+
+        for table in rich_tables(report, width=table_width(console)):
             console.print(table)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
@@ -327,7 +334,7 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -349,7 +356,7 @@ def run_command(
                     task, completed=sum(r.state in store.FINAL_STATES for r in rs)
                 ),
             )
-        console.print(status_table(runs, title=plan.name))
+        console.print(status_table(runs, title=plan.name, width=table_width(console)))
     elif cluster == "debug":  # in this process: every run is final already
         runs = submit.status(res.sweep_dir)
     else:
@@ -370,7 +377,7 @@ def status_command(
 ) -> None:
     """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
     from klsweep import submit
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
@@ -379,19 +386,20 @@ def status_command(
         print(json.dumps([r.as_dict() for r in submit.status(sweep_dir)], indent=2, default=str))
         return
     console = _console()
+    width = table_width(console)
     if watch:
         from rich.live import Live
 
         with Live(console=console) as live:
             runs = submit.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(status_table(rs, title=sweep_dir.name))
+                sweep_dir, on_update=lambda rs: live.update(status_table(rs, sweep_dir.name, width))
             )
     else:
         runs = submit.status(sweep_dir)
-        console.print(status_table(runs, title=sweep_dir.name))
+        console.print(status_table(runs, title=sweep_dir.name, width=width))
     for r in runs:
         if r.state == "failed" and r.log_tail:
-            console.rule(f"{r.run_id} (failed)")
+            console.print(f"--- {r.run_id} (failed) ---", highlight=False)
             console.print("\n".join(r.log_tail), highlight=False, markup=False)
 
 
@@ -434,7 +442,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep import report
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
     from klsweep.study import run_study
 
     console = _console()
@@ -479,8 +487,9 @@ def study_command(
         )
     finally:
         progress.stop()
-    console.print(status_table(res.runs, title=res.sweep_dir.name))
-    for table in report.rich_tables(res.report):
+    width = table_width(console)
+    console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
+    for table in report.rich_tables(res.report, width=width):
         console.print(table)
     for path in res.report.paths:
         console.print(f"wrote {path}", highlight=False)

@@ -36,11 +36,14 @@ def table_width(console: Console) -> int | None:
     return console.width if console.is_terminal else None
 
 
+COMPACT = {"kl.estimator": "est."}  # headers narrower than the report's where a column's values are short
+
+
 def axis_label(axis: str) -> str:
-    """A column header for a dotted axis key: the report's short name, else its last part."""
+    """A column header for a dotted axis key: compact, else the report's short name, else its last part."""
     from klsweep.report.tables import SHORT
 
-    return SHORT.get(axis, axis.split(".")[-1])
+    return COMPACT.get(axis) or SHORT.get(axis, axis.split(".")[-1])
 
 
 def _shown(params: dict[str, Any]) -> dict[str, Any]:
@@ -90,11 +93,11 @@ def _labels(axes: list[str]) -> list[str]:
     return [a if labels.count(lab) > 1 else lab for a, lab in zip(axes, labels, strict=True)]
 
 
-def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, runs: bool = False) -> Table:
+def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, runs: bool = False) -> Any:
     """The runs of a plan: every run (id, then the varying axes, sorted by configuration) when ``runs`` or
     when there are few; else the runs per value of each axis. The counts (``planner.summary``) are the
     caption."""
-    from klsweep.report.terminal import GAP, fitted_table
+    from klsweep.report.terminal import GAP, fitted_table, fitted_tables
 
     title = f"sweep {plan.name}: {plan.sweep_dir}"
     caption = (
@@ -107,9 +110,8 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         order = sorted(plan.runs, key=lambda r: (_sort_key(shown[r.id], axes), r.id))
         rows = [[r.id, *(_value(shown[r.id].get(a)) for a in axes)] for r in order]
         labels = _labels(axes)
-        return fitted_table(
-            title, ["run", *labels], rows, width=width, whole=["run", *(lab for lab in labels if lab == "model")],
-            caption=caption,
+        return fitted_tables(
+            title, ["run", *labels], rows, width=width, group="model", whole=["run", "model"], caption=caption,
         )  # fmt: skip
     labels = _labels(axes)
     room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
@@ -180,13 +182,13 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
 COLOUR = {"done": "green", "failed": "red", "diverged": "magenta", "cancelled": "yellow", "running": "cyan"}
 
 
-def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Table:
+def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
     """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, step,
     reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs'
     log tails are printed separately by the CLI)."""
     from rich.text import Text
 
-    from klsweep.report.terminal import fitted_table
+    from klsweep.report.terminal import fitted_tables
 
     axes = _config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
@@ -217,11 +219,12 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
                 r.job_id or "",
             ]
         )  # fmt: skip
-    return fitted_table(
+    return fitted_tables(
         title,
         header,
         rows,
         width=width,
+        group="model",  # too wide with the model's name: one table per model
         right=["step", "reward", "elapsed", "GPU-h"],
         whole=["run", "model", "job"],
         optional=["job", "GPU-h", "elapsed"],

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, LEGACY_VALUES, without_kl_when_off
+from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -68,13 +68,18 @@ def _is_cosmetic(key: str) -> bool:
 
 
 def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:
-    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name), in AXIS_ORDER;
+    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name; a KL-only field
+    between the runs with KL), in AXIS_ORDER;
     model.path is left out when it is one-to-one with model.name (the name says it)."""
     keys = {k for c in configs for k in c}
+    with_kl = [c for c in configs if c.get("kl.beta") != 0]
     axes = [
         k
         for k in keys
-        if k != "seed" and not _is_cosmetic(k) and len({_hashable(c.get(k)) for c in configs}) > 1
+        if k != "seed"
+        and not _is_cosmetic(k)
+        # a KL-only field is an axis when it varies between runs with KL (not merely "no KL" against a value)
+        and len({_hashable(c.get(k)) for c in (with_kl if k in KL_ONLY_KEYS else configs)}) > 1
     ]
     axes.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
     if "model.name" in axes and "model.path" in axes and _one_to_one(configs, "model.name", "model.path"):

@@ -54,7 +54,7 @@ def fitted_table(
     shown = list(header)
     dropped: list[str] = []
     for col in optional:
-        if width is None or sum(widths[h] for h in shown) + GAP * (len(shown) - 1) <= width:
+        if width is None or _natural(widths, shown) <= width:
             break
         if col in shown:
             shown.remove(col)
@@ -85,6 +85,50 @@ def fitted_table(
     for r in rows:
         t.add_row(*(r[i] for i in index))
     return t
+
+
+def _natural(widths: dict[str, int], columns: Sequence[str]) -> int:
+    return sum(widths[h] for h in columns) + GAP * (len(columns) - 1)
+
+
+def fitted_tables(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    width: int | None,
+    group: str,
+    optional: Sequence[str] = (),
+    **kwargs: Any,
+) -> Any:
+    """``fitted_table``, or, when the table is wider than ``width`` even without its optional columns and the
+    ``group`` column (e.g. a model's long name) takes several values: one table per value, titled with it and
+    without that column (a rich Group)."""
+    from rich.console import Group
+
+    header = list(header)
+    if width is None or group not in header:
+        return fitted_table(title, header, rows, width=width, optional=optional, **kwargs)
+    widths = {h: _width(h, [r[i] for r in rows]) for i, h in enumerate(header)}
+    g = header.index(group)
+    values = list(dict.fromkeys(_plain(r[g]) for r in rows))
+    if _natural(widths, [h for h in header if h not in optional]) <= width or len(values) < 2:
+        return fitted_table(title, header, rows, width=width, optional=optional, **kwargs)
+    rest = [h for h in header if h != group]
+    tables = [
+        fitted_table(
+            f"{title}: {group} {v}" if title else f"{group} {v}",
+            rest,
+            [[c for i, c in enumerate(r) if i != g] for r in rows if _plain(r[g]) == v],
+            width=width,
+            optional=optional,
+            **kwargs,
+        )
+        for v in values
+    ]
+    for t in tables[:-1]:  # the caption once, under the last
+        t.caption = None
+    return Group(*tables)
 
 
 def _mean_std(mean: Any, std: Any, fmt: str, std_fmt: str) -> str:

@@ -39,11 +39,12 @@ def table_width(console: Console) -> int | None:
 COMPACT = {"kl.estimator": "est."}  # headers narrower than the report's where a column's values are short
 
 
-def axis_label(axis: str) -> str:
-    """A column header for a dotted axis key: compact, else the report's short name, else its last part."""
+def axis_label(axis: str, compact: bool = True) -> str:
+    """A column header for a dotted axis key: compact (a column of short values), else the report's short
+    name, else its last part."""
     from klsweep.report.tables import SHORT
 
-    return COMPACT.get(axis) or SHORT.get(axis, axis.split(".")[-1])
+    return (compact and COMPACT.get(axis)) or SHORT.get(axis, axis.split(".")[-1])
 
 
 def _shown(params: dict[str, Any]) -> dict[str, Any]:
@@ -87,8 +88,8 @@ def _pack(items: list[str], room: int | None) -> str:
     return "\n".join(lines)
 
 
-def _labels(axes: list[str]) -> list[str]:
-    labels = [axis_label(a) for a in axes]
+def _labels(axes: list[str], compact: bool = True) -> list[str]:
+    labels = [axis_label(a, compact) for a in axes]
     # two axes with the same last part (a.x, b.x) keep their full keys
     return [a if labels.count(lab) > 1 else lab for a, lab in zip(axes, labels, strict=True)]
 
@@ -113,7 +114,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         return fitted_tables(
             title, ["run", *labels], rows, width=width, group="model", whole=["run", "model"], caption=caption,
         )  # fmt: skip
-    labels = _labels(axes)
+    labels = _labels(axes, compact=False)
     room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
     rows = []
     for a, label in zip(axes, labels, strict=True):

@@ -215,7 +215,7 @@ def test_plan_lists_every_run_whole_sorted_by_configuration(tmp_path, monkeypatc
     if terminal:
         assert max(len(line) for line in out.splitlines()) <= 80
     header = next(line.split() for line in out.splitlines() if line.split()[:1] == ["run"])
-    assert header == ["run", "model", "estimator", "placement", "beta", "lag", "seed"]
+    assert header == ["run", "model", "est.", "placement", "beta", "lag", "seed"]
     ordered = [rows[r][:-1] for r in rows if r in {p.id for p in plan.runs}]
     assert len(ordered) == 300
     configs = [tuple(c) for c in ordered]

@@ -179,13 +179,14 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     if base:
         caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
     tables.append(
-        fitted_table(
+        fitted_tables(
             f"{TITLES['main']}: {report.sweep_dir.name}",
             [*cfg_cols, "n", ID_AVG, OOD_AVG, D_ID, D_OOD],
             rows,
             width=width,
             right=["n", *metrics],
             whole=["model"],
+            group="model",
             optional=[D_OOD, D_ID],
             caption=caption,
         )
@@ -206,13 +207,14 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         row.append(f"{df['collapsed'][i]}/{with_metrics}" if with_metrics else DASH)
         rows.append(row)
     tables.append(
-        fitted_table(
+        fitted_tables(
             f"{TITLES['stability']}: {report.sweep_dir.name}",
             [*cfg_cols, *stats, "diverged", "collapsed"],
             rows,
             width=width,
             right=[*stats, "diverged", "collapsed"],
             whole=["model"],
+            group="model",
             optional=["peak KL k3", "peak reward"],
             caption="mean±std over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
             "reasons: the report's files)",

@@ -3,7 +3,8 @@
 #
 #   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine
 #   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
-#   ./dev.sh setup   only create .venv and install klsweep into it
+#   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
+#   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
@@ -24,18 +25,19 @@ setup() {
         "$PY" -m venv "$VENV"
         "$VENV/bin/pip" install -q --upgrade pip
     fi
-    # torch first, so that the project's dependencies are satisfied by it (STACK.md: any other request
-    # downloads a multi-GB CUDA build).
+    # torch first, so that the project's dependencies are satisfied by it (on the project's CPU machines
+    # torch==2.13.0 is a local CPU build; any other torch request downloads a multi-GB CUDA build).
     if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
         log "installing $TORCH_SPEC"
         "$VENV/bin/pip" install -q "$TORCH_SPEC"
     fi
-    # (re)install klsweep when pyproject.toml changed since the last install
+    # (re)install the locked dependencies and klsweep when pyproject.toml or requirements.lock changed
     stamp="$VENV/.klsweep-installed"
-    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        log "installing klsweep (editable) with its test tools"
-        if ! "$VENV/bin/pip" install -q -e ".[test]" >"$VENV/pip-install.log" 2>&1; then
+        log "installing the locked dependencies (requirements.lock) and klsweep (editable) with its test tools"
+        if ! { "$VENV/bin/pip" install -q -r requirements.lock &&
+            "$VENV/bin/pip" install -q --no-deps -e ".[test]"; } >"$VENV/pip-install.log" 2>&1; then
             cat "$VENV/pip-install.log" >&2
             exit 1
         fi
@@ -43,10 +45,27 @@ setup() {
     fi
 }
 
+lock() {
+    # Resolve pyproject.toml's dependencies afresh in a scratch venv and write their exact versions.
+    scratch=$(mktemp -d)
+    "$PY" -m venv "$scratch"
+    "$scratch/bin/pip" install -q --upgrade pip
+    "$scratch/bin/pip" install -q "$TORCH_SPEC"
+    "$scratch/bin/pip" install -q ".[test]"
+    {
+        sed -n '1,4p' requirements.lock
+        "$scratch/bin/pip" freeze --exclude-editable | grep -v -e '^torch==' -e '^klsweep'
+    } >requirements.lock.new
+    mv requirements.lock.new requirements.lock
+    rm -rf "$scratch"
+    log "requirements.lock written"
+}
+
 system_packages() {
-    # Debian packages the tests use: the local Slurm cluster and a TeX to compile the LaTeX tables.
+    # Debian packages the tests use: the local Slurm cluster, a TeX to compile the LaTeX tables (and
+    # poppler's pdftotext to read them back), a headless Chromium to render report.html.
     if [ "$(id -u)" != 0 ]; then
-        log "not root: skipping Debian packages (Slurm integration tests will be skipped)"
+        log "not root: skipping Debian packages (Slurm, LaTeX and browser tests will be skipped)"
         return
     fi
     bash slurm/install.sh
@@ -55,12 +74,20 @@ system_packages() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
             texlive-latex-base texlive-latex-recommended >/dev/null
     fi
+    if ! command -v pdftotext >/dev/null || ! command -v chromium-headless-shell >/dev/null; then
+        log "installing poppler-utils, chromium-headless-shell (LaTeX text and report.html render checks)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            poppler-utils chromium-headless-shell >/dev/null
+    fi
 }
 
 cmd=${1:-}
 case "$cmd" in
 setup)
     setup
+    ;;
+lock)
+    lock
     ;;
 study)
     setup
@@ -87,7 +114,7 @@ test)
     "$VENV/bin/pytest" -q -ra --durations=15
     ;;
 *)
-    sed -n '2,10p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
     ;;
 esac

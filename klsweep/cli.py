@@ -60,7 +60,7 @@ def _console(stderr: bool = False):
 # ---------------------------------------------------------------------------------------------------------
 
 
-# --- audit (klsweep/audit.py) ----------------------------------------------------------------------------
+# --- audit (klsweep/audit/) -------------------------------------------------------------------------------
 
 
 @app.command("audit")
@@ -108,6 +108,7 @@ def audit_command(
     """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
     with --grpo, the exact expected update of the trainer's whole GRPO objective."""
     from klsweep import audit
+    from klsweep import console as console_mod
     from klsweep.errors import Problem
 
     problems = []
@@ -158,14 +159,14 @@ def audit_command(
             f" seed {seed}, ref distance {ref_distance:g}",
             markup=False,
         )
-        console.print(*audit.grpo_tables(rows))
-        console.print(audit.GRPO_LEGEND, markup=False, highlight=False)
+        console.print(*console_mod.grpo_audit_tables(rows))
+        console.print(console_mod.GRPO_LEGEND, markup=False, highlight=False)
     else:
         policy = "on-policy" if behavior_shift == 0 else f"off-policy, behaviour shift {behavior_shift}"
         title = (
             f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
         )
-        _console().print(*audit.tables(rows, title=title))
+        _console().print(*console_mod.audit_tables(rows, title=title))
 
 
 # --- plan (klsweep/grid/, klsweep/planner.py) -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Terminal rendering for the CLI: its console (``cli_console``) and the plan, resources and status tables;
+"""Terminal rendering for the CLI: its console (``cli_console``) and the plan, resources, status and audit tables;
 computation lives elsewhere.
 
 Every table is laid out by ``report.terminal.fitted_table``: sized to the terminal (80 columns read well: only
@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from klsweep.audit import GRPO_VERDICTS
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.grid import Plan
     from klsweep.submit import RunStatus
 
@@ -230,3 +233,78 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         whole=["run", "model", "job"],
         optional=["job", "GPU-h", "elapsed"],
     )
+
+
+VERDICT_STYLES = {
+    "unbiased reverse KL": "green",
+    "forward KL": "yellow",
+    "zero in expectation": "magenta",
+    "biased": "red",
+}
+
+
+def audit_tables(rows: list[AuditRow], title: str = "") -> list:
+    """The rows as rich Tables, one per importance weighting, the verdict coloured. Errors are relative to the
+    exact gradient of the reverse (``err rev``) and forward (``err fwd``) KL; ``|E g|`` is the expected
+    gradient's norm relative to the reverse-KL gradient's."""
+    from rich import box
+    from rich.table import Table
+
+    off_policy = any(r.behavior_shift > 0 for r in rows)
+    out = []
+    for importance in dict.fromkeys(r.importance for r in rows):
+        full_title = f"{title}, importance weights: {importance}" if off_policy else title
+        t = Table(title=full_title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in ("est", "placement", "level"):
+            t.add_column(name)
+        for name in ("err rev", "err fwd", "|E g|", "variance"):
+            t.add_column(name, justify="right")
+        t.add_column("verdict", no_wrap=True)
+        for r in rows:
+            if r.importance == importance:
+                values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
+                verdict = f"[{VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
+        out.append(t)
+    return out
+
+
+GRPO_VERDICT_STYLES = dict(zip(GRPO_VERDICTS, ("green", "cyan", "yellow", "magenta", "red"), strict=True))
+
+
+GRPO_LEGEND = """\
+scale: the effective KL gradient, (E[grad L(beta)] - E[grad L(0)]) / beta,
+  projected on grad KL(pi||ref) over its squared norm, in units of the loss
+  type's aggregation: 1 when beta means what it says.
+cos rev, cos fwd: its cosines with grad KL(pi||ref) and grad KL(ref||pi).
+err rev: its relative error against grad KL(pi||ref) (exact: below 1e-6;
+  rescaled: the reverse-KL direction at another scale)."""
+
+
+def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
+    """The rows as rich Tables, one per reward mode and reward scaling, narrow enough for 80 columns:
+    ``scale`` is ``effective_scale``, ``cos rev``/``cos fwd`` the cosines with grad KL(pi||ref) and
+    grad KL(ref||pi), ``err rev`` the relative error of effective / unit against grad KL(pi||ref)."""
+    from rich import box
+    from rich.table import Table
+
+    out = []
+    for mode, scaling in dict.fromkeys((r.reward_mode, r.scale_rewards) for r in rows):
+        t = Table(
+            title=f"reward_mode {mode}, scale_rewards {scaling}",
+            box=box.SIMPLE_HEAD,
+            padding=0,
+            pad_edge=False,
+        )
+        for name in ("est", "placement", "level"):
+            t.add_column(name, no_wrap=True)
+        for name in ("scale", "cos rev", "cos fwd", "err rev"):
+            t.add_column(name, justify="right", no_wrap=True)
+        t.add_column("verdict", no_wrap=True)
+        for r in rows:
+            if (r.reward_mode, r.scale_rewards) == (mode, scaling):
+                verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
+                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
+        out.append(t)
+    return out

@@ -23,8 +23,9 @@ class Problem:
         return f"{s} (allowed: {self.allowed})" if self.allowed else s
 
 
-class UserError(KLSweepError):
-    """Bad input. Carries every problem found, so the user can fix them all at once."""
+class UserError(KLSweepError, ValueError):
+    """Bad input. Carries every problem found, so the user can fix them all at once. A ``ValueError``, as a
+    library's bad-argument error is (``KLConfig(estimator="k9")`` from one's own script raises it)."""
 
     def __init__(self, problems: list[Problem] | Problem | str, title: str = "invalid input"):
         if isinstance(problems, str):

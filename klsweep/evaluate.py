@@ -13,8 +13,15 @@ with the package), the metric, the generation settings and the backend.
 Where results go (``docs/DESIGN.md``)::
 
     <run>/eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl
+                                                  results_<date>.json: lm-eval's own results file (its
+                                                  EvaluationTracker, as `lm_eval --output_path` writes it), for
+                                                  lm-eval's tooling (lm_eval.utils.make_table); one per sample
+                                                  seed when eval.num_samples > 1
     <run>/eval/<eval-hash>/error.json             the run's last failure under these settings, if any
     <sweep>/baseline/<model-key>/eval/<eval-hash>/step-0/...   the initial model
+
+When the run trained with W&B, each evaluated checkpoint's scores are logged to its W&B run too
+(``klsweep.tracking.log_eval``).
 
 ``eval-hash`` covers every setting that changes a score (tasks, task files, generation, backend, lm-eval's
 version), so a repeated evaluation is skipped and a changed one goes to a new folder beside the old.
@@ -350,10 +357,13 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
     samples: dict[str, list[dict[str, Any]]] = {}
     chat = item.model.chat_template if cfg.apply_chat_template is None else cfg.apply_chat_template
     gen = {"max_gen_toks": cfg.max_gen_toks, "temperature": cfg.temperature, "do_sample": cfg.temperature > 0}
+    lm_eval_files: list[str] = []
     try:
         for seed in range(cfg.num_samples):
+            tracker = _lm_eval_tracker(item)
             res = lm_eval.simple_evaluate(
                 model=lm,
+                model_args=f"pretrained={item.model_path}",  # what lm-eval's results file names the model by
                 tasks=list(suite.tasks.values()),
                 num_fewshot=cfg.num_fewshot,
                 limit=cfg.limit,
@@ -365,7 +375,9 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
                 torch_random_seed=seed,
                 fewshot_random_seed=seed,
                 task_manager=suite.manager,
+                evaluation_tracker=tracker,
             )
+            lm_eval_files.append(_save_lm_eval_results(tracker, res, cfg.backend))
             for task in suite.tasks:
                 result = res["results"][task]
                 keys[task] = key = _primary_key(result, res["configs"][task], cfg.metric)
@@ -409,6 +421,7 @@ def _evaluate_item(item: _Item, suite: _Suite) -> Path:
         },
         "model_path": item.model_path,
         "elapsed_s": round(time.time() - started, 3),
+        "lm_eval_results": lm_eval_files,
     }
     path = item.out_dir / RESULTS_FILE
     store.write_json(path, results)
@@ -420,6 +433,31 @@ def _final_state(checkpoint: Path) -> str | None:
     (an earlier checkpoint, or a model that is not a run's checkpoint)."""
     marker = checkpoint / store.FINAL_MARKER
     return store.read_json(marker).get("state") if marker.is_file() else None
+
+
+def _lm_eval_tracker(item: _Item) -> Any:
+    """lm-eval's own ``EvaluationTracker``, writing to ``<out_dir>/results_<date>.json`` (as ``lm_eval
+    --output_path <out_dir>/results.json`` does)."""
+    from lm_eval.loggers import EvaluationTracker
+
+    return EvaluationTracker(output_path=str(item.out_dir / RESULTS_FILE))
+
+
+def _save_lm_eval_results(tracker: Any, res: dict[str, Any], backend: str) -> str:
+    """lm-eval's results file of one ``simple_evaluate`` (its schema: ``results``, ``configs``, ``versions``,
+    ``n-shot``, ``config``, ..., as lm-eval's CLI writes it; without the samples, which are klsweep's
+    ``samples_<task>.jsonl``), so that lm-eval's tooling (``lm_eval.utils.make_table``, its result loaders)
+    reads it. Returns the file's name."""
+    tracker.general_config_tracker.model_source = backend  # lm-eval records "CUSTOM" for a model object
+    tracker.save_results_aggregated(
+        results={k: v for k, v in res.items() if k != "samples"}, samples=res.get("samples")
+    )
+    name = f"results_{tracker.date_id}.json"
+    if not (Path(tracker.output_path).parent / name).is_file():  # lm-eval logs a failure and goes on
+        raise EvalError(
+            f"lm-eval did not write its results file {name} in {Path(tracker.output_path).parent}"
+        )
+    return name
 
 
 def _is_primary(row: dict[str, Any], key: str) -> bool:
@@ -468,6 +506,16 @@ def _checkpoint_items(run_dir: Path, suite: _Suite, checkpoints: str) -> list[_I
     ]
 
 
+def _log_to_wandb(run_dir: Path, results_path: Path) -> None:
+    """The checkpoint's scores to the run's W&B run (``klsweep.tracking.log_eval``); why not, in results.json."""
+    from klsweep import tracking
+
+    results = store.read_json(results_path)
+    error = tracking.log_eval(run_dir, run_config(run_dir), results)
+    if error is not None:
+        store.write_json(results_path, {**results, "wandb_error": error})
+
+
 def _record_error(run_dir: Path, hash_dir: Path | None, message: str, tb: str) -> None:
     if hash_dir is not None:
         store.write_json(
@@ -495,7 +543,9 @@ def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
         for item in items:
             current = item.checkpoint
             done = item.out_dir / RESULTS_FILE
-            paths.append(done if done.is_file() else _evaluate_item(item, suite))
+            if not done.is_file():
+                _log_to_wandb(run_dir, _evaluate_item(item, suite))
+            paths.append(done)
         _clear_error(run_dir, hash_dir)
         return paths
     except UserError:

@@ -501,26 +501,27 @@ def wandb_tags(config: RunConfig) -> list[str]:
 
 
 def _init_wandb(config: RunConfig, run_dir: Path):
-    """A W&B run for this run folder (group = sweep name, tags = axes, files under run_dir/wandb), or None."""
+    """A W&B run for this run folder (group = sweep name, tags = axes, name and id from ``klsweep.tracking``,
+    files under ``run_dir/wandb/``), or None."""
     mode = _wandb_mode(config.wandb.mode)
     if mode == "disabled":
         return None
     import dataclasses
-    import re
 
     import wandb
 
-    folder = run_dir / "wandb"
-    folder.mkdir(parents=True, exist_ok=True)
+    from klsweep import tracking
+
+    resolved = dataclasses.asdict(config)
     return wandb.init(
         project=config.wandb.project,
         entity=config.wandb.entity,
         group=config.name,
-        name=run_dir.name,
-        id=re.sub(r"[^A-Za-z0-9_-]", "_", f"{config.name}-{run_dir.name}"),
+        name=tracking.wandb_name(resolved, run_dir),
+        id=tracking.wandb_id(config.name, run_dir),
         resume="allow",
         tags=wandb_tags(config),
-        config=dataclasses.asdict(config),
-        dir=str(folder),
+        config=resolved,
+        dir=str(run_dir),  # W&B writes <run_dir>/wandb/offline-run-* (or run-*)
         mode=mode,
     )

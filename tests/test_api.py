@@ -31,3 +31,10 @@ def test_import_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_bad_kl_config_is_a_value_error_listing_every_field() -> None:
+    with pytest.raises(ValueError) as info:
+        klsweep.KLConfig(estimator="k9", placement="nowhere")
+    assert isinstance(info.value, klsweep.UserError)
+    assert "estimator" in str(info.value) and "placement" in str(info.value)

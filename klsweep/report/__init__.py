@@ -2,8 +2,9 @@
 
 ``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H]``, or from Python
 ``build_report(sweep_dir, out_dir=None, formats=("md",))``. It reads only the files of the results store and
-writes to ``<sweep>/report/``: ``report.md``, ``report.html``, one ``<table>.csv`` / ``<table>.tex`` per table,
-``curves.png`` and ``eval_bars.png``. Partial sweeps are reported as they stand: every run is counted in its
+writes to ``<sweep>/report/``: ``report.md``, ``report.html`` (self-contained: figures embedded), one
+``<table>.csv`` / ``<table>.tex`` per table, ``curves.png`` and ``eval_bars.png``, each with a vector
+``.pdf`` beside it. Partial sweeps are reported as they stand: every run is counted in its
 configuration's status (pending, running, done, failed, diverged, cancelled); a value with no data yet is "—".
 
 One module per stage of the data flow; each imports only from the ones listed before it:
@@ -13,9 +14,10 @@ One module per stage of the data flow; each imports only from the ones listed be
 - ``tables.py``: ``Report``; the main and stability tables; the view of every table (cells, bold, title,
   caption) that all renderers print; ``audit_table.py``: the KL gradient audit
   with the sweep's settings (group size, reward scaling, reward mode, loss type, beta); ``reference.py``: the study's
-  reported numbers beside ours;
-- ``figures.py``: the curves and the eval bars;
-- ``render.py``: the files, one writer per format (md, csv, latex, html); ``terminal.py``: the rich tables;
+  reported numbers beside ours (``paper_reference.csv``, package data);
+- ``figures.py``: the curves (small multiples) and the eval bars, PNG and PDF;
+- ``latex.py``: the paper tables (``<table>.tex``); ``render.py``: the files, one writer per format (md, csv,
+  latex, html); ``terminal.py``: the rich tables;
 - ``build.py``: ``build_report``, load -> tables -> figures -> renderers.
 
 Public API: ``build_report``, ``Report``, ``rich_tables``, and the stability rule: ``smooth``, ``collapse_step``.

@@ -1,9 +1,18 @@
-"""The figures of a report (matplotlib, Agg backend, imported when drawn), from the runs frame and the tables:
+"""The figures of a report (matplotlib, Agg backend, imported when drawn), each saved as a PNG and, beside it, a
+vector PDF of the same figure (for a paper's ``\\includegraphics``):
 
-- ``curves.png``: task reward, KL k1, KL k3 and entropy against step: per configuration the mean over seeds of
-  the smoothed curve (``stability.py``) with a min-max band (up to 20 configurations; beyond, the lines alone);
-- ``eval_bars.png``: the in-domain and OOD averages per configuration (mean ± std over seeds), the step-0
-  baseline of each model as a dashed line.
+- ``curves.png`` / ``curves.pdf``: task reward, KL k1, KL k3 and entropy against step, as small multiples: one
+  row of panels per value of the faceted axes (placement, then lag, model, task, ... while a panel would
+  hold more than ``MAX_LINES`` configurations, up to ``MAX_PANELS`` rows), one column per metric, y shared per
+  column. In a panel, one line per configuration, the mean over seeds of the smoothed curve
+  (``stability.py``) with a min-max band over seeds (when the panel has at most ``MAX_BANDS`` lines); the
+  runs without KL (beta = 0) are drawn, grey and dashed, in every panel of their lag/model/...; colours are the
+  same configuration in every panel, and one legend names them above the panels;
+- ``eval_bars.png`` / ``eval_bars.pdf``: the in-domain and OOD averages per configuration (mean ± std over
+  seeds), the step-0 baseline of each model as a dashed line, the legend above the axes (never over a bar).
+
+Labels name only the axes that vary (``tables._labelled_axes``): a KL field that is the same in every run with
+KL (e.g. the level) is left out. Layout is matplotlib's constrained layout, so nothing is cut at the edges.
 """
 
 from __future__ import annotations
@@ -14,10 +23,34 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.stability import CURVES
-from klsweep.report.tables import DASH, SHORT, Report, _fmt_value
+from klsweep.report.tables import (
+    DASH,
+    KL_KEYS,
+    SHORT,
+    Report,
+    _fmt_value,
+    _kl_on,
+    _labelled_axes,
+    _sort_key,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
+
+FACET_ORDER = (
+    "kl.placement",
+    "offpolicy.lag",
+    "model.name",
+    "model.path",
+    "task.name",
+    "kl.level",
+    "kl.importance",
+    "offpolicy.num_iterations",
+)
+MAX_LINES = 4  # configurations in a panel before it is split by one more axis
+MAX_PANELS = 12  # rows of panels at most
+MAX_BANDS = 6  # min-max bands drawn only in panels with at most this many lines
+VECTOR_FORMAT = "pdf"
 
 
 def _figure(*args: Any, **kwargs: Any):
@@ -26,74 +59,210 @@ def _figure(*args: Any, **kwargs: Any):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(*args, **kwargs)
+    return plt.subplots(*args, layout="constrained", **kwargs)
 
 
-def _close(fig: Any) -> None:
+def _save(fig: Any, path: Path) -> list[Path]:
+    """The PNG and its vector copy (same name, ``.pdf``)."""
     import matplotlib.pyplot as plt
 
+    vector = path.with_suffix(f".{VECTOR_FORMAT}")
+    fig.savefig(path, dpi=100)  # the constrained layout runs here...
+    fig.set_layout_engine("none")  # ...once: the vector copy keeps its positions
+    with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
+        fig.savefig(vector)
     plt.close(fig)
+    return [path, vector]
+
+
+def _key_text(axes: list[str], values: tuple[Any, ...], sep: str = ", ") -> str:
+    return sep.join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, values, strict=True))
+
+
+def _facets(configs: pd.DataFrame, shown: list[str]) -> list[str]:
+    """The axes that split the curves into panels: from ``FACET_ORDER`` (then any other labelled axis but the
+    estimator and beta, which are what a panel compares), one at a time while a panel holds more than
+    ``MAX_LINES`` configurations and the panels stay at most ``MAX_PANELS``."""
+    candidates = [a for a in FACET_ORDER if a in shown]
+    candidates += [a for a in shown if a not in candidates and a not in ("kl.estimator", "kl.beta")]
+    facets: list[str] = []
+    while _lines_per_panel(configs, facets) > MAX_LINES:
+        for a in candidates:
+            if a not in facets and len(_panels(configs, [*facets, a])) <= MAX_PANELS:
+                facets.append(a)
+                break
+        else:
+            break
+    return facets
+
+
+def _panels(configs: pd.DataFrame, facets: list[str]) -> list[tuple[Any, ...]]:
+    """The panels: every combination of faceted values that some configuration with KL has (a run without KL
+    has "none" for the KL fields: it belongs to every panel of its other values)."""
+    on = configs[configs["kl_on"]] if configs["kl_on"].any() else configs
+    keys = {tuple(_fmt_value(v) for v in row) for row in on[facets].itertuples(index=False)}
+    return sorted(keys, key=_sort_key)
+
+
+def _in_panel(configs: pd.DataFrame, facets: list[str], panel: tuple[Any, ...]) -> pd.Series:
+    import pandas as pd
+
+    mask = pd.Series(True, index=configs.index)
+    for a, v in zip(facets, panel, strict=True):
+        values = configs[a].map(_fmt_value)
+        wildcard = ~configs["kl_on"] if a in KL_KEYS else False
+        mask &= (values == v) | wildcard
+    return mask
+
+
+def _lines_per_panel(configs: pd.DataFrame, facets: list[str]) -> int:
+    return max((int(_in_panel(configs, facets, p).sum()) for p in _panels(configs, facets)), default=0)
+
+
+def _styles(configs: pd.DataFrame, hues: list[str]) -> dict[tuple[Any, ...], tuple[str, dict[str, Any]]]:
+    """Per hue key (the configuration's values of the non-faceted axes; for a run without KL only the non-KL
+    ones): its legend label and line style. Runs without KL: grey, dashed; the others: distinct colours."""
+    import matplotlib
+
+    keys: dict[tuple[Any, ...], bool] = {}
+    for row in configs.to_dict("records"):
+        keys[_hue_key(row, hues)] = bool(row["kl_on"])
+    with_kl = sorted((k for k, on in keys.items() if on), key=_sort_key)
+    without = sorted((k for k, on in keys.items() if not on), key=_sort_key)
+    n = len(with_kl)
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"]
+    styles = {}
+    for i, k in enumerate(with_kl):
+        color = cmap(i if n <= 20 else i / max(n - 1, 1))
+        styles[k] = (_key_text(hues, k) or "with KL", {"color": color, "ls": "-"})
+    for i, k in enumerate(without):
+        other = [(a, v) for a, v in zip(hues, k, strict=True) if a not in KL_KEYS]
+        label = ", ".join(["no KL", *(_key_text([a], (v,)) for a, v in other)])
+        styles[k] = (label, {"color": str(0.15 + 0.5 * i / max(len(without), 1)), "ls": "--"})
+    return styles
+
+
+def _hue_key(row: dict[str, Any], hues: list[str]) -> tuple[Any, ...]:
+    return tuple("none" if (a in KL_KEYS and not row["kl_on"]) else _fmt_value(row[a]) for a in hues)
+
+
+def _configs(report: Report) -> pd.DataFrame:
+    """One row per configuration: ``config``, its axis values and ``kl_on``."""
+    first = report.runs.drop_duplicates("config").set_index("config", drop=False)
+    configs = first[["config", *report.axes]].copy()
+    configs["kl_on"] = _kl_on(first)
+    return configs
 
 
 def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
-    """Reward, KL k1, KL k3, entropy against step: per configuration the mean over seeds of the smoothed
-    curve, with a min-max band (up to 20 configurations; beyond, the lines alone)."""
+    """The training curves as small multiples (see the module docstring); PNG and PDF."""
     import numpy as np
     from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
 
-    labels = report.runs.drop_duplicates("config").set_index("config")["label"]
-    n_configs = len(labels)
-    legend_rows = math.ceil(n_configs / 3) if 0 < n_configs <= 20 and len(metrics) else 0
-    height = 8 + 0.22 * legend_rows
-    fig, axs = _figure(2, 2, figsize=(12, height), squeeze=False)
-    if len(metrics):
-        cfg = report.runs.set_index("run")["config"]
-        m = metrics.assign(config=metrics["run"].map(cfg))
-        cols = [f"{name} smoothed" for name, _ in CURVES]
-        agg = m.groupby(["config", "step"], sort=True)[cols].agg(["mean", "min", "max"])
-        config = agg.index.get_level_values("config").to_numpy()
-        steps = agg.index.get_level_values("step").to_numpy()
-        groups = np.split(np.arange(len(config)), np.flatnonzero(np.diff(config)) + 1)
-        colors = _colors(n_configs)
-        for ax, (name, title) in zip(axs.flat, CURVES, strict=True):
-            mean, lo, hi = (agg[(f"{name} smoothed", stat)].to_numpy() for stat in ("mean", "min", "max"))
-            if n_configs > 20:  # one artist for all lines: fast, and no band (it would hide the lines)
-                lines = [np.column_stack([steps[i], mean[i]]) for i in groups]
-                ax.add_collection(
-                    LineCollection(lines, colors=[colors[config[i[0]]] for i in groups], lw=0.8)
-                )
-                ax.autoscale_view()
-            for i in groups if n_configs <= 20 else ():
-                c = config[i[0]]
-                ax.plot(steps[i], mean[i], color=colors[c], lw=1.2, label=labels[c])
-                ax.fill_between(steps[i], lo[i], hi[i], color=colors[c], alpha=0.2, lw=0)
-            ax.set_title(f"{title} (smoothed, {report.window} steps)")
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
+    configs = _configs(report)
+    shown = _labelled_axes(report.runs, report.axes)
+    facets = _facets(configs, shown)
+    hues = [a for a in shown if a not in facets]
+    panels = _panels(configs, facets) if facets else [()]
+    styles = _styles(configs, hues)
+    rows = len(panels)
+    # Shared limits are set by hand below: matplotlib's sharex/sharey cost O(panels^2) per draw.
+    if rows == 1:
+        fig, axs = _figure(2, 2, figsize=(10, 7.2), squeeze=False)
+        grid = [list(axs.flat)]
     else:
+        fig, axs = _figure(rows, len(CURVES), figsize=(11, 1.9 * rows + 1.2), squeeze=False)
+        grid = [list(r) for r in axs]
+    if not len(metrics):
         for ax in axs.flat:
             ax.text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", transform=ax.transAxes)
-    if legend_rows:
-        handles, names = axs.flat[0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="lower center", ncol=min(3, n_configs), fontsize=8, frameon=False)
-    elif n_configs > 20:
-        fig.text(
-            0.5, 0.01, f"{n_configs} configurations: no legend (see the tables)", ha="center", fontsize=8
-        )
-    # Fixed margins (inches) rather than tight_layout, which draws the figure once more.
-    fig.subplots_adjust(
-        left=0.06, right=0.98, top=1 - 0.4 / height, bottom=(0.6 + 0.22 * legend_rows) / height, hspace=0.3
+        return _save(fig, path)
+
+    cfg = report.runs.set_index("run")["config"]
+    m = metrics.assign(config=metrics["run"].map(cfg))
+    cols = [f"{name} smoothed" for name, _ in CURVES]
+    agg = m.groupby(["config", "step"], sort=True)[cols].agg(["mean", "min", "max"])
+    config = agg.index.get_level_values("config").to_numpy()
+    steps = agg.index.get_level_values("step").to_numpy()
+    groups = {config[i[0]]: i for i in np.split(np.arange(len(config)), np.flatnonzero(np.diff(config)) + 1)}
+    series = {
+        name: tuple(agg[(f"{name} smoothed", stat)].to_numpy() for stat in ("mean", "min", "max"))
+        for name, _ in CURVES
+    }
+    used: dict[tuple[Any, ...], None] = {}
+    any_bands = False
+    for r, (panel, axes_row) in enumerate(zip(panels, grid, strict=True)):
+        members = configs[_in_panel(configs, facets, panel)] if facets else configs
+        bands = len(members) <= MAX_BANDS
+        any_bands |= bands
+        keys = [_hue_key(row, hues) for row in members.to_dict("records")]
+        lines = [
+            (groups[c], styles[k][1]) for c, k in zip(members["config"], keys, strict=True) if c in groups
+        ]
+        used.update(dict.fromkeys(k for c, k in zip(members["config"], keys, strict=True) if c in groups))
+        for c, (ax, (name, title)) in enumerate(zip(axes_row, CURVES, strict=True)):
+            mean, lo, hi = series[name]
+            # one artist per panel: many Line2D objects make every draw (PNG, PDF, layout) slow
+            ax.add_collection(
+                LineCollection(
+                    [np.column_stack([steps[i], mean[i]]) for i, _ in lines],
+                    colors=[style["color"] for _, style in lines],
+                    linestyles=[style["ls"] for _, style in lines],
+                    lw=1.3,
+                )
+            )
+            if bands:
+                for i, style in lines:
+                    ax.fill_between(steps[i], lo[i], hi[i], color=style["color"], alpha=0.15, lw=0)
+            ax.autoscale_view()
+            ax.grid(alpha=0.3)
+            if rows == 1 or r == 0:
+                ax.set_title(title, fontsize=10)
+            if (rows == 1 and c >= 2) or (rows > 1 and r == rows - 1):
+                ax.set_xlabel("step")
+            if c == 0 and facets:
+                ax.set_ylabel(_key_text(facets, panel, "\n"), fontsize=9)
+    _same_limits(grid, by_column=rows > 1, bottom_row_only=rows > 1)
+    order = [k for k in styles if k in used]
+    handles = [Line2D([], [], lw=1.6, **styles[k][1]) for k in order]
+    fig.legend(
+        handles,
+        [styles[k][0] for k in order],
+        loc="outside upper center",
+        ncols=max(1, min(len(order), 4)),
+        fontsize=8,
+        frameon=False,
+        title=f"mean over seeds, smoothed over {report.window} steps"
+        + (", band: min-max over seeds" if any_bands else ""),
+        title_fontsize=8,
     )
-    fig.savefig(path, dpi=100)
-    _close(fig)
-    return [path]
+    return _save(fig, path)
 
 
-def _colors(n: int) -> list[Any]:
-    import matplotlib
+def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) -> None:
+    """One x range for every panel, one y range per column (``by_column``), step tick labels on the bottom row
+    only (``bottom_row_only``)."""
+    import numpy as np
 
-    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"]
-    return [cmap(i if n <= 20 else i / max(n - 1, 1)) for i in range(n)]
+    flat = [ax for row in grid for ax in row]
+    x0 = min(ax.dataLim.x0 for ax in flat)
+    x1 = max(ax.dataLim.x1 for ax in flat)
+    columns = list(zip(*grid, strict=True)) if by_column else [[ax] for ax in flat]
+    for column in columns:
+        lims = [(ax.dataLim.y0, ax.dataLim.y1) for ax in column if np.isfinite(ax.dataLim.y0)]
+        y0, y1 = (min(lo for lo, _ in lims), max(hi for _, hi in lims)) if lims else (0.0, 1.0)
+        pad = 0.05 * (y1 - y0) or 0.05 * abs(y0) or 0.05
+        for ax in column:
+            ax.set_ylim(y0 - pad, y1 + pad)
+    if np.isfinite(x0) and x1 > x0:
+        pad = 0.03 * (x1 - x0)
+        for ax in flat:
+            ax.set_xlim(x0 - pad, x1 + pad)
+    if bottom_row_only:
+        for row in grid[:-1]:
+            for ax in row:
+                ax.tick_params(labelbottom=False)
 
 
 def _plot_eval(report: Report, path: Path) -> list[Path]:
@@ -102,15 +271,16 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
 
     df = report.main
     n = len(df)
-    cfg_cols = [SHORT.get(a, a) for a in report.axes]
+    shown = _labelled_axes(report.runs, report.axes)
+    cfg_cols = [SHORT.get(a, a) for a in shown]
     ticks = (
         [" / ".join(_fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
         if cfg_cols
         else ["all runs"] * n
     )
     rotate = n > 4
-    bottom = 0.6 + (0.065 * max(map(len, ticks), default=0) if rotate else 0.2)  # inches for the tick labels
-    width_in, height = min(max(6.0, 0.3 * n + 2), 30.0), 4.5 + bottom
+    width_in = min(max(6.0, 0.32 * n + 2), 30.0)
+    height = 4.5 + (0.065 * max(map(len, ticks), default=0) if rotate else 0.3) + 0.6
     fig, ax = _figure(figsize=(width_in, height))
     x = np.arange(n)
     width = 0.4
@@ -122,7 +292,7 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
             yerr=df[f"{col} std"].fillna(0),
             capsize=2 if n <= 40 else 0,
             color=color,
-            label=col,
+            label=f"{col} (mean ± std over seeds)",
         )
     base = report.baseline
     for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):
@@ -137,11 +307,7 @@ def _plot_eval(report: Report, path: Path) -> list[Path]:
     ax.set_xlabel(" / ".join(cfg_cols) or "configuration")
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel(f"score (eval {report.eval_hash or 'none'})")
-    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.subplots_adjust(
-        left=0.8 / width_in, right=1 - 0.2 / width_in, top=1 - 0.3 / height, bottom=bottom / height
-    )
-    fig.savefig(path, dpi=100)
-    _close(fig)
-    return [path]
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncols=2, fontsize=8, frameon=False)
+    return _save(fig, path)

@@ -1,16 +1,18 @@
-"""The study's reported numbers beside ours: each figure of ``results/paper_reference.csv`` (its columns:
-``results/paper_reference.md``) with the mean ± std over seeds of every configuration of the sweep that matches
-its model, training task and configuration."""
+"""The study's reported numbers beside ours: each figure of ``paper_reference.csv`` (package data, beside this
+module, so every install has it; its columns: ``paper_reference.md``) with the mean ± std over seeds of every
+configuration of the sweep that matches its model, training task and configuration."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from klsweep.errors import Problem, UserError
+
 if TYPE_CHECKING:
     import pandas as pd
 
-REFERENCE_CSV = Path(__file__).resolve().parents[2] / "results" / "paper_reference.csv"
+REFERENCE_CSV = Path(__file__).resolve().parent / "paper_reference.csv"
 
 
 def _reference_table(
@@ -36,8 +38,16 @@ def _reference_table(
         "ours std",
         "ours n",
     ]
-    if reference_csv is None or not Path(reference_csv).exists():
+    if reference_csv is None:
         return pd.DataFrame(columns=cols)
+    if not Path(reference_csv).is_file():
+        raise UserError(
+            Problem(
+                "reference_csv",
+                f"no such file: {reference_csv}",
+                "a CSV with the columns of paper_reference.md",
+            )
+        )
     ref = pd.read_csv(reference_csv)
     rows = []
     for _, f in ref.iterrows():

@@ -2,25 +2,28 @@
 
 - ``md``: ``report.md`` (summary, every table with its caption, the figures, the runs);
 - ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``runs``);
-- ``latex``: one booktabs ``table`` float per table (``<table>.tex``), ready to ``\\input``;
-- ``html``: ``report.html``, the same sections as ``report.md``.
+- ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
+- ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
+  embedded as data URIs, numbers right-aligned.
 """
 
 from __future__ import annotations
 
+import base64
 import html
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.report.latex import _sections, write_latex
 from klsweep.report.tables import (
     DASH,
     SHORT,
     TITLES,
     Report,
     _captions,
+    _numeric_columns,
     _runs_view,
     _status_text,
     _view,
@@ -72,10 +75,6 @@ def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _sections(report: Report) -> list[str]:
-    return ["main", "stability", "audit"] + (["reference"] if len(report.reference) else [])
-
-
 def _write_md(report: Report) -> list[Path]:
     caps = _captions(report)
     parts = [f"# klsweep report: {report.sweep_dir.name}", "", *_summary(report), ""]
@@ -86,13 +85,9 @@ def _write_md(report: Report) -> list[Path]:
             parts += ["![In-domain and OOD averages per configuration](eval_bars.png)", ""]
         if t == "stability":
             parts += ["![Training curves per configuration](curves.png)", ""]
-    if not len(report.reference):
-        parts += [
-            f"## {TITLES['reference']}",
-            "",
-            "No configuration of this sweep matches a reported figure.",
-            "",
-        ]
+    note = _reference_note(report)
+    if note is not None:
+        parts += [f"## {TITLES['reference']}", "", note, ""]
     runs = _runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
     path = report.out_dir / "report.md"
@@ -109,88 +104,72 @@ def _write_csv(report: Report) -> list[Path]:
     return paths
 
 
-def _styler(cells: pd.DataFrame, bold: pd.DataFrame, fmt: str):
-    """A table's view (``_view``) as a pandas Styler for ``fmt`` (latex or html), best values bold."""
-    if fmt == "latex":  # escape here (±, Δ, — included), so the Styler gets LaTeX already
-        cells = cells.map(_tex_escape).rename(columns=_tex_escape)
-        bold.columns = cells.columns
-        styler = cells.style.hide(axis="index")
-    else:
-        styler = cells.style.hide(axis="index").format(escape="html").format_index(escape="html", axis=1)
-    return styler.apply(lambda _: bold.replace({True: "font-weight: bold;", False: ""}), axis=None)
+def _reference_note(report: Report) -> str | None:
+    """What the reference section says when no figure of the study matches this sweep (md and HTML)."""
+    if len(report.reference):
+        return None
+    return "No configuration of this sweep matches a reported figure."
 
 
-def _write_latex(report: Report) -> list[Path]:
-    """One ``table`` float per table (booktabs rules: needs ``\\usepackage{booktabs}``), ready to \\input;
-    columns of numbers right-aligned."""
-    caps = _captions(report)
-    paths = []
-    for t in _sections(report):
-        cells, bold = _view(report, t)
-        numeric = [cells[c].map(lambda v: v == DASH or bool(_NUMBER.match(v))).all() for c in cells.columns]
-        tex = _styler(cells, bold, "latex").to_latex(
-            hrules=True,
-            convert_css=True,
-            environment="table",
-            position_float="centering",
-            caption=_tex_escape(f"{TITLES[t]}. {caps[t]}"),
-            label=f"tab:klsweep-{report.sweep_dir.name}-{t}",
-            column_format="".join("r" if x else "l" for x in numeric),
-        )
-        path = report.out_dir / f"{t}.tex"
-        store.atomic_write_text(
-            path, f"% klsweep report of {report.sweep_dir.name}: needs \\usepackage{{booktabs}}\n{tex}"
-        )
-        paths.append(path)
-    return paths
+def _html_table(cells: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
+    """A table's view as HTML: numeric columns right-aligned (class ``num``), best values bold."""
+    numeric = _numeric_columns(cells)
+    marks = bold.to_numpy() if bold is not None else [[False] * len(cells.columns)] * len(cells)
+
+    def cls(num: bool) -> str:
+        return ' class="num"' if num else ""
+
+    def th(c: Any, num: bool) -> str:
+        return f"<th{cls(num)}>{html.escape(str(c))}</th>"
+
+    def td(v: Any, num: bool, b: bool) -> str:
+        text = html.escape(DASH if v is None or (isinstance(v, float) and v != v) else str(v))
+        return f"<td{cls(num)}>{f'<b>{text}</b>' if b else text}</td>"
+
+    rows = [
+        "<tr>" + "".join(td(v, n, bool(b)) for v, n, b in zip(values, numeric, m, strict=True)) + "</tr>"
+        for values, m in zip(cells.to_numpy(), marks, strict=True)
+    ]
+    head = "<tr>" + "".join(th(c, n) for c, n in zip(cells.columns, numeric, strict=True)) + "</tr>"
+    return f'<table class="klsweep"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def _tex_escape(s: str) -> str:
-    table = {
-        "\\": r"\textbackslash{}",
-        "&": r"\&",
-        "%": r"\%",
-        "$": r"\$",
-        "#": r"\#",
-        "_": r"\_",
-        "{": r"\{",
-        "}": r"\}",
-        "~": r"\textasciitilde{}",
-        "^": r"\textasciicircum{}",
-        "±": r"$\pm$",
-        "Δ": r"$\Delta$",
-        "—": "---",
-        "–": "--",
-    }
-    s = "".join(table.get(ch, ch if ch.isascii() else "?") for ch in s)
-    return _MINUS.sub("$-$", s)
-
-
-_NUMBER = re.compile(r"^[+-]?\d")
-_MINUS = re.compile(r"(?<![\w-])-(?=\d)")  # a leading minus sign of a number
+def _data_uri(path: Path) -> str:
+    """The image as a data URI (``report.html`` is one file, images included)."""
+    mime = {".png": "image/png", ".svg": "image/svg+xml"}[path.suffix]
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
 def _write_html(report: Report) -> list[Path]:
+    """``report.html``: the sections of ``report.md`` in one self-contained file (the figures embedded)."""
     caps = _captions(report)
     body = [f"<h1>klsweep report: {html.escape(report.sweep_dir.name)}</h1>"]
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report)]
+    figures = {
+        "main": ("eval_bars.png", "In-domain and OOD averages per configuration"),
+        "stability": ("curves.png", "Training curves per configuration"),
+    }
     for t in _sections(report):
         body += [
             f"<h2>{html.escape(TITLES[t])}</h2>",
             f"<p>{html.escape(caps[t])}</p>",
-            _styler(*_view(report, t), "html").set_table_attributes('class="klsweep"').to_html(),
+            _html_table(*_view(report, t)),
         ]
-        if t == "main":
-            body.append('<img src="eval_bars.png" alt="In-domain and OOD averages per configuration">')
-        if t == "stability":
-            body.append('<img src="curves.png" alt="Training curves per configuration">')
-    runs = _runs_view(report)
-    body += ["<h2>Runs</h2>", runs.to_html(index=False, classes="klsweep", na_rep=DASH)]
+        if t in figures and (report.out_dir / figures[t][0]).is_file():
+            name, alt = figures[t]
+            body.append(f'<img src="{_data_uri(report.out_dir / name)}" alt="{html.escape(alt)}">')
+    note = _reference_note(report)
+    if note is not None:
+        body += [f"<h2>{html.escape(TITLES['reference'])}</h2>", f"<p>{html.escape(note)}</p>"]
+    body += ["<h2>Runs</h2>", _html_table(_runs_view(report))]
     doc = (
-        '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report</title><style>'
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report: '
+        + html.escape(report.sweep_dir.name)
+        + "</title><style>"
         "body{font-family:sans-serif;max-width:1400px;margin:auto}"
-        "table.klsweep{border-collapse:collapse;font-size:13px}"
-        "table.klsweep td,table.klsweep th{border-bottom:1px solid #ccc;padding:2px 8px}"
+        "table.klsweep{border-collapse:collapse;font-size:13px;margin-bottom:1em}"
+        "table.klsweep td,table.klsweep th{border-bottom:1px solid #ccc;padding:2px 8px;text-align:left}"
+        "table.klsweep .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}"
         "img{max-width:100%}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
     path = report.out_dir / "report.html"
@@ -198,4 +177,4 @@ def _write_html(report: Report) -> list[Path]:
     return [path]
 
 
-_WRITERS = {"md": _write_md, "csv": _write_csv, "latex": _write_latex, "html": _write_html}
+_WRITERS = {"md": _write_md, "csv": _write_csv, "latex": write_latex, "html": _write_html}

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,8 +329,48 @@ def _captions(report: Report) -> dict[str, str]:
             "and the runs' importance weighting. See docs/KL.md."
         ),
         "reference": (
-            "Figures reported by the study (arXiv 2512.21852, from results/paper_reference.csv) beside ours for "
+            "Figures reported by the study (arXiv 2512.21852, klsweep/report/paper_reference.csv) beside ours for "
             "the configurations whose model, training task, estimator, placement and lag match "
             "(and beta and level where the study gives them)."
         ),
     }
+
+
+# ------------------------------------------------------------------------------------------------ shown axes
+
+KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance")
+
+
+def _kl_on(runs: pd.DataFrame) -> pd.Series:
+    """Per run: whether it trains with a KL term (beta > 0)."""
+    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0)
+
+
+def _labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
+    """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
+    because the runs without KL (beta = 0) show it as "none" (e.g. level "token" for every KL run)."""
+    on = runs[_kl_on(runs)]
+    return [a for a in axes if a not in KL_KEYS or on[a].map(_fmt_value).nunique() > 1]
+
+
+def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
+    """What the labels leave out: "level = token, beta = 0.1 in every run with KL" (or "")."""
+    on = runs[_kl_on(runs)]
+    fixed = [a for a in axes if a not in _labelled_axes(runs, axes) and len(on)]
+    if not fixed:
+        return ""
+    values = ", ".join(f"{SHORT.get(a, a)} = {_fmt_value(on[a].iloc[0])}" for a in fixed)
+    return f"{values} in every run with KL"
+
+
+# a number, count ("2/3"), range ("20–40") or mean ± std, maybe with a note in parentheses ("(n=2)")
+_NUMERIC = re.compile(r"^[+\-−]?\d[\d.]*(e[+-]?\d+)?(/\d+|–\d+)?( ± [\d.]+)?( \(.*\))?$")
+
+
+def _numeric_columns(cells: pd.DataFrame) -> list[bool]:
+    """Per column of a view: every cell a number (or "—"): the columns HTML and LaTeX right-align."""
+    return [
+        bool(len(cells))
+        and bool(cells[c].map(lambda v: str(v) == DASH or bool(_NUMERIC.match(str(v)))).all())
+        for c in cells.columns
+    ]

@@ -155,6 +155,9 @@ def scheduler_states(rows: list[dict[str, Any]], live_only: bool = False) -> dic
             states.update({j: q.get(j, "GONE") for j in slurm_ids})
         else:
             acct = _sacct(slurm_ids)
+            missing = [j for j in slurm_ids if j not in acct]
+            if missing:  # accounting lags a fresh submission: a job squeue lists is live, not "unknown"
+                acct.update({j: s for j, s in (_squeue() or {}).items() if j in missing})
             states.update({j: acct.get(j, "UNKNOWN") for j in slurm_ids})
     for r in rows:
         if r["cluster"] == "local":

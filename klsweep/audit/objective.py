@@ -1,0 +1,312 @@
+"""The GRPO audit: the exact expected update of the trainer's whole objective (GRPO's advantages per
+``scale_rewards`` and ``kl.reward_mode``, the loss type's aggregation; the trainer's own functions in
+``klsweep.grpo``) on the tabular policy of ``exact.py``, and the effective KL gradient it contains. See the
+package docstring."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from klsweep import grpo, kl
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch import Tensor
+
+from klsweep.audit.exact import CONFIGS, MAX_SEQUENCES, TOL, TabularPolicy, exact_kl_gradients
+
+GRPO_LOSS_TYPES = tuple(t for t in grpo.LOSS_TYPES if t != "vespo")  # on-policy gradient -A grad log pi
+MAX_STEPS = 300_000  # enumerated optimiser steps (multisets of completions)
+GRPO_VERDICTS = ("exact", "rescaled", "forward KL", "zero in expectation", "biased")
+
+
+@dataclass(frozen=True)
+class GRPOAuditRow:
+    """One configuration's effective KL gradient in the trainer's objective, against the exact KL gradients.
+
+    ``effective_scale``: the projection of the effective KL gradient ``(E[grad L(beta)] - E[grad L(0)]) / beta``
+    on grad KL(pi||ref), over the squared norm of grad KL(pi||ref), in units of the loss type's aggregation
+    (a plain score-function term ``x(y) grad log pi(y)`` aggregated like the policy loss has scale 1)."""
+
+    estimator: str
+    placement: str
+    level: str
+    reward_mode: str
+    scale_rewards: str
+    loss_type: str
+    group_size: int
+    groups: int  # prompts (groups) per step: only batch scaling depends on it
+    beta: float
+    effective_scale: float
+    cos_reverse: float  # cosine between the effective KL gradient and grad KL(pi||ref)
+    cos_forward: float  # ... and grad KL(ref||pi)
+    rel_err_reverse: float  # ||effective / unit - grad KL(pi||ref)|| / ||grad KL(pi||ref)||
+    rel_norm: float  # ||effective / unit|| / ||grad KL(pi||ref)||
+    verdict: str
+
+
+def _grpo_verdict(row: dict[str, float]) -> str:
+    if row["rel_err_reverse"] < TOL:
+        return "exact"
+    if row["cos_reverse"] > 1 - TOL:
+        return "rescaled"
+    if row["cos_forward"] > 1 - TOL:
+        return "forward KL"
+    if row["rel_norm"] < TOL:
+        return "zero in expectation"
+    return "biased"
+
+
+def _n_steps(vocab: int, length: int, group_size: int, groups: int) -> int:
+    """How many steps ``enumerate_steps`` enumerates: multisets of groups of multisets of sequences."""
+    n_groups = math.comb(vocab**length + group_size - 1, group_size)
+    return math.comb(n_groups + groups - 1, groups)
+
+
+def _validate_grpo(options: dict[str, Any]) -> None:
+    problems = []
+
+    def is_int(x) -> bool:
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+    def is_real(x) -> bool:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+    for name, low in (("vocab", 2), ("length", 1), ("group_size", 2), ("groups", 1)):
+        if not is_int(options[name]) or options[name] < low:
+            problems.append(Problem(name, f"{options[name]!r} is not valid", f"an integer >= {low}"))
+    if not is_int(options["seed"]):
+        problems.append(Problem("seed", f"{options['seed']!r} is not valid", "an integer"))
+    for name in ("ref_distance", "beta"):
+        if not is_real(options[name]) or options[name] <= 0:
+            problems.append(Problem(name, f"{options[name]!r} is not valid", "a finite number > 0"))
+    for name, allowed in (
+        ("scale_rewards", (*grpo.SCALE_REWARDS, "all")),
+        ("reward_mode", (*kl.REWARD_MODES, "all")),
+        ("loss_type", GRPO_LOSS_TYPES),
+    ):
+        if options[name] not in allowed:
+            problems.append(Problem(name, f"{options[name]!r} is not valid", ", ".join(allowed)))
+    if not problems:
+        vocab, length, g, groups = (options[k] for k in ("vocab", "length", "group_size", "groups"))
+        batch = options["scale_rewards"] in ("batch", "all")
+        steps = _n_steps(vocab, length, g, groups if batch else 1)
+        if vocab**length > MAX_SEQUENCES or steps > MAX_STEPS:
+            what = "vocab, length, group_size" + (", groups" if batch else "")
+            problems.append(
+                Problem(
+                    what,
+                    f"{steps} optimiser steps to enumerate ({vocab}**{length} sequences, groups of {g}"
+                    + (f", {groups} groups a step with batch scaling)" if batch else ")"),
+                    f"at most {MAX_STEPS}",
+                )
+            )
+    if problems:
+        raise UserError(problems, title="invalid GRPO audit options")
+
+
+def task_reward_table(n_sequences: int, seed: int) -> Tensor:
+    """The task reward of each sequence: 0 or 1 with probability 1/2 each (like a verifier's), drawn from a
+    generator seeded with ``seed`` (a stream of its own, not the policy's)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 7919)
+    return (torch.rand(n_sequences, generator=g, dtype=torch.float64) < 0.5).to(torch.float64)
+
+
+def _multisets(log_weights: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Every multiset of k of the items 0..n-1 drawn i.i.d. with probabilities exp(log_weights): (items
+    [M, k]; log-probabilities [M]: the multinomial coefficient times the product of the items')."""
+    import torch
+
+    n = log_weights.numel()
+    items = torch.tensor(list(itertools.combinations_with_replacement(range(n), k)), dtype=torch.long)
+    items = items.reshape(-1, k)
+    # prod over distinct items of count! = prod over positions of (1 + earlier positions holding the same item)
+    log_repeats = sum(
+        (1 + (items[:, :j] == items[:, j : j + 1]).sum(-1)).to(log_weights.dtype).log() for j in range(k)
+    )
+    return items, math.lgamma(k + 1) - log_repeats + log_weights[items].sum(-1)
+
+
+def enumerate_steps(probs: Tensor, group_size: int, groups: int = 1) -> tuple[Tensor, Tensor]:
+    """Every optimiser step of ``groups`` groups of ``group_size`` completions drawn i.i.d. from ``probs`` (over
+    sequence indices), up to the order of the completions in a group and of the groups in the step, which no
+    advantage or aggregation depends on: (indices [S, groups x group_size], group after group; probabilities
+    [S], summing to 1). A group is a multiset of sequences and a step a multiset of groups."""
+    group_items, group_log_p = _multisets(probs.log(), group_size)
+    step_items, step_log_p = _multisets(group_log_p, groups)
+    return group_items[step_items].flatten(1), step_log_p.exp()
+
+
+def _objective_gradient(
+    policy: TabularPolicy,
+    seqs: Tensor,
+    loss_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+    weights: Tensor | None,
+    jac: Tensor | None,
+) -> Tensor:
+    """The gradient with respect to pi's logits of ``loss_of(logp, ref_logp, mask)`` [S] (one loss per
+    optimiser step, a row of ``seqs``; per-token log-probs [S, n, T]): per step [S, P], or with ``weights`` [S]
+    the weighted sum [P]. The derivatives with respect to the per-token log-probs are summed per sequence,
+    then taken through the Jacobian of the log-probs."""
+    import torch
+
+    n_seqs, length = policy.seqs.shape
+    logp = policy.token_logp(policy.theta).detach()[seqs].requires_grad_()  # [S, n, T]
+    ref = policy.token_logp(policy.ref)[seqs]
+    loss = loss_of(logp, ref, torch.ones_like(logp, dtype=torch.bool))
+    jac = policy.token_logp_jacobian() if jac is None else jac
+    if weights is not None:
+        (d_logp,) = torch.autograd.grad(loss @ weights, logp)
+        per_seq = torch.zeros(n_seqs, length, dtype=d_logp.dtype)
+        per_seq.index_add_(0, seqs.flatten(), d_logp.flatten(0, 1))
+        return torch.einsum("nt,ntp->p", per_seq, jac)
+    (d_logp,) = torch.autograd.grad(loss.sum(), logp)
+    per_seq = torch.zeros(len(seqs), n_seqs, length, dtype=d_logp.dtype)
+    per_seq.scatter_add_(1, seqs.unsqueeze(-1).expand(-1, -1, length), d_logp)
+    return torch.einsum("snt,ntp->sp", per_seq, jac)
+
+
+def _aggregation(loss_type: str, seqs: Tensor, length: int) -> grpo.Aggregation:
+    """The trainer's aggregation of a step of ``seqs.size(1)`` completions of ``length`` tokens each (dapo's
+    normaliser: the step's tokens; dr_grpo's maximum length: ``length``; no gradient accumulation)."""
+    return grpo.Aggregation(loss_type, tokens=float(seqs.size(1) * length), max_completion_length=length)
+
+
+def grpo_gradients(
+    policy: TabularPolicy,
+    task_reward: Tensor,
+    seqs: Tensor,
+    config: kl.KLConfig,
+    group_size: int,
+    scale_rewards: str,
+    loss_type: str,
+    weights: Tensor | None = None,
+    jac: Tensor | None = None,
+) -> Tensor:
+    """The gradient with respect to pi's logits of the trainer's on-policy objective for each optimiser step
+    (a row of ``seqs``: indices of its completions, group after group) [S, P], or with ``weights`` [S] their
+    weighted sum [P]. The objective is the trainer's own functions: ``grpo.policy_loss`` of the advantages
+    ``grpo.advantages`` (task reward, the detached penalty ``kl.estimate`` when the KL is in the reward,
+    ``config.reward_mode``, ``scale_rewards``), plus ``config.beta`` times ``grpo.kl_loss`` when it is in the
+    loss, aggregated per ``loss_type`` (``_aggregation``)."""
+    in_reward = config.beta > 0 and config.placement in ("reward", "both")
+    in_loss = config.beta > 0 and config.placement in ("loss", "both")
+    aggregation = _aggregation(loss_type, seqs, policy.seqs.size(1))
+    rewards = task_reward[seqs]
+
+    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor) -> Tensor:
+        penalty = kl.estimate(logp.detach(), ref, mask, config.estimator, config.level) if in_reward else None
+        adv = grpo.advantages(rewards, penalty, config.beta, group_size, scale_rewards, config.reward_mode)
+        loss = grpo.policy_loss(adv, logp, mask, aggregation)
+        if in_loss:
+            loss = loss + config.beta * grpo.kl_loss(logp, ref, mask, config, aggregation)
+        return loss
+
+    return _objective_gradient(policy, seqs, loss_of, weights, jac)
+
+
+def grpo_audit(
+    vocab: int = 3,
+    length: int = 2,
+    group_size: int = 4,
+    groups: int = 2,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    beta: float = 0.1,
+    scale_rewards: str = "group",
+    reward_mode: str = "all",
+    loss_type: str = "dapo",
+) -> list[GRPOAuditRow]:
+    """Per configuration (estimator x placement x level, for each reward mode and reward scaling: ``all`` for
+    every one), the exact expected update of the trainer's objective on a random tabular policy (vocabulary
+    ``vocab``, completions of ``length`` tokens), enumerating every step of G = ``group_size`` completions
+    (with ``scale_rewards="batch"``, of ``groups`` groups, which its statistic spans; group and none do not
+    depend on the number of groups and enumerate one). The task reward is ``task_reward_table``; the
+    effective KL gradient ``(E[grad L(beta)] - E[grad L(0)]) / beta`` is compared with grad KL(pi||ref) and
+    grad KL(ref||pi), in the units of the loss type's aggregation (``GRPOAuditRow``)."""
+    _validate_grpo(dict(locals()))
+    policy = TabularPolicy.random(vocab, length, seed, ref_distance, 0.0)
+    g_reverse, g_forward = exact_kl_gradients(policy)
+    jac = policy.token_logp_jacobian()
+    reward = task_reward_table(len(policy.seqs), seed)
+    probs = policy.token_logp(policy.theta).sum(-1).exp()
+    modes = kl.REWARD_MODES if reward_mode == "all" else (reward_mode,)
+    scalings = grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,)
+
+    rows = []
+    for scaling in scalings:
+        n_groups = groups if scaling == "batch" else 1
+        seqs, p = enumerate_steps(probs, group_size, n_groups)
+        unit = _unit(policy, seqs, p, loss_type, g_reverse, jac)
+        no_kl = kl.KLConfig("k1", "reward", beta=0.0)
+        g_zero = grpo_gradients(policy, reward, seqs, no_kl, group_size, scaling, loss_type, p, jac)
+        loss_rows: dict[tuple[str, str], dict[str, float]] = {}  # the KL in the loss ignores the reward mode
+        for mode in modes:
+            for estimator, placement, level in CONFIGS:
+                if placement == "loss" and (estimator, level) in loss_rows:
+                    values = loss_rows[estimator, level]
+                else:
+                    config = kl.KLConfig(estimator, placement, level, beta=beta, reward_mode=mode)
+                    g_beta = grpo_gradients(
+                        policy, reward, seqs, config, group_size, scaling, loss_type, p, jac
+                    )
+                    values = _effective(((g_beta - g_zero) / beta) / unit, g_reverse, g_forward)
+                    if placement == "loss":
+                        loss_rows[estimator, level] = values
+                rows.append(
+                    GRPOAuditRow(
+                        estimator=estimator,
+                        placement=placement,
+                        level=level,
+                        reward_mode=mode,
+                        scale_rewards=scaling,
+                        loss_type=loss_type,
+                        group_size=group_size,
+                        groups=n_groups,
+                        beta=float(beta),
+                        **values,
+                        verdict=_grpo_verdict(values),
+                    )
+                )
+    return rows
+
+
+def _unit(
+    policy: TabularPolicy, seqs: Tensor, p: Tensor, loss_type: str, g_reverse: Tensor, jac: Tensor
+) -> float:
+    """The unit of the loss type's aggregation: a plain score-function term, stopgrad(KL_hat_k1(y)) log pi
+    per token (``kl.token_terms``, reward placement), aggregated like the policy loss, has expected gradient
+    exactly unit x grad KL(pi||ref)."""
+    aggregation = _aggregation(loss_type, seqs, policy.seqs.size(1))
+    plain = kl.KLConfig("k1", "reward", "token")
+
+    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor) -> Tensor:
+        return aggregation(kl.token_terms(logp, ref, mask, plain), mask)
+
+    g_plain = _objective_gradient(policy, seqs, loss_of, p, jac)
+    return (g_plain @ g_reverse / g_reverse.square().sum()).item()
+
+
+def _effective(effective: Tensor, g_reverse: Tensor, g_forward: Tensor) -> dict[str, float]:
+    """The numbers of a GRPOAuditRow for an effective KL gradient already divided by the unit. A gradient
+    zero to ``TOL`` (relative to grad KL(pi||ref)) has cosines 0 by convention: its direction is rounding."""
+    norm = (effective.norm() / g_reverse.norm()).item()
+
+    def cos(other: Tensor) -> float:
+        return 0.0 if norm < TOL else (effective @ other / (effective.norm() * other.norm())).item()
+
+    return {
+        "effective_scale": (effective @ g_reverse / g_reverse.square().sum()).item(),
+        "cos_reverse": cos(g_reverse),
+        "cos_forward": cos(g_forward),
+        "rel_err_reverse": ((effective - g_reverse).norm() / g_reverse.norm()).item(),
+        "rel_norm": norm,
+    }

@@ -1,0 +1,399 @@
+"""A report fit for a paper: figures as small multiples with a legend that is never cut and a vector copy
+beside each PNG (looked at on the fixture sweep and on synthetic sweeps of 14 and 40 configurations), LaTeX
+tables that fit an article page and keep every character (compiled by pdflatex), the study's reference numbers
+shipped in the package (a built wheel, installed elsewhere), and report.html as one self-contained file that a
+real headless browser renders."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import unicodedata
+import zipfile
+from pathlib import Path
+
+import pytest
+import sweepgen
+
+from klsweep import report as rp
+from klsweep.report import figures
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+REPO = Path(__file__).resolve().parents[1]
+CI = os.environ.get("CI") == "true"
+
+
+def _needs(binary: str, package: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        if CI:
+            pytest.fail(f"{binary} missing: apt-get install {package}")
+        pytest.skip(f"{binary} not installed (Debian: {package})")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
+    """The figures (matplotlib Figure objects as saved, and the report) of three sweeps: the fixture (3
+    configurations), the shape of sweeps/tiny.yaml (14) and a wide one (40)."""
+    root = tmp_path_factory.mktemp("figures")
+    sweeps = {
+        "fixture": FIXTURE,
+        "tiny": sweepgen.write_sweep(root / "tiny", sweepgen.tiny_grid(), seeds=3),
+        "wide": sweepgen.write_sweep(root / "wide", sweepgen.wide_grid(), seeds=2),
+    }
+    out: dict[str, dict[str, object]] = {}
+    save = figures._save
+    for name, sweep in sweeps.items():
+        seen: dict[str, object] = {}
+
+        def capture(fig, path, seen=seen):
+            seen[path.stem] = fig
+            return save(fig, path)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(figures, "_save", capture)
+            seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md",))
+        out[name] = seen
+    return out
+
+
+def _renderer(fig):
+    """A renderer of the figure as saved (pyplot's close left it without a canvas of its own)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _inside(inner, outer, tol: float = 0.5) -> bool:
+    return (
+        inner.x0 >= outer.x0 - tol
+        and inner.y0 >= outer.y0 - tol
+        and inner.x1 <= outer.x1 + tol
+        and inner.y1 <= outer.y1 + tol
+    )
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("sweep", ["fixture", "tiny", "wide"])
+def test_every_png_has_a_vector_copy(drawn, sweep):
+    report = drawn[sweep]["report"]
+    for name in ("curves", "eval_bars"):
+        png, pdf = report.out_dir / f"{name}.png", report.out_dir / f"{name}.pdf"
+        assert png in report.paths and pdf in report.paths
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF") and len(data) > 5_000
+        assert b"/Subtype /Image" not in data  # drawn as vectors, not a bitmap inside a PDF
+
+
+@pytest.mark.parametrize("sweep", ["fixture", "tiny", "wide"])
+def test_legends_are_whole_and_cover_nothing(drawn, sweep):
+    for name in ("curves", "eval_bars"):
+        fig = drawn[sweep][name]
+        renderer = _renderer(fig)
+        frame = fig.bbox
+        (legend,) = fig.legends  # one legend, whatever the number of configurations
+        box = legend.get_window_extent(renderer)
+        assert _inside(box, frame), (name, box, frame)  # not cut at an edge
+        for text in legend.get_texts():
+            assert _inside(text.get_window_extent(renderer), frame), text.get_text()
+        for ax in fig.axes:
+            assert not _overlap(box, ax.get_window_extent(renderer)), (
+                name,
+                ax.get_title(),
+            )  # over no bar or curve
+            assert _inside(ax.get_tightbbox(renderer), frame)
+
+
+def test_curves_are_small_multiples_labelled_by_what_varies(drawn):
+    fig = drawn["tiny"]["curves"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["estimator=k1", "estimator=k3", "no KL"]  # level and beta are the same in every KL run
+    rows = [ax.get_ylabel() for ax in fig.axes[:: len(figures.CURVES)]]
+    assert rows == [f"placement={p}\nlag={lag}" for p in ("both", "loss", "reward") for lag in (0, 4)]
+    assert len(fig.axes) == 6 * len(figures.CURVES)
+    for ax in fig.axes:
+        (lines,) = ax.collections[:1]
+        assert len(lines.get_segments()) == 3  # k1, k3 and the no-KL run of that lag
+        assert len({tuple(c) for c in lines.get_colors()}) == 3
+
+    fig = drawn["wide"]["curves"]  # 40 configurations: still one legend, a few lines per panel
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "estimator=k1",
+        "estimator=k2",
+        "estimator=k3",
+        "no KL",
+    ]
+    assert len(fig.axes) == 12 * len(figures.CURVES)
+    assert all(len(ax.collections[0].get_segments()) <= figures.MAX_LINES for ax in fig.axes)
+
+    fig = drawn["fixture"]["curves"]  # 3 configurations: one panel per metric, both axes named
+    assert len(fig.axes) == len(figures.CURVES) and [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "estimator=k1, placement=reward",
+        "estimator=k3, placement=loss",
+        "estimator=k3, placement=reward",
+    ]
+
+
+def test_eval_bars_label_only_what_varies(drawn):
+    (ax,) = drawn["tiny"]["eval_bars"].axes
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0] == "k1 / both / 0" and len(ticks) == 14
+    assert ax.get_xlabel() == "estimator / placement / lag"  # not level, not beta
+
+
+def test_png_edges_are_blank(drawn):
+    """Nothing drawn touches the border of a PNG: no label or legend cut by the canvas."""
+    from matplotlib.image import imread
+
+    for sweep in drawn.values():
+        for name in ("curves", "eval_bars"):
+            pixels = imread(sweep["report"].out_dir / f"{name}.png")[..., :3]
+            for edge in (pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]):
+                assert edge.min() > 0.95, name
+
+
+# ------------------------------------------------------------------------------------------------ LaTeX
+
+NASTY_MODEL = "Qwen2.5-7B Ünïcødé ßøæœ α–Ω µ° ×≤≥→… “q” ‘q’ £ § © ® ¡¿ ç ñ š ő ȧ"
+NASTY_OTHER = "R&D_{x}~50%$#^\\|<>\"'`--a 中文 😀"
+
+
+@pytest.fixture(scope="module")
+def nasty(tmp_path_factory) -> rp.Report:
+    """Models and eval tasks named with LaTeX's specials and non-ASCII characters; 8 eval tasks (a wide
+    table)."""
+    grid = [
+        {
+            "model.name": name,
+            "model.path": f"org/{i}",
+            "kl.estimator": est,
+            "kl.beta": 0.1,
+            "offpolicy.lag": lag,
+        }
+        for i, name in enumerate((NASTY_MODEL, NASTY_OTHER))
+        for est in ("k1", "k3")
+        for lag in (0, 4)
+    ]
+    sweep = sweepgen.write_sweep(
+        tmp_path_factory.mktemp("nasty") / "sweep_ünï",
+        grid,
+        in_domain=("tâche_α", "math500"),
+        ood=("R&D_%$#", "mmlu_college_physics", "mmlu_college_chemistry", "mmlu_college_biology"),
+    )
+    return rp.build_report(sweep, formats=("latex", "html"))
+
+
+def _compile(tmp_path: Path, tex_files: list[Path]) -> subprocess.CompletedProcess:
+    inputs = "\n".join(f"\\input{{{p}}}" for p in tex_files)
+    (tmp_path / "doc.tex").write_text(
+        "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n"
+        "\\tracinglostchars=3\n"  # a character the font lacks is an error, not a silent omission
+        f"\\begin{{document}}\n{inputs}\n\\end{{document}}\n"
+    )
+    return subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_tex_escape_keeps_every_character():
+    from klsweep.report.latex import tex_escape
+
+    for text in (NASTY_MODEL, NASTY_OTHER, "ǘ Ω ε λ ς ı"):
+        out = tex_escape(text)
+        assert out.isascii() and "?" not in out, out  # today: every non-ASCII character but ± Δ became "?"
+    assert tex_escape("a--b") == "a-{}-b"  # not an en dash
+    assert tex_escape("中") == "[U+4E2D]"  # no glyph in LaTeX's fonts: its code point, visibly
+    assert tex_escape("é") == "\\'{e}" and tex_escape("ï") == '\\"{\\i}' and tex_escape("ç") == "\\c{c}"
+
+
+@pytest.mark.parametrize("sweep", ["tiny", "wide", "nasty"])
+def test_latex_tables_fit_an_article_page_and_lose_nothing(sweep, drawn, nasty, tmp_path):
+    _needs("pdflatex", "texlive-latex-base texlive-latex-recommended")
+    if sweep == "nasty":
+        report = nasty
+    else:
+        report = rp.build_report(drawn[sweep]["report"].sweep_dir, tmp_path / "report", formats=("latex",))
+    tex = [report.out_dir / f"{t}.tex" for t in ("main", "stability", "audit")]
+    for p in tex:
+        text = p.read_text()
+        assert text.isascii() and "?" not in text.split("\n", 1)[1]
+    main = tex[0].read_text()
+    assert "status" not in main and "Δ" not in main and "$\\Delta$ in-domain" not in main  # fewer columns
+    assert "\\multicolumn{" in main and "out of domain" in main  # scores grouped under a spanning header
+    proc = _compile(tmp_path, tex)
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "Overfull \\hbox" not in log, [line for line in log.splitlines() if "Overfull" in line]
+    assert "Missing character" not in log
+    if sweep == "nasty":  # the PDF's text: every character of the names is there
+        text = subprocess.run(
+            [_needs("pdftotext", "poppler-utils"), "-layout", str(tmp_path / "doc.pdf"), "-"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        text = unicodedata.normalize("NFKC", text)  # the fonts' Ω is the ohm sign, µ the micro sign
+        pieces = ("Qwen2.5-7B", "ßøæœ", "α–Ω", "µ°", "“q” ‘q’", "£ § © ®", "ç ñ š ő ȧ", "tâche", "R&D")
+        pieces += ("{x}", "50%$#", "\\|<>", "--a", "[U+4E2D][U+6587]", "[U+1F600]")
+        for piece in pieces:
+            assert unicodedata.normalize("NFKC", piece) in text, piece
+
+
+def test_latex_numbers_are_right_aligned(nasty):
+    main = (nasty.out_dir / "main.tex").read_text()
+    spec = re.search(r"\\begin\{tabular\}\{(\w+)\}", main)[1]
+    header = next(line for line in main.splitlines() if line.startswith("model"))
+    columns = [c.strip() for c in header.removesuffix("\\\\").split("&")]
+    assert columns[:3] == ["model", "estimator", "lag"] and columns[3] == "n"
+    assert spec[:2] == "ll" and set(spec[2:]) == {"r"}  # text left, every number right
+
+
+# ------------------------------------------------------------------------------------------------ package data
+
+
+def _reference_sweep(root: Path) -> Path:
+    """A sweep that matches the study's figures: Qwen2.5-7B on MATH, k1 in the reward and k3 in the loss."""
+    grid = [
+        {
+            "model.name": "qwen2.5-7b",
+            "model.path": "Qwen/Qwen2.5-7B",
+            "task.name": "math",
+            "kl.estimator": est,
+            "kl.placement": plc,
+            "kl.beta": 0.05,
+        }
+        for est, plc in (("k1", "reward"), ("k3", "loss"))
+    ]
+    return sweepgen.write_sweep(
+        root / "qwen", grid, in_domain=("klsweep_math500",), ood=("klsweep_mmlu_college_physics",)
+    )
+
+
+@pytest.mark.slow
+def test_reference_numbers_ship_in_a_regular_install(tmp_path):
+    """A wheel of klsweep holds the study's figures, and an install of it (not editable, outside the checkout)
+    puts them beside ours."""
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside pyproject.toml
+    shutil.copytree(REPO / "klsweep", source / "klsweep", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    wheels = tmp_path / "wheels"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = wheels.glob("klsweep-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for member in ("klsweep/report/paper_reference.csv", "klsweep/evaltasks/tiny/utils.py"):
+        assert member in names, member
+    site = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = _reference_sweep(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = (
+        "import klsweep, sys; from klsweep.report import build_report; "
+        f"r = build_report({str(sweep)!r}, formats=('md', 'html')); "
+        "print(klsweep.__file__); print(len(r.reference))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(site)},  # the installed copy, not the checkout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where, count = proc.stdout.split()[-2:]
+    assert Path(where).is_relative_to(site) and int(count) == 2
+    md = (sweep / "report" / "report.md").read_text()
+    assert "0.508" in md and "0.429" in md and "No configuration" not in md
+
+
+def test_reference_in_md_and_html(tmp_path):
+    report = rp.build_report(_reference_sweep(tmp_path), formats=("md", "html"))
+    assert list(report.reference["paper"]) == [0.508, 0.429]
+    html = (report.out_dir / "report.html").read_text()
+    assert "0.508" in html and "MMLU college physics" in html
+    report = rp.build_report(FIXTURE, tmp_path / "fixture", formats=("md", "html"))  # nothing matches
+    for name in ("report.md", "report.html"):
+        text = (report.out_dir / name).read_text()
+        assert "No configuration of this sweep matches a reported figure." in text, name
+        assert "Beside the study" in text, name
+
+
+# ------------------------------------------------------------------------------------------------ HTML
+
+_CHECK = """<script>window.addEventListener('load', () => {
+  const number = document.querySelector('td.num'), text = document.querySelector('td:not(.num)');
+  document.body.setAttribute('data-check', JSON.stringify({
+    images: [...document.images].map(i => i.complete ? i.naturalWidth : -1),
+    number: getComputedStyle(number).textAlign, text: getComputedStyle(text).textAlign}));
+});</script>"""
+
+
+def test_html_is_self_contained_and_renders_in_a_browser(tmp_path):
+    import json
+    from html import unescape
+
+    report = rp.build_report(FIXTURE, tmp_path / "report", formats=("html",))
+    page = (report.out_dir / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 2 and 'src="curves.png"' not in page
+    alone = tmp_path / "alone"  # the file alone, away from the PNGs it was made from
+    alone.mkdir()
+    (alone / "report.html").write_text(page.replace("</body>", _CHECK + "</body>"))
+    browser = _needs("chromium-headless-shell", "chromium-headless-shell")
+    proc = subprocess.run(
+        [
+            browser,
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            (alone / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads(unescape(re.search(r'data-check="([^"]*)"', proc.stdout)[1]))
+    assert len(check["images"]) == 2 and all(w > 100 for w in check["images"]), check  # both figures loaded
+    assert check["number"] == "right" and check["text"] == "left"

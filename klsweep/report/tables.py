@@ -348,7 +348,7 @@ def _kl_on(runs: pd.DataFrame) -> pd.Series:
 
 def _labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
     """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
-    because the runs without KL (beta = 0) show it as "none" (e.g. level "token" for every KL run)."""
+    because the runs without KL (beta = 0) show it as "no KL" (e.g. level "token" for every KL run)."""
     on = runs[_kl_on(runs)]
     return [a for a in axes if a not in KL_KEYS or on[a].map(_fmt_value).nunique() > 1]
 

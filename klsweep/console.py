@@ -61,10 +61,13 @@ def _value(v: Any) -> str:
 
 
 def _sort_key(params: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
-    """Configuration order: axis by axis, numbers before names, numbers by value."""
+    """Configuration order: axis by axis, numbers before names, numbers by value, "no KL" last."""
+    from klsweep.config import NO_KL
+
     return tuple(
         (
             v is None,
+            v == NO_KL,
             isinstance(v, str),
             v if isinstance(v, int | float) and not isinstance(v, bool) else str(v),
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, _none
 from klsweep.report.stability import (
     COLLAPSE_FRACTION,
@@ -75,7 +76,8 @@ class Report:
 
 
 def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
+    """Configuration order: numbers before names, "no KL" after the KL configurations."""
+    return tuple((v is None, v == NO_KL, isinstance(v, str), v if v is not None else 0) for v in values)
 
 
 def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:

@@ -132,9 +132,13 @@ def fitted_tables(
 
 
 def _mean_std(mean: Any, std: Any, fmt: str, std_fmt: str) -> str:
-    """ "0.70±0.14" (no spaces: a number's cell stays one unbreakable word); "—" when there is none."""
+    """ "0.70±0.14" (no spaces: a number's cell stays one unbreakable word); "—" when there is none.
+    ``fmt`` "sig": two significant digits of the mean, the spread to as many decimals."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return DASH
+    if fmt == "sig":
+        decimals = max(0, 1 - math.floor(math.log10(abs(mean)))) if mean else 2
+        fmt = std_fmt = f".{decimals}f"
     s = format(mean, fmt)
     if std is not None and not (isinstance(std, float) and math.isnan(std)):
         s += "±" + format(std, std_fmt)
@@ -200,7 +204,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     for i, cfg in enumerate(cfg_rows):
         row = list(cfg)
         for c in stats:
-            fmt = (".2g", ".1g") if "KL" in c else (".2f", ".2f")
+            fmt = ("sig", "") if "KL" in c else (".2f", ".2f")
             row.append(_mean_std(df[c][i], df[f"{c} std"][i], *fmt))
         with_metrics = int(df["with metrics"][i])
         row.append(f"{df['diverged'][i]}/{df['runs'][i]}")

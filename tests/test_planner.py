@@ -196,7 +196,7 @@ def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys
         assert any(line.split()[:1] == [model] for line in lines), model  # its resources row
     assert "…" not in out
     # 300 runs summarised per axis value, the no-KL runs under one label; the list on request
-    for s in ("estimator k1 ×144, k3 ×144, no KL ×12", "placement both ×96, loss ×96, no KL ×12, reward ×96",
+    for s in ("estimator k1 ×144, k3 ×144, no KL ×12", "placement both ×96, loss ×96, reward ×96, no KL ×12",
               "qwen3-4b-instruct-2507 ×150", "every run: --runs"):  # fmt: skip
         assert s in flat, s
     assert "k3 loss" not in flat

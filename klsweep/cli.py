@@ -340,8 +340,11 @@ def run_command(
     plan = grid_mod.load_plan(grid, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
     cluster = cluster or submit.default_cluster(plan)
-    res = submit.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
+    res = submit.submit(
+        plan, cluster, retry_failed=retry_failed, force=force,
+        on_build=lambda p: console.print(f"building the tiny model (once, cached in {p})", highlight=False),
+    )  # fmt: skip
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
         f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False

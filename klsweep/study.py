@@ -57,15 +57,11 @@ def run_study(
             Problem(str(grid_path), f"several eval suites {sorted(suites)}", "one eval suite per study"),
             title="not a study",
         )
-    if any(r.config["model"].get("path") == "tiny" for r in plan.runs):
-        from klsweep import tinymodel
-
-        # built here, once, before the jobs that would each wait for it in silence
-        tinymodel.tiny_model_path(
-            on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})")
-        )
     on_stage(f"train: {len(plan.runs)} runs on {kind}")
-    submit.submit(plan, kind, retry_failed=retry_failed, chain_eval=False)
+    submit.submit(
+        plan, kind, retry_failed=retry_failed, chain_eval=False,
+        on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
+    )  # fmt: skip
     runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
     on_stage("eval: every finished run and the step-0 baseline")
     outcome = submit.submit_eval(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)

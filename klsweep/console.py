@@ -221,7 +221,7 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
                 f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
                 "" if r.reward is None else f"{r.reward:.3f}",
                 r.eval_state or "",
-                f"{r.elapsed_s / 60:.1f}m",
+                f"{r.elapsed_s / 60:.1f}m" if r.elapsed_s < 6000 else f"{r.elapsed_s / 3600:.1f}h",
                 *([f"{r.gpu_hours:.2f}"] if gpu else []),
                 r.job_id or "",
             ]

@@ -186,7 +186,15 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     )
 
 
-COLOUR = {"done": "green", "failed": "red", "diverged": "magenta", "cancelled": "yellow", "running": "cyan"}
+COLOUR = {
+    "done": "green",
+    "failed": "red",
+    "unreadable": "red",
+    "diverged": "magenta",
+    "collapsed": "magenta",
+    "cancelled": "yellow",
+    "running": "cyan",
+}
 
 
 def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:

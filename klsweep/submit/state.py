@@ -236,17 +236,18 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
 
 
 def final_summary(runs: list[RunStatus], fail_on_diverged: bool = False) -> tuple[str, int]:
-    """The line ``klsweep run --wait`` ends with, and its exit code: 1 when a run (or its eval) failed or
-    was cancelled, and with ``fail_on_diverged`` also when one diverged (a divergence is a result of the
+    """The line ``klsweep run --wait`` ends with, and its exit code: 1 when a run (or its eval) failed, was
+    cancelled or is otherwise not done, and with ``fail_on_diverged`` also when one diverged (a divergence is a result of the
     study, not a failure of the tool: exit 0 unless asked); else 0."""
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.state] = counts.get(r.state, 0) + 1
     evals_failed = sum(r.eval_state in ("failed", "cancelled") for r in runs)
-    parts = [f"{counts[s]} {s}" for s in store.STATES if counts.get(s)]
+    order = [*store.STATES, *sorted(set(counts) - set(store.STATES))]
+    parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
     if evals_failed:
         parts.append(f"{evals_failed} eval(s) failed")
-    bad = counts.get("failed", 0) + counts.get("cancelled", 0) + evals_failed
+    bad = sum(n for s, n in counts.items() if s not in ("done", "diverged")) + evals_failed
     diverged = counts.get("diverged", 0)
     line = ", ".join(parts) or "no runs"
     if diverged:

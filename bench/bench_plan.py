@@ -53,6 +53,38 @@ def main() -> None:
     print(f"planned {n} runs in {planned:.3f} s ({planned / n * 1e6:.1f} us/run); goal < 2 s")
     print(f"naive per-run Hydra compose (50 timed, extrapolated): {naive:.1f} s for {n} runs")
     print(f"speed-up: {naive / planned:.0f}x")
+    scaling(planned, n)
+
+
+def scaling(planned: float, n: int) -> None:
+    """A 10x larger grid (near the default run limit) against the one above: time should grow linearly and
+    memory stay small (unchanged sections are shared between runs); a 2,000,000-run grid is refused before
+    expansion."""
+    import resource
+
+    from klsweep import grid
+
+    big = GRID.replace("range(28)", "range(280)")  # 100,800 runs
+    huge = GRID.replace("range(28)", "range(5600)")  # 2,016,000 runs
+    with tempfile.TemporaryDirectory() as d:
+        path, refused = Path(d) / "big.yaml", Path(d) / "huge.yaml"
+        path.write_text(big)
+        refused.write_text(huge)
+        t = time.perf_counter()
+        plan = grid.load_plan(path, max_runs=200_000)
+        seconds = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            grid.load_plan(refused)
+        except grid.UserError:
+            refusal = time.perf_counter() - t
+    m = len(plan.runs)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # kB on Linux
+    print(
+        f"planned {m} runs in {seconds:.2f} s: {seconds / m / (planned / n):.1f}x the time per run of the "
+        f"{n}-run grid (1x: linear); this process's peak memory: {peak:.0f} MB"
+    )
+    print(f"refused a 2,016,000-run grid in {refusal:.2f} s ({refusal / planned:.2f}x the {n}-run plan)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ def _main(
 
 
 OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
+MaxRunsOpt = Annotated[
+    int | None,
+    typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),
+]
 
 
 def _console(stderr: bool = False):
@@ -186,13 +190,14 @@ def plan_command(
     runs: Annotated[
         bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
     ] = False,
+    max_runs: MaxRunsOpt = None,
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
     or fit its GPUs; nothing is written or submitted)."""
     from klsweep import console, planner
     from klsweep import grid as grid_mod
 
-    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     summary = planner.summary(plan)
     estimates = summary.pop("estimates")
     if as_json:
@@ -253,6 +258,8 @@ def report_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands."""
+    from rich.markup import escape
+
     from klsweep.report import build_report, rich_tables
 
     report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
@@ -262,6 +269,8 @@ def report_command(
 
         for table in rich_tables(report, width=table_width(console)):
             console.print(table)
+    for line in report.set_aside:
+        _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
 
@@ -329,6 +338,7 @@ def run_command(
     out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
         "results"
     ),
+    max_runs: MaxRunsOpt = None,
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
     --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
@@ -337,7 +347,7 @@ def run_command(
     from klsweep import planner, submit
     from klsweep.console import status_table, table_width
 
-    plan = grid_mod.load_plan(grid, overrides, out=out)
+    plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
     cluster = cluster or submit.default_cluster(plan)
     console = _console()
@@ -349,6 +359,8 @@ def run_command(
     console.print(
         f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
     )
+    for line in res.hints():
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if wait and cluster != "debug":
         from rich.progress import Progress
 
@@ -402,9 +414,9 @@ def status_command(
         runs = submit.status(sweep_dir)
         console.print(status_table(runs, title=sweep_dir.name, width=width))
     for r in runs:
-        if r.state == "failed" and r.log_tail:
-            console.print(f"--- {r.run_id} (failed) ---", highlight=False)
-            console.print("\n".join(r.log_tail), highlight=False, markup=False)
+        if r.state in ("failed", "unreadable") and r.log_tail:
+            console.print(f"--- {r.run_id} ({r.state}) ---", highlight=False, markup=False)
+            console.print("\n".join(r.log_tail), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("cancel")

@@ -7,9 +7,13 @@ public vocabulary of grid files and command-line overrides.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+from klsweep import store
 
 
 @dataclass
@@ -162,6 +166,8 @@ class WandbSection:
     mode: str = "auto"  # auto (online when W&B is configured, else offline) | online | offline | disabled
     project: str = "klsweep"
     entity: str | None = None
+    # online: give up on W&B after this long and mirror offline instead (W&B never fails a run)
+    init_timeout_s: float = 30.0
 
 
 @dataclass
@@ -216,3 +222,34 @@ COSMETIC_KEYS: tuple[str, ...] = (
     "model.resources",
     "model.arch",
 )
+
+
+CONFIG_TODO = "rerun `klsweep run` with the sweep's grid (it rewrites config.yaml), or restore the file"
+
+
+def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A run folder's ``config.yaml`` as plain data (what every reader of a run's config calls).
+    ``store.UnreadableFile`` when it is not YAML, not a mapping, or cut short: no final newline, or the
+    sections of a file klsweep wrote (every section, in RunConfig's order) stopping before the last one. A
+    hand-written file may leave sections out (their defaults apply)."""
+    import yaml
+
+    path = Path(run_dir) / store.CONFIG_FILE
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise store.UnreadableFile(path, "not a text file", CONFIG_TODO) from e
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        raise store.UnreadableFile(path, f"not valid YAML: {' '.join(str(e).split())}", CONFIG_TODO) from e
+    if not isinstance(data, dict):
+        raise store.UnreadableFile(path, "not a mapping of config keys", CONFIG_TODO)
+    if not text.endswith("\n"):
+        raise store.UnreadableFile(path, "cut short (no final newline)", CONFIG_TODO)
+    sections = [f.name for f in fields(RunConfig)]
+    present = list(data)
+    if 2 <= len(present) < len(sections) and present == sections[: len(present)]:
+        missing = ", ".join(sections[len(present) :])
+        raise store.UnreadableFile(path, f"cut short (it stops before {missing})", CONFIG_TODO)
+    return data

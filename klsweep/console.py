@@ -200,7 +200,8 @@ COLOUR = {
 def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
     """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, step,
     reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs'
-    log tails are printed separately by the CLI)."""
+    log tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``,
+    as the report counts it."""
     from rich.text import Text
 
     from klsweep.report.terminal import fitted_tables
@@ -225,7 +226,7 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
             [
                 r.run_id,
                 *(_value(shown[r.run_id].get(a)) for a in axes),
-                Text(r.state, style=COLOUR.get(r.state, "")),
+                Text(state := "collapsed" if r.collapsed else r.state, style=COLOUR.get(state, "")),
                 f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
                 "" if r.reward is None else f"{r.reward:.3f}",
                 r.eval_state or "",

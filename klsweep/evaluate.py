@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
-from klsweep.config import EvalSection, ModelSection
+from klsweep.config import EvalSection, ModelSection, read_run_file
 from klsweep.errors import KLSweepError, Problem, UserError
 
 CONF_DIR = Path(__file__).parent / "conf" / "eval"
@@ -259,13 +259,12 @@ def _model_section(config: dict[str, Any]) -> ModelSection:
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` as a dict (``EvalError`` when the folder is not a run)."""
-    from omegaconf import OmegaConf
-
+    """The run's ``config.yaml`` as a dict (``EvalError`` when the folder is not a run,
+    ``store.UnreadableFile`` when the file cannot be read)."""
     path = run_dir / store.CONFIG_FILE
     if not path.is_file():
         raise EvalError(f"{run_dir}: no {store.CONFIG_FILE}: not a run folder")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return read_run_file(run_dir)
 
 
 # ------------------------------------------------------------------------------------------------ lm-eval
@@ -658,8 +657,10 @@ def eval_batch(
 
 
 def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
-    """(runs to evaluate, runs left out -> why, the sweep folder or None for a single run)."""
+    """(runs to evaluate, runs left out -> why, the sweep folder or None for a single run). A run whose
+    status.json or config.yaml cannot be read is left out, named with what to do; a single run raises."""
     if (target / store.CONFIG_FILE).is_file():
+        run_config(target)  # UnreadableFile
         return [target], {}, None
     runs = store.run_dirs(target)
     if not runs:
@@ -672,7 +673,12 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
         )
     chosen, skipped = [], {}
     for run in runs:
-        state = store.read_status(run).get("state", "pending")
+        try:
+            state = store.read_status(run).get("state", "pending")
+            run_config(run)
+        except store.UnreadableFile as e:
+            skipped[str(run)] = f"unreadable: {e.message}"
+            continue
         if state in EVALUATED_STATES:
             chosen.append(run)
         else:
@@ -681,6 +687,10 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
 
 
 def _suite_of_runs(runs: list[Path]) -> EvalSection:
+    if not runs:
+        raise UserError(
+            Problem("TARGET", "no readable run to take the eval settings from", "pass --suite NAME")
+        )
     found = {json.dumps(run_config(r).get("eval", {}), sort_keys=True) for r in runs}
     if len(found) != 1:
         raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
@@ -711,7 +721,8 @@ def eval_request(
     if problems:
         raise UserError(problems, title="invalid eval request")
     runs, skipped, sweep_dir = _targets(target)
-    cfg = load_suite(suite) if suite else _suite_of_runs(runs or store.run_dirs(target))
+    readable = [r for r in store.run_dirs(target) if not skipped.get(str(r), "").startswith("unreadable")]
+    cfg = load_suite(suite) if suite else _suite_of_runs(runs or readable)
     if backend is not None:
         cfg.backend = backend
     cfg = as_eval_section(cfg)

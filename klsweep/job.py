@@ -13,19 +13,24 @@
   (``store.FINAL_MARKER`` in it, ``final_checkpoint`` in the status), so eval scores what the run ended as;
 - drops the training prompts longer than ``train.max_prompt_length`` tokens (``prompts_too_long`` in every
   metrics row says how many);
-- mirrors the metrics to W&B (``config.wandb``; the metrics file stays the source of truth).
+- mirrors the metrics to W&B (``config.wandb``; the metrics file stays the source of truth). W&B never fails
+  a run: when it cannot start online (no network, a bad key: ``wandb.init_timeout_s``) the run mirrors
+  offline instead, and when it breaks during training (its service process killed by a preemption's SIGTERM)
+  the mirroring stops; either way with a line in ``status.json``'s ``warnings`` and on stderr.
 
-Re-running it on a folder resumes from the last complete checkpoint: metrics rows past that checkpoint's step
-are dropped first, so no step is written twice. A folder already ``done`` or ``diverged`` is left as it is
-(its status is returned).
+A preemption (submitit's checkpoint-and-requeue) is not a failure: the run keeps its ``running`` status, and an
+error raised while the job exits (W&B's teardown) does not change that. Re-running it on a folder resumes from
+the last complete checkpoint: metrics.jsonl is cut just before its first
+row past that checkpoint's step (``store.cut_metrics``), so no step is written twice and no row before it is
+lost (an unreadable line is skipped and counted in ``warnings``). A folder already ``done`` or ``diverged`` is
+left as it is (its status is returned).
 
 Divergence is a result, not a crash (``train_run`` returns normally), at the first step where either
 
 - the loss or the gradient norm is not finite (a model whose weights became non-finite, which makes
   sampling fail, counts too), or
-- the task reward collapses: with ``m_t`` the mean task reward of the last ``train.collapse_window`` steps
-  (defined once that many steps exist), and ``peak`` the largest ``m_t`` so far, the run collapses when
-  ``peak >= COLLAPSE_MIN_PEAK`` and ``m_t < train.collapse_fraction * peak``.
+- the task reward collapses: ``klsweep.collapse`` (the rule the report applies too), with the run's
+  ``train.collapse_window`` and ``train.collapse_fraction``.
 
 A diverged run saves its state at the step it stopped (``checkpoint-<step>``, marked ``diverged``).
 
@@ -47,6 +52,7 @@ imported.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -56,14 +62,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.collapse import find_collapse
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
     from klsweep.trainer import KLGRPOTrainer
 
-COLLAPSE_MIN_PEAK = 0.1  # a collapse needs a windowed task reward at least this high to fall from
 ERROR_LINES = 30  # traceback lines kept in status.json
+MAX_WARNINGS = 20  # warnings of earlier attempts kept in status.json
 
 # metrics.jsonl key <- TRL/Trainer log key
 ROW_KEYS: dict[str, str] = {
@@ -86,19 +93,21 @@ _ROW_SOURCES = frozenset(ROW_KEYS.values())  # log keys already mapped to a row 
 
 _live_trainer: KLGRPOTrainer | None = None  # the trainer training in this process, for save_on_preemption
 _deferred_signal: Callable[[], Any] | None = None  # a preemption handler waiting for the end of the step
+_live_monitor: _RunMonitor | None = None  # its monitor: the last step whose metrics row was written
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
     """The RunConfig of a run folder (``config.yaml`` over the schema's defaults)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import LEGACY_VALUES, RunConfig
+    from klsweep.config import LEGACY_VALUES, RunConfig, read_run_file
 
     path = Path(run_dir) / store.CONFIG_FILE
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
+    data = read_run_file(run_dir)
     try:
-        loaded = OmegaConf.load(path)
+        loaded = OmegaConf.create(data)
         for key, value in LEGACY_VALUES.items():  # a folder written before the key existed
             if OmegaConf.select(loaded, key, default=None) is None:
                 OmegaConf.update(loaded, key, value, force_add=True)
@@ -113,8 +122,11 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
+    from klsweep.config import read_run_file
+
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
+        read_run_file(run_dir)  # UnreadableFile when it was cut short
         existing = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         if existing != config:
             raise UserError(
@@ -131,7 +143,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
 
 def train_run(run_dir: str | Path) -> dict[str, Any]:
     """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
-    global _live_trainer, _deferred_signal
+    global _live_trainer, _live_monitor, _deferred_signal
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     status = store.read_status(run_dir)
@@ -143,8 +155,18 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     found = [c for c in store.checkpoints(run_dir) if (c / TRAINER_STATE).exists()]
     resume = found[-1] if found else None
     resume_step = store.checkpoint_step(resume) if resume else 0
-    kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
-    base_elapsed = kept[-1]["elapsed_s"] if kept else 0.0
+    warnings: list[str] = list(status.get("warnings") or [])[-MAX_WARNINGS:]  # earlier attempts' too
+    if is_main:
+        kept, bad = store.cut_metrics(run_dir, resume_step)
+        if bad:
+            _warn(
+                warnings,
+                f"{run_dir / store.METRICS_FILE}: {len(bad)} unreadable line(s) skipped "
+                f"(line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})",
+            )
+    else:
+        kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
+    base_elapsed = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
     started = time.time()
     fields: dict[str, Any] = {
         "step": resume_step,
@@ -155,22 +177,26 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         "started_at": status.get("started_at") or started,
         "finished_at": None,
         "elapsed_s": base_elapsed,
+        "warnings": warnings,
     }
     if is_main:
-        store.atomic_write_text(run_dir / store.METRICS_FILE, "".join(_json_line(row) for row in kept))
         status = store.write_status(run_dir, "running", **fields)
 
     _use_allocated_cpus(config)
-    monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main)
+    monitor = _RunMonitor(run_dir, config, kept, base_elapsed, started, is_main, warnings)
     wandb_run = None
     try:
         if is_main:
-            wandb_run = _init_wandb(config, run_dir)
-        trainer = build_trainer(config, run_dir, report_to_wandb=wandb_run is not None)
+            wandb_run = _init_wandb(config, run_dir, monitor.warn)
+        # W&B through a guarded callback only: with report_to=["wandb"], TRL also calls wandb.log directly
+        # (its profiling timings), unguarded
+        trainer = build_trainer(config, run_dir)
         monitor.constants["prompts_too_long"] = float(trainer.prompts_too_long)
         trainer.add_callback(monitor.callback())
         trainer.add_callback(_preemption_callback(trainer))
-        _live_trainer = trainer
+        if wandb_run is not None:
+            trainer.add_callback(_wandb_callback(monitor.warn))
+        _live_trainer, _live_monitor = trainer, monitor
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         except RuntimeError as e:
@@ -181,16 +207,24 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if monitor.diverged:
             fields.update(diverged_step=monitor.diverged[0], reason=monitor.diverged[1])
         fields["final_checkpoint"] = _save_final(trainer, state, fields["reason"], is_main)
-    except Exception:
+    except Exception as e:
+        exiting = _exit_in_flight(e)
+        if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
+            raise exiting from None
         state = "failed"
         lines = traceback.format_exc().rstrip().splitlines()
         fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
     finally:
-        _live_trainer = _deferred_signal = None  # a signal after the last step: the run is final anyway
+        # a signal after the last step: the run is final anyway
+        _live_trainer = _live_monitor = _deferred_signal = None
         fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
         if wandb_run is not None:
-            wandb_run.finish()
+            try:  # on a preemption wandb's service process is gone: its teardown raises
+                wandb_run.finish()
+            except Exception as e:
+                monitor.warn(f"W&B: finishing the run failed ({_one_line(e)}); metrics.jsonl is complete")
     fields["finished_at"] = time.time()
+    fields["warnings"] = monitor.warnings
     if is_main:
         return store.write_status(run_dir, state, **fields)
     return {**status, **fields, "state": state}
@@ -222,10 +256,15 @@ def defer_to_step_end(handler: Callable[[], Any]) -> bool:
 def save_on_preemption() -> None:
     """Save a checkpoint of the trainer training in this process, if any (before a requeue). A no-op after the
     step-end save of ``defer_to_step_end``. Without it, only a one-process run is saved here: one rank alone
-    cannot save a checkpoint of many (the others' lag buffers; FSDP's collective save would hang)."""
+    cannot save a checkpoint of many (the others' lag buffers; FSDP's collective save would hang). Not when
+    its last step's metrics row is not written yet (the signal came between an optimiser step and its log):
+    resuming from such a checkpoint would lose that row, so the resume redoes the step from the checkpoint
+    before."""
     trainer = _live_trainer
     if trainer is None or trainer.state.global_step == 0 or trainer.accelerator.num_processes > 1:
         return
+    if _live_monitor is not None and _live_monitor.last_step < trainer.state.global_step:
+        return  # this step's metrics row is not written yet: the resume redoes it from the last checkpoint
     folder = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
     if (folder / TRAINER_STATE).exists():
         return  # this step is saved already
@@ -321,21 +360,6 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     return trainer
 
 
-def reward_collapse(
-    rewards: list[float | None], window: int, fraction: float, min_peak: float = COLLAPSE_MIN_PEAK
-) -> str | None:
-    """Why the task reward has collapsed at the last step of ``rewards`` (one per step), or None. See the module
-    docstring; steps with no reward (None or nan) are skipped."""
-    values = [r for r in rewards if r is not None and math.isfinite(r)]
-    if window < 1 or len(values) < window:
-        return None
-    means = [sum(values[i - window + 1 : i + 1]) / window for i in range(window - 1, len(values))]
-    peak, now = max(means), means[-1]
-    if peak >= min_peak and now < fraction * peak:
-        return f"reward collapse: mean task reward over the last {window} steps {now:.4g} < {fraction} x peak {peak:.4g}"
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------- internals
 
 
@@ -351,9 +375,11 @@ class _RunMonitor:
         base_elapsed: float,
         started: float,
         is_main: bool,
+        warnings: list[str] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.config = config
+        self.steps = [row.get("step", 0) for row in kept]
         self.rewards = [row.get("reward_mean") for row in kept]
         self.last_step = kept[-1]["step"] if kept else 0
         self.base_elapsed = base_elapsed
@@ -361,6 +387,13 @@ class _RunMonitor:
         self.is_main = is_main
         self.diverged: tuple[int, str] | None = None
         self.constants: dict[str, float] = {}  # facts of the run repeated in every row
+        self.warnings = warnings if warnings is not None else []
+
+    def warn(self, text: str) -> None:
+        """Record a warning: stderr (the job's log) and, on rank 0, status.json's ``warnings``."""
+        _warn(self.warnings, text)
+        if self.is_main and (self.run_dir / store.STATUS_FILE).exists():
+            store.write_status(self.run_dir, store.read_status(self.run_dir)["state"], warnings=self.warnings)
 
     def elapsed(self) -> float:
         return self.base_elapsed + time.time() - self.started
@@ -393,7 +426,7 @@ class _RunMonitor:
                 and not isinstance(value, bool)
             ):
                 row[key] = _number(value)
-        self.last_step = step
+        self.steps.append(step)
         self.rewards.append(row["reward_mean"])
 
         reason = None
@@ -403,15 +436,19 @@ class _RunMonitor:
                 reason = f"non-finite {key} ({value})"
                 break
         if reason is None:
-            reason = reward_collapse(
-                self.rewards, self.config.train.collapse_window, self.config.train.collapse_fraction
-            )
+            train = self.config.train
+            collapse = find_collapse(self.steps, self.rewards, train.collapse_window, train.collapse_fraction)
+            reason = collapse.reason if collapse is not None else None
         if reason is not None:
             self.diverged = (step, reason)
             control.should_training_stop = True
             control.should_save = True  # the state it diverged at: eval scores what the run ended as
         if self.is_main:
             store.append_jsonl(self.run_dir / store.METRICS_FILE, row)
+        self.last_step = (
+            step  # only now: a preemption save needs this step's row written (save_on_preemption)
+        )
+        if self.is_main:
             store.write_status(self.run_dir, "running", step=step, elapsed_s=row["elapsed_s"])
         return control
 
@@ -462,10 +499,16 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _json_line(row: dict[str, Any]) -> str:
-    import json
+def _warn(warnings: list[str], text: str) -> None:
+    import sys
 
-    return json.dumps(row) + "\n"
+    warnings.append(text)
+    print(f"klsweep warning: {text}", file=sys.stderr, flush=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def _is_non_finite_sampling(error: RuntimeError) -> bool:
@@ -500,9 +543,11 @@ def wandb_tags(config: RunConfig) -> list[str]:
     ]
 
 
-def _init_wandb(config: RunConfig, run_dir: Path):
+def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
     """A W&B run for this run folder (group = sweep name, tags = axes, name and id from ``klsweep.tracking``,
-    files under ``run_dir/wandb/``), or None."""
+    files under ``run_dir/wandb/``), or None. Online fails within ``wandb.init_timeout_s`` when W&B cannot be
+    reached (or the key is refused): then offline, with a warning; if even that fails, no W&B at all, with a
+    warning. Never raises."""
     mode = _wandb_mode(config.wandb.mode)
     if mode == "disabled":
         return None
@@ -512,8 +557,9 @@ def _init_wandb(config: RunConfig, run_dir: Path):
 
     from klsweep import tracking
 
+    folder = run_dir / "wandb"
     resolved = dataclasses.asdict(config)
-    return wandb.init(
+    kwargs: dict[str, Any] = dict(
         project=config.wandb.project,
         entity=config.wandb.entity,
         group=config.name,
@@ -523,5 +569,65 @@ def _init_wandb(config: RunConfig, run_dir: Path):
         tags=wandb_tags(config),
         config=resolved,
         dir=str(run_dir),  # W&B writes <run_dir>/wandb/offline-run-* (or run-*)
-        mode=mode,
     )
+    if mode == "online":
+        try:
+            settings = wandb.Settings(init_timeout=float(config.wandb.init_timeout_s))
+            return wandb.init(**kwargs, mode="online", settings=settings)
+        except Exception as e:
+            warn(
+                f"W&B online failed ({_one_line(e)}): mirroring offline to {folder} instead "
+                "(upload later with `wandb sync`); metrics.jsonl is complete"
+            )
+            with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
+                wandb.teardown()
+    try:
+        return wandb.init(**kwargs, mode="offline")
+    except Exception as e:
+        warn(f"W&B offline failed too ({_one_line(e)}): not mirrored; metrics.jsonl is complete")
+        return None
+
+
+_WANDB_EVENTS = ("setup", "on_train_begin", "on_train_end", "on_log", "on_save", "on_evaluate", "on_predict")
+
+
+def _exit_in_flight(error: BaseException) -> SystemExit | None:
+    """The SystemExit that ``error`` was raised while handling, if any (submitit exits after requeueing a
+    preempted job; cleanup code that then fails must not make the preemption a failure)."""
+    seen: set[int] = set()
+    context = error.__context__
+    while context is not None and id(context) not in seen:
+        if isinstance(context, SystemExit):
+            return context
+        seen.add(id(context))
+        context = context.__context__
+    return None
+
+
+def _wandb_callback(warn: Callable[[str], None]) -> Any:
+    """transformers' W&B callback, except that its first failure (W&B gone mid-run, e.g. its service process
+    killed by a preemption's SIGTERM) ends the mirroring with a warning instead of the run."""
+    from transformers.integrations import WandbCallback
+
+    class GuardedWandbCallback(WandbCallback):
+        broken = False
+
+    def guard(name: str) -> Callable[..., Any]:
+        method = getattr(WandbCallback, name)
+
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.broken:
+                return None
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                self.broken = True
+                warn(f"W&B mirroring stopped ({_one_line(e)}); metrics.jsonl is complete")
+                return None
+
+        return guarded
+
+    for name in _WANDB_EVENTS:
+        if hasattr(WandbCallback, name):
+            setattr(GuardedWandbCallback, name, guard(name))
+    return GuardedWandbCallback()

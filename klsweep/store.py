@@ -21,7 +21,11 @@ Layout (one sweep)::
             logs/                  stdout/stderr of the jobs that ran it (links or copies)
         report/                    tables and plots (`klsweep report`)
 
-Every write goes through a temporary file and an atomic rename, so a reader never sees half a file.
+Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the
+JSONL files are appended to line by line. What a reader does when a file is damaged anyway (a full disk, a copy
+cut short, a hand edit): a JSONL line that is not a JSON object is skipped and counted (``scan_jsonl``), never
+the rows after it; a status.json that cannot be read raises ``UnreadableFile``, which names the file and what
+to do, so that callers can set that one run aside and carry on with the others.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from klsweep.errors import Problem, UserError
 
 STATES = ("pending", "running", "done", "failed", "diverged", "cancelled")
 FINAL_STATES = ("done", "failed", "diverged", "cancelled")
@@ -46,6 +52,24 @@ SWEEP_FILE = "sweep.yaml"
 BASELINE_DIR = "baseline"
 REPORT_DIR = "report"
 FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
+
+
+class UnreadableFile(UserError):
+    """A run's file that cannot be read (cut short, not JSON/YAML, not a mapping): the run is "unreadable"."""
+
+    def __init__(self, path: str | os.PathLike, what: str, todo: str):
+        self.path = Path(path)
+        self.what = what
+        self.todo = todo
+        super().__init__(Problem(str(path), f"{what}; {todo}"), title="unreadable run file")
+
+    @property
+    def message(self) -> str:
+        """One line: the file, what is wrong with it, what to do."""
+        return f"{self.path}: {self.what}; {self.todo}"
+
+
+STATUS_TODO = "delete it and rerun `klsweep run`: the run resumes from its last checkpoint"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -79,18 +103,28 @@ def _json_default(o: Any) -> Any:
 
 
 def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's status; a folder with no status file is 'pending'."""
+    """The run's status; a folder with no status file is 'pending'. ``UnreadableFile`` when the file is not a
+    JSON object with a known state."""
     p = Path(run_dir) / STATUS_FILE
-    if not p.exists():
+    try:
+        status = read_json(p)
+    except FileNotFoundError:
         return {"state": "pending", "step": 0}
-    return read_json(p)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UnreadableFile(p, f"not valid JSON (cut short?): {e}", STATUS_TODO) from e
+    if not isinstance(status, dict) or status.get("state") not in STATES:
+        raise UnreadableFile(p, "not a status (a JSON object with a known state)", STATUS_TODO)
+    return status
 
 
 def write_status(run_dir: str | os.PathLike, state: str, **fields: Any) -> dict[str, Any]:
-    """Update the status file, keeping the fields not given; stamps updated_at."""
+    """Update the status file, keeping the fields not given (none of an unreadable one); stamps updated_at."""
     if state not in STATES:
         raise ValueError(f"state {state!r} is not one of {', '.join(STATES)}")
-    status = read_status(run_dir) if (Path(run_dir) / STATUS_FILE).exists() else {}
+    try:
+        status = read_status(run_dir) if (Path(run_dir) / STATUS_FILE).exists() else {}
+    except UnreadableFile:
+        status = {}
     status.update(fields)
     status["state"] = state
     status["updated_at"] = time.time()
@@ -108,25 +142,75 @@ def append_jsonl(path: str | os.PathLike, row: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All complete lines of a JSONL file (a torn last line from a killed writer is ignored)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    rows = []
-    with open(p) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+    """Every row of a JSONL file; unreadable lines are skipped (``scan_jsonl``)."""
+    return scan_jsonl(path)[0]
+
+
+def scan_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a JSONL file (its lines that are JSON objects) and the numbers (1-based) of the lines that are
+    not: a torn line is skipped and counted, and the rows after it are kept. An unfinished last line (no
+    newline: a writer killed mid-line) is ignored without being counted."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return [], []
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = _json_object(line)
+        if row is not None:
+            rows.append(row)
+        elif number < len(lines):  # the last element follows the last newline: unfinished
+            bad.append(number)
+    return rows, bad
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return read_jsonl(Path(run_dir) / METRICS_FILE)
+
+
+def cut_metrics(run_dir: str | os.PathLike, step: int) -> tuple[list[dict[str, Any]], list[int]]:
+    """Before a resume from the checkpoint of ``step``: cut metrics.jsonl just before its first row past
+    ``step`` (and an unfinished last line), leaving every line before it as it is. Returns the rows kept and the
+    numbers of the unreadable lines among them (skipped, as ``scan_jsonl`` does)."""
+    p = Path(run_dir) / METRICS_FILE
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return [], []
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    offset, cut = 0, len(data)
+    for number, line in enumerate(data.splitlines(keepends=True), 1):
+        row = _json_object(line)
+        if (row is not None and row.get("step", 0) > step) or (row is None and not line.endswith(b"\n")):
+            cut = offset  # the first row past the checkpoint, or an unfinished last line
+            break
+        if row is not None:
+            rows.append(row)
+        elif line.strip():
+            bad.append(number)
+        offset += len(line)
+    if cut < len(data) or (data and not data.endswith(b"\n")):
+        with open(p, "r+b") as f:
+            f.truncate(cut)
+            if cut and data[cut - 1 : cut] != b"\n":  # a complete last row written without its newline
+                f.seek(cut)
+                f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return rows, bad
 
 
 def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -157,8 +241,6 @@ def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
 
 def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "results") -> Path:
     """A sweep folder, or the name of one under ``results_root``; UserError if neither exists."""
-    from klsweep.errors import Problem, UserError
-
     p, q = Path(sweep), Path(results_root) / str(sweep)
     for candidate in (p, q):
         if candidate.is_dir():
@@ -173,6 +255,39 @@ def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "r
         ),
         title="no such sweep",
     )
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    """``path``, or its nearest ancestor that exists."""
+    p = Path(path).absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return p
+
+
+def not_a_folder(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be (or become) a folder: a file is there or on the way; None when it can."""
+    p = _existing(folder)
+    if p.is_dir():
+        return None
+    on_the_way = f" (on the way to {folder})" if p != Path(folder).absolute() else ""
+    return f"{p} is a file, not a folder{on_the_way}"
+
+
+def check_writable(folder: str | os.PathLike, where: str, todo: str) -> None:
+    """``UserError`` (located at ``where``, saying ``todo``) unless files can be written in ``folder``, or in the
+    folder it would be created in. Tries it: permission bits, read-only mounts and a file in the way all count."""
+    what = not_a_folder(folder)
+    if what is not None:
+        raise UserError(Problem(where, what, todo), title="cannot write there")
+    p = _existing(folder)
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        raise UserError(
+            Problem(where, f"cannot write in {p}: {e.strerror or e}", todo), title="cannot write there"
+        ) from e
 
 
 def cache_dir() -> Path:

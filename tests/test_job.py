@@ -213,11 +213,18 @@ def test_reward_collapse_diverges(tmp_path, model_dir, monkeypatch):
 
 
 def test_reward_collapse_rule():
-    assert job.reward_collapse([1.0, 1.0, 0.4], window=1, fraction=0.5) is not None
-    assert job.reward_collapse([1.0, 1.0, 0.6], window=1, fraction=0.5) is None
-    assert job.reward_collapse([0.05, 0.0], window=1, fraction=0.5) is None  # peak below the minimum
-    assert job.reward_collapse([1.0, None, math.nan, 0.0, 0.0], window=2, fraction=0.5) is not None
-    assert job.reward_collapse([1.0], window=2, fraction=0.5) is None  # no full window yet
+    from klsweep.collapse import find_collapse
+
+    def collapse(rewards, window):
+        found = find_collapse(range(1, len(rewards) + 1), rewards, window, 0.5)
+        return found and found.step
+
+    assert collapse([1.0, 1.0, 0.4], window=1) == 3
+    assert collapse([1.0, 1.0, 0.6], window=1) is None
+    assert collapse([0.05, 0.0], window=1) is None  # peak below the minimum
+    assert collapse([1.0, None, math.nan, 0.0, 0.0], window=2) == 4  # missing rewards are skipped
+    assert collapse([1.0], window=2) is None
+    assert collapse([0.19, 0.0, 0.0], window=10) == 3  # inside the first window
 
 
 def test_nan_loss_stops_the_run(tmp_path, model_dir):

@@ -267,7 +267,7 @@ REFUSED = {
             "train.prompts_per_step=64",
             "train.max_completion_length=1024",
         ],
-        ["but a GPU has 40", "(activations", "train.micro_batch_size=8 (~"],
+        ["but a GPU has 40", "(activations", "reference gather", "train.micro_batch_size=4 (~"],
     ),
     "chat template differs from training": (
         ["model=qwen2.5-7b", "eval=paper", "eval.apply_chat_template=true"],
@@ -309,7 +309,10 @@ def test_the_suggested_change_fits(tmp_path):
             "train.prompts_per_step=64",
             "train.max_completion_length=1024",
         ],
-        ["model=qwen2.5-7b", "model.resources.gpu_memory_gb=24"],  # more GPUs
+        [
+            "model=qwen2.5-7b",
+            "model.resources.gpu_memory_gb=40",
+        ],  # more GPUs (the reference gathers whole: 14 GiB)
         ["model=llama-3.1-8b-instruct", "train.sharding=none"],  # sharding
     ):
         with pytest.raises(grid.UserError) as e:

@@ -127,8 +127,12 @@ def test_collapse_on_crafted_curves():
     # window 3: step 16 averages (0.8, 0.8, 0.1) = 0.57, step 17 (0.8, 0.1, 0.1) = 0.33 < 0.4
     assert rp.collapse_step(steps, up_down, window=3) == 17
     assert rp.collapse_step(steps, [0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
-    assert rp.collapse_step(steps, up_down[:20] + [0.8] * 5, window=1) is None  # dips, then recovers
-    assert rp.collapse_step(steps, [0.0] * 25) is None  # no positive peak
+    # the trainer's rule: the first step below, where the trainer stops the run (a dip is a collapse)
+    assert rp.collapse_step(steps, up_down[:20] + [0.8] * 5, window=1) == 16
+    assert rp.collapse_step(steps, [0.0] * 25) is None  # no peak to fall from
+    assert rp.collapse_step(steps, [0.05] * 5 + [0.0] * 20) is None  # a peak below klsweep.collapse.MIN_PEAK
+    # inside the first window: 0.19 then 0 from step 2; means 0.19, 0.095, 0.063 < 0.5 x 0.19 at step 3
+    assert rp.collapse_step(steps, [0.19] + [0.0] * 24, window=10) == 3
     assert rp.collapse_step(steps, up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
     assert rp.collapse_step([], []) is None
 

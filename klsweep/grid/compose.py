@@ -1,6 +1,8 @@
 """How a run's config is made: Hydra composes ``klsweep/conf`` (plus the search path) once per distinct
 combination of config-group choices, the composed values are checked, and each run's own values are set
-on a copy as plain data. Also the options of each config group (for value checks and ``glob(...)``)."""
+as plain data on a copy of the composed config that copies only the sections the run changes (the others are
+shared: a plan of 100,000 runs holds one copy of each unchanged section). Also the options of each config
+group (for value checks and ``glob(...)``)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Composer:
         self.problems = problems
         self.options: dict[str, list[str]] = {}
         self.composed: dict[tuple, tuple[str, dict[str, Any]] | None] = {}
+        self.bases: dict[tuple, dict[str, Any]] = {}  # group choices -> the composed config, parsed once
 
     def group_options(self, group: str) -> list[str]:
         if group not in self.options:
@@ -92,20 +95,28 @@ class Composer:
         return result
 
     def build(self, name: str, assignment: dict[str, Any]) -> tuple[dict, dict[str, Any]] | None:
-        """One run's resolved config and group choices."""
+        """One run's resolved config and group choices. The config shares the sections it does not change
+        with the composed config (and so with the other runs): read-only."""
         choices = tuple((g, assignment[g]) for g in GROUPS if g in assignment)
         composed = self.compose(choices)
         if composed is None:
             return None
-        base, picked = composed
-        config = json.loads(base)
+        if choices not in self.bases:
+            self.bases[choices] = json.loads(composed[0])
+        config = dict(self.bases[choices])
         config["name"] = name
+        owned: set[int] = set()  # the sections copied for this run
         for key, value in assignment.items():
             if key in GROUPS:
                 continue
             node = config
             *parents, leaf = key.split(".")
             for p in parents:
-                node = node.setdefault(p, {})
+                child = node.get(p)
+                if not isinstance(child, dict) or id(child) not in owned:
+                    child = dict(child) if isinstance(child, dict) else {}
+                    owned.add(id(child))
+                    node[p] = child
+                node = child
             node[leaf] = json.loads(json.dumps(value)) if isinstance(value, list | dict) else value
-        return config, picked
+        return config, composed[1]

@@ -42,6 +42,7 @@ def expand(
     matched = [0] * len(excludes)
     excluded = 0
     effective: dict[str, list[Any]] = {}
+    memo: dict[tuple[str, int], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
     for axes in products:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
@@ -59,7 +60,7 @@ def expand(
                 continue
             config, choices = built
             values = [choices[k] if k in choices else lookup(config, k) for k in all_axes]
-            rid = run_id(config)
+            rid = run_id(config, memo)
             if rid not in runs:
                 runs[rid] = PlannedRun(rid, {}, config, sweep_dir / rid)
                 effective[rid] = values

@@ -1,13 +1,20 @@
 """The entry points: ``load_plan`` (a grid file and command-line overrides -> a ``Plan``) and
 ``compose_run_config`` (one run's file and overrides -> its resolved config). They only orchestrate:
 ``parse`` reads the file, a ``_Builder`` reads and checks keys and values and composes configs, ``expand``
-makes the runs; every problem is collected before one ``UserError`` is raised."""
+makes the runs; every problem is collected before one ``UserError`` is raised.
+
+A grid's size is counted before anything is expanded or checked (the product of its axis sizes, per sub-grid,
+before excludes: ``range(10**6)`` is never listed): above ``max_runs`` (``--max-runs``, ``$KLSWEEP_MAX_RUNS``,
+default ``DEFAULT_MAX_RUNS``) it is refused at once."""
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Any
 
+from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.grid import expand, parse
 from klsweep.grid.compose import Composer
@@ -17,6 +24,8 @@ from klsweep.grid.schema import Schema
 from klsweep.grid.validate import Values
 
 DEFAULT_OUT = "results"
+DEFAULT_MAX_RUNS = 100_000
+MAX_RUNS_ENV = "KLSWEEP_MAX_RUNS"
 
 
 class _Builder:
@@ -35,11 +44,17 @@ def load_plan(
     overrides: list[str] | None = None,
     out: str | Path | None = None,
     config_dirs: list[str] | None = None,
+    max_runs: int | None = None,
 ) -> Plan:
-    """Read, compose and validate a grid file; raise ``UserError`` listing every problem."""
+    """Read, compose and validate a grid file; raise ``UserError`` listing every problem. A grid of more than
+    ``max_runs`` runs (default: ``$KLSWEEP_MAX_RUNS``, else ``DEFAULT_MAX_RUNS``) is refused before it is
+    expanded."""
     path = Path(grid_path)
     where = str(grid_path)
     problems: list[Problem] = []
+    limit = _limit(max_runs, problems)
+    if out is not None and (what := store.not_a_folder(out)) is not None:
+        problems.append(Problem("--out", what, "a folder (made if missing) to hold the sweep folders"))
     text, data = parse.read_grid_file(path, where, problems)
     name = parse.sweep_name(data, where, problems)
 
@@ -49,13 +64,28 @@ def load_plan(
         raise UserError(problems, title="invalid grid")
     b = _Builder(searchpath, problems)
 
-    base = b.reader.assignments(data.get("base"), f"{where}: base", allow_name=False)
     grids = parse.sub_grids(data.get("grid"), where, problems)
+    count = _count_runs(b.reader, grids, overrides or [])
+    if count > limit:
+        problems.append(
+            Problem(
+                f"{where}: grid",
+                f"{count:,} runs (the product of the axis sizes, before excludes) is more than the limit of "
+                f"{limit:,}",
+                f"at most {limit:,} runs: split the grid, or raise the limit with --max-runs N "
+                f"(or {MAX_RUNS_ENV}=N)",
+            )
+        )
+        raise UserError(problems, title="grid too large")
+    base = b.reader.assignments(data.get("base"), f"{where}: base", allow_name=False)
     axes_by_grid = [
         {k: b.reader.axis(k, v, f"{where}: {label}.{k}") for k, v in g.items()} for label, g in grids
     ]
     file_axes = {k for axes in axes_by_grid for k in axes}
     cmd_single, cmd_sweep = b.reader.command_line(overrides or [])
+    if "name" in cmd_sweep:
+        problems.append(Problem("command line: name", "a sweep has one name", "name=NAME"))
+    name = cmd_single.pop("name", name)  # name=NAME renames the sweep: results/NAME/
     cmd_keys = set(cmd_single) | set(cmd_sweep)
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
     if problems:
@@ -79,6 +109,40 @@ def load_plan(
     return Plan(name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text)
 
 
+def _limit(max_runs: int | None, problems: list[Problem]) -> int:
+    """The largest grid allowed: ``max_runs``, else ``$KLSWEEP_MAX_RUNS``, else ``DEFAULT_MAX_RUNS``."""
+    if max_runs is not None:
+        if max_runs < 1:
+            problems.append(Problem("--max-runs", f"{max_runs}", "an integer >= 1"))
+        return max(1, max_runs)
+    raw = os.environ.get(MAX_RUNS_ENV)
+    if raw is None:
+        return DEFAULT_MAX_RUNS
+    try:
+        value = int(raw)
+        if value < 1:
+            raise ValueError(raw)
+    except ValueError:
+        problems.append(Problem(f"${MAX_RUNS_ENV}", f"{raw!r}", "an integer >= 1"))
+        return DEFAULT_MAX_RUNS
+    return value
+
+
+def _count_runs(reader: Any, grids: list[tuple[str, dict]], overrides: list[str]) -> int:
+    """The runs of the grid before excludes and deduplication: per sub-grid the product of its axis sizes (the
+    command line's axes replace the file's), summed. Counts values without reading them."""
+    cmd: dict[str, tuple[int, bool]] = {}  # key -> (size, is a sweep); the last word on a key wins
+    for arg in overrides:
+        key, n, is_sweep = reader.count_override(arg)
+        cmd[key] = (n, is_sweep)
+    sweeps = [n for n, is_sweep in cmd.values() if is_sweep]
+    total = 0
+    for _, g in grids or [("grid", {})]:
+        sizes = [reader.count(k, v) for k, v in g.items() if str(k) not in cmd]
+        total += math.prod(sizes) * math.prod(sweeps)
+    return total
+
+
 def compose_run_config(config_file: str | Path | None, overrides: list[str]) -> dict:
     """The resolved, validated config of one run: a run YAML (group choices and dotted or nested values, e.g.
     a run folder's ``config.yaml``) plus ``key=value`` overrides. Raises ``UserError`` listing every problem."""
@@ -86,10 +150,7 @@ def compose_run_config(config_file: str | Path | None, overrides: list[str]) -> 
     data: Any = {}
     where = str(config_file)
     if config_file is not None:
-        try:
-            text = Path(config_file).read_text()
-        except OSError as e:
-            raise UserError([Problem(where, f"cannot read the run config: {e.strerror or e}")]) from e
+        text = parse.read_text(Path(config_file), where, "run config")
         data = parse.load_yaml(text, where, problems)
         if data is None:
             data = {}

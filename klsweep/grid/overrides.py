@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,40 @@ class Reader:
                 seen.add(hashable(value))
                 out.append(value)
         return out
+
+    def count(self, key: str, raw: Any) -> int:
+        """How many values the axis ``key: raw`` has, without reading or checking them (``range(10**6)`` is not
+        listed). A value the grammar refuses counts as one: ``axis`` reports it."""
+        if isinstance(raw, list):
+            return len(raw)
+        if isinstance(raw, str):
+            return self._count(f"{key}={raw}")[1]
+        return 1
+
+    def count_override(self, arg: str) -> tuple[str, int, bool]:
+        """A command-line override's key, how many values it has and whether it is a sweep (as ``count``)."""
+        return self._count(arg)
+
+    def _count(self, text: str) -> tuple[str, int, bool]:
+        from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+        from hydra.errors import HydraException
+
+        try:
+            o = self.parser.parse_override(text)
+            v = o.value()
+        except HydraException:
+            return text.split("=", 1)[0], 1, False
+        if isinstance(v, ChoiceSweep):
+            return o.key_or_group, len(v.list), True
+        if isinstance(v, RangeSweep):
+            start, stop, step = v.start, v.stop, v.step
+            n = math.ceil((stop - start) / step) if step else 0
+            return o.key_or_group, max(0, n), True
+        if isinstance(v, Glob):
+            if o.key_or_group not in GROUPS:
+                return o.key_or_group, 1, True
+            return o.key_or_group, len(v.filter(self.group_options(o.key_or_group))), True
+        return o.key_or_group, 1, o.is_sweep_override()
 
     def override(self, arg: str) -> tuple[str, list[Any], bool] | None:
         """A command-line override ``key=value`` (or ``key=a,b``): its key, values, and whether a sweep."""

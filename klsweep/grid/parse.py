@@ -4,25 +4,40 @@ inside them are read by ``overrides`` and checked by ``schema`` and ``validate``
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import did_you_mean, unknown
-from klsweep.grid.validate import hashable
+from klsweep.grid.validate import NAME_ALLOWED, hashable, name_problem
 
 TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude")
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_YAML_VALUES = 1_000_000  # values a YAML file may hold once its aliases are expanded (an alias bomb: more)
+
+
+def read_text(path: Path, where: str, what: str) -> str:
+    """A grid or run file's text; ``UserError`` when it cannot be read or is not UTF-8 text."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as e:
+        raise UserError(
+            [
+                Problem(
+                    where,
+                    f"not a text file (byte {e.start} is not UTF-8): is this the {what}?",
+                    "a YAML file",
+                )
+            ]
+        ) from e
+    except OSError as e:
+        raise UserError([Problem(where, f"cannot read the {what}: {e.strerror or e}")]) from e
 
 
 def read_grid_file(path: Path, where: str, problems: list[Problem]) -> tuple[str, dict]:
     """The grid file's text and its top-level mapping; raises ``UserError`` when there is none."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UserError([Problem(where, f"cannot read the grid file: {e.strerror or e}")]) from e
+    text = read_text(path, where, "grid file")
     data = load_yaml(text, where, problems)
     if not isinstance(data, dict):
         raise UserError(
@@ -32,7 +47,8 @@ def read_grid_file(path: Path, where: str, problems: list[Problem]) -> tuple[str
 
 
 def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
-    """Parse YAML, recording duplicate keys (which YAML loaders silently resolve to the last one)."""
+    """Parse YAML, recording duplicate keys (which YAML loaders silently resolve to the last one). A file whose
+    aliases expand to more than ``MAX_YAML_VALUES`` values (an alias bomb) is refused before it is built."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -56,7 +72,25 @@ def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
 
     loader = Loader(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node)
+        if size > MAX_YAML_VALUES:
+            raise UserError(
+                [
+                    *problems,
+                    Problem(
+                        where,
+                        f"its YAML aliases (*name) expand to {size:,} values (an alias bomb?)"
+                        if size < math.inf
+                        else "a YAML alias (*name) inside the node it names: it expands without end",
+                        f"at most {MAX_YAML_VALUES:,} values",
+                    ),
+                ],
+                title="invalid grid",
+            )
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -68,6 +102,39 @@ def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
         loader.dispose()
 
 
+def _expanded_size(root: Any) -> float:
+    """How many nodes a YAML node graph holds with every alias expanded (inf for a recursive alias). An alias is
+    the very node it names, so each node is sized once: time linear in the file, however large the expansion;
+    no recursion, so a deeply nested file cannot overflow the stack."""
+    import yaml
+
+    sizes: dict[int, float] = {}
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        children = _children(node, yaml)
+        if children_done:
+            if any(id(c) not in sizes for c in children):  # entered, not finished: an ancestor
+                return math.inf
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            continue
+        if id(node) in entered:
+            continue
+        entered.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children)
+    return sizes[id(root)]
+
+
+def _children(node: Any, yaml: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [x for pair in node.value for x in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def sweep_name(data: dict, where: str, problems: list[Problem]) -> Any:
     """The sweep's name, after checking the top-level keys; problems recorded for unknown keys and for a
     missing or invalid name."""
@@ -76,15 +143,9 @@ def sweep_name(data: dict, where: str, problems: list[Problem]) -> Any:
             problems.append(unknown(f"{where}: {key}", str(key), TOP_LEVEL_KEYS, "top-level key"))
     name = data.get("name")
     if name is None:
-        problems.append(
-            Problem(f"{where}: name", "missing: every grid file names its sweep", "letters, digits, . _ -")
-        )
-    elif not isinstance(name, str) or not NAME_PATTERN.match(name):
-        problems.append(
-            Problem(
-                f"{where}: name", f"{name!r} is not a valid sweep name", "letters, digits, . _ - (not first)"
-            )
-        )
+        problems.append(Problem(f"{where}: name", "missing: every grid file names its sweep", NAME_ALLOWED))
+    elif (problem := name_problem(name)) is not None:
+        problems.append(Problem(f"{where}: name", problem, NAME_ALLOWED))
     return name
 
 

@@ -16,7 +16,9 @@ from klsweep import config as config_mod
 class PlannedRun:
     id: str
     params: dict[str, Any]  # dotted axis key -> this run's value (group axes: the option's name)
-    config: dict[str, Any]  # the complete, resolved RunConfig as plain (JSON-able) data
+    # The complete, resolved RunConfig as plain (JSON-able) data. Read-only: the sections a run does not change
+    # are shared with the other runs of its plan (copy before changing one).
+    config: dict[str, Any]
     run_dir: Path
 
 
@@ -30,18 +32,48 @@ class Plan:
     grid_text: str  # the grid file as written
 
 
-def run_id(config: dict) -> str:
-    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``."""
-    kept = dict(config)
-    for key in config_mod.COSMETIC_KEYS:
+def run_id(config: dict, memo: dict[tuple[str, int], tuple[Any, str]] | None = None) -> str:
+    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``.
+    ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
+    (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
+    the whole."""
+    parts = []
+    for key in sorted(config):
+        if key in config_mod.COSMETIC_KEYS:
+            continue
+        value = config[key]
+        hit = memo.get((key, id(value))) if memo is not None else None
+        if hit is not None and hit[0] is value:
+            text = hit[1]
+        else:
+            text = _canonical(_without_cosmetic(key, value))
+            if memo is not None and isinstance(value, dict | list):
+                memo[(key, id(value))] = (value, text)
+        parts.append(f"{json.dumps(key)}:{text}")
+    return hashlib.sha256(("{" + ",".join(parts) + "}").encode()).hexdigest()[:10]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _without_cosmetic(prefix: str, value: Any) -> Any:
+    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``), copied on the way
+    down: the caller's dict is never touched."""
+    if not isinstance(value, dict):
+        return value
+    inner = [k[len(prefix) + 1 :] for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    if not inner:
+        return value
+    kept = dict(value)
+    for key in inner:
         *parents, leaf = key.split(".")
         node = kept
-        for part in parents:  # copy each section on the way down: the caller's dict is never touched
+        for part in parents:
             if not isinstance(node.get(part), dict):
                 break
             node[part] = dict(node[part])
             node = node[part]
         else:
             node.pop(leaf, None)
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
+    return kept

@@ -6,6 +6,7 @@ key once and remembers where each was first given, so that a problem found later
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -68,11 +69,27 @@ CHECKS: dict[str, tuple[Any, str]] = {
         lambda v: v in ("auto", "online", "offline", "disabled"),
         "auto, online, offline, disabled",
     ),
+    "wandb.init_timeout_s": _POSITIVE,
     "eval.backend": (lambda v: v in ("hf", "vllm"), "hf, vllm"),
 }
 
 # (ok, the converted value, the error: (what, allowed) when not ok)
 Checked = tuple[bool, Any, Any]
+
+# A sweep's name is a folder name (results/<name>/) and part of W&B ids: one rule wherever it comes from (a
+# grid's `name:`, a run file's `name:`, a `name=` override).
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_MAX = 100
+NAME_ALLOWED = f"letters, digits, . _ - (not first), at most {NAME_MAX} characters"
+
+
+def name_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a sweep's name, or None."""
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        return f"{value!r} is not a valid sweep name (a folder name: no path)"
+    if len(value) > NAME_MAX:
+        return f"a sweep name of {len(value)} characters is too long"
+    return None
 
 
 def check_group(key: str, raw: Any, options: list[str]) -> Checked:
@@ -86,8 +103,13 @@ def check_group(key: str, raw: Any, options: list[str]) -> Checked:
 
 
 def check_leaf(schema: Schema, key: str, raw: Any) -> Checked:
-    """One value of a RunConfig key: its type, then KL values with KLConfig, then ``CHECKS``."""
+    """One value of a RunConfig key: its type, then KL values with KLConfig, then ``CHECKS`` (``name``:
+    ``name_problem``)."""
     from omegaconf.errors import OmegaConfBaseException
+
+    if key == "name":
+        problem = name_problem(raw)
+        return (False, None, (problem, NAME_ALLOWED)) if problem else (True, raw, "")
 
     try:
         value = schema.convert(key, raw)

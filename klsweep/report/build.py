@@ -25,20 +25,17 @@ def build_report(
     *,
     eval_hash: str | None = None,
     window: int = WINDOW,
-    collapse_fraction: float = COLLAPSE_FRACTION,
     reference_csv: str | Path | None = REFERENCE_CSV,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
-    (default ``<sweep>/report/``). UserError when the sweep does not exist or has no runs, a format or the
-    eval hash is unknown."""
+    (default ``<sweep>/report/``). ``window``: the smoothing of the curves and of the stability table (the
+    collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
+    or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
+    left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
     formats = _check_formats(formats)
-    if window < 1 or not 0 < collapse_fraction < 1:
-        raise UserError(
-            [Problem("window", f"{window}", "an integer >= 1")] * (window < 1)
-            + [Problem("collapse_fraction", f"{collapse_fraction}", "0 < x < 1")]
-            * (not 0 < collapse_fraction < 1)
-        )
+    if window < 1:
+        raise UserError(Problem("window", f"{window}", "an integer >= 1"))
     dirs = store.run_dirs(sweep)
     if not dirs:
         raise UserError(
@@ -50,12 +47,28 @@ def build_report(
             title="nothing to report",
         )
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    store.check_writable(
+        out, "--out" if out_dir is not None else str(sweep), "a folder you can write to: --out DIR"
+    )
 
-    runs, configs, axes, metrics = _load_runs(dirs)
-    chosen, in_domain, ood = _attach_evals(sweep, runs, configs, eval_hash)
-    _attach_stability(runs, metrics, window, collapse_fraction)
-    baseline = _baseline(sweep, chosen, in_domain, ood)
+    set_aside: list[str] = []
+    runs, configs, axes, metrics = _load_runs(dirs, set_aside)
+    if not len(runs):
+        raise UserError(
+            [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
+            title="nothing to report",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    chosen, in_domain, ood = _attach_evals(sweep, runs, eval_hash, set_aside)
+    rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
+        run: (
+            int(c.get("train.collapse_window", WINDOW)),
+            float(c.get("train.collapse_fraction", COLLAPSE_FRACTION)),
+        )
+        for run, c in zip(runs["run"], configs, strict=True)
+    }
+    _attach_stability(runs, metrics, window, rules)
+    baseline = _baseline(sweep, chosen, in_domain, ood, set_aside)
     _attach_deltas(runs, baseline)
     runs = _label_configs(runs, axes)
     report = Report(
@@ -72,7 +85,8 @@ def build_report(
         audit=_audit_table(runs),
         reference=_reference_table(runs, axes, in_domain + ood, reference_csv),
         window=window,
-        collapse_fraction=collapse_fraction,
+        collapse_rules=set(rules.values()),
+        set_aside=set_aside,
     )
     report.paths += _plot_curves(report, metrics, out / "curves.png")
     report.paths += _plot_eval(report, out / "eval_bars.png")

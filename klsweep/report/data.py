@@ -10,7 +10,10 @@ sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.
 - the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
   last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
   in-domain and OOD averages (``_attach_evals``);
-- the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``).
+- the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``);
+- what it had to set aside: a run whose config.yaml or status.json cannot be read is left out, a results.json
+  that cannot be read is skipped, an unreadable metrics line is skipped; each is named in ``set_aside`` with
+  what to do, and the rest of the sweep is reported.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, without_kl_when_off
+from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, read_run_file, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -96,18 +99,25 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
     return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
 
 
-def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
-    """One row per run (config, status) and all metrics rows (with a ``run`` column)."""
+def _load_runs(
+    dirs: list[Path], set_aside: list[str]
+) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
+    """One row per readable run (config, status) and all metrics rows (with a ``run`` column); the runs left
+    out, and the metrics lines skipped, are added to ``set_aside``."""
     import pandas as pd
 
     rows, configs, metric_rows = [], [], []
     for d in dirs:
-        config = _flatten(_read_yaml(d / store.CONFIG_FILE))
+        try:
+            config = _flatten(read_run_file(d))
+            status = store.read_status(d)
+        except store.UnreadableFile as e:
+            set_aside.append(f"run {d.name} left out: {e.message}")
+            continue
         if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
             config = {**LEGACY_VALUES, **config}
         config = without_kl_when_off(config)
         configs.append(config)
-        status = store.read_status(d)
         rows.append(
             {
                 "run": d.name,
@@ -119,11 +129,13 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
                 "reason": status.get("reason") or _last_line(status.get("error")),
             }
         )
-        for m in _read_metrics(d):
+        for m in _read_metrics(d, set_aside):
             m["run"] = d.name
             metric_rows.append(m)
     axes = _varying_axes(configs)
-    runs = pd.DataFrame(rows)
+    runs = pd.DataFrame(
+        rows, columns=["run", "seed", "state", "step", "total_steps", "diverged_step", "reason"]
+    )
     for k in axes:
         runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
     for k in (*AXIS_ORDER, *AUDIT_KEYS):
@@ -133,17 +145,23 @@ def _load_runs(dirs: list[Path]) -> tuple[pd.DataFrame, list[dict[str, Any]], li
     return runs, configs, axes, metrics
 
 
-def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
     """``store.read_metrics``, parsed as one JSON array (several times faster); the store's line-by-line reader
-    (which drops a torn last line) when that fails."""
+    (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails."""
     p = run_dir / store.METRICS_FILE
     if not p.exists():
         return []
-    text = p.read_text().strip()
+    data = p.read_bytes().strip()
     try:
-        return json.loads("[" + ",".join(text.splitlines()) + "]") if text else []
-    except json.JSONDecodeError:
-        return store.read_metrics(run_dir)
+        return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
+    except (ValueError, UnicodeDecodeError):
+        rows, bad = store.scan_jsonl(p)
+        if bad:
+            lines = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            set_aside.append(
+                f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
+            )
+        return rows
 
 
 def _last_line(text: str | None) -> str | None:
@@ -155,7 +173,7 @@ def _results_files(root: Path) -> list[Path]:
 
 
 def _attach_evals(
-    sweep: Path, runs: pd.DataFrame, configs: list[dict[str, Any]], eval_hash: str | None
+    sweep: Path, runs: pd.DataFrame, eval_hash: str | None, set_aside: list[str]
 ) -> tuple[str | None, list[str], list[str]]:
     """Pick the eval hash, and per run its last evaluated checkpoint: adds ``eval_checkpoint``, ``eval_step``
     and one column per eval task. Returns (hash, in-domain tasks, OOD tasks)."""
@@ -163,7 +181,9 @@ def _attach_evals(
     newest: dict[str, float] = {}
     for run in runs["run"]:
         for p in _results_files(sweep / run):
-            res = store.read_json(p)
+            res = _read_results(p, set_aside)
+            if res is None:
+                continue
             h = p.parent.parent.name
             found.setdefault(h, []).append((run, res))
             newest[h] = max(newest.get(h, -math.inf), float(res.get("created_at") or p.stat().st_mtime))
@@ -199,20 +219,37 @@ def _attach_evals(
     return chosen, list(in_domain), list(ood)
 
 
+def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:
+    """An eval's results.json, or None (noted in ``set_aside``) when it cannot be read."""
+    try:
+        res = store.read_json(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        set_aside.append(f"{path} skipped: not valid JSON (cut short?): {e}; rerun `klsweep eval` to redo it")
+        return None
+    return res if isinstance(res, dict) else None
+
+
 def _float(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
-def _baseline(sweep: Path, eval_hash: str | None, in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+def _baseline(
+    sweep: Path, eval_hash: str | None, in_domain: list[str], ood: list[str], set_aside: list[str]
+) -> pd.DataFrame:
     """One row per baseline model folder: model name and path (from its config.yaml, else the folder name),
     and the step-0 metrics under the chosen hash (NaN if that hash has no step-0 result)."""
     import pandas as pd
+    import yaml
 
     rows = []
     for d in sorted((sweep / store.BASELINE_DIR).glob("*/")):
-        config = _flatten(_read_yaml(d / store.CONFIG_FILE)) if (d / store.CONFIG_FILE).exists() else {}
+        try:
+            config = _flatten(_read_yaml(d / store.CONFIG_FILE)) if (d / store.CONFIG_FILE).exists() else {}
+        except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+            set_aside.append(f"{d / store.CONFIG_FILE}: not valid YAML; the folder name stands for the model")
+            config = {}
         p = d / store.EVAL_DIR / str(eval_hash) / "step-0" / "results.json"
-        res = store.read_json(p) if p.exists() else {}
+        res = (_read_results(p, set_aside) if p.exists() else None) or {}
         m = res.get("metrics", {})
         row = {
             "folder": d.name,

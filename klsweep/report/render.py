@@ -90,6 +90,8 @@ def _write_md(report: Report) -> list[Path]:
         parts += [f"## {TITLES['reference']}", "", note, ""]
     runs = _runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
+    if report.set_aside:
+        parts += ["## Set aside (unreadable files)", "", *(f"- {line}" for line in report.set_aside), ""]
     path = report.out_dir / "report.md"
     store.atomic_write_text(path, "\n".join(parts))
     return [path]

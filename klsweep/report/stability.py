@@ -1,21 +1,23 @@
-"""Training stability of a run, from its logged curves: smoothing, the collapse rule, and the per-run stability
-columns of the report (``_attach_stability``).
+"""Training stability of a run, from its logged curves: smoothing, collapse, and the per-run stability columns of
+the report (``_attach_stability``).
 
 Definitions (also printed in the report: ``DEFINITIONS``):
 
-- Smoothing: every curve is a trailing mean over ``window`` steps (default 10).
-- Collapse: after the peak of the smoothed reward, the smoothed reward falls below ``collapse_fraction``
-  (default 0.5) times that peak and stays below it to the last logged step; the collapse step is the first
-  step of that final stretch. A run whose peak smoothed reward is not positive cannot collapse.
+- Smoothing: every curve is a trailing mean over ``window`` steps (default 10), for the curves and the table.
+- Collapse: the trainer's rule, ``klsweep.collapse.find_collapse``, applied to each run with its own
+  ``train.collapse_window`` and ``train.collapse_fraction`` (so a run the trainer stopped for a collapse is
+  collapsed here, at the same step).
 - Divergence: what the trainer recorded: ``status.json`` state ``diverged`` with ``diverged_step`` and ``reason``.
 
-The rule (``smooth``, ``collapse_step``) needs numpy only, imported when called: no pandas or matplotlib here.
+``smooth`` needs numpy only, imported when called: no pandas or matplotlib here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from klsweep.collapse import find_collapse
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,10 +39,20 @@ STABILITY_STATS = (
 
 DEFINITIONS = (
     "Curves are smoothed by a trailing mean over {window} steps. "
-    "Collapse: after its peak, the smoothed task reward falls below {pct:g}% of that peak and stays below it "
-    "to the last logged step (collapse step = start of that final stretch). "
+    "Collapse (the trainer's rule, with each run's train.collapse_window and collapse_fraction: {rule}): "
+    "the task reward averaged over the last window steps (fewer at the start) falls below that fraction of its "
+    "peak so far (a peak of at least {min_peak:g}); collapse step = the first such step, where the trainer "
+    "stops the run. "
     "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown."
 )
+
+
+def rule_text(rules: set[tuple[int, float]]) -> str:
+    """The collapse settings of a report's runs, for ``DEFINITIONS``."""
+    if len(rules) == 1:
+        ((window, fraction),) = rules
+        return f"here {window} steps and {100 * fraction:g}% of that peak"
+    return "they differ between runs" if rules else "no run"
 
 
 def smooth(
@@ -65,26 +77,17 @@ def smooth(
 def collapse_step(
     steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW, fraction: float = COLLAPSE_FRACTION
 ) -> int | None:
-    """The step at which the run collapsed, or None (see the module docstring for the definition)."""
-    return _collapse(steps, smooth(rewards, window), fraction)
+    """The step at which the run collapsed, or None (``klsweep.collapse.find_collapse``)."""
+    found = find_collapse(steps, rewards, window, fraction)
+    return None if found is None else found.step
 
 
-def _collapse(steps: Sequence[int], smoothed: np.ndarray, fraction: float) -> int | None:
-    import numpy as np
-
-    s = smoothed
-    if len(s) == 0 or np.isnan(s).all():
-        return None
-    peak = np.nanmax(s)
-    if not peak > 0:
-        return None
-    last_above = int(np.flatnonzero(~(s < fraction * peak))[-1])  # NaN counts as not below
-    return None if last_above == len(s) - 1 else int(steps[last_above + 1])
-
-
-def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fraction: float) -> None:
-    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy, collapse
-    step. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
+def _attach_stability(
+    runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, tuple[int, float]]
+) -> None:
+    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy (smoothed over
+    ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> (collapse window,
+    fraction)). Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
     import numpy as np
 
     names = list(SMOOTHED)
@@ -113,9 +116,10 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, fr
                 "last logged step": ("step", "last"),
             }
         )
-        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean smoothed"].to_numpy()
+        steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean"].to_numpy(dtype=float)
         for name, idx in g.indices.items():
-            collapse[name] = _collapse(steps[idx], rewards[idx], fraction)
+            w, f = rules.get(name, (WINDOW, COLLAPSE_FRACTION))
+            collapse[name] = collapse_step(steps[idx].tolist(), rewards[idx].tolist(), w, f)
     for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)

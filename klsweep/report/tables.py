@@ -22,15 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.collapse import MIN_PEAK
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, _none
-from klsweep.report.stability import (
-    COLLAPSE_FRACTION,
-    DEFINITIONS,
-    STABILITY_STATS,
-    WINDOW,
-    _object_series,
-)
+from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, _object_series, rule_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,7 +66,8 @@ class Report:
     audit: pd.DataFrame  # one row per KL configuration present
     reference: pd.DataFrame  # the study's figures beside ours
     window: int = WINDOW
-    collapse_fraction: float = COLLAPSE_FRACTION
+    collapse_rules: set[tuple[int, float]] = field(default_factory=set)  # (window, fraction) of the runs
+    set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
     paths: list[Path] = field(default_factory=list)
 
 
@@ -318,7 +314,9 @@ def _captions(report: Report) -> dict[str, str]:
             "evaluated; n = seeds evaluated / seeds; — = no eval yet. Δ = change of the average from the step-0 "
             "baseline of the same model. Best value per column in bold."
         ),
-        "stability": DEFINITIONS.format(window=report.window, pct=100 * report.collapse_fraction)
+        "stability": DEFINITIONS.format(
+            window=report.window, rule=rule_text(report.collapse_rules), min_peak=MIN_PEAK
+        )
         + " Values: mean ± std over the runs with metrics; diverged counts all runs, collapsed the runs with metrics.",
         "audit": (
             "What the trainer's KL update is with the runs' settings (klsweep audit --grpo: exact enumeration of "

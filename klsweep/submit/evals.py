@@ -8,6 +8,8 @@ jobs, like the evals chained to training by ``klsweep.submit.submit``.
 
 from __future__ import annotations
 
+import functools
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from klsweep import evaluate, store
 from klsweep.errors import Problem
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
-from klsweep.submit.slurm import slurm_parameters
+from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.sweep import CLUSTERS
 
 
@@ -42,6 +44,8 @@ def submit_eval(
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
+    if Path(target).is_dir():
+        store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = evaluate.eval_request(Path(target), suite, backend, checkpoints, problems=problems)
     if cluster == "debug":
         done = evaluate.eval_batch(
@@ -74,15 +78,29 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
         ex.update_parameters(**slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
         calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b])) for b in baselines]
         calls += [(r.name, ([str(r)], cfg, checkpoints, [])) for r in runs]
-    with ex.batch():
-        jobs = [ex.submit(evaluate.eval_batch, *args) for _, args in calls]
+    jobs: list[Any] = []
+    refused: SubmissionRefused | None = None
+    if cluster == "local":
+        with ex.batch():
+            jobs = [ex.submit(evaluate.eval_batch, *args) for _, args in calls]
+    else:
+        for piece in chunks(calls, max_array_size()):
+            try:
+                jobs += sbatch(ex, [functools.partial(evaluate.eval_batch, *args) for _, args in piece])
+            except SubmissionRefused as e:
+                refused = e
+                break
     rows = []
-    for (run_id, _), job in zip(calls, jobs, strict=True):
+    for (run_id, _), job in zip(calls, jobs, strict=False):
         ids = [r.name for r in runs] + [store.BASELINE_DIR] if run_id == "*" else [run_id]
         rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
     with FileLock(str(sweep_dir / LOCK_FILE)):
         for row in rows:
             store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+    if refused is not None:
+        if not jobs:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise SubmissionRefused(refused.said, len(calls) - len(jobs), rows) from refused
     out = EvalSubmission(skipped=request.skipped, jobs=[j.job_id for j in jobs])
     if wait:
         for job in jobs:

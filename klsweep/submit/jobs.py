@@ -8,6 +8,7 @@ the end of the step in progress, then it requeues itself, at most ``cluster.max_
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,10 +42,15 @@ class TrainJob:
         try:
             return fn(Path(self.run_dir))
         except Exception:
-            if env.global_rank == 0 and store.read_status(self.run_dir)["state"] not in store.FINAL_STATES:
-                store.write_status(
-                    self.run_dir, "failed", reason="exception", error=_tail(traceback.format_exc())
-                )
+            # a status.json that cannot be read is left as it is (the error names it in the job's log)
+            with contextlib.suppress(store.UnreadableFile):
+                if (
+                    env.global_rank == 0
+                    and store.read_status(self.run_dir)["state"] not in store.FINAL_STATES
+                ):
+                    store.write_status(
+                        self.run_dir, "failed", reason="exception", error=_tail(traceback.format_exc())
+                    )
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -159,7 +159,7 @@ def supervise(queue_path: str | Path) -> None:
             if dep is not None and state[dep] in ("waiting", "running"):
                 continue
             if (dep is not None and state[dep] != "ok") or (
-                it["kind"] == "train" and store.read_status(it["run_dir"]).get("state") == "cancelled"
+                it["kind"] == "train" and _state(it["run_dir"]) == "cancelled"
             ):
                 state[i] = "skipped"
                 record(i, None, state="SKIPPED")
@@ -169,3 +169,11 @@ def supervise(queue_path: str | Path) -> None:
             state[i] = "running"
             record(i, jobs[i].job_id)
         time.sleep(0.2)
+
+
+def _state(run_dir: str) -> str | None:
+    """The run's state, None when its status.json cannot be read (the job will say so)."""
+    try:
+        return store.read_status(run_dir).get("state")
+    except store.UnreadableFile:
+        return None

@@ -1,5 +1,10 @@
-"""The Slurm back end: one job array per resource shape (``sbatch`` once per array), each run's eval chained
-to its training task (``aftercorr`` over a whole array, ``afterok`` per job otherwise).
+"""The Slurm back end: one job array per resource shape (``sbatch`` once per array), split into arrays of at
+most the cluster's ``MaxArraySize`` (``scontrol show config``), each run's eval chained to its training task
+(``aftercorr`` over a whole array, ``afterok`` per job otherwise).
+
+When Slurm refuses an sbatch (an invalid partition, account or QOS, a limit) the submission stops there with
+``SubmissionRefused``: what Slurm said, and the rows of the jobs submitted before the refusal (they exist), so
+that the caller records those and rolls back the rest (``klsweep.submit.sweep``).
 
 ``slurm_parameters`` turns a run's ``model.resources`` and ``cluster`` section into submitit's
 ``SlurmExecutor`` parameters; ``klsweep eval``'s jobs (``klsweep.submit.evals``) use it too.
@@ -7,7 +12,12 @@ to its training task (``aftercorr`` over a whole array, ``afterok`` per job othe
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,7 +25,45 @@ from typing import Any
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
-from klsweep.submit.scheduler import job_row, submission_folder
+from klsweep.submit.scheduler import _run_cmd, job_row, submission_folder
+
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, when scontrol cannot say
+
+
+class SubmissionRefused(UserError):
+    """Slurm refused an sbatch. ``rows``: the jobs.jsonl rows of the jobs submitted before (they exist)."""
+
+    def __init__(self, stderr: str, runs: int, rows: list[dict[str, Any]]):
+        self.rows = rows
+        self.said = said = " ".join(stderr.split()) or "(nothing on stderr)"
+        problems = [
+            Problem(
+                "sbatch",
+                f"Slurm refused the job{' array' if runs > 1 else ''} of {runs} run(s): {said}",
+                "cluster settings this cluster accepts: cluster.partition, account, qos, constraint, "
+                "model.resources (see `sinfo`, `sacctmgr show assoc user=$USER`)",
+            )
+        ]
+        if rows:
+            kept = len({r["run_id"] for r in rows})
+            problems.append(
+                Problem("sbatch", f"{kept} run(s) submitted before the refusal keep their jobs (jobs.jsonl)")
+            )
+        super().__init__(problems, title="Slurm refused the submission")
+
+
+@functools.cache
+def max_array_size() -> int:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``): an array holds at most this many tasks."""
+    out = _run_cmd(["scontrol", "show", "config"]) or ""
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE
+
+
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    """``items`` in consecutive pieces of at most ``size``."""
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool) -> dict[str, Any]:
@@ -58,16 +106,21 @@ def submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
         groups.setdefault(_group_key(run), ([], []))[0].append(run)
     for run in evals:
         groups.setdefault(_group_key(run), ([], []))[1].append(run)
+    size = max_array_size()
+    pieces = []  # (runs to train, runs to evaluate only): each at most one array of each kind
     for t_runs, e_runs in groups.values():
+        pieces += [(t, []) for t in chunks(t_runs, size)] + [([], e) for e in chunks(e_runs, size)]
+    for t_runs, e_runs in pieces:
         first = (t_runs or e_runs)[0]
         res, cl = resources(first), cluster_settings(first)
         name = first.config.get("name", "run")
+        runs_now = len(t_runs or e_runs)
         try:
             train_ids: list[str] = []
             if t_runs:
                 ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(cl.get("max_requeues", 3)))
                 ex.update_parameters(**slurm_parameters(res, cl, name, eval_job=False))
-                jobs = _batch(ex, [TrainJob(str(r.run_dir), train_fn) for r in t_runs])
+                jobs = sbatch(ex, [TrainJob(str(r.run_dir), train_fn) for r in t_runs])
                 calls += 1
                 train_ids = [j.job_id for j in jobs]
                 rows += [
@@ -89,26 +142,32 @@ def submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
                     params.setdefault("additional_parameters", {})["kill-on-invalid-dep"] = "yes"
                 ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
                 ex.update_parameters(**params)
-                jobs = _batch(
+                jobs = sbatch(
                     ex, [EvalJob(str(r.run_dir), dict(r.config.get("eval", {})), eval_fn) for r in runs]
                 )
                 calls += 1
                 rows += [
                     job_row(r.id, "eval", "slurm", j.job_id, folder) for r, j in zip(runs, jobs, strict=True)
                 ]
-        except subprocess.CalledProcessError as e:
-            raise UserError(
-                Problem(
-                    "sbatch",
-                    f"submission failed: {(e.stderr or b'').decode(errors='replace').strip()}",
-                    "check partition/account/qos/constraint in the cluster config",
-                ),
-                title="Slurm refused the submission",
-            ) from e
+        except SubmissionRefused as e:  # with the rows of the arrays submitted before this one
+            if not rows:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise SubmissionRefused(e.said, runs_now, rows) from e
     return rows, calls
 
 
-def _batch(ex: Any, fns: list[Any]) -> list[Any]:
-    with ex.batch():
-        jobs = [ex.submit(fn) for fn in fns]
+def sbatch(ex: Any, fns: list[Any]) -> list[Any]:
+    """Submit ``fns`` as one sbatch (an array when several); ``SubmissionRefused`` (with no rows) when Slurm
+    refuses it. submitit prints sbatch's stderr before raising: it is kept for the message instead."""
+    from submitit.core.utils import FailedJobError
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), ex.batch():
+            jobs = [ex.submit(fn) for fn in fns]
+    except (FailedJobError, subprocess.CalledProcessError) as e:
+        said = getattr(e, "stderr", None) or str(e) or stderr.getvalue()
+        if isinstance(said, bytes):
+            said = said.decode(errors="replace")
+        raise SubmissionRefused(said, len(fns), []) from e
     return jobs

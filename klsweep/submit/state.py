@@ -1,7 +1,11 @@
 """The state of a sweep's runs: each run's ``status.json`` combined with its jobs' scheduler states into a
 ``RunStatus`` (``status``, ``wait_until_final``), and cancelling runs (``cancel``).
 
-The scheduler is asked once per call for the whole sweep (``scheduler.scheduler_states``).
+The scheduler is asked once per call for the whole sweep (``scheduler.scheduler_states``). Besides the states of
+``klsweep.store.STATES`` a run can be ``unreadable`` (its status.json or config.yaml cannot be read: the
+file and what to do are in ``reason``; the other runs are shown as usual). A run whose job ended without the
+run recording why (killed, out of memory: no traceback) is ``failed`` with a ``reason`` that says so, instead
+of an unrelated log tail.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.config import read_run_file
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import has_eval_results
 from klsweep.submit.scheduler import (
@@ -27,6 +32,8 @@ from klsweep.submit.scheduler import (
     live_jobs,
     scheduler_states,
 )
+
+FINAL = (*store.FINAL_STATES, "unreadable")  # states that do not change by themselves
 
 
 @dataclass
@@ -43,6 +50,12 @@ class RunStatus:
     cluster: str | None
     eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped
     log_tail: list[str]  # failed runs: the last lines of the job's stderr (or the recorded traceback)
+    reason: str | None = None  # failed, diverged, unreadable: why, in one line
+
+    @property
+    def collapsed(self) -> bool:
+        """Diverged because its reward collapsed (``klsweep.collapse``): the report calls it collapsed too."""
+        return self.state == "diverged" and (self.reason or "").startswith("reward collapse")
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -99,11 +112,8 @@ def _log_tail(row: dict[str, Any] | None, n: int = 15) -> list[str]:
 
 def status(sweep_dir: str | Path) -> list[RunStatus]:
     """The state of every run of a sweep: status.json combined with one batched scheduler query."""
-    import yaml
-
     sweep_dir = Path(sweep_dir)
-    sweep_path = sweep_dir / store.SWEEP_FILE
-    sweep = yaml.safe_load(sweep_path.read_text()) if sweep_path.exists() else {}
+    sweep = _read_sweep_file(sweep_dir / store.SWEEP_FILE)
     axes: list[str] = list(sweep.get("axes") or [])
     planned: dict[str, dict] = sweep.get("runs") or {}
     rows = latest_rows(sweep_dir)
@@ -111,64 +121,129 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
     out: list[RunStatus] = []
     for run_dir in store.run_dirs(sweep_dir):
         rid = run_dir.name
-        st = store.read_status(run_dir)
         train_row, eval_row = rows.get((rid, "train")), rows.get((rid, "eval"))
-        sched = states.get(key(train_row)) if train_row else None
-        state = _combine(st.get("state", "pending"), sched)
-        # accounting lags the job: trust a running status written since this submission
-        fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
-        if state == "pending" and st.get("state") == "running" and fresh:
-            state = "running"
-        eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
-        if eval_row is not None:
-            e_sched = states.get(key(eval_row))
-            eval_state = (
-                "done"
-                if has_eval_results(run_dir)
-                else "skipped"
-                if e_sched == "SKIPPED"
-                else _combine("pending", e_sched)
+        try:
+            out.append(_run_status(run_dir, train_row, eval_row, states, axes, planned.get(rid)))
+        except store.UnreadableFile as e:
+            params = planned.get(rid) or {}
+            out.append(
+                RunStatus(
+                    run_id=rid,
+                    params={a: params.get(a) for a in axes} if axes else dict(params),
+                    state="unreadable",
+                    step=0,
+                    total_steps=None,
+                    reward=None,
+                    elapsed_s=0.0,
+                    gpu_hours=0.0,
+                    job_id=train_row["job_id"] if train_row else None,
+                    cluster=train_row["cluster"] if train_row else None,
+                    eval_state=None,
+                    log_tail=[e.message],
+                    reason=e.message,
+                )
             )
-        cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
-        params = planned.get(rid)
-        if params is None:
-            cfg = _read_config(run_dir)
-            params = _axes_from_config(cfg, axes)
-        last = _last_line(run_dir / store.METRICS_FILE) or {}
-        elapsed = float(st.get("elapsed_s") or 0.0)
-        if state == "running" and st.get("started_at"):
-            elapsed = max(elapsed, time.time() - float(st["started_at"]))
-        res: dict[str, Any] = {}
-        if elapsed:
-            with contextlib.suppress(OSError):
-                res = _resources_of(cfg if cfg is not None else _read_config(run_dir))
-        gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
-        tail: list[str] = []
-        if state == "failed":
-            tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
-        out.append(
-            RunStatus(
-                run_id=rid,
-                params={a: params.get(a) for a in axes} if axes else dict(params),
-                state=state,
-                step=int(st.get("step") or last.get("step") or 0),
-                total_steps=st.get("total_steps"),
-                reward=last.get("reward_mean"),
-                elapsed_s=elapsed,
-                gpu_hours=elapsed * gpus / 3600.0,
-                job_id=train_row["job_id"] if train_row else None,
-                cluster=train_row["cluster"] if train_row else None,
-                eval_state=eval_state,
-                log_tail=tail,
-            )
-        )
     return out
 
 
-def _read_config(run_dir: Path) -> dict[str, Any]:
+def _read_sweep_file(path: Path) -> dict[str, Any]:
+    """sweep.yaml (the planned axes and runs), or nothing when it is missing or cannot be read: the run
+    folders' own config.yaml files say the same, more slowly."""
     import yaml
 
-    return yaml.safe_load((run_dir / store.CONFIG_FILE).read_text()) or {}
+    try:
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _run_status(
+    run_dir: Path,
+    train_row: dict[str, Any] | None,
+    eval_row: dict[str, Any] | None,
+    states: dict[str, str],
+    axes: list[str],
+    params: dict[str, Any] | None,
+) -> RunStatus:
+    """One run's RunStatus; ``store.UnreadableFile`` when its status.json or config.yaml cannot be read."""
+    rid = run_dir.name
+    st = store.read_status(run_dir)
+    sched = states.get(key(train_row)) if train_row else None
+    state = _combine(st.get("state", "pending"), sched)
+    # accounting lags the job: trust a running status written since this submission
+    fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
+    if state == "pending" and st.get("state") == "running" and fresh:
+        state = "running"
+    eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
+    if eval_row is not None:
+        e_sched = states.get(key(eval_row))
+        eval_state = (
+            "done"
+            if has_eval_results(run_dir)
+            else "skipped"
+            if e_sched == "SKIPPED"
+            else _combine("pending", e_sched)
+        )
+    cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
+    if params is None:
+        cfg = read_run_file(run_dir)
+        params = _axes_from_config(cfg, axes)
+    last = _last_line(run_dir / store.METRICS_FILE) or {}
+    elapsed = float(st.get("elapsed_s") or 0.0)
+    if state == "running" and st.get("started_at"):
+        elapsed = max(elapsed, time.time() - float(st["started_at"]))
+    res: dict[str, Any] = {}
+    if elapsed:
+        with contextlib.suppress(OSError):
+            res = _resources_of(cfg if cfg is not None else read_run_file(run_dir))
+    gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
+    tail: list[str] = []
+    reason = st.get("reason") if state in ("failed", "diverged") else None
+    if state == "failed" and st.get("state") == "running":
+        # the job ended and the run never said why: no traceback to show, the process was killed
+        tail = _died_silently(sched, train_row)
+        reason = tail[0]
+    elif state == "failed":
+        tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
+    return RunStatus(
+        run_id=rid,
+        params={a: params.get(a) for a in axes} if axes else dict(params),
+        state=state,
+        step=int(st.get("step") or last.get("step") or 0),
+        total_steps=st.get("total_steps"),
+        reward=last.get("reward_mean"),
+        elapsed_s=elapsed,
+        gpu_hours=elapsed * gpus / 3600.0,
+        job_id=train_row["job_id"] if train_row else None,
+        cluster=train_row["cluster"] if train_row else None,
+        eval_state=eval_state,
+        log_tail=tail,
+        reason=reason,
+    )
+
+
+_SCHEDULER_SAYS = {
+    "OUT_OF_MEMORY": "Slurm says it ran out of memory (model.resources.mem_gb)",
+    "TIMEOUT": "Slurm says it reached its time limit (model.resources.timeout_min)",
+    "NODE_FAIL": "Slurm says its node failed",
+    "PREEMPTED": "Slurm says it was preempted and not requeued",
+    "BOOT_FAIL": "Slurm says its node failed to boot",
+    "LOST": "its local supervisor process is gone",
+}
+
+
+def _died_silently(sched: str | None, row: dict[str, Any] | None) -> list[str]:
+    """What to say of a run whose job ended without a word from the run (status.json still running)."""
+    lines = ["the process died without a word (no traceback; killed? out of memory?)"]
+    if sched in _SCHEDULER_SAYS:
+        lines.append(_SCHEDULER_SAYS[sched])
+    elif sched:
+        lines.append(f"the scheduler says {sched}")
+    if row is not None and row.get("job_id"):
+        log = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
+        lines.append(f"its log: {log}")
+    return lines
 
 
 def _axes_from_config(cfg: dict[str, Any], axes: list[str]) -> dict[str, Any]:
@@ -197,7 +272,7 @@ def wait_until_final(
         runs = status(sweep_dir)
         if on_update is not None:
             on_update(runs)
-        if all(r.state in store.FINAL_STATES and r.eval_state not in ("pending", "running") for r in runs):
+        if all(r.state in FINAL and r.eval_state not in ("pending", "running") for r in runs):
             return runs
         if timeout_s is not None and time.time() - start > timeout_s:
             raise TimeoutError(f"runs of {sweep_dir} still not final after {timeout_s:.0f} s")
@@ -222,7 +297,7 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
         rows = [r for r in rows if (r["run_id"], r["kind"]) in live]
         cancelled = sorted(
             {r["run_id"] for r in rows}
-            | {r for r in targets if store.read_status(sweep_dir / r).get("state") in ("pending", "running")}
+            | {r for r in targets if _state(sweep_dir / r) in ("pending", "running")}
         )
         for rid in cancelled:
             store.write_status(
@@ -230,9 +305,17 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
             )
         cancel_rows(rows)
         for rid in cancelled:  # a dying job may have written its own state meanwhile
-            if store.read_status(sweep_dir / rid).get("state") != "done":
+            if _state(sweep_dir / rid) != "done":
                 store.write_status(sweep_dir / rid, "cancelled", reason="cancelled by user")
     return cancelled
+
+
+def _state(run_dir: Path) -> str | None:
+    """The run's state in its status.json; None when the file cannot be read."""
+    try:
+        return store.read_status(run_dir).get("state")
+    except store.UnreadableFile:
+        return None
 
 
 def final_summary(runs: list[RunStatus], fail_on_diverged: bool = False) -> tuple[str, int]:

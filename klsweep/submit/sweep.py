@@ -4,6 +4,12 @@ lock, and the sweep's own files (``sweep.yaml``, each run's ``config.yaml``, the
 Decisions are taken under a file lock on ``results/<sweep>/.lock`` and every submission is recorded in
 ``jobs.jsonl`` (run id, kind, cluster, job id, submitit folder, time), so two concurrent ``klsweep run`` never
 submit a run twice. The back ends (``klsweep.submit.local``, ``klsweep.submit.slurm``) submit the jobs.
+
+No run claims a job it does not have: when the scheduler refuses a submission
+(``klsweep.submit.slurm.SubmissionRefused``), the jobs submitted before the refusal are recorded and every other
+run is rolled back (its status as it was, a run folder made by this call removed, likewise ``sweep.yaml`` and
+the sweep folder when nothing was submitted). A run whose status.json cannot be read is set aside
+(``skip-unreadable``, named with what to do) and the others are submitted.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from klsweep.submit.scheduler import (
     row_state,
     scheduler_states,
 )
-from klsweep.submit.slurm import submit_slurm
+from klsweep.submit.slurm import SubmissionRefused, submit_slurm
 from klsweep.submit.state import wait_until_final
 
 CLUSTERS = ("local", "slurm", "debug")
@@ -38,9 +44,11 @@ CLUSTERS = ("local", "slurm", "debug")
 class SubmitResult:
     sweep_dir: Path
     cluster: str
-    actions: dict[str, str]  # run id -> submit | resume | eval | skip-done | skip-live | skip-failed
+    # run id -> submit | resume | eval | skip-done | skip-live | skip-failed | skip-unreadable
+    actions: dict[str, str]
     jobs: list[dict[str, Any]] = field(default_factory=list)  # the jobs.jsonl rows written
     sbatch_calls: int = 0
+    unreadable: dict[str, str] = field(default_factory=dict)  # run id -> the file, what is wrong, what to do
 
     @property
     def submitted(self) -> list[str]:
@@ -51,6 +59,18 @@ class SubmitResult:
         for a in self.actions.values():
             out[a] = out.get(a, 0) + 1
         return out
+
+    def hints(self) -> list[str]:
+        """What the user may want to do about the runs not submitted: one line each."""
+        lines = []
+        failed = self.counts().get("skip-failed", 0)
+        if failed:
+            lines.append(
+                f"{failed} run(s) failed or were cancelled before and were not resubmitted: "
+                "rerun with --retry-failed to resubmit them"
+            )
+        lines += [f"run {rid} set aside: {message}" for rid, message in self.unreadable.items()]
+        return lines
 
 
 def default_cluster(plan: Any) -> str:
@@ -90,10 +110,15 @@ def submit(
     if cluster_kind not in CLUSTERS:
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
     sweep_dir = Path(plan.sweep_dir)
+    store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
+    sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _prepare_models(plan, on_build)
     result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
+    undo = _Undo(sweep_dir)
+    refused: SubmissionRefused | None = None
     with FileLock(str(sweep_dir / LOCK_FILE)):
+        undo.keep(sweep_dir / store.SWEEP_FILE)
         write_sweep_file(plan, cluster_kind)
         rows = latest_rows(sweep_dir)
         live = live_jobs(rows.values())
@@ -120,14 +145,16 @@ def submit(
             run_dir = Path(run.run_dir)
             if force and run_dir.exists():
                 shutil.rmtree(run_dir)
+            undo.keep_run(run.id, run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             cfg_text = OmegaConf.to_yaml(OmegaConf.create(run.config))
-            if (
-                not (run_dir / store.CONFIG_FILE).exists()
-                or (run_dir / store.CONFIG_FILE).read_text() != cfg_text
-            ):
+            if _text(run_dir / store.CONFIG_FILE) != cfg_text:  # also repairs a config.yaml cut short
                 store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
-            action = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
+            try:
+                action = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
+            except store.UnreadableFile as e:
+                action = "skip-unreadable"
+                result.unreadable[run.id] = e.message
             result.actions[run.id] = action
             if action in ("submit", "resume"):
                 store.write_status(run_dir, "pending", reason=action, error=None, finished_at=None)
@@ -138,12 +165,72 @@ def submit(
             submit_fn = {"local": submit_local, "slurm": submit_slurm, "debug": submit_debug}[cluster_kind]
             if not chain_eval:
                 train = [_without_eval(r) for r in train]
-            result.jobs, result.sbatch_calls = submit_fn(sweep_dir, train, evals, train_fn, eval_fn)
-            for row in result.jobs:
-                store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+            try:
+                result.jobs, result.sbatch_calls = submit_fn(sweep_dir, train, evals, train_fn, eval_fn)
+            except SubmissionRefused as e:
+                for row in e.rows:  # these jobs exist
+                    store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+                undo.roll_back(keep={r["run_id"] for r in e.rows})
+                refused = e
+            else:
+                for row in result.jobs:
+                    store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
+    if refused is not None:
+        if not sweep_existed and not store.run_dirs(sweep_dir) and not refused.rows:
+            shutil.rmtree(sweep_dir, ignore_errors=True)  # made by this call, for nothing
+        raise refused
     if wait and cluster_kind != "debug":
         wait_until_final(sweep_dir)
     return result
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class _Undo:
+    """What ``submit`` changed before the back end submitted, so that it can be put back when the scheduler
+    refuses: the run folders it made, the status.json files it wrote, sweep.yaml."""
+
+    def __init__(self, sweep_dir: Path):
+        self.sweep_dir = sweep_dir
+        self.files: dict[Path, bytes | None] = {}  # file -> its bytes before (None: it did not exist)
+        self.runs: dict[str, tuple[Path, bool]] = {}  # run id -> (its folder, whether it existed)
+
+    def keep(self, path: Path) -> None:
+        try:
+            self.files[path] = path.read_bytes()
+        except OSError:
+            self.files[path] = None
+
+    def keep_run(self, run_id: str, run_dir: Path) -> None:
+        self.runs[run_id] = (run_dir, run_dir.exists())
+        if run_dir.exists():
+            self.keep(run_dir / store.STATUS_FILE)
+
+    def roll_back(self, keep: set[str]) -> None:
+        """Put back every run but those in ``keep`` (they got a job), and sweep.yaml when no run got one."""
+        for run_id, (run_dir, existed) in self.runs.items():
+            if run_id in keep:
+                continue
+            if not existed:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                self._restore(run_dir / store.STATUS_FILE)
+        if not keep:
+            self._restore(self.sweep_dir / store.SWEEP_FILE)
+
+    def _restore(self, path: Path) -> None:
+        if path not in self.files:
+            return
+        before = self.files[path]
+        if before is None:
+            path.unlink(missing_ok=True)
+        elif _text(path) is None or path.read_bytes() != before:
+            store.atomic_write_text(path, before.decode())
 
 
 def _prepare_models(plan: Any, on_build: Callable[[Path], None] | None = None) -> None:

@@ -1,0 +1,560 @@
+"""Faults and bad input the way a cluster user meets them (issue 12: nothing lost, nothing stranded), one section
+per fault: W&B unreachable or dying, a refused sbatch and arrays past MaxArraySize (real local Slurm), a torn
+metrics line, a truncated status.json or config.yaml, names from overrides, huge grids and alias bombs, user
+errors that used to be tracebacks, a collapse inside the first window, and runs killed without a word.
+What klsweep promises under faults: docs/FAULTS.md."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import launcher_jobs as jobs  # tests/ is on sys.path under pytest
+import pytest
+
+from klsweep import grid, job, store, submit
+from klsweep.errors import UserError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from klsweep.tinymodel import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+TRAIN = {  # a few fast steps of the untrained tiny model
+    "train.save_steps": 2,
+    "train.prompts_per_step": 2,
+    "train.group_size": 4,
+    "train.max_completion_length": 8,
+    "train.learning_rate": 1e-3,
+    "kl.beta": 0.1,
+    "wandb.mode": "disabled",
+}
+
+
+def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
+    from omegaconf import OmegaConf
+
+    from klsweep.config import RunConfig
+
+    config = OmegaConf.structured(RunConfig)
+    for key, value in {"name": "faults", "model.path": str(model_dir), **TRAIN, **values}.items():
+        OmegaConf.update(config, key, value)
+    resolved = OmegaConf.to_container(config)
+    job.write_run_config(run_dir, resolved)
+    return resolved
+
+
+def cli(args: list, monkeypatch, capsys) -> tuple[int, str, str]:
+    """`klsweep ARGS` in this process, through ``main`` (UserError -> exit 2); (exit code, stdout, stderr)."""
+    from klsweep import cli as cli_mod
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
+    code = 0
+    try:
+        cli_mod.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fixture_copy(tmp_path: Path) -> Path:
+    sweep = tmp_path / "sweep_tiny"
+    shutil.copytree(FIXTURE, sweep, ignore=shutil.ignore_patterns("make_fixture.py"))
+    return sweep
+
+
+def with_shipped_eval_tasks(sweep: Path) -> Path:
+    """The fixture's runs name an eval task that is not shipped (tiny_mul): name a shipped one (tiny_rev)."""
+    for config in sweep.glob("*/config.yaml"):
+        config.write_text(config.read_text().replace("tiny_mul", "tiny_rev"))
+    return sweep
+
+
+def cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. W&B unreachable, or gone mid-run: a warning, never a failed run
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "key"), [("auto", "a" * 40), ("online", "not-a-key")])
+def test_unreachable_wandb_mirrors_offline_and_the_run_finishes(tmp_path, model_dir, monkeypatch, mode, key):
+    """A key and no network (here: a W&B server address nobody listens on), or a malformed key."""
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{closed_port()}")
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 2, "wandb.mode": mode, "wandb.init_timeout_s": 3})
+    status = job.train_run(run)
+    assert status["state"] == "done", status.get("error")
+    assert any(w.startswith("W&B online failed") for w in status["warnings"]), status["warnings"]
+    assert status == store.read_status(run)  # the warning is in the run's status.json
+    assert [r["step"] for r in store.read_metrics(run)] == [1, 2]
+    assert any((run / "wandb").rglob("*.wandb"))  # mirrored offline instead
+
+
+@pytest.mark.slurm
+def test_preemption_with_wandb_never_reads_failed(tmp_path, model_dir):
+    """USR2 (preemption) on real Slurm: wandb's service process dies with the job's processes and its teardown
+    raised ConnectionResetError, which marked the run failed until the requeued job started. Now the run reads
+    running/pending throughout, resumes, and ends done with every step once (a preemption between an optimiser
+    step and its metrics row saves no checkpoint: that step is redone)."""
+    sweep = tmp_path / "wbpreempt"
+    values = {"model.path": str(model_dir), **TRAIN, "train.steps": 40, "train.save_steps": 100}
+    plan = jobs.make_plan(sweep, [0], **{**values, "wandb.mode": "offline"})
+    run_dir = plan.runs[0].run_dir
+    res = submit.submit(plan, "slurm")
+    (job_id,) = [r["job_id"] for r in res.jobs]
+    start = time.time()
+    while not any(r["step"] >= 2 for r in store.read_metrics(run_dir)):
+        assert time.time() - start < 180, "the job never trained"
+        assert store.read_status(run_dir)["state"] not in ("failed", "done"), store.read_status(run_dir)
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    failures = []
+    while time.time() - start < 420:
+        st = store.read_status(run_dir)
+        if st["state"] == "failed":
+            failures.append(st.get("error") or "")
+        if st["state"] == "done":
+            break
+        time.sleep(0.2)
+    # (1 requeue in 16 from inside a job reports failure although Slurm requeued it: tolerate that one)
+    assert not [e for e in failures if "scontrol" not in e], failures
+    status = store.read_status(run_dir)
+    assert status["state"] == "done", status
+    assert [r["step"] for r in store.read_metrics(run_dir)] == list(range(1, 41))  # none lost, none twice
+    # (when W&B broke, which depends on where the signal finds the job, status.json says so in `warnings`)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. A refused sbatch: Slurm's words, exit 2, no run claiming a job it does not have; arrays split
+# ------------------------------------------------------------------------------------------------------------
+
+REFUSED_GRID = """\
+name: refused
+base:
+  cluster: slurm
+  cluster.partition: no_such_partition
+  model.path: {model}
+grid:
+  seed: 0,1,2
+"""
+
+
+@pytest.mark.slurm
+def test_refused_sbatch_exits_2_and_leaves_nothing(tmp_path, model_dir, monkeypatch, capsys):
+    g = tmp_path / "g.yaml"
+    g.write_text(REFUSED_GRID.format(model=model_dir))
+    code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and "FailedJobError" not in err
+    assert "Slurm refused" in err and "invalid partition" in err.lower()  # what Slurm said
+    assert not (tmp_path / "res" / "refused").exists()  # made for nothing: gone
+
+
+@pytest.mark.slurm
+def test_refused_sbatch_rolls_back_the_runs_it_touched(tmp_path):
+    from klsweep.submit.slurm import SubmissionRefused
+
+    sweep = tmp_path / "refused"
+    plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.partition": "no_such_partition"})
+    done, failed, new = plan.runs
+    for run, state in ((done, "done"), (failed, "failed")):
+        store.write_status(run.run_dir, state, step=3)
+    before = {r.id: (r.run_dir / store.STATUS_FILE).read_bytes() for r in (done, failed)}
+    with pytest.raises(SubmissionRefused, match="(?i)invalid partition"):
+        submit.submit(plan, "slurm", retry_failed=True, train_fn=jobs.ok_train)
+    assert (failed.run_dir / store.STATUS_FILE).read_bytes() == before[failed.id]  # not left 'pending'
+    assert (done.run_dir / store.STATUS_FILE).read_bytes() == before[done.id]
+    assert not new.run_dir.exists()  # made by the refused submission: removed
+    assert not (sweep / store.JOBS_FILE).exists()  # no row for a job that does not exist
+    assert not (sweep / store.SWEEP_FILE).exists() and not list((sweep / "submitit").glob("*"))
+    assert {r.run_id: r.state for r in submit.status(sweep)} == {done.id: "done", failed.id: "failed"}
+
+
+@pytest.mark.slurm
+def test_arrays_split_at_the_clusters_max_array_size(tmp_path, monkeypatch):
+    from klsweep.submit import slurm
+
+    slurm.max_array_size.cache_clear()
+    assert slurm.max_array_size() == 1001  # the local cluster's (scontrol show config)
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 2)  # 5 runs: arrays of 2, 2 and 1 (real sbatch)
+    sweep = tmp_path / "split"
+    plan = jobs.make_plan(sweep, list(range(5)))
+    res = submit.submit(plan, "slurm", train_fn=jobs.ok_train)
+    assert res.sbatch_calls == 3
+    arrays = Counter(row["job_id"].split("_")[0] for row in res.jobs)
+    assert sorted(arrays.values()) == [1, 2, 2]
+    final = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=240)
+    assert {r.state for r in final} == {"done"} and len(final) == 5
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. A torn line in metrics.jsonl: skipped and counted, the rows after it kept
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_torn_lines_are_skipped_and_a_cut_keeps_everything_before_the_checkpoint(tmp_path):
+    rows = [f'{{"step": {s}, "reward_mean": 0.{s}}}\n' for s in range(1, 7)]
+    rows[2] = '{"step": 3, "rew\n'  # torn in the middle
+    path = tmp_path / store.METRICS_FILE
+    path.write_text("".join(rows) + '{"step": 7, "rewa')  # and a writer killed mid-line
+    got, bad = store.scan_jsonl(path)
+    assert [r["step"] for r in got] == [1, 2, 4, 5, 6] and bad == [3]  # the rows after it are kept
+    kept, bad = store.cut_metrics(tmp_path, 4)  # resume from checkpoint-4
+    assert [r["step"] for r in kept] == [1, 2, 4] and bad == [3]
+    assert path.read_text() == "".join(rows[:4])  # only the rows past the checkpoint are cut
+    store.append_jsonl(path, {"step": 5})
+    assert [r["step"] for r in store.read_metrics(tmp_path)] == [1, 2, 4, 5]
+    path.write_text('{"step": 1}\n{"step": 2}')  # a whole last row without its newline is kept and ended
+    assert [r["step"] for r in store.cut_metrics(tmp_path, 2)[0]] == [1, 2]
+    store.append_jsonl(path, {"step": 3})
+    assert [r["step"] for r in store.read_metrics(tmp_path)] == [1, 2, 3]
+
+
+def test_resume_keeps_the_valid_rows_after_a_torn_line(tmp_path, model_dir):
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 6, "train.save_steps": 4})
+    assert job.train_run(run)["state"] == "done"
+    lines = (run / store.METRICS_FILE).read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:20] + "\n"  # step 2 torn
+    (run / store.METRICS_FILE).write_text("".join(lines))
+    (run / "checkpoints" / "checkpoint-6" / job.TRAINER_STATE).unlink()  # resume from checkpoint-4
+    store.write_status(run, "running")
+    status = job.train_run(run)
+    assert status["state"] == "done", status.get("error")
+    assert [r["step"] for r in store.read_metrics(run)] == [1, 3, 4, 5, 6]  # 3 and 4 survive, 5-6 retrained
+    assert any("1 unreadable line(s) skipped (line 2)" in w for w in status["warnings"])
+
+
+def test_report_counts_a_torn_metrics_line_and_keeps_the_rows_after_it(tmp_path):
+    from klsweep.report import build_report
+
+    sweep = fixture_copy(tmp_path)
+    path = sweep / "a1-k1rew-s0" / store.METRICS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    n = len(lines)
+    lines[5] = "{torn\n"
+    path.write_text("".join(lines))
+    rep = build_report(sweep, tmp_path / "out", formats=("md",))
+    assert rep.runs.set_index("run").loc["a1-k1rew-s0", "last logged step"] == n
+    assert any(str(path) in line and "1 unreadable line" in line for line in rep.set_aside)
+    assert "Set aside" in (tmp_path / "out" / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. A truncated status.json or config.yaml: that run is unreadable (named, what to do), the others carry on
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_truncated_status_sets_one_run_aside_in_status_report_and_eval(tmp_path, monkeypatch, capsys):
+    from klsweep import evaluate
+    from klsweep.report import build_report
+
+    sweep = with_shipped_eval_tasks(fixture_copy(tmp_path))
+    bad = sweep / "a1-k1rew-s0" / store.STATUS_FILE
+    cut_in_half(bad)
+
+    runs = {r.run_id: r for r in submit.status(sweep)}
+    assert runs["a1-k1rew-s0"].state == "unreadable" and str(bad) in runs["a1-k1rew-s0"].reason
+    assert "klsweep run" in runs["a1-k1rew-s0"].reason  # what to do
+    assert runs["b1-k3loss-s0"].state == "done" and runs["c1-k3rew-s0"].state == "diverged"
+    code, out, err = cli(["status", sweep], monkeypatch, capsys)
+    assert code == 0 and "unreadable" in out and str(bad) in out.replace("\n", "")
+
+    rep = build_report(sweep, tmp_path / "out", formats=("md",))
+    assert "a1-k1rew-s0" not in set(rep.runs["run"]) and len(rep.runs) == 7
+    assert any(str(bad) in line for line in rep.set_aside)
+    code, out, err = cli(["report", sweep, "--out", tmp_path / "out2", "-q"], monkeypatch, capsys)
+    assert code == 0 and "set aside" in err and "Traceback" not in err
+
+    request = evaluate.eval_request(sweep)
+    why = request.skipped[str(sweep / "a1-k1rew-s0")]
+    assert why.startswith("unreadable") and str(bad) in why
+    assert sweep / "b1-k3loss-s0" in request.runs
+
+
+def test_truncated_config_is_named_not_reported_as_a_configuration(tmp_path):
+    from klsweep import evaluate
+    from klsweep.report import build_report
+
+    sweep = with_shipped_eval_tasks(fixture_copy(tmp_path))
+    bad = sweep / "a1-k1rew-s0" / store.CONFIG_FILE
+    cut_in_half(bad)
+    rep = build_report(sweep, tmp_path / "out", formats=("md",))
+    assert "a1-k1rew-s0" not in set(rep.runs["run"])
+    assert rep.runs["config"].nunique() == 3  # no fourth "—" configuration
+    assert any(str(bad) in line for line in rep.set_aside)
+    request = evaluate.eval_request(sweep)  # not "the runs have different eval settings"
+    assert str(bad) in request.skipped[str(sweep / "a1-k1rew-s0")]
+    assert {r.run_id: r.state for r in submit.status(sweep)}["a1-k1rew-s0"] == "unreadable"
+
+
+def test_run_sets_an_unreadable_run_aside_and_submits_the_others(tmp_path):
+    sweep = tmp_path / "unreadable"
+    plan = jobs.make_plan(sweep, [0, 1])
+    submit.submit(plan, "debug", train_fn=jobs.ok_train)
+    broken, fine = plan.runs
+    cut_in_half(broken.run_dir / store.STATUS_FILE)
+    store.write_status(fine.run_dir, "failed")
+    res = submit.submit(plan, "debug", retry_failed=True, train_fn=jobs.ok_train)
+    assert res.actions == {broken.id: "skip-unreadable", fine.id: "resume"}
+    assert any(broken.id in h and store.STATUS_FILE in h for h in res.hints())
+    assert store.read_status(fine.run_dir)["state"] == "done"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 5. Names from overrides: the grid's name rule, wherever the name comes from
+# ------------------------------------------------------------------------------------------------------------
+
+SMALL_GRID = "name: small\nbase:\n  model.path: /models/m\ngrid:\n  seed: 0,1\n"
+
+
+def test_name_overrides_are_checked_like_a_grid_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    g = tmp_path / "g.yaml"
+    g.write_text(SMALL_GRID)
+    escape = tmp_path / "escape"
+    with pytest.raises(UserError, match="name") as e:
+        grid.load_plan(g, ["name=../../escape"], out=tmp_path / "res")
+    assert "command line: name=../../escape" in str(e.value)
+    code, out, err = cli(["run", g, "name=../../escape", "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert code == 2 and "not a valid sweep name" in err
+    assert grid.load_plan(g, ["name=renamed"], out=tmp_path / "res").sweep_dir == tmp_path / "res" / "renamed"
+
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text("model:\n  path: /models/m\n")
+    with pytest.raises(UserError, match="not a valid sweep name"):
+        grid.compose_run_config(run_yaml, [f"name={escape}"])
+    code, out, err = cli(["train", run_yaml, f"name={escape}"], monkeypatch, capsys)
+    assert code == 2 and "not a valid sweep name" in err and "Traceback" not in err
+    run_yaml.write_text("name: ../x\nmodel:\n  path: /models/m\n")
+    with pytest.raises(UserError, match=r"run.yaml.name: '\.\./x' is not a valid sweep name"):
+        grid.compose_run_config(run_yaml, [])
+    assert not escape.exists() and not (tmp_path / "results").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 6. Huge grids and YAML alias bombs: refused before they are expanded
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _bounded(fn) -> tuple[Exception, float, int]:
+    """fn's exception, the seconds and the peak Python memory (bytes) it took."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        fn()
+    except Exception as e:
+        err = e
+    else:
+        raise AssertionError("not refused")
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return err, seconds, peak
+
+
+def test_a_million_run_grid_is_refused_at_once(tmp_path):
+    g = tmp_path / "g.yaml"
+    g.write_text("name: huge\ngrid:\n  kl.estimator: k1,k3\n  seed: range(1000000)\n")
+    grid.load_plan(_small(tmp_path), out=tmp_path / "res")  # Hydra's imports, once
+    err, seconds, peak = _bounded(lambda: grid.load_plan(g))
+    assert isinstance(err, UserError) and "2,000,000 runs" in str(err) and "--max-runs" in str(err)
+    # loose bounds (it was 3 minutes to a MemoryError at 11.8 GB): never listed, never expanded
+    assert seconds < 60 and peak < 200e6, (seconds, peak)
+
+
+def _small(tmp_path: Path) -> Path:
+    g = tmp_path / "small.yaml"
+    g.write_text(SMALL_GRID)
+    return g
+
+
+def test_the_run_limit_is_configurable(tmp_path, monkeypatch):
+    g = tmp_path / "g.yaml"
+    g.write_text("name: mid\ngrid:\n  - {seed: range(20)}\n  - {seed: range(20), kl.beta: 0.1}\n")
+    with pytest.raises(UserError, match="40 runs .* more than the limit of 30"):
+        grid.load_plan(g, max_runs=30)
+    monkeypatch.setenv("KLSWEEP_MAX_RUNS", "30")
+    with pytest.raises(UserError, match="limit of 30"):
+        grid.load_plan(g)
+    with pytest.raises(UserError, match="limit of 10"):  # a command-line sweep replaces the file's axis
+        grid.load_plan(g, ["seed=range(0,12,1)"], max_runs=10)
+    assert len(grid.load_plan(g, max_runs=40).runs) == 40
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcdefg", "bcdefgh", strict=False)]
+    g = tmp_path / "bomb.yaml"
+    g.write_text("name: bomb\n" + "\n".join(levels) + "\ngrid:\n  seed: *h\n")  # 10**8 values
+    err, seconds, peak = _bounded(lambda: grid.load_plan(g))
+    assert isinstance(err, UserError) and "alias bomb" in str(err)
+    assert seconds < 30 and peak < 100e6, (seconds, peak)
+    g.write_text("name: loop\ngrid: &x\n  seed: [*x]\n")
+    with pytest.raises(UserError, match="expands without end"):
+        grid.load_plan(g)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 7. User errors that were tracebacks: located exit-2 messages, nothing left behind
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_bad_files_names_and_folders_are_located_exit_2(tmp_path, monkeypatch, capsys):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    code, out, err = cli(["plan", binary], monkeypatch, capsys)
+    assert code == 2 and f"{binary}: not a text file" in err and "Traceback" not in err
+
+    long_name = tmp_path / "long.yaml"
+    long_name.write_text(SMALL_GRID.replace("name: small", "name: " + "n" * 300))
+    code, out, err = cli(["run", long_name, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert code == 2 and "300 characters is too long" in err
+    assert not (tmp_path / "res").exists()  # nothing left behind
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for command in ("plan", "run"):
+        code, out, err = cli([command, _small(tmp_path), "--out", a_file], monkeypatch, capsys)
+        assert code == 2 and "--out" in err and "is a file, not a folder" in err, err
+
+
+def _without_root_powers() -> list[str]:
+    """A command prefix that makes root obey permission bits (as any user does), or [] when not root."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
+def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
+    sweep = fixture_copy(tmp_path)
+    results = tmp_path / "results"
+    results.mkdir()
+    g = tmp_path / "g.yaml"
+    g.write_text(SMALL_GRID)
+    for folder in (sweep, results):
+        folder.chmod(0o555)
+    try:
+        for args in (["report", sweep], ["eval", sweep, "--cluster", "debug"], ["run", g, "--out", results]):
+            proc = subprocess.run(
+                [*_without_root_powers(), sys.executable, "-m", "klsweep.cli", *map(str, args)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "COLUMNS": "400"},
+            )
+            assert proc.returncode == 2, (args, proc.stderr)
+            assert "cannot write in" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    finally:
+        for folder in (sweep, results):
+            folder.chmod(0o755)
+    assert not (results / "small").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 8. A collapse inside the first window: the one rule stops the run, and status and report agree
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_collapse_at_step_2_is_caught_and_reads_collapsed_everywhere(tmp_path, model_dir, monkeypatch):
+    from klsweep import tasks
+    from klsweep.console import status_table
+    from klsweep.report import build_report
+
+    def falling_reward(prompts, completions, answer, trainer_state, **kwargs):
+        return [0.19 if trainer_state.global_step < 1 else 0.0] * len(completions)
+
+    monkeypatch.setattr(tasks, "reward_function", lambda task: falling_reward)
+    sweep = tmp_path / "collapse"
+    run = sweep / "r1"
+    config = write_config(run, model_dir, **{"train.steps": 8})
+    assert (config["train"]["collapse_window"], config["train"]["collapse_fraction"]) == (10, 0.5)  # defaults
+    status = job.train_run(run)
+    assert status["state"] == "diverged", status  # the 10-step mean of old never existed: it ended 'done'
+    assert status["diverged_step"] == 3 and status["reason"].startswith("reward collapse")
+    assert [r["step"] for r in store.read_metrics(run)] == [1, 2, 3]
+
+    rep = build_report(sweep, tmp_path / "out", formats=("md",))
+    assert rep.runs.iloc[0]["collapse_step"] == 3 and bool(rep.runs.iloc[0]["collapsed"])
+    (row,) = submit.status(sweep)
+    assert row.collapsed
+    from rich.console import Console
+
+    console = Console(width=80, record=True)
+    console.print(status_table([row]))
+    assert "collapsed" in console.export_text()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 9. Unclear states: killed without a word; the flag that reruns skipped runs
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_a_killed_run_says_it_died_without_a_word(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "killed"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    start = time.time()
+    while not (run_dir / "progress.txt").exists() or int((run_dir / "progress.txt").read_text() or 0) < 2:
+        assert time.time() - start < 120, "the job never started"
+        time.sleep(0.2)
+    (row,) = [r for r in store.read_jsonl(sweep / store.JOBS_FILE) if r.get("job_id")]
+    tasks = _children(int(row["job_id"]))  # submitit's controller runs the job in a child process
+    assert tasks
+    for pid in tasks:
+        os.kill(pid, signal.SIGKILL)  # kill -9
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=120)
+    assert run.state == "failed"
+    assert run.reason.startswith("the process died without a word")
+    assert run.log_tail[0] == run.reason and any("its log:" in line for line in run.log_tail)
+    code, out, err = cli(["status", sweep], monkeypatch, capsys)
+    assert code == 0 and "died without a word" in out
+
+
+def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypatch, capsys):
+    g = _small(tmp_path)
+    plan = grid.load_plan(g, out=tmp_path / "res")
+    for run, state in zip(plan.runs, ("failed", "cancelled"), strict=True):
+        store.write_status(run.run_dir, state)
+    res = submit.submit(plan, "debug", train_fn=jobs.ok_train)
+    assert set(res.actions.values()) == {"skip-failed"}
+    (hint,) = res.hints()
+    assert "2 run(s)" in hint and "--retry-failed" in hint
+    code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert code == 0 and "2 skip-failed" in out and "rerun with --retry-failed" in out

@@ -22,7 +22,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's own help: flags read `--wait` (typer's rich panels print `--wait <bool>`), plain text that reads
+    # at 80 columns and in a pipe
+    rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"klsweep {version('klsweep')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report."""
+
 
 OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
 MaxRunsOpt = Annotated[
@@ -32,9 +54,9 @@ MaxRunsOpt = Annotated[
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
+    from klsweep.console import cli_console
 
-    return Console(stderr=stderr)
+    return cli_console(stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -165,6 +187,9 @@ def plan_command(
         list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    runs: Annotated[
+        bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
+    ] = False,
     max_runs: MaxRunsOpt = None,
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
@@ -184,8 +209,10 @@ def plan_command(
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
-        _console().print(console.plan_table(plan, summary))
-        _console().print(console.resources_table(summary))
+        out = _console()
+        width = console.table_width(out)
+        out.print(console.plan_table(plan, summary, width=width, runs=runs))
+        out.print(console.resources_table(summary, width=width))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
@@ -238,7 +265,9 @@ def report_command(
     report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
     console = _console()
     if not quiet:
-        for table in rich_tables(report):
+        from klsweep.console import table_width
+
+        for table in rich_tables(report, width=table_width(console)):
             console.print(table)
     for line in report.set_aside:
         _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
@@ -295,7 +324,13 @@ def run_command(
             help="local | slurm | debug (in this process, for pdb); default: the grid's cluster.kind"
         ),
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="show progress until every run is final")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="show progress until every run is final; exit 1 if one failed"),
+    ] = False,
+    fail_on_diverged: Annotated[
+        bool, typer.Option("--fail-on-diverged", help="--wait: exit 1 also when a run diverged")
+    ] = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
     ] = False,
@@ -305,16 +340,21 @@ def run_command(
     ),
     max_runs: MaxRunsOpt = None,
 ) -> None:
-    """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones)."""
+    """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
+    --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
+    results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
     cluster = cluster or submit.default_cluster(plan)
-    res = submit.submit(plan, cluster, retry_failed=retry_failed, force=force)
     console = _console()
+    res = submit.submit(
+        plan, cluster, retry_failed=retry_failed, force=force,
+        on_build=lambda p: console.print(f"building the tiny model (once, cached in {p})", highlight=False),
+    )  # fmt: skip
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
         f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
@@ -332,7 +372,15 @@ def run_command(
                     task, completed=sum(r.state in store.FINAL_STATES for r in rs)
                 ),
             )
-        console.print(status_table(runs, title=plan.name))
+        console.print(status_table(runs, title=plan.name, width=table_width(console)))
+    elif cluster == "debug":  # in this process: every run is final already
+        runs = submit.status(res.sweep_dir)
+    else:
+        return
+    line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
+    console.print(f"{plan.name}: {line}", highlight=False)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("status")
@@ -345,7 +393,7 @@ def status_command(
 ) -> None:
     """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
     from klsweep import submit
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
@@ -354,19 +402,20 @@ def status_command(
         print(json.dumps([r.as_dict() for r in submit.status(sweep_dir)], indent=2, default=str))
         return
     console = _console()
+    width = table_width(console)
     if watch:
         from rich.live import Live
 
         with Live(console=console) as live:
             runs = submit.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(status_table(rs, title=sweep_dir.name))
+                sweep_dir, on_update=lambda rs: live.update(status_table(rs, sweep_dir.name, width))
             )
     else:
         runs = submit.status(sweep_dir)
-        console.print(status_table(runs, title=sweep_dir.name))
+        console.print(status_table(runs, title=sweep_dir.name, width=width))
     for r in runs:
         if r.state in ("failed", "unreadable") and r.log_tail:
-            console.rule(f"{r.run_id} ({r.state})")
+            console.print(f"--- {r.run_id} ({r.state}) ---", highlight=False, markup=False)
             console.print("\n".join(r.log_tail), highlight=False, markup=False, soft_wrap=True)
 
 
@@ -409,7 +458,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep import report
-    from klsweep.console import status_table
+    from klsweep.console import status_table, table_width
     from klsweep.study import run_study
 
     console = _console()
@@ -454,8 +503,9 @@ def study_command(
         )
     finally:
         progress.stop()
-    console.print(status_table(res.runs, title=res.sweep_dir.name))
-    for table in report.rich_tables(res.report):
+    width = table_width(console)
+    console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
+    for table in report.rich_tables(res.report, width=width):
         console.print(table)
     for path in res.report.paths:
         console.print(f"wrote {path}", highlight=False)

@@ -188,6 +188,30 @@ class RunConfig:
 # config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
 LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
 
+# How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
+# of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
+NO_KL = "no KL"
+KL_ONLY_KEYS: tuple[str, ...] = (
+    "kl.estimator",
+    "kl.placement",
+    "kl.level",
+    "kl.importance",
+    "kl.reward_mode",
+)
+
+
+def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's dotted keys -> values (its varying axes, or its whole flattened config), with the KL-only fields
+    (``KL_ONLY_KEYS``) read as ``NO_KL`` when ``kl.beta`` is 0: the no-KL runs form one configuration whatever
+    those fields hold, and read the same in the plan, the status and the report."""
+    out = dict(params)
+    if out.get("kl.beta") == 0:
+        for key in KL_ONLY_KEYS:
+            if key in out:
+                out[key] = NO_KL
+    return out
+
+
 # Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = (
     "name",

@@ -1,4 +1,12 @@
-"""Terminal rendering: rich tables for the CLI; computation lives elsewhere."""
+"""Terminal rendering for the CLI: its console (``cli_console``) and the plan, resources, status and audit tables;
+computation lives elsewhere.
+
+Every table is laid out by ``report.terminal.fitted_table``: sized to the terminal (80 columns read well: only
+the axes that vary, short headers, optional columns dropped and named before anything wraps), run ids and model
+names never cut, rows sorted by configuration. On a pipe or in a file the console is as wide as the lines
+(``cli_console``): plain, full-width tables, nothing wrapped or cut. A long plan is summarised (runs per axis
+value); ``klsweep plan --runs`` lists every run.
+"""
 
 from __future__ import annotations
 
@@ -7,59 +15,153 @@ from typing import TYPE_CHECKING, Any
 from klsweep.audit import GRPO_VERDICTS
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.grid import Plan
     from klsweep.submit import RunStatus
 
+PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's default there would be 80)
+LIST_RUNS_UP_TO = 16  # a plan of more runs is summarised per axis value unless its runs are asked for
 
-def plan_table(plan: Plan, counts: dict[str, Any]) -> Table:
-    """A rich table of the runs (the varying axes and the id), with the counts (``planner.summary``) as its
+
+def cli_console(stderr: bool = False) -> Console:
+    """The terminal's console, or, when the output is not a terminal, one no line of which is wrapped."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
+
+
+def table_width(console: Console) -> int | None:
+    """The width tables are fitted to: the terminal's; none (full width) on a pipe."""
+    return console.width if console.is_terminal else None
+
+
+COMPACT = {"kl.estimator": "est."}  # headers narrower than the report's where a column's values are short
+
+
+def axis_label(axis: str, compact: bool = True) -> str:
+    """A column header for a dotted axis key: compact (a column of short values), else the report's short
+    name, else its last part."""
+    from klsweep.report.tables import SHORT
+
+    return (compact and COMPACT.get(axis)) or SHORT.get(axis, axis.split(".")[-1])
+
+
+def _shown(params: dict[str, Any]) -> dict[str, Any]:
+    from klsweep.config import without_kl_when_off
+
+    return without_kl_when_off(params)
+
+
+def _value(v: Any) -> str:
+    return "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _sort_key(params: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
+    """Configuration order: axis by axis, numbers before names, numbers by value, "no KL" last."""
+    from klsweep.config import NO_KL
+
+    return tuple(
+        (
+            v is None,
+            v == NO_KL,
+            isinstance(v, str),
+            v if isinstance(v, int | float) and not isinstance(v, bool) else str(v),
+        )
+        for v in (params.get(a) for a in axes)
+    )
+
+
+def _config_first(axes: list[str]) -> list[str]:
+    """The axes in table order: the configuration's, then the seed (rows sorted so read configuration by
+    configuration)."""
+    return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
+
+
+def _pack(items: list[str], room: int | None) -> str:
+    """``items`` joined by ", ", on lines of at most ``room`` characters, never breaking an item."""
+    lines = [""]
+    for item in items:
+        line = f"{lines[-1]}, {item}" if lines[-1] else item
+        if room is not None and lines[-1] and len(line) + 1 > room:
+            lines[-1] += ","
+            lines.append(item)
+        else:
+            lines[-1] = line
+    return "\n".join(lines)
+
+
+def _labels(axes: list[str], compact: bool = True) -> list[str]:
+    labels = [axis_label(a, compact) for a in axes]
+    # two axes with the same last part (a.x, b.x) keep their full keys
+    return [a if labels.count(lab) > 1 else lab for a, lab in zip(axes, labels, strict=True)]
+
+
+def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, runs: bool = False) -> Any:
+    """The runs of a plan: every run (id, then the varying axes, sorted by configuration) when ``runs`` or
+    when there are few; else the runs per value of each axis. The counts (``planner.summary``) are the
     caption."""
-    from rich.table import Table
+    from klsweep.report.terminal import GAP, fitted_table, fitted_tables
 
-    t = Table(title=f"sweep {plan.name}: {plan.sweep_dir}", title_justify="left")
-    for axis in plan.axes:
-        t.add_column(axis)
-    t.add_column("id", style="cyan")
-    for run in plan.runs:
-        t.add_row(*(str(run.params[a]) for a in plan.axes), run.id)
-    t.caption = (
+    title = f"sweep {plan.name}: {plan.sweep_dir}"
+    caption = (
         f"{counts['total']} runs, {counts['excluded']} excluded, {counts['done']} already done, "
         f"{counts['to_submit']} to submit"
     )
-    t.caption_justify = "left"
-    return t
+    shown = {r.id: _shown(r.params) for r in plan.runs}
+    axes = _config_first(plan.axes)
+    if runs or len(plan.runs) <= LIST_RUNS_UP_TO:
+        order = sorted(plan.runs, key=lambda r: (_sort_key(shown[r.id], axes), r.id))
+        rows = [[r.id, *(_value(shown[r.id].get(a)) for a in axes)] for r in order]
+        labels = _labels(axes)
+        return fitted_tables(
+            title, ["run", *labels], rows, width=width, group="model", whole=["run", "model"], caption=caption,
+        )  # fmt: skip
+    labels = _labels(axes, compact=False)
+    room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
+    rows = []
+    for a, label in zip(axes, labels, strict=True):
+        per_value: dict[Any, int] = {}
+        for r in sorted(plan.runs, key=lambda r: _sort_key({a: shown[r.id].get(a)}, [a])):
+            v = shown[r.id].get(a)
+            per_value[v] = per_value.get(v, 0) + 1
+        rows.append([label, _pack([f"{_value(v)} ×{n}" for v, n in per_value.items()], room)])
+    return fitted_table(
+        title,
+        ["axis", "runs per value"],
+        rows,
+        width=width,
+        caption=f"{caption}; every run: --runs",
+    )
 
 
 def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
 
-def resources_table(counts: dict[str, Any]) -> Table:
-    """A rich table of what the plan needs (``planner.summary``): one row per model and launch shape, the
-    sweep's totals and its largest per-GPU memory estimate in the caption."""
-    from rich.table import Table
+def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
+    """What the plan needs (``planner.summary``): one row per model and launch shape, the sweep's totals and
+    its largest per-GPU memory estimate in the caption."""
+    from klsweep.report.terminal import fitted_table
 
-    t = Table(title="resources (estimates: slurm/README.md)", title_justify="left")
-    for col in ("model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "GPU-h", "storage"):
-        t.add_column(
-            col,
-            justify="left" if col in ("model", "sharding") else "right",
-            overflow="fold" if col == "model" else "ellipsis",  # a model's name is never cut
-        )
+    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "GPU-h", "storage"]
+    rows = []
     for row in counts["resources"]:
         mem = row["gpu_memory_gb"]
-        t.add_row(
-            str(row["model"]),
-            str(row["runs"]),
-            "CPU" if mem is None else row["gpus"],
-            row["sharding"],
-            "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
-            "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
-            f"{row['gpu_hours']:.0f}",
-            _size(row["storage_gb"]),
+        rows.append(
+            [
+                str(row["model"]),
+                str(row["runs"]),
+                "CPU" if mem is None else str(row["gpus"]),
+                row["sharding"],
+                "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
+                "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
+                f"{row['gpu_hours']:.0f}",
+                _size(row["storage_gb"]),
+            ]
         )
     largest = counts["largest_gpu_memory"]
     peak = (
@@ -68,45 +170,81 @@ def resources_table(counts: dict[str, Any]) -> Table:
         else f"; largest per GPU: {largest['gpu_memory_gb']:g} of {largest['of_gb']:g} GiB "
         f"({largest['model']}, run {largest['run']})"
     )
-    t.caption = (
+    caption = (
         f"at most {counts['gpu_hours_upper_bound']:g} GPU-hours to submit (upper bound: every job using its "
         f"whole time limit); checkpoints kept {_size(counts['storage_gb'])}{peak}"
     )
-    t.caption_justify = "left"
-    return t
+    return fitted_table(
+        "resources (estimates: slurm/README.md)",
+        header,
+        rows,
+        width=width,
+        right=["runs", "GPUs", "micro", "GiB/GPU", "GPU-h", "storage"],
+        whole=["model"],  # a model's name is never cut nor folded
+        optional=["micro", "storage"],
+        caption=caption,
+    )
 
 
-def status_table(runs: list[RunStatus], title: str = "") -> Any:
-    """A rich table of ``klsweep.submit.status`` rows (failed runs' log tails are printed separately by the
-    CLI). A run diverged by a reward collapse shows as ``collapsed``, as the report counts it."""
-    from rich.table import Table
+COLOUR = {
+    "done": "green",
+    "failed": "red",
+    "unreadable": "red",
+    "diverged": "magenta",
+    "collapsed": "magenta",
+    "cancelled": "yellow",
+    "running": "cyan",
+}
 
-    t = Table(title=title or None)
-    axes = list(runs[0].params) if runs else []
-    t.add_column("run", no_wrap=True, min_width=10)  # an id is never cut
-    for col in [*axes, "state", "step", "reward", "elapsed", "GPU-h", "job", "eval"]:
-        t.add_column(
-            col.split(".")[-1],  # kl.estimator -> estimator: the table stays narrow
-            justify="right" if col in ("step", "reward", "elapsed", "GPU-h") else "left",
-            no_wrap=col in ("state", "step"),
-        )
-    colour = {
-        "done": "green",
-        "failed": "red",
-        "unreadable": "red",
-        "diverged": "magenta",
-        "collapsed": "magenta",
-        "cancelled": "yellow",
-        "running": "cyan",
-    }
-    for r in runs:
-        step = f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step)
-        reward = "" if r.reward is None else f"{r.reward:.3f}"
-        shown = "collapsed" if r.collapsed else r.state  # as the report calls it
-        state = f"[{colour.get(shown, 'white')}]{shown}[/]"
-        t.add_row(r.run_id, *(str(r.params.get(a)) for a in axes), state, step, reward,
-                  f"{r.elapsed_s / 60:.1f}m", f"{r.gpu_hours:.2f}", r.job_id or "", r.eval_state or "")  # fmt: skip
-    return t
+
+def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
+    """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, step,
+    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs'
+    log tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``,
+    as the report counts it."""
+    from rich.text import Text
+
+    from klsweep.report.terminal import fitted_tables
+
+    axes = _config_first(list(runs[0].params)) if runs else []
+    shown = {r.run_id: _shown(r.params) for r in runs}
+    gpu = any(r.gpu_hours for r in runs)
+    header = [
+        "run",
+        *_labels(axes),
+        "state",
+        "step",
+        "reward",
+        "eval",
+        "elapsed",
+        *(["GPU-h"] if gpu else []),
+        "job",
+    ]
+    rows = []
+    for r in sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id)):
+        rows.append(
+            [
+                r.run_id,
+                *(_value(shown[r.run_id].get(a)) for a in axes),
+                Text(state := "collapsed" if r.collapsed else r.state, style=COLOUR.get(state, "")),
+                f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
+                "" if r.reward is None else f"{r.reward:.3f}",
+                r.eval_state or "",
+                f"{r.elapsed_s / 60:.1f}m" if r.elapsed_s < 6000 else f"{r.elapsed_s / 3600:.1f}h",
+                *([f"{r.gpu_hours:.2f}"] if gpu else []),
+                r.job_id or "",
+            ]
+        )  # fmt: skip
+    return fitted_tables(
+        title,
+        header,
+        rows,
+        width=width,
+        group="model",  # too wide with the model's name: one table per model
+        right=["step", "reward", "elapsed", "GPU-h"],
+        whole=["run", "model", "job"],
+        optional=["job", "GPU-h", "elapsed"],
+    )
 
 
 VERDICT_STYLES = {

@@ -1,6 +1,6 @@
 """One training run end to end in its run folder: ``config.yaml`` -> train -> metrics, checkpoints, status.
 
-``train_run(run_dir)`` is what every training job calls (``klsweep train``, the launcher's submitit jobs):
+``train_run(run_dir)`` is what every training job calls (``klsweep train``, the submitit jobs of ``klsweep.submit``):
 
 - reads ``run_dir/config.yaml`` (a complete RunConfig), seeds everything from ``config.seed``;
 - records the environment it trains in (``env.json``, ``environment.record``) at every start;
@@ -35,14 +35,14 @@ Divergence is a result, not a crash (``train_run`` returns normally), at the fir
 
 A diverged run saves its state at the step it stopped (``checkpoint-<step>``, marked ``diverged``).
 
-Distributed: with ``WORLD_SIZE > 1`` in the environment (the launcher sets RANK, LOCAL_RANK, WORLD_SIZE,
+Distributed: with ``WORLD_SIZE > 1`` in the environment (``klsweep.submit`` sets RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR/PORT from Slurm) transformers/accelerate train data-parallel (DDP, or FSDP on GPUs; ``gloo`` on
 CPU); the prompts of a
 step are split over the ranks; only rank 0 writes the status, the metrics and W&B; every rank writes its own
 lag buffers into each checkpoint.
 
 Preemption: a job's preemption signal is deferred to the end of the step in progress (``defer_to_step_end``,
-called by the launcher's signal handler in every task); there every rank saves the checkpoint together (so a
+called by the submission layer's signal handler in every task); there every rank saves the checkpoint together (so a
 resume finds every rank's buffers, and FSDP's collective save can run), then the handler requeues the job.
 
 Precision and sharding (``model.dtype``, ``train.sharding``): see ``klsweep.layout`` (float32 master weights of

@@ -58,10 +58,14 @@ def run_study(
             title="not a study",
         )
     on_stage(f"train: {len(plan.runs)} runs on {kind}")
-    submit.submit(plan, kind, retry_failed=retry_failed, chain_eval=False)
+    submit.submit(
+        plan, kind, retry_failed=retry_failed, chain_eval=False,
+        on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
+    )  # fmt: skip
     runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
     on_stage("eval: every finished run and the step-0 baseline")
     outcome = submit.submit_eval(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
+    runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
     return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep)

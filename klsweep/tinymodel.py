@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,8 +147,16 @@ def _new_model(
 
 
 def _save(model: Any, tokenizer: Any, folder: Path) -> None:
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no stray "Writing model shards" bar for a one-file model
+    try:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def random_tiny_model(
@@ -303,9 +312,14 @@ def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any
     return info
 
 
-def tiny_model_path(cache_dir: Path | None = None, spec: TinySpec = TinySpec()) -> Path:
+def tiny_model_path(
+    cache_dir: Path | None = None,
+    spec: TinySpec = TinySpec(),
+    on_build: Callable[[Path], None] | None = None,
+) -> Path:
     """The folder of the warm-started tiny model (built on first use, then reused), loadable offline by
-    ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` and by lm-eval's ``hf`` model."""
+    ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` and by lm-eval's ``hf`` model. ``on_build``
+    is called with that folder before a build (about 15 s on a CPU), to say what is happening."""
     from filelock import FileLock
 
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -317,6 +331,8 @@ def tiny_model_path(cache_dir: Path | None = None, spec: TinySpec = TinySpec()) 
     with FileLock(str(final) + ".lock"):
         if (final / "build_info.json").is_file():  # another process built it while we waited
             return final
+        if on_build is not None:
+            on_build(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
         try:
             build_tiny_model(tmp, spec)

@@ -4,6 +4,7 @@ local Slurm cluster (``bash slurm/start.sh; source /tmp/klsweep-slurm/env.sh``; 
 from __future__ import annotations
 
 import multiprocessing
+import re
 import time
 from pathlib import Path
 
@@ -169,3 +170,57 @@ def test_unknown_cluster_is_a_user_error(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="unknown cluster"):
         submit.submit(jobs.make_plan(tmp_path / "x", [0]), "kubernetes")
+
+
+def test_run_wait_exits_1_when_a_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`klsweep run --wait`: real tiny training on the local executor, one run done and one failed (its model
+    path does not exist): exit 1, the summary says so; the status table that follows has both ids whole at 80
+    columns and when piped."""
+    from typer.testing import CliRunner
+
+    from klsweep.cli import app
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(
+        "name: exitcode\nbase:\n  model: tiny\n  task: tiny\n  cluster: local\n  train.steps: 1\n"
+        "  train.save_steps: 1\n  train.prompts_per_step: 2\n  train.group_size: 2\n"
+        "  train.max_completion_length: 4\n  wandb.mode: disabled\n"
+        "grid:\n  - kl.beta: 0.1\n  - kl.beta: 0.0\n    model.path: " + str(tmp_path / "missing") + "\n"
+    )
+    result = CliRunner().invoke(
+        app, ["run", str(grid), "--out", str(tmp_path), "--wait"], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 1, result.output
+    assert "1 done, 1 failed" in result.output
+    sweep = tmp_path / "exitcode"
+    ids = sorted(p.name for p in store.run_dirs(sweep))
+    for terminal in ("1", ""):
+        shown = CliRunner().invoke(
+            app, ["status", str(sweep)], env={"COLUMNS": "80", "TTY_COMPATIBLE": terminal}
+        )
+        assert shown.exit_code == 0, shown.output
+        table = shown.output.split("\n---")[0]  # the failed run's log tail follows, as written
+        lines = re.sub(r"\x1b\[[0-9;]*m", "", table).splitlines()
+        assert all(any(line.split()[:1] == [i] for line in lines) for i in ids)  # ids whole, first in a row
+        if terminal:
+            assert max(len(line) for line in lines) <= 80, table
+        else:
+            assert "\x1b[" not in table
+
+
+def test_final_summary_and_exit_code() -> None:
+    """A diverged run is a result (exit 0, said in the summary) unless --fail-on-diverged; a failed run, a
+    cancelled one or a failed eval: exit 1."""
+
+    def run(state: str, eval_state: str | None = None) -> submit.RunStatus:
+        return submit.RunStatus(run_id=state, params={}, state=state, step=1, total_steps=1, reward=None,
+                                elapsed_s=1.0, gpu_hours=0.0, job_id=None, cluster="local",
+                                eval_state=eval_state, log_tail=[])  # fmt: skip
+
+    line, code = submit.final_summary([run("done"), run("diverged")])
+    assert code == 0 and "1 done, 1 diverged" in line and "--fail-on-diverged" in line
+    assert submit.final_summary([run("done"), run("diverged")], fail_on_diverged=True)[1] == 1
+    assert submit.final_summary([run("done"), run("failed")]) == ("1 done, 1 failed", 1)
+    assert submit.final_summary([run("cancelled")])[1] == 1
+    assert submit.final_summary([run("done", "failed")]) == ("1 done, 1 eval(s) failed", 1)
+    assert submit.final_summary([run("done", "done")]) == ("1 done", 0)

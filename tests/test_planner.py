@@ -17,11 +17,20 @@ REPO = Path(__file__).resolve().parent.parent
 PAPER = REPO / "sweeps" / "paper.yaml"
 
 
-def cli(args: list[str], monkeypatch, capsys, columns: int = 400) -> tuple[int, str, str]:
-    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr)."""
+def cli(
+    args: list[str], monkeypatch, capsys, columns: int = 400, terminal: bool = False
+) -> tuple[int, str, str]:
+    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr). ``terminal``: rich takes the
+    (captured) output for a terminal of ``columns`` columns (TTY_COMPATIBLE), escape codes removed."""
+    import re
+
     from klsweep import cli as cli_mod
 
     monkeypatch.setenv("COLUMNS", str(columns))
+    if terminal:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    else:
+        monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
     monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
     code = 0
     try:
@@ -29,7 +38,8 @@ def cli(args: list[str], monkeypatch, capsys, columns: int = 400) -> tuple[int, 
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out, err = capsys.readouterr()
-    return code, out, err
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    return code, ansi.sub("", out), ansi.sub("", err)
 
 
 def one_run(*overrides: str) -> dict:
@@ -175,14 +185,45 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
 
 
 def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys):
-    code, out, _ = cli(["plan", PAPER, "--out", tmp_path], monkeypatch, capsys, columns=80)
+    code, out, _ = cli(["plan", PAPER, "--out", tmp_path], monkeypatch, capsys, columns=80, terminal=True)
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
     flat = " ".join(out.split())
     for s in ("GPU-hours", "checkpoints kept", "TiB", "largest per GPU", "of 80 GiB", "fsdp", "/80"):
         assert s in flat, s
-    for model in ("qwen2.5-7b", "qwen3-4b-instruct-2507"):  # model names are folded, never cut
-        assert model in out.replace("│", "").replace(" ", "").replace("\n", "") or model in flat
+    lines = out.splitlines()
+    for model in ("qwen2.5-7b", "llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"):  # never cut nor folded
+        assert any(line.split()[:1] == [model] for line in lines), model  # its resources row
+    assert "…" not in out
+    # 300 runs summarised per axis value, the no-KL runs under one label; the list on request
+    for s in ("estimator k1 ×144, k3 ×144, no KL ×12", "placement both ×96, loss ×96, reward ×96, no KL ×12",
+              "qwen3-4b-instruct-2507 ×150", "every run: --runs"):  # fmt: skip
+        assert s in flat, s
+    assert "k3 loss" not in flat
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_plan_lists_every_run_whole_sorted_by_configuration(tmp_path, monkeypatch, capsys, terminal):
+    """--runs: every run id whole (pasteable into `klsweep cancel`), model names whole, configuration order
+    (the seeds of one configuration together); at 80 columns in a terminal, full width in a pipe."""
+    code, out, _ = cli(["plan", PAPER, "--out", tmp_path, "--runs"], monkeypatch, capsys, 80, terminal)
+    assert code == 0
+    plan = grid.load_plan(PAPER, out=tmp_path)
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1]}
+    assert {r.id for r in plan.runs} <= set(rows)  # every id, whole, first in its row
+    assert "…" not in out
+    if terminal:
+        assert max(len(line) for line in out.splitlines()) <= 80
+    header = next(line.split() for line in out.splitlines() if line.split()[:1] == ["run"])
+    assert header == ["run", "model", "est.", "placement", "beta", "lag", "seed"]
+    ordered = [rows[r][:-1] for r in rows if r in {p.id for p in plan.runs}]
+    assert len(ordered) == 300
+    configs = [tuple(c) for c in ordered]
+    assert len({c for c in configs}) == len(
+        [c for i, c in enumerate(configs) if i == 0 or c != configs[i - 1]]
+    )
+    no_kl = [v for v in rows.values() if "KL" in v]
+    assert len(no_kl) == 12 and all(v[1:4] == ["no", "KL", "no"] for v in no_kl)
 
 
 # ------------------------------------------------------------------------------------------------ refusals

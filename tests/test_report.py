@@ -219,7 +219,7 @@ def test_audit_table_uses_each_runs_settings():
     assert g5["unbiased"] == "no" and g5["effective scale"] > 1.5
     assert by["separate", 4, "group", "vespo", "on-policy"]["verdict"].startswith("not audited: loss_type")
     assert "at most" in by["separate", 64, "group", "dapo", "on-policy"]["verdict"]
-    assert a[a["estimator"] == "none"]["verdict"].tolist() == ["no KL term (beta = 0)"]
+    assert a[a["estimator"] == "no KL"]["verdict"].tolist() == ["no KL term (beta = 0)"]
     off = by["separate", 4, "group", "dapo", "off-policy, importance=sequence"]
     assert off["unbiased"] == "yes" and off["off-policy estimator verdict"] == "unbiased reverse KL"
     assert exact["off-policy estimator verdict"] == "—"

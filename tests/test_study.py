@@ -28,6 +28,8 @@ def _check_study(res, out: Path) -> None:
     assert res.sweep_dir == sweep
     assert len(res.runs) == 4
     assert {r.state for r in res.runs} <= {"done", "diverged"}, [(r.run_id, r.state) for r in res.runs]
+    # the status the study ends with is taken after the eval: its eval column is filled
+    assert {r.eval_state for r in res.runs} == {"done"}, [(r.run_id, r.eval_state) for r in res.runs]
     for run_dir in store.run_dirs(sweep):
         assert [m["step"] for m in store.read_metrics(run_dir)] == [1, 2, 3]
         results = list(run_dir.glob("eval/*/checkpoint-3/results.json"))

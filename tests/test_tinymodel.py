@@ -140,3 +140,13 @@ def test_warm_start_is_in_the_band_and_reused(warm_dir: Path) -> None:
     assert info["accuracy"][tasks.IN_DOMAIN_SKILL]["greedy"] == greedy  # deterministic greedy eval
     assert 100 <= info["sft_steps"] < tinymodel.TinySpec().sft_max_steps  # stopped by the target, not the cap
     assert info["build_cpu_seconds"] < 60
+
+
+def test_build_says_what_it_does_and_draws_no_stray_bar(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """The ~15 s build is announced (``on_build``, which `klsweep study` prints) and transformers' "Writing model
+    shards" bar is not drawn; a cached model is not announced again."""
+    said: list[Path] = []
+    path = tinymodel.tiny_model_path(tmp_path, QUICK, on_build=said.append)
+    assert said == [path]
+    assert "Writing model shards" not in "".join(capfd.readouterr())
+    assert tinymodel.tiny_model_path(tmp_path, QUICK, on_build=said.append) == path and said == [path]

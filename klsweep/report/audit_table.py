@@ -10,6 +10,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
+from klsweep.config import NO_KL
 from klsweep.report.tables import DASH, _sort_key
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
         counts.setdefault(k, []).append(c)
     off_policy = (
         {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(0.5, "all")}
-        if any(k[-1] != "on-policy" and k[0] != "none" for k in counts)
+        if any(k[-1] != "on-policy" and k[0] != NO_KL for k in counts)
         else {}
     )
     rows = []
@@ -54,17 +55,17 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
             "sampling": {"on-policy": "on-policy", "none": "off-policy, no importance weights"}.get(
                 imp, f"off-policy, importance={imp}"
             )
-            if est != "none"
+            if est != NO_KL
             else DASH,
             "configurations": len(set(counts[k])),
             "runs": len(counts[k]),
         }
-        audited = None if est == "none" else _grpo(g, scale, mode, loss_type, beta)
+        audited = None if est == NO_KL else _grpo(g, scale, mode, loss_type, beta)
         a = audited.get((est, plc, lvl)) if isinstance(audited, dict) else None
         if a is None:
             verdict = (
                 "no KL term (beta = 0)"
-                if est == "none"
+                if est == NO_KL
                 else f"not audited: {audited}"
                 if isinstance(audited, str)
                 else "not audited"
@@ -100,7 +101,7 @@ def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
     settings = runs[list(SETTINGS)].astype(object).to_numpy()
     return [
-        (("none",) * 3 + (DASH,) * 5 + ("none",))
+        ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL,))
         if nk
         else (*(_plain(v) for v in values), imp if o else "on-policy")
         for nk, o, values, imp in zip(no_kl, off, settings, runs["kl.importance"], strict=True)

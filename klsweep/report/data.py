@@ -5,7 +5,7 @@ It reads only the files of the results store (``klsweep/store.py``, ``docs/DESIG
 sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.json``). Owns:
 
 - the configuration axes: the dotted config keys whose values differ between runs, seeds excepted
-  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "none";
+  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "no KL" (``config.without_kl_when_off``);
 - the runs frame (one row per run: config axes, status) and the metrics frame (``_load_runs``);
 - the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
   last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, LEGACY_VALUES, read_run_file
+from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, read_run_file, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -74,13 +74,18 @@ def _is_cosmetic(key: str) -> bool:
 
 
 def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:
-    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name), in AXIS_ORDER;
+    """Dotted keys whose values differ between runs (not seed, not cosmetic except model.name; a KL-only field
+    between the runs with KL), in AXIS_ORDER;
     model.path is left out when it is one-to-one with model.name (the name says it)."""
     keys = {k for c in configs for k in c}
+    with_kl = [c for c in configs if c.get("kl.beta") != 0]
     axes = [
         k
         for k in keys
-        if k != "seed" and not _is_cosmetic(k) and len({_hashable(c.get(k)) for c in configs}) > 1
+        if k != "seed"
+        and not _is_cosmetic(k)
+        # a KL-only field is an axis when it varies between runs with KL (not merely "no KL" against a value)
+        and len({_hashable(c.get(k)) for c in (with_kl if k in KL_ONLY_KEYS else configs)}) > 1
     ]
     axes.sort(key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
     if "model.name" in axes and "model.path" in axes and _one_to_one(configs, "model.name", "model.path"):
@@ -95,16 +100,6 @@ def _hashable(v: Any) -> Any:
 def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
     pairs = {(_hashable(c.get(a)), _hashable(c.get(b))) for c in configs}
     return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
-
-
-def _without_kl_when_off(config: dict[str, Any]) -> dict[str, Any]:
-    """At beta = 0 the KL estimator, placement, level, importance and reward mode do nothing: show them as
-    "none", so the no-KL runs form one configuration whatever those fields hold."""
-    if config.get("kl.beta") == 0:
-        for key in ("kl.estimator", "kl.placement", "kl.level", "kl.importance", "kl.reward_mode"):
-            if key in config:
-                config[key] = "none"
-    return config
 
 
 def _load_runs(
@@ -124,7 +119,7 @@ def _load_runs(
             continue
         if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
             config = {**LEGACY_VALUES, **config}
-        config = _without_kl_when_off(config)
+        config = without_kl_when_off(config)
         configs.append(config)
         rows.append(
             {

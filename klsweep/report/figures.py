@@ -98,7 +98,7 @@ def _facets(configs: pd.DataFrame, shown: list[str]) -> list[str]:
 
 def _panels(configs: pd.DataFrame, facets: list[str]) -> list[tuple[Any, ...]]:
     """The panels: every combination of faceted values that some configuration with KL has (a run without KL
-    has "none" for the KL fields: it belongs to every panel of its other values)."""
+    has "no KL" for the KL fields: it belongs to every panel of its other values)."""
     on = configs[configs["kl_on"]] if configs["kl_on"].any() else configs
     keys = {tuple(_fmt_value(v) for v in row) for row in on[facets].itertuples(index=False)}
     return sorted(keys, key=_sort_key)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.collapse import MIN_PEAK
+from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, _none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, _object_series, rule_text
 from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
@@ -77,7 +78,8 @@ class Report:
 
 
 def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple((v is None, isinstance(v, str), v if v is not None else 0) for v in values)
+    """Configuration order: numbers before names, "no KL" after the KL configurations."""
+    return tuple((v is None, v == NO_KL, isinstance(v, str), v if v is not None else 0) for v in values)
 
 
 def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
@@ -470,7 +472,7 @@ def _kl_on(runs: pd.DataFrame) -> pd.Series:
 
 def _labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
     """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
-    because the runs without KL (beta = 0) show it as "none" (e.g. level "token" for every KL run)."""
+    because the runs without KL (beta = 0) show it as "no KL" (e.g. level "token" for every KL run)."""
     on = runs[_kl_on(runs)]
     return [a for a in axes if a not in KL_KEYS or on[a].map(_fmt_value).nunique() > 1]
 

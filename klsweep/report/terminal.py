@@ -1,37 +1,232 @@
-"""The report in the terminal: the main and stability tables as rich Tables (``klsweep report`` prints them),
-from the same views as the files (``tables.py``)."""
+"""Tables in the terminal: the report's results and stability tables as rich Tables (``klsweep report`` and
+``klsweep study`` print them), from the same views as the files (``tables.py``), and the layout every klsweep
+table shares (``fitted_table``, used by ``klsweep.console`` for the plan and status tables too).
+
+Layout: compact (no vertical rules, two spaces between columns), sized to the width given: a table that
+would not fit drops its optional columns (named in the caption) before anything is wrapped; identifiers (run
+ids, model names) are never cut nor folded. ``width=None`` (output to a pipe or a file) keeps every column at
+its full width.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import SHORT, TITLES, Report, _view
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, _view
 
-TERMINAL_COLUMNS = {
-    "main": ("status", "n", ID_AVG, OOD_AVG, D_ID, D_OOD),  # status left-aligned, the rest right
-    "stability": ("status", "final reward", "peak reward", "peak KL k3", "diverged", "collapsed"),
-}
+GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
 
-def rich_tables(report: Report) -> list[Any]:
-    """The main and stability tables for the terminal, as rich Tables: the configuration columns and a few
-    summary columns (every column is in the files); best values in bold."""
-    from rich.markup import escape
+def _plain(cell: Any) -> str:
+    from rich.text import Text
+
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _width(header: str, cells: Sequence[Any]) -> int:
+    """A column's natural width: its widest cell, or its header's longest word (headers wrap at spaces)."""
+    words = max((len(w) for w in header.split()), default=0)
+    return max([words, *(len(_plain(c)) for c in cells)])
+
+
+def fitted_table(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    width: int | None,
+    right: Sequence[str] = (),
+    whole: Sequence[str] = (),
+    optional: Sequence[str] = (),
+    caption: str = "",
+) -> Any:
+    """A rich Table of ``rows`` (str or rich Text cells) under ``header``. ``right``: right-aligned columns;
+    ``whole``: columns never wrapped nor cut (ids, model names); ``optional``: columns dropped, in this order,
+    while the table is wider than ``width`` (None: no limit), and then named in the caption."""
+    from rich import box
     from rich.table import Table
 
+    header = list(header)
+    widths = {h: _width(h, [r[i] for r in rows]) for i, h in enumerate(header)}
+    shown = list(header)
+    dropped: list[str] = []
+    for col in optional:
+        if width is None or _natural(widths, shown) <= width:
+            break
+        if col in shown:
+            shown.remove(col)
+            dropped.append(col)
+    if dropped:
+        note = f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or a pipe shows them)"
+        caption = f"{caption}; {note}" if caption else note
+    t = Table(
+        title=title or None,
+        title_justify="left",
+        caption=caption or None,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for h in shown:
+        keep = h in whole or width is None
+        t.add_column(
+            h,
+            justify="right" if h in right else "left",
+            no_wrap=keep,
+            min_width=widths[h] if keep else None,
+            overflow="fold",
+        )
+    index = [header.index(h) for h in shown]
+    for r in rows:
+        t.add_row(*(r[i] for i in index))
+    return t
+
+
+def _natural(widths: dict[str, int], columns: Sequence[str]) -> int:
+    return sum(widths[h] for h in columns) + GAP * (len(columns) - 1)
+
+
+def fitted_tables(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    width: int | None,
+    group: str,
+    optional: Sequence[str] = (),
+    **kwargs: Any,
+) -> Any:
+    """``fitted_table``, or, when the table is wider than ``width`` even without its optional columns and the
+    ``group`` column (e.g. a model's long name) takes several values: one table per value, titled with it and
+    without that column (a rich Group)."""
+    from rich.console import Group
+
+    header = list(header)
+    if width is None or group not in header:
+        return fitted_table(title, header, rows, width=width, optional=optional, **kwargs)
+    widths = {h: _width(h, [r[i] for r in rows]) for i, h in enumerate(header)}
+    g = header.index(group)
+    values = list(dict.fromkeys(_plain(r[g]) for r in rows))
+    if _natural(widths, [h for h in header if h not in optional]) <= width or len(values) < 2:
+        return fitted_table(title, header, rows, width=width, optional=optional, **kwargs)
+    rest = [h for h in header if h != group]
+    tables = [
+        fitted_table(
+            f"{title}: {group} {v}" if title else f"{group} {v}",
+            rest,
+            [[c for i, c in enumerate(r) if i != g] for r in rows if _plain(r[g]) == v],
+            width=width,
+            optional=optional,
+            **kwargs,
+        )
+        for v in values
+    ]
+    for t in tables[:-1]:  # the caption once, under the last
+        t.caption = None
+    return Group(*tables)
+
+
+def _mean_std(mean: Any, std: Any, fmt: str, std_fmt: str) -> str:
+    """ "0.70±0.14" (no spaces: a number's cell stays one unbreakable word); "—" when there is none.
+    ``fmt`` "sig": two significant digits of the mean, the spread to as many decimals."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return DASH
+    if fmt == "sig":
+        decimals = max(0, 1 - math.floor(math.log10(abs(mean)))) if mean else 2
+        fmt = std_fmt = f".{decimals}f"
+    s = format(mean, fmt)
+    if std is not None and not (isinstance(std, float) and math.isnan(std)):
+        s += "±" + format(std, std_fmt)
+    return s
+
+
+def _config_cells(report: Report, cells: Any) -> tuple[list[str], list[list[str]]]:
+    cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+    return cols, [[str(v) for v in row] for row in cells[cols].to_numpy()]
+
+
+def _bold(text: str, bold: bool) -> Any:
+    from rich.text import Text
+
+    return Text(text, style="bold" if bold else "")
+
+
+def rich_tables(report: Report, width: int | None = None) -> list[Any]:
+    """The results and the stability tables for the terminal (every column and the exact cells are in the
+    files): the configuration columns, runs evaluated, the averages and their change from step 0 as mean±std
+    over seeds; final and peak reward, peak KL, runs diverged and collapsed. Best values in bold."""
     tables = []
-    for t, summary in TERMINAL_COLUMNS.items():
-        cells, bold = _view(report, t)
-        cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
-        cols += [c for c in summary if c in cells]
-        cells, bold = cells[cols], bold[cols]
-        table = Table(title=f"{TITLES[t]}: {report.sweep_dir.name}", title_justify="left")
-        for c in cols:
-            table.add_column(str(c), overflow="fold", justify="right" if c in summary[1:] else "left")
-        for values, marks in zip(cells.to_numpy(), bold.to_numpy(), strict=True):
-            table.add_row(
-                *(f"[bold]{escape(v)}[/bold]" if b else escape(v) for v, b in zip(values, marks, strict=True))
-            )
-        tables.append(table)
+    # results: the configuration rows of the main view (the step-0 baseline goes to the caption)
+    cells, bold = _view(report, "main")
+    keep = (cells["status"] != "baseline").to_numpy()
+    cells, bold = cells[keep].reset_index(drop=True), bold[keep].reset_index(drop=True)
+    df = report.main.reset_index(drop=True)
+    cfg_cols, cfg_rows = _config_cells(report, cells)
+    metrics = [ID_AVG, OOD_AVG, D_ID, D_OOD]
+    rows = []
+    for i, cfg in enumerate(cfg_rows):
+        row: list[Any] = [*cfg, f"{df['evaluated'][i]}/{df['runs'][i]}"]
+        for c in metrics:
+            fmt = "+.2f" if c in (D_ID, D_OOD) else ".2f"
+            row.append(_bold(_mean_std(df[c][i], df[f"{c} std"][i], fmt, ".2f"), bool(bold[c][i])))
+        rows.append(row)
+    base = [
+        f"{_fmt_model(b)}in-domain {_mean_std(b[ID_AVG], None, '.2f', '')}, OOD {_mean_std(b[OOD_AVG], None, '.2f', '')}"
+        for _, b in report.baseline.iterrows()
+    ]
+    caption = "mean±std over seeds; n: runs evaluated/runs"
+    if base:
+        caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
+    tables.append(
+        fitted_tables(
+            f"{TITLES['main']}: {report.sweep_dir.name}",
+            [*cfg_cols, "n", ID_AVG, OOD_AVG, D_ID, D_OOD],
+            rows,
+            width=width,
+            right=["n", *metrics],
+            whole=["model"],
+            group="model",
+            optional=[D_OOD, D_ID],
+            caption=caption,
+        )
+    )
+    # stability
+    cells, _ = _view(report, "stability")
+    df = report.stability.reset_index(drop=True)
+    cfg_cols, cfg_rows = _config_cells(report, cells)
+    stats = [c for c in ("final reward", "peak reward", "peak KL k3") if c in df]
+    rows = []
+    for i, cfg in enumerate(cfg_rows):
+        row = list(cfg)
+        for c in stats:
+            fmt = ("sig", "") if "KL" in c else (".2f", ".2f")
+            row.append(_mean_std(df[c][i], df[f"{c} std"][i], *fmt))
+        with_metrics = int(df["with metrics"][i])
+        row.append(f"{df['diverged'][i]}/{df['runs'][i]}")
+        row.append(f"{df['collapsed'][i]}/{with_metrics}" if with_metrics else DASH)
+        rows.append(row)
+    tables.append(
+        fitted_tables(
+            f"{TITLES['stability']}: {report.sweep_dir.name}",
+            [*cfg_cols, *stats, "diverged", "collapsed"],
+            rows,
+            width=width,
+            right=[*stats, "diverged", "collapsed"],
+            whole=["model"],
+            group="model",
+            optional=["peak KL k3", "peak reward"],
+            caption="mean±std over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
+            "reasons: the report's files)",
+        )
+    )
     return tables
+
+
+def _fmt_model(baseline_row: Any) -> str:
+    name = baseline_row.get("model.name")
+    return f"{name}: " if isinstance(name, str) and name else ""

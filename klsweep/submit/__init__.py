@@ -18,7 +18,7 @@ Two kinds of job: train a run, evaluate a run. What each runs lives below (``kls
 """
 
 from klsweep.submit.evals import EvalSubmission, submit_eval
-from klsweep.submit.state import RunStatus, cancel, status, wait_until_final
+from klsweep.submit.state import RunStatus, cancel, final_summary, status, wait_until_final
 from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "SubmitResult",
     "cancel",
     "default_cluster",
+    "final_summary",
     "status",
     "submit",
     "submit_eval",

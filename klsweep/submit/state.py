@@ -175,7 +175,7 @@ def _run_status(
     fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
     if state == "pending" and st.get("state") == "running" and fresh:
         state = "running"
-    eval_state = None
+    eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
     if eval_row is not None:
         e_sched = states.get(key(eval_row))
         eval_state = (
@@ -316,3 +316,27 @@ def _state(run_dir: Path) -> str | None:
         return store.read_status(run_dir).get("state")
     except store.UnreadableFile:
         return None
+
+
+def final_summary(runs: list[RunStatus], fail_on_diverged: bool = False) -> tuple[str, int]:
+    """The line ``klsweep run --wait`` ends with, and its exit code: 1 when a run (or its eval) failed, was
+    cancelled or is otherwise not done, and with ``fail_on_diverged`` also when one diverged (a divergence is a result of the
+    study, not a failure of the tool: exit 0 unless asked); else 0."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    evals_failed = sum(r.eval_state in ("failed", "cancelled") for r in runs)
+    order = [*store.STATES, *sorted(set(counts) - set(store.STATES))]
+    parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
+    if evals_failed:
+        parts.append(f"{evals_failed} eval(s) failed")
+    bad = sum(n for s, n in counts.items() if s not in ("done", "diverged")) + evals_failed
+    diverged = counts.get("diverged", 0)
+    line = ", ".join(parts) or "no runs"
+    if diverged:
+        line += (
+            "; diverged runs fail this command (--fail-on-diverged)"
+            if fail_on_diverged
+            else "; diverged runs are a result of the study (exit 0; --fail-on-diverged to fail)"
+        )
+    return line, int(bool(bad or (fail_on_diverged and diverged)))

@@ -96,12 +96,14 @@ def submit(
     chain_eval: bool = True,
     train_fn: Callable[[Path], Any] | None = None,
     eval_fn: Callable[..., Any] | None = None,
+    on_build: Callable[[Path], None] | None = None,
 ) -> SubmitResult:
     """Write the sweep's files and submit what is not done yet; see the module docstring.
 
     ``chain_eval=False`` submits training only, even when the runs name an eval suite (``klsweep study``
     evaluates the whole sweep afterwards in one job). ``train_fn``/``eval_fn`` replace
-    ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests)."""
+    ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests). ``on_build(folder)`` is called before the
+    tiny model is built here (once, ~15 s on a CPU), to say so."""
     from filelock import FileLock
     from omegaconf import OmegaConf
 
@@ -111,7 +113,7 @@ def submit(
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _prepare_models(plan)
+    _prepare_models(plan, on_build)
     result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
     undo = _Undo(sweep_dir)
     refused: SubmissionRefused | None = None
@@ -231,13 +233,13 @@ class _Undo:
             store.atomic_write_text(path, before.decode())
 
 
-def _prepare_models(plan: Any) -> None:
+def _prepare_models(plan: Any, on_build: Callable[[Path], None] | None = None) -> None:
     """Build the project's tiny model here, once, if a run uses it: otherwise every job (every rank) would
     build it, or wait on its lock, while holding its allocation."""
     if any(r.config.get("model", {}).get("path") == "tiny" for r in plan.runs):
         from klsweep import tinymodel
 
-        tinymodel.tiny_model_path()
+        tinymodel.tiny_model_path(on_build=on_build)
 
 
 def _without_eval(run: Any) -> Any:

@@ -1,0 +1,149 @@
+"""What the terminal shows: the status and report tables at 80 columns (a terminal) and piped (full width, no
+line wrapped), run ids and model names never cut, one label for the runs without KL, the help's flags and
+``--version``."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from klsweep import console as con
+from klsweep import report as rp
+from klsweep.cli import app
+from klsweep.submit import RunStatus
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def render(*tables, width: int | None) -> str:
+    """What the CLI prints: a terminal of ``width`` columns, or (None) a pipe."""
+    from rich.console import Console
+
+    out = io.StringIO()
+    c = Console(file=out, width=width or con.PIPE_WIDTH, force_terminal=width is not None, color_system=None)
+    for t in tables:
+        c.print(t)
+    return ANSI.sub("", out.getvalue())
+
+
+def paper_like_runs() -> list[RunStatus]:
+    """The rows `klsweep status` gets for a paper-sized sweep: six axes, no-KL runs, GPU hours, Slurm ids."""
+    runs = []
+    for i, (model, est, plc, beta, lag, seed) in enumerate(
+        [
+            ("qwen3-4b-instruct-2507", "k3", "reward", 0.3, 10, 2),
+            ("qwen3-4b-instruct-2507", "k3", "loss", 0.0, 0, 0),  # beta 0: no KL, whatever est/placement hold
+            ("llama-3.1-8b-instruct", "k1", "both", 0.05, 0, 1),
+            ("qwen2.5-7b", "k1", "reward", 1.0, 0, 0),
+            ("llama-3.1-8b-instruct", "k1", "both", 0.05, 0, 0),
+        ]
+    ):
+        runs.append(
+            RunStatus(
+                run_id=f"{i}cd5e4e3c{i}",
+                params={
+                    "model": model,
+                    "kl.estimator": est,
+                    "kl.placement": plc,
+                    "kl.beta": beta,
+                    "offpolicy.lag": lag,
+                    "seed": seed,
+                },  # fmt: skip
+                state=["done", "running", "failed", "diverged", "pending"][i],
+                step=100,
+                total_steps=500,
+                reward=0.26 + i / 100,
+                elapsed_s=3600.0 * (i + 1),
+                gpu_hours=8.0 * (i + 1),
+                job_id=f"123456_{i}{i}",
+                cluster="slurm",
+                eval_state=["done", None, None, "done", None][i],
+                log_tail=[],
+            )
+        )
+    return runs
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_status_table_reads_at_80_columns_and_piped(width):
+    runs = paper_like_runs()
+    out = render(con.status_table(runs, title="paper", width=width), width=width)
+    lines = out.splitlines()
+    if width:
+        assert max(len(line) for line in lines) <= 80, out
+        assert "not shown at 80 columns" in out  # what was dropped is named
+    else:
+        assert "not shown" not in out and all(r.job_id in out for r in runs)  # full width: every column
+    assert "…" not in out
+    header = next(line.split() for line in lines if line.split()[:1] == ["run"])
+    axes = ["est.", "placement", "beta", "lag", "seed"]
+    # too wide for 80 columns with the model's name: one table per model, titled with it
+    assert header[: 7 + (width is None)] == ["run", *(["model"] if width is None else []), *axes, "state"]
+    ids = {r.run_id for r in runs}
+    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ids}
+    assert set(rows) == ids  # every id whole, one row each
+    title = ""
+    for line in lines:
+        if line.startswith("paper"):
+            title = line
+        elif line.split() and line.split()[0] in ids:
+            r = next(r for r in runs if r.run_id == line.split()[0])
+            assert r.params["model"] in (title.split() if width else line.split())  # model names whole
+            assert r.state in line
+    assert (
+        "no KL" in rows["1cd5e4e3c1"] and "k3" not in rows["1cd5e4e3c1"] and "loss" not in rows["1cd5e4e3c1"]
+    )
+    assert "done" in rows["0cd5e4e3c0"].split()[-6:]  # the eval column
+    # sorted by configuration: llama (seed 0, then 1), qwen2.5, qwen3 (k3 before no KL)
+    assert [line.split()[0] for line in lines if line.split() and line.split()[0] in rows] == [
+        "4cd5e4e3c4", "2cd5e4e3c2", "3cd5e4e3c3", "0cd5e4e3c0", "1cd5e4e3c1"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_report_tables_read_at_80_columns_and_piped(tmp_path, width):
+    rep = rp.build_report(FIXTURE, tmp_path, formats=("md",))
+    out = render(*rp.rich_tables(rep, width=width), width=width)
+    if width:
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+    # every number on one line, with its spread: "0.70±0.14", not "0.700 ±" / "0.141"
+    k1 = next(line for line in out.splitlines() if line.split()[:2] == ["k1", "reward"])
+    assert "2/3" in k1 and "0.70±0.14" in k1 and "+0.50±0.14" in k1
+    stab = [line for line in out.splitlines() if line.split()[:2] == ["k3", "reward"]][-1]
+    assert "1/3" in stab and "1/2" in stab  # diverged of the runs, collapsed of those with metrics
+    assert "in-domain 0.20, OOD 0.10" in " ".join(out.split())  # the step-0 baseline, in the caption
+    for header in ("estimator", "placement", "diverged", "collapsed", "OOD"):
+        assert header in out
+
+
+def test_no_kl_reads_the_same_in_the_report(tmp_path):
+    """A beta = 0 run: 'no KL' in the report as in plan and status (config.without_kl_when_off)."""
+    import shutil
+
+    import yaml
+
+    sweep = tmp_path / "s"
+    shutil.copytree(FIXTURE, sweep)
+    run = sweep / "a1-k1rew-s0"
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["kl"]["beta"] = 0.0
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rep = rp.build_report(sweep, tmp_path / "r", formats=("md",))
+    out = render(*rp.rich_tables(rep, width=80), width=80)
+    assert "no KL" in out and "none" not in out
+    assert "no KL" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_help_flags_and_version():
+    runner = CliRunner()
+    help_text = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "80"}).output
+    assert "--wait" in help_text and "--fail-on-diverged" in help_text
+    assert "<bool>" not in help_text
+    assert max(len(line) for line in help_text.splitlines()) <= 80
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and re.fullmatch(r"klsweep \d+\.\d+\.\d+\S*\n", version.output)

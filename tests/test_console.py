@@ -111,9 +111,9 @@ def test_report_tables_read_at_80_columns_and_piped(tmp_path, width):
     out = render(*rp.rich_tables(rep, width=width), width=width)
     if width:
         assert max(len(line) for line in out.splitlines()) <= 80, out
-    # every number on one line, with its spread: "0.70±0.14", not "0.700 ±" / "0.141"
+    # every number on one line, with its 95% CI half-width (2 seeds: 12.7 x 0.1): "0.70±1.27", not "0.700 ±" / "1.271"
     k1 = next(line for line in out.splitlines() if line.split()[:2] == ["k1", "reward"])
-    assert "2/3" in k1 and "0.70±0.14" in k1 and "+0.50±0.14" in k1
+    assert "2/3" in k1 and "0.70±1.27" in k1 and "+0.50±1.27" in k1
     stab = [line for line in out.splitlines() if line.split()[:2] == ["k3", "reward"]][-1]
     assert "1/3" in stab and "1/2" in stab  # diverged of the runs, collapsed of those with metrics
     assert "in-domain 0.20, OOD 0.10" in " ".join(out.split())  # the step-0 baseline, in the caption

@@ -158,8 +158,9 @@ def _bold(text: str, bold: bool) -> Any:
 
 def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     """The results and the stability tables for the terminal (every column and the exact cells are in the
-    files): the configuration columns, runs evaluated, the averages and their change from step 0 as mean±std
-    over seeds; final and peak reward, peak KL, runs diverged and collapsed. Best values in bold."""
+    files): the configuration columns, runs evaluated, the averages and their change from step 0 as mean±the
+    half-width of the 95% CI over seeds; final and peak reward, peak KL, runs diverged and collapsed. A
+    significantly best mean in bold."""
     tables = []
     # results: the configuration rows of the main view (the step-0 baseline goes to the caption)
     cells, bold = _view(report, "main")
@@ -173,13 +174,13 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         row: list[Any] = [*cfg, f"{df['evaluated'][i]}/{df['runs'][i]}"]
         for c in metrics:
             fmt = "+.2f" if c in (D_ID, D_OOD) else ".2f"
-            row.append(_bold(_mean_std(df[c][i], df[f"{c} std"][i], fmt, ".2f"), bool(bold[c][i])))
+            row.append(_bold(_mean_std(df[c][i], df[f"{c} ci"][i], fmt, ".2f"), bool(bold[c][i])))
         rows.append(row)
     base = [
         f"{_fmt_model(b)}in-domain {_mean_std(b[ID_AVG], None, '.2f', '')}, OOD {_mean_std(b[OOD_AVG], None, '.2f', '')}"
         for _, b in report.baseline.iterrows()
     ]
-    caption = "mean±std over seeds; n: runs evaluated/runs"
+    caption = "mean±95% CI half-width over seeds; n: runs evaluated/runs"
     if base:
         caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
     tables.append(
@@ -205,7 +206,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         row = list(cfg)
         for c in stats:
             fmt = ("sig", "") if "KL" in c else (".2f", ".2f")
-            row.append(_mean_std(df[c][i], df[f"{c} std"][i], *fmt))
+            row.append(_mean_std(df[c][i], df[f"{c} ci"][i], *fmt))
         with_metrics = int(df["with metrics"][i])
         row.append(f"{df['diverged'][i]}/{df['runs'][i]}")
         row.append(f"{df['collapsed'][i]}/{with_metrics}" if with_metrics else DASH)
@@ -220,7 +221,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             whole=["model"],
             group="model",
             optional=["peak KL k3", "peak reward"],
-            caption="mean±std over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
+            caption="mean±95% CI half-width over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
             "reasons: the report's files)",
         )
     )

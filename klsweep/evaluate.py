@@ -159,10 +159,13 @@ def _absolutise(data_files: Any, base: Path) -> Any:
 
 def materialise_tasks(folder: Path) -> Path:
     """A copy of the task folder where each ``dataset_kwargs.data_files`` is absolute (datasets resolves
-    relative data files against the working directory, not the YAML). Cached in the temp folder by content."""
+    relative data files against the working directory, not the YAML). Cached in the temp folder by content and
+    by the folder's path (a copy made from another checkout points into that checkout)."""
     import yaml
 
-    target = Path(tempfile.gettempdir()) / f"klsweep-evaltasks-{folder.name}-{_digest(folder)}"
+    # keyed by content and by the folder's own path, which the copy's absolute data files point into
+    where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
+    target = Path(tempfile.gettempdir()) / f"klsweep-evaltasks-{folder.name}-{_digest(folder)}-{where}"
     if target.is_dir():
         return target
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

@@ -308,3 +308,18 @@ def test_shipped_tiny_data_is_current(tmp_path: Path) -> None:
     for name, path in fresh.items():
         assert (shipped / path.name).read_text() == path.read_text(), f"{name}: shipped data is stale"
         assert name in ev.resolve_tasks(ev.load_suite("tiny"))
+
+
+def test_materialised_tasks_point_into_their_own_folder(tmp_path):
+    """Two checkouts with the same task files get two copies: a copy's absolute data files point into the
+    folder it was made from (a copy made from a checkout since deleted must never be reused)."""
+    import shutil
+
+    from klsweep import evaluate as ev
+
+    a, b = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
+    for d in (a, b):
+        shutil.copytree(ev.include_dir("builtin:tiny"), d)
+    ma, mb = ev.materialise_tasks(a), ev.materialise_tasks(b)
+    assert ma != mb
+    assert str(a) in (ma / "tiny_add.yaml").read_text() and str(b) in (mb / "tiny_add.yaml").read_text()

@@ -157,6 +157,8 @@ class ClusterSection:
     array_parallelism: int = 64
     max_requeues: int = 3
     max_local_jobs: int | None = None  # local: parallel jobs (None: the number of cores)
+    # local: jobs one worker process runs one after the other (0: no limit; 1: a fresh process per job)
+    local_jobs_per_worker: int = 0
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
     setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load ...)
 

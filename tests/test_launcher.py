@@ -135,9 +135,9 @@ def test_concurrent_submits_submit_each_run_once(tmp_path: Path, cluster: str) -
     }
     if cluster == "slurm":
         assert {rid: len(rs) for rid, rs in submitted.items()} == {r.id: 1 for r in plan.runs}
-    else:  # local: one queued row per run from `submit`, then one row with the started job from the supervisor
+    else:  # local: one queued row per run from `submit`, then one row when a worker started it (and one at its end)
         queued = {rid: sum(r["job_id"] is None for r in rs) for rid, rs in rows.items()}
-        started = {rid: sum(r["job_id"] is not None for r in rs) for rid, rs in rows.items()}
+        started = {rid: sum(r["job_id"] is not None and "state" not in r for r in rs) for rid, rs in rows.items()}
         assert queued == started == {r.id: 1 for r in plan.runs}
     for run in plan.runs:
         assert (run.run_dir / "spans.txt").read_text().count("start") == 1

@@ -65,6 +65,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "model.resources.timeout_min": _POSITIVE,
     "model.resources.eval_timeout_min": _POSITIVE,
     "cluster.kind": (lambda v: v in ("local", "slurm", "debug"), "local, slurm, debug"),
+    "cluster.local_jobs_per_worker": _NON_NEGATIVE,
     "wandb.mode": (
         lambda v: v in ("auto", "online", "offline", "disabled"),
         "auto, online, offline, disabled",

@@ -93,13 +93,14 @@ def _defer_preemption_to_step_end(env: Any) -> None:
     if signum is None or threading.current_thread() is not threading.main_thread():
         return  # the debug executor runs jobs in the caller: no handler to defer
     handler = signal.getsignal(signum)
-    if not callable(handler):
-        return
+    if not callable(handler) or getattr(handler, "deferred_to_step_end", False):
+        return  # no handler, or deferred already (a local worker trains several runs in one process)
 
     def deferred(sig: int, frame: Any) -> None:
         if not defer_to_step_end(lambda: handler(sig, frame)):
             handler(sig, frame)
 
+    deferred.deferred_to_step_end = True  # type: ignore[attr-defined]
     signal.signal(signum, deferred)
 
 

@@ -1,10 +1,26 @@
 """The local and debug back ends.
 
 Local: ``submit_local`` writes the queue (the job callables, their dependencies and submitit parameters) and
-starts a detached supervisor process (``python -m klsweep.submit supervise QUEUE``, ``supervise`` below) that
-starts submitit ``LocalExecutor`` jobs in waves, at most ``cluster.max_local_jobs`` (default: the core count)
-at once, and each run's eval after its training job succeeded; the CLI returns at once. The supervisor
-records every job it starts (or skips) in ``jobs.jsonl``.
+starts a detached supervisor process (``python -m klsweep.submit supervise QUEUE``, ``supervise`` below); the
+CLI returns at once. The supervisor starts at most ``cluster.max_local_jobs`` (default: the core count)
+submitit ``LocalExecutor`` **worker** jobs (``LocalWorker``). A worker claims the next job of the queue that
+can start (a training job, or the eval of a run whose training succeeded; first in queue order, so a run's
+eval follows its training), runs it in its own process, records it and claims the next, until nothing is left
+or it ran ``cluster.local_jobs_per_worker`` jobs (0: no limit; 1: a fresh process per job). torch, TRL and
+lm-eval are imported once per worker instead of once per job: the per-run fixed cost of a small run
+(``bench/bench_study.py``).
+
+Each job keeps what a job of its own would give it: ``klsweep.job.train_run`` seeds and sets the threads per
+run, and the worker resets accelerate's process-wide state between jobs, so a run trains bit for bit as in
+a fresh process. The pool's state is ``pool.json`` in the submission folder (per queued job: ``waiting``,
+``claimed`` by a worker's job id, ``ok``, ``failed``, ``skipped``), changed only under the sweep's lock, where
+every claim and every end is also recorded in ``jobs.jsonl`` (the worker's job id, ``worker: true``; the end
+with its ``state``). A job that fails is recorded and the worker goes on. A worker that dies (killed, out of
+memory, cancelled) leaves its job claimed: the supervisor fails that run with a reason (a cancelled one stays
+cancelled) and starts a new worker for what is left. A worker is checkpointable like a training job: on its
+time limit (the sum of the limits of the jobs in the queue) it saves the run it trains, puts it back in the
+queue and requeues itself. A training job of several processes (``model.resources.tasks_per_node > 1``) gets
+a worker of its own.
 
 Debug: ``submit_debug`` runs every job in this process with submitit's ``DebugExecutor`` (for pdb).
 """
@@ -15,6 +31,8 @@ import os
 import subprocess
 import sys
 import time
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +42,8 @@ from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, 
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, submission_folder
 
 SUPERVISE = "supervise"
+POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
+_POLL_S = 0.3
 
 
 def submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_fn: Any) -> tuple[list, int]:
@@ -55,17 +75,16 @@ def submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
     return rows, 0
 
 
-def _local_params(res: dict[str, Any], cl: dict[str, Any], eval_job: bool) -> dict[str, Any]:
-    timeout_min = float(res.get("eval_timeout_min" if eval_job else "timeout_min", 60))
+def _local_params(timeout_min: float, tasks: int, gpus: int, setup: list[str]) -> dict[str, Any]:
     p: dict[str, Any] = {
         "timeout_min": timeout_min,
-        "tasks_per_node": 1 if eval_job else tasks_per_node(res) * int(res.get("nodes", 1)),
-        "gpus_per_node": int(res.get("gpus_per_node", 0)),
+        "tasks_per_node": tasks,
+        "gpus_per_node": gpus,
         # USR2 (checkpoint and requeue) this long before the timeout: 10% of it, within [5 s, 120 s]
         "signal_delay_s": int(min(120, max(5, 6 * timeout_min))),
     }
-    if cl.get("setup"):
-        p["setup"] = list(cl["setup"])
+    if setup:
+        p["setup"] = list(setup)
     return p
 
 
@@ -82,7 +101,7 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
             if kind == "train"
             else EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn)
         )
-        params = _local_params(resources(run), cluster_settings(run), kind == "eval")
+        res = resources(run)
         items.append(
             {
                 "run_id": run.id,
@@ -90,7 +109,9 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
                 "run_dir": str(run.run_dir),
                 "after": after,
                 "fn": fn,
-                "params": params,
+                "timeout_min": float(res.get("eval_timeout_min" if kind == "eval" else "timeout_min", 60)),
+                "tasks": 1 if kind == "eval" else tasks_per_node(res) * int(res.get("nodes", 1)),
+                "gpus": int(res.get("gpus_per_node", 0)),
             }
         )
 
@@ -107,6 +128,8 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
         "folder": str(folder),
         "max_jobs": int(cl.get("max_local_jobs") or os.cpu_count() or 1),
         "max_requeues": int(cl.get("max_requeues", 3)),
+        "jobs_per_worker": int(cl.get("local_jobs_per_worker") or 0),
+        "setup": list(cl.get("setup") or []),
         "items": items,
     }
     queue_path = folder / "queue.pkl"
@@ -124,51 +147,238 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
     return rows, 0
 
 
-def supervise(queue_path: str | Path) -> None:
-    """The local supervisor: start queued jobs, at most ``max_jobs`` at once; evals after a successful train."""
-    import pickle
+# --- the pool ------------------------------------------------------------------------------------------------
 
-    import submitit
-    from filelock import FileLock
 
-    queue = pickle.loads(Path(queue_path).read_bytes())
-    sweep_dir, folder = Path(queue["sweep_dir"]), Path(queue["folder"])
-    items: list[dict[str, Any]] = queue["items"]
-    ex = submitit.LocalExecutor(folder=folder, max_num_timeout=queue["max_requeues"])
-    state = ["waiting"] * len(items)
-    jobs: dict[int, Any] = {}
+@dataclass
+class _Pool:
+    """The queue of one local submission and its ``pool.json``; every change under the sweep's lock."""
 
-    def record(i: int, job_id: str | None, **extra: Any) -> None:
-        with FileLock(str(sweep_dir / LOCK_FILE)):
-            it = items[i]
-            store.append_jsonl(
-                sweep_dir / store.JOBS_FILE,
-                job_row(it["run_id"], it["kind"], "local", job_id, folder, **extra),
-            )
+    queue: dict[str, Any]
+    lock: Any = field(init=False)
 
-    while "waiting" in state or "running" in state:
-        for i, job in list(jobs.items()):
-            if job.done():
-                ok = job.paths.result_pickle.exists() and job.exception() is None
-                state[i] = "ok" if ok else "failed"
-                del jobs[i]
-        for i, it in enumerate(items):
-            if state[i] != "waiting" or len(jobs) >= queue["max_jobs"]:
+    def __post_init__(self) -> None:
+        from filelock import FileLock
+
+        self.lock = FileLock(str(Path(self.queue["sweep_dir"]) / LOCK_FILE))
+
+    @classmethod
+    def load(cls, queue_path: str | Path) -> _Pool:
+        import pickle
+
+        return cls(pickle.loads(Path(queue_path).read_bytes()))
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        return self.queue["items"]
+
+    @property
+    def path(self) -> Path:
+        return Path(self.queue["folder"]) / POOL_FILE
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return [{"state": "waiting", "worker": None} for _ in self.items]
+        return store.read_json(self.path)
+
+    def record(self, i: int, job_id: str | None, **extra: Any) -> None:
+        """A ``jobs.jsonl`` row for queued job ``i`` (call under the lock)."""
+        it = self.items[i]
+        row = job_row(it["run_id"], it["kind"], "local", job_id, Path(self.queue["folder"]), **extra)
+        store.append_jsonl(Path(self.queue["sweep_dir"]) / store.JOBS_FILE, row)
+
+    def ready(self, states: list[dict[str, Any]]) -> list[int]:
+        """The waiting jobs that can start now, in queue order; marks ``skipped`` (and records) those that never
+        will: the eval of a run whose training did not succeed, the training of a cancelled run (call under
+        the lock, then ``write``)."""
+        out = []
+        for i, it in enumerate(self.items):
+            if states[i]["state"] != "waiting":
                 continue
             dep = it["after"]
-            if dep is not None and state[dep] in ("waiting", "running"):
+            if dep is not None and states[dep]["state"] in ("waiting", "claimed"):
                 continue
-            if (dep is not None and state[dep] != "ok") or (
+            if (dep is not None and states[dep]["state"] != "ok") or (
                 it["kind"] == "train" and _state(it["run_dir"]) == "cancelled"
             ):
-                state[i] = "skipped"
-                record(i, None, state="SKIPPED")
+                states[i]["state"] = "skipped"
+                self.record(i, None, state="SKIPPED")
                 continue
-            ex.update_parameters(**it["params"])
-            jobs[i] = ex.submit(it["fn"])
-            state[i] = "running"
-            record(i, jobs[i].job_id)
-        time.sleep(0.2)
+            out.append(i)
+        return out
+
+    def claim(self, states: list[dict[str, Any]], i: int, job_id: str) -> None:
+        states[i] = {"state": "claimed", "worker": job_id}
+        self.record(i, job_id, worker=True)
+
+    def finish(self, states: list[dict[str, Any]], i: int, ok: bool) -> None:
+        job_id = states[i]["worker"]
+        states[i] = {"state": "ok" if ok else "failed", "worker": job_id}
+        self.record(i, job_id, worker=True, state="COMPLETED" if ok else "FAILED")
+
+    def write(self, states: list[dict[str, Any]]) -> None:
+        store.write_json(self.path, states)
+
+    def solo(self, i: int) -> bool:
+        """Whether queued job ``i`` needs a worker of its own (a training job of several processes)."""
+        return self.items[i]["tasks"] > 1
+
+
+def supervise(queue_path: str | Path) -> None:
+    """The local supervisor: keep up to ``max_jobs`` workers busy until every queued job ended."""
+    import submitit
+
+    pool = _Pool.load(queue_path)
+    queue, items = pool.queue, pool.items
+    folder = Path(queue["folder"])
+    ex = submitit.LocalExecutor(folder=folder, max_num_timeout=queue["max_requeues"])
+    shared = [i for i in range(len(items)) if not pool.solo(i)]
+    worker_params = _local_params(
+        sum(items[i]["timeout_min"] for i in shared),
+        1,
+        max((items[i]["gpus"] for i in shared), default=0),
+        queue["setup"],
+    )
+    workers: dict[str, Any] = {}  # job id -> submitit job
+    while True:
+        with pool.lock:
+            states = pool.read()
+            for job_id, job in list(workers.items()):
+                if job.done():
+                    del workers[job_id]
+                    _settle_dead_worker(pool, states, job_id, folder)
+            ready = pool.ready(states)
+            for i in [i for i in ready if pool.solo(i)]:  # a training job of several processes: its own worker
+                if len(workers) >= queue["max_jobs"]:
+                    break
+                it = items[i]
+                ex.update_parameters(**_local_params(it["timeout_min"], it["tasks"], it["gpus"], queue["setup"]))
+                job = ex.submit(LocalWorker(str(queue_path), only=i))
+                workers[job.job_id] = job
+                pool.claim(states, i, job.job_id)
+            ready = [i for i in ready if not pool.solo(i) and states[i]["state"] == "waiting"]
+            busy = {s["worker"] for s in states if s["state"] == "claimed"}
+            idle = len(set(workers) - busy)
+            starts = max(0, min(queue["max_jobs"] - len(workers), len(ready) - idle))
+            if starts:
+                ex.update_parameters(**worker_params)
+            for _ in range(starts):
+                job = ex.submit(LocalWorker(str(queue_path)))
+                workers[job.job_id] = job
+            pool.write(states)
+        if not workers and all(s["state"] not in ("waiting", "claimed") for s in states):
+            return
+        time.sleep(_POLL_S)
+
+
+def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str, folder: Path) -> None:
+    """The jobs a worker that ended held when it ended (it died: killed, out of memory, cancelled): a cancelled
+    run stays cancelled, a run that ended before its worker stays as it ended, any other is failed with a
+    reason. Under the lock."""
+    for i, s in enumerate(states):
+        if s["state"] != "claimed" or s["worker"] != job_id:
+            continue
+        it = pool.items[i]
+        run_state = _state(it["run_dir"])
+        if it["kind"] == "train" and run_state in ("done", "diverged"):
+            pool.finish(states, i, True)
+            continue
+        states[i] = {"state": "failed", "worker": job_id}
+        if run_state == "cancelled":
+            pool.record(i, job_id, worker=True, state="CANCELLED")
+            continue
+        pool.record(i, job_id, worker=True, state="FAILED")
+        if it["kind"] == "train" and run_state is not None:
+            log = folder / f"{job_id}_0_log.err"
+            store.write_status(
+                it["run_dir"],
+                "failed",
+                reason=f"its worker process (local job {job_id}) died while training it: killed? out of "
+                "memory? (no traceback)",
+                error=f"the worker's log: {log}",
+                finished_at=time.time(),
+            )
+
+
+@dataclass
+class LocalWorker:
+    """A local worker job: claims queued jobs and runs them in this process (``only``: that queued job alone).
+    Checkpointable: on its time limit it saves the run it trains, puts it back in the queue and requeues."""
+
+    queue_path: str
+    only: int | None = None
+    _current: int | None = field(default=None, init=False, repr=False)  # the queued job running now
+
+    def __call__(self) -> None:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        pool = _Pool.load(self.queue_path)
+        limit = pool.queue["jobs_per_worker"]
+        ran = 0
+        while self.only is None and (limit == 0 or ran < limit):
+            with pool.lock:
+                states = pool.read()
+                ready = [i for i in pool.ready(states) if not pool.solo(i)]
+                if ready:
+                    pool.claim(states, ready[0], env.job_id)
+                pool.write(states)
+            if not ready:
+                return
+            ok = self._run(pool, ready[0])
+            with pool.lock:
+                states = pool.read()
+                pool.finish(states, ready[0], ok)
+                pool.write(states)
+            ran += 1
+        if self.only is not None:
+            ok = self._run(pool, self.only)
+            if env.global_rank == 0:
+                with pool.lock:
+                    states = pool.read()
+                    pool.finish(states, self.only, ok)
+                    pool.write(states)
+
+    def _run(self, pool: _Pool, i: int) -> bool:
+        """Run queued job ``i`` here; whether it succeeded (a failure is in its run's status and this log)."""
+        it = pool.items[i]
+        self._current = i
+        print(f"klsweep worker: {it['kind']} {it['run_id']}", file=sys.stderr, flush=True)
+        try:
+            it["fn"]()
+            return True
+        except Exception:
+            traceback.print_exc()
+            return False
+        finally:
+            self._current = None
+            _forget_process_state()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        pool = _Pool.load(self.queue_path)
+        i, self._current = self._current, None
+        if i is not None:
+            it = pool.items[i]
+            if it["kind"] == "train":
+                it["fn"].checkpoint()  # saves the live trainer
+            if self.only is None:  # back in the queue: this worker (requeued) or another resumes it
+                with pool.lock:
+                    states = pool.read()
+                    states[i] = {"state": "waiting", "worker": None}
+                    pool.write(states)
+        return DelayedSubmission(self)
+
+
+def _forget_process_state() -> None:
+    """What one job leaves in the process that the next would inherit: accelerate's process-wide state (the
+    next trainer sets up its own, as in a fresh process)."""
+    if "accelerate" not in sys.modules:
+        return
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _state(run_dir: str) -> str | None:

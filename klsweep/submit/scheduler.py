@@ -4,7 +4,9 @@ on Slurm; the process table and submitit's result files locally), and stopping l
 
 A job record (``job_row``) is ``{run_id, kind: train|eval, cluster, job_id, folder, submitted_at}`` plus
 ``supervisor`` (the local supervisor's pid, while the job waits in its queue) or ``state`` (the final state,
-known at once for debug jobs and for jobs the local supervisor skipped). States are Slurm's words
+known at once for debug jobs and for jobs the local supervisor skipped). A local worker (``klsweep.submit.local``)
+runs several jobs: each gets a row when the worker starts it (the worker's job id, ``worker: true``) and one
+when it ends (the same, with its ``state``). States are Slurm's words
 (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED`` ...) for every cluster, plus ``LOST``
 (a local supervisor gone), ``GONE`` (not in squeue) and ``UNKNOWN`` (not in sacct).
 """

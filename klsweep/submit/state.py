@@ -101,7 +101,9 @@ def _last_line(path: Path) -> dict[str, Any] | None:
 
 
 def _log_tail(row: dict[str, Any] | None, n: int = 15) -> list[str]:
-    if row is None or not row.get("job_id"):
+    """The end of the job's stderr; nothing for a local worker's job (its log goes on with the runs trained
+    after this one: the run's recorded traceback says more)."""
+    if row is None or not row.get("job_id") or row.get("worker"):
         return []
     path = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
     try:

@@ -84,6 +84,53 @@ def slow_train(run_dir: Path, total: int = 20, step_s: float = 1.0) -> dict:
     return store.write_status(run_dir, "done", step=done, finished_at=time.time())
 
 
+def short_slow_train(run_dir: Path) -> dict:
+    """``slow_train`` of 6 steps of 0.5 s."""
+    return slow_train(run_dir, total=6, step_s=0.5)
+
+
+def killed_odd_train(run_dir: Path) -> dict:
+    """``ok_train`` for even seeds; odd seeds start, then their process is killed (as by the OOM killer)."""
+    if _seed(run_dir) % 2 == 0:
+        return ok_train(run_dir)
+    import signal
+
+    store.write_status(run_dir, "running", step=0, total_steps=3, started_at=time.time())
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def train_failing_odd(run_dir: Path) -> dict:
+    """``klsweep.job.train_run``; for odd seeds the reward raises at the second step (a run that fails in the
+    middle of training, with its trainer and W&B run live)."""
+    import functools
+
+    from klsweep import job, tasks
+
+    if _seed(run_dir) % 2 == 0:
+        return job.train_run(run_dir)
+    real = tasks.reward_function
+    calls: list[int] = []
+
+    def failing(task: Any) -> Any:
+        reward = real(task)
+
+        @functools.wraps(reward)
+        def wrapped(*args: Any, **kwargs: Any) -> list[float]:
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("KLSWEEP-BOOM in the reward at step 2")
+            return reward(*args, **kwargs)
+
+        return wrapped
+
+    tasks.reward_function = failing
+    try:
+        return job.train_run(run_dir)
+    finally:
+        tasks.reward_function = real
+
+
 def ok_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:
     out = {"suite": eval_cfg["suite"], "checkpoint": checkpoints, "metrics": {"in_domain": {"t": 1.0}}}
     store.write_json(run_dir / store.EVAL_DIR / "h0" / "last" / "results.json", out)

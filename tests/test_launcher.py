@@ -137,10 +137,110 @@ def test_concurrent_submits_submit_each_run_once(tmp_path: Path, cluster: str) -
         assert {rid: len(rs) for rid, rs in submitted.items()} == {r.id: 1 for r in plan.runs}
     else:  # local: one queued row per run from `submit`, then one row when a worker started it (and one at its end)
         queued = {rid: sum(r["job_id"] is None for r in rs) for rid, rs in rows.items()}
-        started = {rid: sum(r["job_id"] is not None and "state" not in r for r in rs) for rid, rs in rows.items()}
+        started = {
+            rid: sum(r["job_id"] is not None and "state" not in r for r in rs) for rid, rs in rows.items()
+        }
         assert queued == started == {r.id: 1 for r in plan.runs}
     for run in plan.runs:
         assert (run.run_dir / "spans.txt").read_text().count("start") == 1
+
+
+def real_plan(sweep: Path, seeds: list[int], **overrides):
+    """Runs of the real trainer on the project's tiny model: 4 steps, checkpoints at 2 and 4, W&B offline."""
+    from klsweep.tinymodel import tiny_model_path
+
+    settings = {
+        "model.path": str(tiny_model_path()),
+        "train.steps": 4,
+        "train.save_steps": 2,
+        "train.prompts_per_step": 2,
+        "train.group_size": 4,
+        "train.max_completion_length": 6,
+        "train.learning_rate": 1e-3,
+        "kl.beta": 0.1,
+        "offpolicy.lag": 2,
+        "wandb.mode": "offline",
+        "cluster.max_local_jobs": 1,
+    }
+    return jobs.make_plan(sweep, seeds, **{**settings, **overrides})
+
+
+def trajectory(run_dir: Path) -> tuple[list[dict], dict]:
+    """A run's metrics rows without their clock fields, and its final weights."""
+    from safetensors.torch import load_file
+
+    rows = [
+        {k: v for k, v in row.items() if k not in ("time", "elapsed_s", "step_time")}
+        for row in store.read_metrics(run_dir)
+    ]
+    final = store.read_status(run_dir)["final_checkpoint"]
+    return rows, load_file(run_dir / store.CHECKPOINTS_DIR / final / "model.safetensors")
+
+
+def worker_ids(sweep: Path) -> dict[str, set[str]]:
+    """Run id -> the job ids of the workers that started its training."""
+    return {
+        rid: {r["job_id"] for r in rs if r["job_id"] is not None and "state" not in r}
+        for rid, rs in jobs.train_rows(sweep).items()
+    }
+
+
+def test_a_worker_trains_each_run_as_a_fresh_process_does(tmp_path: Path) -> None:
+    """Three runs in one worker, the middle one failing mid-training: the others go on, and train bit for bit as
+    they do one process per run (cluster.local_jobs_per_worker=1)."""
+    import torch
+
+    pooled = real_plan(tmp_path / "pooled", [0, 1, 2])
+    submit.submit(pooled, "local", train_fn=jobs.train_failing_odd)
+    final = wait(tmp_path / "pooled", timeout_s=600)
+    a, b, c = (final[r.id] for r in pooled.runs)
+    assert (a.state, b.state, c.state) == ("done", "failed", "done")
+    assert any("KLSWEEP-BOOM" in line for line in b.log_tail)
+    ids = worker_ids(tmp_path / "pooled")
+    assert len(set().union(*ids.values())) == 1  # one worker trained all three
+    assert a.job_id == b.job_id == c.job_id
+
+    fresh = real_plan(tmp_path / "fresh", [0, 2], **{"cluster.local_jobs_per_worker": 1})
+    submit.submit(fresh, "local")
+    wait(tmp_path / "fresh", timeout_s=600)
+    assert len(set().union(*worker_ids(tmp_path / "fresh").values())) == 2  # a process each
+    for run in fresh.runs:
+        assert run.id in final
+        rows, weights = trajectory(run.run_dir)
+        pooled_rows, pooled_weights = trajectory(tmp_path / "pooled" / run.id)
+        assert len(rows) == 4 and any(r["reward_mean"] for r in rows) and rows == pooled_rows
+        assert weights.keys() == pooled_weights.keys()
+        assert all(torch.equal(weights[k], pooled_weights[k]) for k in weights)
+
+
+def test_cancel_in_a_worker_stops_that_run_only(tmp_path: Path) -> None:
+    sweep = tmp_path / "poolcancel"
+    plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.max_local_jobs": 1})
+    submit.submit(plan, "local", train_fn=jobs.short_slow_train)
+    a, b, c = plan.runs
+    wait_for(lambda: (a.run_dir / "progress.txt").exists())
+    now = {r.run_id: r for r in submit.status(sweep)}
+    (worker,) = worker_ids(sweep)[a.id]
+    assert now[a.id].state == "running" and now[a.id].job_id == worker
+    assert now[b.id].state == now[c.id].state == "pending"
+    assert submit.cancel(sweep, [b.id]) == [b.id]  # waiting: the worker must not start it
+    assert submit.cancel(sweep, [a.id]) == [a.id]  # training: its worker is stopped, a new one goes on
+    final = wait(sweep, timeout_s=60)
+    assert [final[r.id].state for r in plan.runs] == ["cancelled", "cancelled", "done"]
+    assert not (b.run_dir / "starts.txt").exists()
+    assert worker_ids(sweep)[c.id] and worker not in worker_ids(sweep)[c.id]
+
+
+def test_a_killed_worker_fails_its_run_and_a_new_one_trains_the_rest(tmp_path: Path) -> None:
+    sweep = tmp_path / "poolkill"
+    plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.max_local_jobs": 1})
+    submit.submit(plan, "local", train_fn=jobs.killed_odd_train)
+    final = wait(sweep)
+    a, b, c = plan.runs
+    assert [final[r.id].state for r in plan.runs] == ["done", "failed", "done"]
+    assert "worker process" in (final[b.id].reason or "") and "died" in final[b.id].reason
+    ids = worker_ids(sweep)
+    assert ids[a.id] == ids[b.id] != ids[c.id]  # the worker that died trained a, then b; a new one c
 
 
 def test_debug_executor_runs_in_process(tmp_path: Path) -> None:

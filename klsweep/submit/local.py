@@ -248,11 +248,14 @@ def supervise(queue_path: str | Path) -> None:
                     del workers[job_id]
                     _settle_dead_worker(pool, states, job_id, folder)
             ready = pool.ready(states)
-            for i in [i for i in ready if pool.solo(i)]:  # a training job of several processes: its own worker
+            solo = [i for i in ready if pool.solo(i)]  # a training job of several processes: its own worker
+            for i in solo:
                 if len(workers) >= queue["max_jobs"]:
                     break
                 it = items[i]
-                ex.update_parameters(**_local_params(it["timeout_min"], it["tasks"], it["gpus"], queue["setup"]))
+                ex.update_parameters(
+                    **_local_params(it["timeout_min"], it["tasks"], it["gpus"], queue["setup"])
+                )
                 job = ex.submit(LocalWorker(str(queue_path), only=i))
                 workers[job.job_id] = job
                 pool.claim(states, i, job.job_id)
@@ -346,7 +349,8 @@ class LocalWorker:
         print(f"klsweep worker: {it['kind']} {it['run_id']}", file=sys.stderr, flush=True)
         try:
             it["fn"]()
-            return True
+            # a run that failed inside train_run returns its status: its eval does not follow
+            return it["kind"] != "train" or _state(it["run_dir"]) in ("done", "diverged")
         except Exception:
             traceback.print_exc()
             return False

@@ -70,7 +70,7 @@ def _combine(status_state: str, sched: str | None) -> str:
         return "pending"
     if status_state in ("done", "diverged"):
         return status_state
-    if sched is None or sched in ("UNKNOWN", "GONE"):
+    if sched is None or sched in ("UNKNOWN", "GONE", "SKIPPED"):  # skipped: the run's state says why
         return status_state
     if sched == "COMPLETED":
         return status_state if status_state in store.FINAL_STATES else "done"

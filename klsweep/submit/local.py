@@ -40,6 +40,7 @@ from klsweep import store
 from klsweep.config import tasks_per_node
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, submission_folder
+from klsweep.submit.state import died_silently
 
 SUPERVISE = "supervise"
 POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
@@ -292,14 +293,12 @@ def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str, 
             continue
         pool.record(i, job_id, worker=True, state="FAILED")
         if it["kind"] == "train" and run_state is not None:
-            log = folder / f"{job_id}_0_log.err"
+            lines = died_silently(None, {"job_id": job_id, "folder": str(folder)})
+            lines.append(
+                f"the local worker job {job_id} died training it; a new worker goes on with the rest"
+            )
             store.write_status(
-                it["run_dir"],
-                "failed",
-                reason=f"its worker process (local job {job_id}) died while training it: killed? out of "
-                "memory? (no traceback)",
-                error=f"the worker's log: {log}",
-                finished_at=time.time(),
+                it["run_dir"], "failed", reason=lines[0], error="\n".join(lines), finished_at=time.time()
             )
 
 

@@ -204,7 +204,7 @@ def _run_status(
     reason = st.get("reason") if state in ("failed", "diverged") else None
     if state == "failed" and st.get("state") == "running":
         # the job ended and the run never said why: no traceback to show, the process was killed
-        tail = _died_silently(sched, train_row)
+        tail = died_silently(sched, train_row)
         reason = tail[0]
     elif state == "failed":
         tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
@@ -235,7 +235,7 @@ _SCHEDULER_SAYS = {
 }
 
 
-def _died_silently(sched: str | None, row: dict[str, Any] | None) -> list[str]:
+def died_silently(sched: str | None, row: dict[str, Any] | None) -> list[str]:
     """What to say of a run whose job ended without a word from the run (status.json still running)."""
     lines = ["the process died without a word (no traceback; killed? out of memory?)"]
     if sched in _SCHEDULER_SAYS:

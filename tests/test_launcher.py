@@ -97,6 +97,24 @@ def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
     assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0  # resumed, not restarted
 
 
+def test_a_worker_on_its_time_limit_requeues_and_resumes_the_run_it_trained(tmp_path: Path) -> None:
+    """Two runs in one worker, whose time limit is the sum of theirs (30 s, USR2 at 25 s): the second run is
+    trained when the signal comes; it is saved, put back in the queue and resumed by the requeued worker."""
+    sweep = tmp_path / "poolrequeue"
+    plan = jobs.make_plan(sweep, [0, 1], **{"cluster.max_local_jobs": 1})
+    for run in plan.runs:
+        run.config["model"]["resources"]["timeout_min"] = 0.25
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    final = wait(sweep, timeout_s=120)
+    assert [final[r.id].state for r in plan.runs] == ["done", "done"]
+    first, second = (
+        [line.split()[0] for line in (r.run_dir / "starts.txt").read_text().splitlines()] for r in plan.runs
+    )
+    assert first == ["0"]
+    assert len(second) == 2 and second[0] == "0" and int(second[1]) > 0  # resumed, not restarted
+    assert len(set().union(*worker_ids(sweep).values())) == 1  # the same worker job, requeued
+
+
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_eval_runs_after_successful_train_only(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "evaldep"

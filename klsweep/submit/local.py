@@ -377,11 +377,13 @@ class LocalWorker:
 def _forget_process_state() -> None:
     """What one job leaves in the process that the next would inherit: accelerate's process-wide state (the
     next trainer sets up its own, as in a fresh process)."""
-    if "accelerate" not in sys.modules:
-        return
-    from accelerate.state import AcceleratorState
+    import gc
 
-    AcceleratorState._reset_state(reset_partial_state=True)
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    gc.collect()  # the last trainer's model and optimizer
 
 
 def _state(run_dir: str) -> str | None:

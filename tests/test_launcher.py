@@ -204,15 +204,22 @@ def worker_ids(sweep: Path) -> dict[str, set[str]]:
 
 
 def test_a_worker_trains_each_run_as_a_fresh_process_does(tmp_path: Path) -> None:
-    """Three runs in one worker, the middle one failing mid-training: the others go on, and train bit for bit as
-    they do one process per run (cluster.local_jobs_per_worker=1)."""
+    """Three runs in one worker, each evaluated by lm-eval after its training, the middle one failing
+    mid-training: the others go on, and train bit for bit as they do one process per run
+    (cluster.local_jobs_per_worker=1)."""
     import torch
+    import yaml
 
-    pooled = real_plan(tmp_path / "pooled", [0, 1, 2])
+    import klsweep
+
+    suite = yaml.safe_load((Path(klsweep.__file__).parent / "conf/eval/tiny.yaml").read_text())
+    tiny_eval = {f"eval.{k}": v for k, v in {**suite, "limit": 4}.items()}
+    pooled = real_plan(tmp_path / "pooled", [0, 1, 2], **tiny_eval)
     submit.submit(pooled, "local", train_fn=jobs.train_failing_odd)
     final = wait(tmp_path / "pooled", timeout_s=600)
     a, b, c = (final[r.id] for r in pooled.runs)
     assert (a.state, b.state, c.state) == ("done", "failed", "done")
+    assert (a.eval_state, b.eval_state, c.eval_state) == ("done", "skipped", "done")
     assert any("KLSWEEP-BOOM" in line for line in b.log_tail)
     ids = worker_ids(tmp_path / "pooled")
     assert len(set().union(*ids.values())) == 1  # one worker trained all three

@@ -11,7 +11,8 @@ Two kinds of job: train a run, evaluate a run. What each runs lives below (``kls
 - ``jobs``: the job callables (``TrainJob``, checkpointable and requeued; ``EvalJob``) and what a run asks for
 - ``sweep``: what of a plan to submit, under the sweep's lock; the sweep's files
 - ``slurm``: the Slurm back end (arrays, parameters, dependencies)
-- ``local``: the local back end (a detached supervisor, ``python -m klsweep.submit``) and the debug one
+- ``local``: the local back end (a detached supervisor, ``python -m klsweep.submit``, and its worker
+  processes, each running queued jobs one after the other) and the debug one
 - ``scheduler``: the ``jobs.jsonl`` records and one batched scheduler query for their states; stopping jobs
 - ``state``: ``RunStatus`` of every run (status.json and the scheduler combined), waiting, cancelling
 - ``evals``: ``klsweep eval``'s jobs

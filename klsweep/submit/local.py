@@ -292,7 +292,7 @@ def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str, 
             pool.record(i, job_id, worker=True, state="CANCELLED")
             continue
         pool.record(i, job_id, worker=True, state="FAILED")
-        if it["kind"] == "train" and run_state is not None:
+        if it["kind"] == "train" and run_state in ("pending", "running"):  # else the run said why itself
             lines = died_silently(None, {"job_id": job_id, "folder": str(folder)})
             lines.append(
                 f"the local worker job {job_id} died training it; a new worker goes on with the rest"

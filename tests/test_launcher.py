@@ -115,6 +115,30 @@ def test_a_worker_on_its_time_limit_requeues_and_resumes_the_run_it_trained(tmp_
     assert len(set().union(*worker_ids(sweep).values())) == 1  # the same worker job, requeued
 
 
+def test_a_worker_preempted_mid_run_saves_it_at_the_step_end_and_resumes_it(tmp_path: Path) -> None:
+    """USR2 to a worker training its second real run: the signal waits for the end of the step (the
+    deferred handler is installed once per worker, not once per run), the run is saved, requeued with its
+    worker and resumed; every step once in metrics.jsonl."""
+    import os
+    import signal
+
+    sweep = tmp_path / "poolpreempt"
+    no_collapse = {"train.collapse_fraction": 0.0}  # 8 samples a step: the reward is noisy
+    plan = real_plan(sweep, [0, 1], **{"train.steps": 30, "train.save_steps": 100, **no_collapse})
+    submit.submit(plan, "local")
+    first, second = plan.runs
+    wait_for(lambda: any(r["step"] >= 2 for r in store.read_metrics(second.run_dir)), timeout_s=300)
+    (worker,) = worker_ids(sweep)[second.id]
+    (task,) = (int(c) for c in Path(f"/proc/{worker}/task/{worker}/children").read_text().split())
+    os.kill(task, signal.SIGUSR2)
+    final = wait(sweep, timeout_s=300)
+    assert [final[r.id].state for r in plan.runs] == ["done", "done"]
+    for run in plan.runs:
+        assert [r["step"] for r in store.read_metrics(run.run_dir)] == list(range(1, 31))
+    assert worker_ids(sweep)[second.id] == {worker}  # claimed twice by the same (requeued) worker job
+    assert len([r for r in jobs.train_rows(sweep)[second.id] if r["job_id"] and "state" not in r]) == 2
+
+
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_eval_runs_after_successful_train_only(tmp_path: Path, cluster: str) -> None:
     sweep = tmp_path / "evaldep"

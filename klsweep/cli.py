@@ -345,7 +345,7 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -377,6 +377,7 @@ def run_command(
         runs = submit.status(res.sweep_dir)
     else:
         return
+    print_failures(console, runs)
     line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
     console.print(f"{plan.name}: {line}", highlight=False)
     if code:
@@ -391,9 +392,10 @@ def status_command(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
 ) -> None:
-    """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
+    """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
+    log's last lines."""
     from klsweep import submit
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
@@ -413,10 +415,7 @@ def status_command(
     else:
         runs = submit.status(sweep_dir)
         console.print(status_table(runs, title=sweep_dir.name, width=width))
-    for r in runs:
-        if r.state in ("failed", "unreadable") and r.log_tail:
-            console.print(f"--- {r.run_id} ({r.state}) ---", highlight=False, markup=False)
-            console.print("\n".join(r.log_tail), highlight=False, markup=False, soft_wrap=True)
+    print_failures(console, runs)
 
 
 @app.command("cancel")
@@ -458,7 +457,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep import report
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
     from klsweep.study import run_study
 
     console = _console()
@@ -505,6 +504,7 @@ def study_command(
         progress.stop()
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
+    print_failures(console, res.runs)
     for table in report.rich_tables(res.report, width=width):
         console.print(table)
     for path in res.report.paths:

@@ -247,6 +247,25 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     )
 
 
+def print_failures(console: Console, runs: list[RunStatus]) -> None:
+    """Print what follows the status table for each failed or unreadable run, and each failed eval, sorted by
+    run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to the
+    terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
+    copied) and the log's last lines as written."""
+    for r in sorted(runs, key=lambda r: r.run_id):
+        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state == "failed"
+        if r.state not in ("failed", "unreadable") and not failed_eval:
+            continue
+        state = "eval failed" if failed_eval else r.state
+        console.print(f"--- {r.run_id} ({state}) ---", style="bold", highlight=False, markup=False)
+        why = r.eval_error if failed_eval else r.reason
+        if why:
+            console.print(why, style="red", highlight=False, markup=False)
+        whole = ([f"log: {r.log}"] if r.log else []) + [line for line in r.log_tail if line != why]
+        for line in whole:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 VERDICT_STYLES = {
     "unbiased reverse KL": "green",
     "forward KL": "yellow",

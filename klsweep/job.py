@@ -4,8 +4,9 @@
 
 - reads ``run_dir/config.yaml`` (a complete RunConfig), seeds everything from ``config.seed``;
 - records the environment it trains in (``env.json``, ``environment.record``) at every start;
-- writes ``status.json``: ``running`` (with ``step`` after every step), then ``done``, ``failed`` (the last
-  lines of the traceback in ``error``) or ``diverged`` (``diverged_step`` and ``reason``);
+- writes ``status.json``: ``running`` (with ``step`` after every step), then ``done``, ``failed`` (the
+  exception's type and message in ``reason``, ``errors.describe``; the last lines of the traceback in
+  ``error``; the whole traceback on stderr) or ``diverged`` (``diverged_step`` and ``reason``);
 - appends one row per optimiser step to ``metrics.jsonl`` (keys: ``ROW_KEYS`` plus every other float TRL
   logs; a non-finite value is written as null);
 - saves Hugging Face checkpoints (model, tokenizer, trainer state, optimizer, RNG, the trainer's lag buffer)
@@ -56,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -64,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import environment, store
 from klsweep.collapse import find_collapse
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem, UserError, describe
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -215,8 +217,10 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
             raise exiting from None
         state = "failed"
-        lines = traceback.format_exc().rstrip().splitlines()
-        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)  # the whole traceback in the job's log (and the run's logs/)
+        lines = text.rstrip().splitlines()
+        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=describe(e))
     finally:
         # a signal after the last step: the run is final anyway
         _live_trainer = _live_monitor = _deferred_signal = None
@@ -225,7 +229,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
             try:  # on a preemption wandb's service process is gone: its teardown raises
                 wandb_run.finish()
             except Exception as e:
-                monitor.warn(f"W&B: finishing the run failed ({_one_line(e)}); metrics.jsonl is complete")
+                monitor.warn(f"W&B: finishing the run failed ({describe(e)}); metrics.jsonl is complete")
     fields["finished_at"] = time.time()
     fields["warnings"] = monitor.warnings
     if is_main:
@@ -503,15 +507,8 @@ def _number(value: Any) -> float | None:
 
 
 def _warn(warnings: list[str], text: str) -> None:
-    import sys
-
     warnings.append(text)
     print(f"klsweep warning: {text}", file=sys.stderr, flush=True)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def _is_non_finite_sampling(error: RuntimeError) -> bool:
@@ -579,7 +576,7 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
             return wandb.init(**kwargs, mode="online", settings=settings)
         except Exception as e:
             warn(
-                f"W&B online failed ({_one_line(e)}): mirroring offline to {folder} instead "
+                f"W&B online failed ({describe(e)}): mirroring offline to {folder} instead "
                 "(upload later with `wandb sync`); metrics.jsonl is complete"
             )
             with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
@@ -587,7 +584,7 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
     try:
         return wandb.init(**kwargs, mode="offline")
     except Exception as e:
-        warn(f"W&B offline failed too ({_one_line(e)}): not mirrored; metrics.jsonl is complete")
+        warn(f"W&B offline failed too ({describe(e)}): not mirrored; metrics.jsonl is complete")
         return None
 
 
@@ -625,7 +622,7 @@ def _wandb_callback(warn: Callable[[str], None]) -> Any:
                 return method(self, *args, **kwargs)
             except Exception as e:
                 self.broken = True
-                warn(f"W&B mirroring stopped ({_one_line(e)}); metrics.jsonl is complete")
+                warn(f"W&B mirroring stopped ({describe(e)}); metrics.jsonl is complete")
                 return None
 
         return guarded

@@ -75,6 +75,7 @@ def slow_train(run_dir: Path, total: int = 20, step_s: float = 1.0) -> dict:
     done = int(progress.read_text()) if progress.exists() else 0
     with open(run_dir / "starts.txt", "a") as f:
         f.write(f"{done} {os.environ.get('SLURM_JOB_ID', os.environ.get('SUBMITIT_LOCAL_JOB_ID'))}\n")
+    print(f"slow_train: starting at step {done}", flush=True)  # the job's log (and the run's logs/)
     store.write_status(run_dir, "running", step=done, total_steps=total, started_at=time.time())
     while done < total:
         time.sleep(step_s)

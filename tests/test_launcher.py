@@ -95,6 +95,9 @@ def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
     assert run.state == "done" and run.step == 20
     starts = [int(line.split()[0]) for line in (plan.runs[0].run_dir / "starts.txt").read_text().splitlines()]
     assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0  # resumed, not restarted
+    # every attempt of the requeued job in the run's own log, one after the other
+    log = (plan.runs[0].run_dir / "logs" / f"train-{run.job_id}.out").read_text()
+    assert [int(n) for n in re.findall(r"slow_train: starting at step (\d+)", log)] == starts
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     starts = [int(line.split()[0]) for line in (run_dir / "starts.txt").read_text().splitlines()]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 3  # resumed, not restarted
     assert runs[0].job_id == job_id  # the same job, requeued
+    # both attempts in the run's own log (a hard link of Slurm's file, appended to by the requeued job)
+    log = (run_dir / "logs" / f"train-{job_id}.out").read_text()
+    assert [int(n) for n in re.findall(r"slow_train: starting at step (\d+)", log)] == starts
 
 
 def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None:
@@ -76,6 +80,8 @@ def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None
     assert run.state == "done", run.log_tail
     folder = Path(store.read_jsonl(sweep / store.JOBS_FILE)[-1]["folder"])
     assert len(list(folder.glob(f"{run.job_id}_*_log.err"))) == 2  # two tasks ran
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert logs == [f"train-{run.job_id}{t}{s}" for t in ("", "-task1") for s in (".err", ".out")]
     assert [r["step"] for r in store.read_metrics(run_dir)] == [1, 2]  # rank 0 alone writes the metrics
 
     ranks = [torch.load(run_dir / f"final_weights_rank{r}.pt") for r in (0, 1)]

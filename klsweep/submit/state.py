@@ -21,6 +21,7 @@ from typing import Any
 from klsweep import store
 from klsweep.config import read_run_file
 from klsweep.errors import Problem, UserError
+from klsweep.submit import joblogs
 from klsweep.submit.jobs import has_eval_results
 from klsweep.submit.scheduler import (
     LIVE_SLURM,
@@ -49,8 +50,11 @@ class RunStatus:
     job_id: str | None
     cluster: str | None
     eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped
-    log_tail: list[str]  # failed runs: the last lines of the job's stderr (or the recorded traceback)
-    reason: str | None = None  # failed, diverged, unreadable: why, in one line
+    log_tail: list[str]  # failed runs (or evals): the last lines of the job's stderr (or the traceback kept)
+    reason: str | None = None  # failed, diverged, unreadable: why, in one line (failed: the exception's type
+    # and message)
+    log: str | None = None  # failed runs (or evals): the job's stderr, in the run's logs/ (else submitit's)
+    eval_error: str | None = None  # a failed eval: why, in one line
 
     @property
     def collapsed(self) -> bool:
@@ -100,10 +104,9 @@ def _last_line(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _log_tail(row: dict[str, Any] | None, n: int = 15) -> list[str]:
-    if row is None or not row.get("job_id"):
+def _log_tail(path: Path | None, n: int = 15) -> list[str]:
+    if path is None:
         return []
-    path = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
     try:
         return path.read_text(errors="replace").rstrip().splitlines()[-n:]
     except OSError:
@@ -178,13 +181,14 @@ def _run_status(
     eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
     if eval_row is not None:
         e_sched = states.get(key(eval_row))
-        eval_state = (
-            "done"
-            if has_eval_results(run_dir)
-            else "skipped"
-            if e_sched == "SKIPPED"
-            else _combine("pending", e_sched)
-        )
+        if has_eval_results(run_dir):
+            eval_state = "done"
+        elif e_sched == "SKIPPED":
+            eval_state = "skipped"
+        else:
+            eval_state = _combine("pending", e_sched)
+            if eval_state == "done" and st.get("eval_error"):  # its job went on to other runs: the run failed
+                eval_state = "failed"
     cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
     if params is None:
         cfg = read_run_file(run_dir)
@@ -200,12 +204,19 @@ def _run_status(
     gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
     tail: list[str] = []
     reason = st.get("reason") if state in ("failed", "diverged") else None
+    log = None
+    if state == "failed":
+        log = joblogs.run_log(run_dir, train_row)
+    elif eval_state == "failed":
+        log = joblogs.run_log(run_dir, eval_row)
     if state == "failed" and st.get("state") == "running":
         # the job ended and the run never said why: no traceback to show, the process was killed
-        tail = _died_silently(sched, train_row)
+        tail = _died_silently(sched)
         reason = tail[0]
     elif state == "failed":
-        tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
+        tail = _log_tail(log) or (st.get("error") or "").splitlines()[-15:]
+    elif eval_state == "failed":
+        tail = _log_tail(log)
     return RunStatus(
         run_id=rid,
         params={a: params.get(a) for a in axes} if axes else dict(params),
@@ -220,6 +231,8 @@ def _run_status(
         eval_state=eval_state,
         log_tail=tail,
         reason=reason,
+        log=str(log) if log else None,
+        eval_error=st.get("eval_error") if eval_state == "failed" else None,
     )
 
 
@@ -233,16 +246,13 @@ _SCHEDULER_SAYS = {
 }
 
 
-def _died_silently(sched: str | None, row: dict[str, Any] | None) -> list[str]:
+def _died_silently(sched: str | None) -> list[str]:
     """What to say of a run whose job ended without a word from the run (status.json still running)."""
     lines = ["the process died without a word (no traceback; killed? out of memory?)"]
     if sched in _SCHEDULER_SAYS:
         lines.append(_SCHEDULER_SAYS[sched])
     elif sched:
         lines.append(f"the scheduler says {sched}")
-    if row is not None and row.get("job_id"):
-        log = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
-        lines.append(f"its log: {log}")
     return lines
 
 

@@ -257,7 +257,7 @@ def print_failures(console: Console, runs: list[RunStatus]) -> None:
         if r.state not in ("failed", "unreadable") and not failed_eval:
             continue
         state = "eval failed" if failed_eval else r.state
-        console.print(f"--- {r.run_id} ({state}) ---", style="bold", highlight=False, markup=False)
+        console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)
         why = r.eval_error if failed_eval else r.reason
         if why:
             console.print(why, style="red", highlight=False, markup=False)

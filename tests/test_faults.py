@@ -542,9 +542,10 @@ def test_a_killed_run_says_it_died_without_a_word(tmp_path, monkeypatch, capsys)
     (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=120)
     assert run.state == "failed"
     assert run.reason.startswith("the process died without a word")
-    assert run.log_tail[0] == run.reason and any("its log:" in line for line in run.log_tail)
+    assert run.log_tail[0] == run.reason
+    assert run.log == str(run_dir / "logs" / f"train-{row['job_id']}.err")  # the run's own copy of its log
     code, out, err = cli(["status", sweep], monkeypatch, capsys)
-    assert code == 0 and "died without a word" in out
+    assert code == 0 and "died without a word" in out and f"log: {run.log}" in out.splitlines()
 
 
 def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypatch, capsys):

@@ -256,13 +256,17 @@ def report_command(
         str | None, typer.Option(help="the eval settings to report (default: the newest present)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
+    no_wandb: Annotated[
+        bool, typer.Option("--no-wandb", help="do not log the report to W&B (it is when the runs were)")
+    ] = False,
 ) -> None:
-    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands."""
+    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
+    logged to W&B beside the runs when they were."""
     from rich.markup import escape
 
     from klsweep.report import build_report, rich_tables
 
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
+    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=not no_wandb)
     console = _console()
     if not quiet:
         from klsweep.console import table_width
@@ -271,8 +275,12 @@ def report_command(
             console.print(table)
     for line in report.set_aside:
         _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
+    for line in report.warnings:
+        _console(stderr=True).print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
+    if report.wandb_run is not None:
+        console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)
 
 
 # --- eval (klsweep/evaluate.py, submitted by klsweep/submit/) --------------------------------------------
@@ -509,6 +517,10 @@ def study_command(
         console.print(table)
     for path in res.report.paths:
         console.print(f"wrote {path}", highlight=False)
+    for line in res.report.warnings:
+        _console(stderr=True).print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    if res.report.wandb_run is not None:
+        console.print(f"W&B: {res.report.wandb_run}", highlight=False, soft_wrap=True)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
 
 

@@ -1,6 +1,6 @@
 """The report of a sweep: tables (pandas) and plots (matplotlib) a researcher can paste into a paper.
 
-``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H]``, or from Python
+``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H] [--no-wandb]``, or from Python
 ``build_report(sweep_dir, out_dir=None, formats=("md",))``. It reads only the files of the results store and
 writes to ``<sweep>/report/``: ``report.md``, ``report.html`` (self-contained: figures embedded), one
 ``<table>.csv`` / ``<table>.tex`` per table, ``curves.png`` and ``eval_bars.png``, each with a vector
@@ -22,7 +22,8 @@ One module per stage of the data flow; each imports only from the ones listed be
 - ``figures.py``: the curves (small multiples) and the eval bars, PNG and PDF;
 - ``latex.py``: the paper tables (``<table>.tex``); ``render.py``: the files, one writer per format (md, csv,
   latex, html); ``terminal.py``: the rich tables;
-- ``build.py``: ``build_report``, load -> tables -> figures -> renderers.
+- ``publish.py``: the report logged to W&B beside the runs, when they mirrored there;
+- ``build.py``: ``build_report``, load -> tables -> figures -> renderers -> W&B.
 
 Public API: ``build_report``, ``Report``, ``rich_tables``, and the stability rule: ``smooth``, ``collapse_step``.
 """

@@ -36,6 +36,9 @@ def _check_study(res, out: Path) -> None:
         assert len(results) == 1, run_dir
         metrics = store.read_json(results[0])["metrics"]
         assert set(metrics["in_domain"]) == {"tiny_add"} and set(metrics["ood"]) == {"tiny_sub", "tiny_rev"}
+        # the run's logs/: its training job's output and its part of the eval job's
+        logs = {p.name.split("-")[0] + p.suffix for p in (run_dir / "logs").iterdir()}
+        assert logs == {"train.out", "train.err", "eval.out", "eval.err"}, run_dir
     assert list(sweep.glob("baseline/*/eval/*/step-0/results.json"))
     report = (sweep / "report" / "report.md").read_text()
     for placement in ("reward", "loss", "both"):
@@ -44,6 +47,8 @@ def _check_study(res, out: Path) -> None:
     assert (sweep / "report" / "curves.png").stat().st_size > 10_000
     assert (sweep / "report" / "main.tex").exists()
     assert not res.eval.errors
+    # the runs mirrored to W&B (offline here): the report is logged beside them
+    assert res.report.wandb_run is not None and res.report.wandb_run.parent == sweep / "report" / "wandb"
 
 
 @pytest.mark.slow

@@ -103,6 +103,9 @@ class TrainSection:
     # Divergence: a non-finite loss, or a reward collapse (see klsweep.trainer for the definition).
     collapse_window: int = 10
     collapse_fraction: float = 0.5
+    # TRL GRPOConfig options passed through as written (e.g. {top_k: 5, weight_decay: 0.01}), merged into the
+    # trainer's GRPOConfig last; options klsweep sets from its own keys are refused (klsweep.trlargs).
+    trl: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,7 +189,11 @@ class RunConfig:
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
 # config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
-LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
+LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
+
+# Keys added after run ids were published, left out of a run's id while they hold this value (their default):
+# a run that does not use them keeps the id it had (``grid.run_id``).
+ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}}
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.

@@ -33,7 +33,9 @@ class Plan:
 
 
 def run_id(config: dict, memo: dict[tuple[str, int], tuple[Any, str]] | None = None) -> str:
-    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``.
+    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``, and
+    without the keys of ``config.ID_OMITTED_AT`` that hold that value (``train.trl: {}``: a run that passes
+    nothing to TRL keeps the id it had before the key existed).
     ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
     (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
     the whole."""
@@ -58,15 +60,18 @@ def _canonical(value: Any) -> str:
 
 
 def _without_cosmetic(prefix: str, value: Any) -> Any:
-    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``), copied on the way
-    down: the caller's dict is never touched."""
+    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
+    ``ID_OMITTED_AT`` that hold that value, copied on the way down: the caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
-    inner = [k[len(prefix) + 1 :] for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    inner = [(k[len(prefix) + 1 :], None) for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    inner += [
+        (k[len(prefix) + 1 :], v) for k, v in config_mod.ID_OMITTED_AT.items() if k.startswith(prefix + ".")
+    ]
     if not inner:
         return value
     kept = dict(value)
-    for key in inner:
+    for key, omitted_at in inner:
         *parents, leaf = key.split(".")
         node = kept
         for part in parents:
@@ -75,5 +80,6 @@ def _without_cosmetic(prefix: str, value: Any) -> Any:
             node[part] = dict(node[part])
             node = node[part]
         else:
-            node.pop(leaf, None)
+            if omitted_at is None or node.get(leaf, omitted_at) == omitted_at:
+                node.pop(leaf, None)
     return kept

@@ -38,7 +38,14 @@ class Schema:
         head = key.rsplit(".", 1)[0]
         if head in self.dict_leaves or any(key.startswith(d + ".") for d in self.dict_leaves):
             return None
+        if key.startswith("train.") and key.count(".") == 1:
+            return trl_name_problem(where, key)
         return unknown(where, key, self.valid_keys())
+
+    def open_mapping(self, key: str) -> bool:
+        """Whether ``key`` is an entry inside an open mapping (a dict-typed key such as ``train.trl``), where keys
+        are added (Hydra's ``+key``), not a key of the closed schema."""
+        return any(key.startswith(d + ".") for d in self.dict_leaves)
 
     def is_section(self, key: str) -> bool:
         """Whether a mapping under ``key`` holds further keys (a section or a group), not one dict value."""
@@ -77,6 +84,33 @@ def _schema_leaves() -> tuple[dict[str, type], set[str]]:
 
     walk(config_mod.RunConfig, "")
     return leaves, sections
+
+
+def trl_name_problem(where: str, key: str) -> Problem:
+    """An unknown ``train.NAME``: TRL's name of a klsweep key ("use train.group_size"), a GRPOConfig option
+    (passed through ``train.trl.NAME``), or a misspelt key."""
+    from klsweep import trlargs
+
+    name = key.split(".", 1)[1]
+    owned = trlargs.owner(name)
+    if owned is not None and not trlargs.KLSWEEP_SETS[name].startswith("("):
+        source = trlargs.KLSWEEP_SETS[name]
+        return Problem(
+            where, f"{key!r} is not a klsweep key: TRL's {name!r} is set from {source}", f"use {source}"
+        )
+    if owned is None and name in trlargs.grpo_fields():
+        return Problem(
+            where,
+            f"{key!r} is not a klsweep key: TRL's GRPOConfig option {name!r} is passed through train.trl",
+            f"use train.trl.{name} (or +train.trl.{name})",
+        )
+    leaves, _ = _schema_leaves()
+    return unknown(where, key, [*GROUPS, *leaves])
+
+
+def under(key: str, keys: Iterable[str]) -> bool:
+    """Whether dotted ``key`` is one of ``keys`` or inside one of them."""
+    return any(key == k or key.startswith(k + ".") for k in keys)
 
 
 def lookup(config: dict, key: str) -> Any:

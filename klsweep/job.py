@@ -123,7 +123,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import ID_OMITTED_AT, read_run_file
+    from klsweep.config import ID_OMITTED_AT, read_run_file, run_file_text
 
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
@@ -142,7 +142,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
                 )
             )
         return path
-    store.atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(config)))
+    store.atomic_write_text(path, run_file_text(config))
     return path
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from test_grid import TINY, cli, nothing_under, write  # tests/ is on sys.path under pytest
 
 from klsweep import grid
@@ -201,3 +202,67 @@ def test_an_sbatch_option_added_on_the_command_line_reaches_slurm(tmp_path):
     # what Slurm holds for the job (kept MinJobAge after it ended; sacct stores comments only on request)
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert "Comment=klsweep-h-trl" in shown
+
+
+def test_config_prints_the_yaml_a_run_gets_and_it_round_trips_to_its_id(tmp_path, monkeypatch, capsys):
+    g = write(tmp_path, TINY)
+    plan = grid.load_plan(g, ["+train.trl.top_k=2"])
+    run = plan.runs[5]
+    for which in (run.id, run.id[:6], "5"):
+        code, out, err = cli(["config", g, which, "+train.trl.top_k=2"], monkeypatch, capsys)
+        assert code == 0, err
+        assert run.id in err
+        assert yaml.safe_load(out) == run.config
+        assert "top_k: 2" in out
+    written = tmp_path / "run.yaml"
+    written.write_text(out)
+    assert grid.run_id(grid.compose_run_config(written, [])) == run.id
+    # what a job writes as the run folder's config.yaml is this very text
+    from klsweep import job
+
+    job.write_run_config(tmp_path / "folder", run.config)
+    assert (tmp_path / "folder" / "config.yaml").read_text() == out
+
+    code, _, err = cli(["config", g, "zzzz"], monkeypatch, capsys)
+    assert code == 2 and "is no run id of the plan" in err and TINY_IDS[0][0] in " ".join(err.split())
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_keys_lists_every_runconfig_field_with_default_and_help(width, monkeypatch):
+    from dataclasses import is_dataclass
+
+    from test_console import render
+
+    from klsweep import console
+    from klsweep.grid.keys import describe
+    from klsweep.grid.schema import walk_fields
+
+    docs = describe()
+    by_key = {d.key: d for d in docs}
+    leaves = [k for k, t, _ in walk_fields() if not is_dataclass(t)]
+    assert set(leaves) <= set(by_key) and all(by_key[k].help for k in leaves)
+    assert {"model", "task", "cluster", "eval", "preset"} <= set(by_key)
+    assert by_key["train.group_size"].default == 4
+    assert "TRL's num_generations" in by_key["train.group_size"].help
+    assert by_key["train.group_size"].allowed.startswith(">= 2")
+    assert by_key["kl.estimator"].allowed == "k1, k2, k3"  # as klsweep.kl.KLConfig says
+    assert by_key["cluster.kind"].default == "local" and "slurm" in by_key["cluster"].allowed
+    out = render(console.keys_table(docs, width=width), width=width)
+    lines = out.splitlines()
+    if width:
+        assert max(len(line) for line in lines) <= 80, out
+    else:  # piped: one line per key
+        for k in leaves:
+            assert sum(line.startswith(k + " ") for line in lines) == 1, k
+    for k in leaves:
+        assert k in out  # never cut
+    assert [d.key for d in describe("train")] == [k for k in leaves if k.startswith("train.")]
+
+
+def test_keys_command(monkeypatch, capsys):
+    code, out, _ = cli(["keys", "offpolicy"], monkeypatch, capsys)
+    assert code == 0
+    assert "offpolicy.lag" in out and "the batch trained at step t was generated" in out
+    assert "train.steps" not in out
+    code, _, err = cli(["keys", "trian"], monkeypatch, capsys)
+    assert code == 2 and "no key is under it" in err

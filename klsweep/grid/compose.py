@@ -134,9 +134,8 @@ class Composer:
 
 
 def _has(config: dict, key: str) -> bool:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
+    try:
+        lookup(config, key)
+    except (KeyError, TypeError):
+        return False
     return True

@@ -31,6 +31,23 @@ class Plan:
     excluded: int  # runs dropped by `exclude:`
     grid_text: str  # the grid file as written
 
+    def find(self, which: str) -> PlannedRun:
+        """The run ``which`` names: its id, the start of one run's id, or its index in plan order (0-based, as
+        ``klsweep plan --json`` lists the runs). ``UserError`` when it names none or several."""
+        from klsweep.errors import Problem, UserError
+
+        if which.isdigit() and len(which) < 10 and int(which) < len(self.runs):
+            return self.runs[int(which)]
+        hits = [r for r in self.runs if r.id.startswith(which)] if which else []
+        if len(hits) == 1:
+            return hits[0]
+        what = f"names {len(hits)} runs" if hits else "is no run id of the plan"
+        ids = ", ".join(r.id for r in (hits or self.runs)[:6]) + (
+            ", ..." if len(hits or self.runs) > 6 else ""
+        )
+        allowed = f"a run id ({ids}), or an index 0..{len(self.runs) - 1}"
+        raise UserError(Problem(which, what, allowed), title="no such run")
+
 
 def run_id(config: dict, memo: dict[tuple[str, int], tuple[Any, str]] | None = None) -> str:
     """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``, and

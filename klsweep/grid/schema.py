@@ -4,8 +4,8 @@ groups (folders of ``klsweep/conf``); the check of one key, with a did-you-mean 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from dataclasses import fields, is_dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import Field, fields, is_dataclass
 from typing import Any, get_type_hints
 
 from klsweep import config as config_mod
@@ -67,22 +67,25 @@ class Schema:
         return getattr(t, "__name__", None) or str(t).replace("typing.", "")
 
 
+def walk_fields(cls: type = config_mod.RunConfig, prefix: str = "") -> Iterator[tuple[str, Any, Field]]:
+    """Every field of RunConfig in order, sections before their keys: (dotted key, annotation, field)."""
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        t = hints[f.name]
+        yield prefix + f.name, t, f
+        if is_dataclass(t):
+            yield from walk_fields(t, prefix + f.name + ".")
+
+
 def _schema_leaves() -> tuple[dict[str, type], set[str]]:
     """Dotted leaf keys of RunConfig -> their annotation, and the dotted keys of its sections."""
     leaves: dict[str, Any] = {}
     sections: set[str] = set()
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = get_type_hints(cls)
-        for f in fields(cls):
-            t = hints[f.name]
-            if is_dataclass(t):
-                sections.add(prefix + f.name)
-                walk(t, prefix + f.name + ".")
-            else:
-                leaves[prefix + f.name] = t
-
-    walk(config_mod.RunConfig, "")
+    for key, t, _ in walk_fields():
+        if is_dataclass(t):
+            sections.add(key)
+        else:
+            leaves[key] = t
     return leaves, sections
 
 

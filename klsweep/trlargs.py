@@ -54,6 +54,7 @@ KLSWEEP_SETS: dict[str, str] = {
     "use_cpu": "(klsweep.layout: a GPU when there is one)",
     "ddp_backend": "(klsweep.layout: gloo on CPUs)",
     "activation_checkpointing": "(klsweep.layout: on GPUs)",
+    "gradient_checkpointing": "(klsweep.layout: activation checkpointing on GPUs)",
     "ddp_find_unused_parameters": "(klsweep.layout)",
     "vllm_mode": "(colocate)",
     "logging_steps": "(one metrics row per step)",
@@ -88,8 +89,6 @@ def grpo_fields() -> dict[str, Any]:
 def check(options: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
     """A ``train.trl`` mapping checked against GRPOConfig: (the options, ints given for float options made
     floats; every problem as (option, what, allowed)). An empty mapping imports nothing."""
-    import difflib
-
     if not isinstance(options, Mapping):
         return {}, [("", f"{options!r} is not a mapping", "train.trl: {option: value} (GRPOConfig options)")]
     if not options:
@@ -105,9 +104,7 @@ def check(options: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
             continue
         tp = known.get(name)
         if tp is None:
-            near = difflib.get_close_matches(name, [*known, *KLSWEEP_SETS], n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            problems.append((name, f"{name!r} is not a GRPOConfig option{hint}", "a field of trl.GRPOConfig"))
+            problems.append((name, *unknown(name)))
             continue
         if not accepts(tp, value):
             problems.append((name, f"{value!r} is not a valid value", type_name(tp)))
@@ -115,6 +112,15 @@ def check(options: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
         takes_int = accepts(tp, 0) and not accepts(tp, 0.5)
         out[name] = float(value) if _is_int(value) and not takes_int and accepts(tp, 0.5) else value
     return out, problems
+
+
+def unknown(name: str) -> tuple[str, str]:
+    """(what, allowed) of a name that is no GRPOConfig option, with a did-you-mean."""
+    import difflib
+
+    near = difflib.get_close_matches(name, [*grpo_fields(), *KLSWEEP_SETS], n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"{name!r} is not a GRPOConfig option{hint}", "a field of trl.GRPOConfig"
 
 
 def merged(own: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:

@@ -105,12 +105,24 @@ def test_plus_adds_only_inside_open_mappings(tmp_path, monkeypatch, capsys):
     assert {r.config["cluster"]["additional_parameters"]["comment"] for r in plan.runs} == {"klsweep"}
     assert {r.config["train"]["steps"] for r in plan.runs} == {3}
     code, _, err = cli(
-        ["plan", g, "+train.steps=3", "+preset=trl", "+kl.foo=1", "++kl.bar=1", "~seed=1", "kl.beta@x=1"],
+        [
+            *(
+                "plan",
+                g,
+                "+train.steps=3",
+                "+preset=trl",
+                "+kl.foo=1",
+                "++kl.bar=1",
+                "~seed=1",
+                "kl.beta@x=1",
+            ),
+            *("~train.trl.top_kk", "~name"),
+        ],
         monkeypatch,
         capsys,
     )
     flat = " ".join(err.split())
-    assert code == 2 and "6 problems" in flat
+    assert code == 2 and "8 problems" in flat
     for s in (
         "+train.steps=3: +train.steps adds a key, but 'train.steps' exists already; klsweep's schema is closed: "
         "+ adds keys only inside cluster.additional_parameters, train.trl (allowed: train.steps=3)",
@@ -120,6 +132,8 @@ def test_plus_adds_only_inside_open_mappings(tmp_path, monkeypatch, capsys):
         "++kl.bar=1: unknown key 'kl.bar'",
         "~seed=1: ~key takes no value: it resets the key to its default (allowed: ~seed)",
         "kl.beta@x=1: key@package is not used by klsweep",
+        "~train.trl.top_kk: 'top_kk' is not a GRPOConfig option; did you mean 'top_k'?",
+        "~name: the sweep's name cannot be removed",
     ):
         assert s in flat, f"{s!r} not in {flat}"
 
@@ -167,6 +181,13 @@ def test_tilde_removes_a_value_back_to_its_default(tmp_path):
     assert again.runs[0].config["train"]["trl"] == {"top_k": 9}
     # a later override sets the key again
     assert grid.load_plan(g, ["~train.steps", "train.steps=4"]).runs[0].config["train"]["steps"] == 4
+    # ~section: every key of it
+    reset = grid.load_plan(g, ["~train"]).runs[0].config["train"]
+    assert (reset["steps"], reset["trl"]) == (50, {})
+    # ~section removes the axes inside it; an exclude on them is then no mistake
+    no_kl = grid.load_plan(write(tmp_path, TINY, "tiny.yaml"), ["~kl"])
+    assert len(no_kl.runs) == 2 * 3 and no_kl.axes == ["offpolicy.lag", "seed"]
+    assert {r.config["kl"]["beta"] for r in no_kl.runs} == {0.0}
     # ~ of a grid-file key that nothing set: no change
     assert [r.id for r in grid.load_plan(g, ["~train.trl.min_p"]).runs] == [
         r.id for r in grid.load_plan(g).runs

@@ -83,10 +83,11 @@ def load_plan(
     ]
     file_axes = {k for axes in axes_by_grid for k in axes}
     cmd_single, cmd_sweep, removed = b.reader.command_line(overrides or [])
-    if "name" in cmd_sweep or "name" in removed:
+    if "name" in cmd_sweep:
         problems.append(Problem("command line: name", "a sweep has one name", "name=NAME"))
     name = cmd_single.pop("name", name)  # name=NAME renames the sweep: results/NAME/
-    cmd_keys = set(cmd_single) | set(cmd_sweep) | removed
+    # the keys the command line sets or removes (a removed section: every axis inside it)
+    cmd_keys = set(cmd_single) | set(cmd_sweep) | removed | {k for k in file_axes if under(k, removed)}
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
     if problems:
         raise UserError(problems, title="invalid grid")

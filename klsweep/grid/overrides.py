@@ -8,10 +8,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from klsweep import trlargs
 from klsweep.errors import Problem
 from klsweep.grid.compose import RESET
 from klsweep.grid.schema import GROUPS, Schema, under
-from klsweep.grid.validate import Values, hashable
+from klsweep.grid.validate import TRL, Values, hashable
 
 
 class Reader:
@@ -139,6 +140,8 @@ class Reader:
             return None
         key, raw_values, is_sweep = parsed
         problem = self.schema.key_problem(key, where)
+        if problem is not None and arg.startswith("~") and key in self.schema.sections:
+            problem = None  # ~section: every key of it back to its default
         if problem is not None:
             if arg.startswith("+"):
                 problem = Problem(where, f"{problem.what}; {self._closed()}", problem.allowed)
@@ -165,6 +168,12 @@ class Reader:
                 self.problems.append(
                     Problem(where, "~key takes no value: it resets the key to its default", f"~{key}")
                 )
+                return False
+            if key == "name":
+                self.problems.append(Problem(where, "the sweep's name cannot be removed", "name=NAME"))
+                return False
+            if key.startswith(TRL + ".") and key.split(".")[2] not in trlargs.grpo_fields():
+                self.problems.append(Problem(where, *trlargs.unknown(key.split(".")[2])))
                 return False
             return True
         if arg.startswith("+") and not arg.startswith("++") and not inside:

@@ -2,7 +2,9 @@
 
 Hydra composes YAML config groups (``klsweep/conf/{model,task,cluster,eval}``) on top of ``RunConfig``;
 the dotted keys of these dataclasses (``kl.estimator``, ``offpolicy.lag``, ``train.steps`` ...) are the
-public vocabulary of grid files and command-line overrides.
+public vocabulary of grid files and command-line overrides. Each field carries its help (``key(default, help)``),
+the one description of the key that ``klsweep keys`` prints; two keys are open mappings, ``train.trl`` (TRL
+options passed through, ``klsweep.trlargs``) and ``cluster.additional_parameters`` (sbatch options).
 """
 
 from __future__ import annotations

@@ -340,6 +340,8 @@ def eval_command(
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    from rich.markup import escape
+
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
@@ -354,7 +356,9 @@ def eval_command(
     for result in outcome.results:
         console.print(str(result), highlight=False, soft_wrap=True)
     for run, message in outcome.errors.items():
-        console.print(f"[bold red]eval failed[/]: {run}: {message}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]eval failed[/]: {escape(run)}: {escape(message)}", highlight=False)
+        if run in outcome.logs:
+            console.print(f"log: {outcome.logs[run]}", highlight=False, markup=False, soft_wrap=True)
     if outcome.errors:
         raise typer.Exit(1)
 

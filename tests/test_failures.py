@@ -98,6 +98,8 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None
     ]
     eval_err = done_dir / "logs" / f"eval-{row['job_id']}.err"
     eval_log = eval_err.read_text()
+    assert evaluated.exit_code == 1 and f"eval failed: {done_dir}: {eval_error}" in evaluated.output
+    assert f"log: {eval_err}" in evaluated.output.splitlines()
     assert "Traceback (most recent call last)" in eval_log and eval_error in eval_log
     # the job evaluated the step-0 baseline too: that part is the baseline's, not the run's
     (baseline,) = (sweep / store.BASELINE_DIR).iterdir()

@@ -27,6 +27,7 @@ class EvalSubmission(evaluate.EvalOutcome):
     """What ``submit_eval`` did: the evaluation's outcome (in-process or waited for) and the jobs submitted."""
 
     jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
+    logs: dict[str, str] = field(default_factory=dict)  # a failed run's folder -> its eval job's log (wait)
 
 
 def submit_eval(
@@ -111,4 +112,9 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
             done = job.result()
             out.results += done.results
             out.errors.update(done.errors)
+        by_run = {row["run_id"]: row for row in rows}
+        for failed in out.errors:
+            log = joblogs.run_log(failed, by_run.get(Path(failed).name))
+            if log is not None:
+                out.logs[failed] = str(log)
     return out

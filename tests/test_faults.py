@@ -444,6 +444,15 @@ def test_bad_files_names_and_folders_are_located_exit_2(tmp_path, monkeypatch, c
         code, out, err = cli([command, _small(tmp_path), "--out", a_file], monkeypatch, capsys)
         assert code == 2 and "--out" in err and "is a file, not a folder" in err, err
 
+    # a study told to compare its claims with a file that is not a claims.csv stops before anything runs
+    tiny = Path(__file__).resolve().parent.parent / "sweeps" / "tiny.yaml"
+    for expected in (binary, tmp_path / "missing.csv"):
+        code, out, err = cli(
+            ["study", tiny, "--expect-claims", expected, "--out", tmp_path / "res"], monkeypatch, capsys
+        )
+        assert code == 2 and f"{expected}: not a readable claims.csv" in err, err
+    assert not (tmp_path / "res").exists()
+
 
 def _without_root_powers() -> list[str]:
     """A command prefix that makes root obey permission bits (as any user does), or [] when not root."""

@@ -225,7 +225,30 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             "reasons: the report's files)",
         )
     )
+    if len(report.claims):
+        rows = [
+            [c.claim, c.verdict, _p_value(c.p_value)]
+            for c in report.claims[["claim", "verdict", "p_value"]].itertuples()
+        ]
+        tables.append(
+            fitted_table(
+                f"The study's claims: {report.sweep_dir.name}",
+                ["claim", "verdict", "p"],
+                rows,
+                width=width,
+                right=["p"],
+                whole=["verdict"],
+                caption="one test per claim at 0.05, no correction for several (tests, statistics, the decision "
+                "rule: report.md, claims.csv)",
+            )
+        )
     return tables
+
+
+def _p_value(p: Any) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return DASH
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _fmt_model(baseline_row: Any) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
 import pytest
+from clitools import cli
 
 from klsweep import grid, job, store, submit
 from klsweep.errors import UserError
@@ -55,21 +56,6 @@ def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
     resolved = OmegaConf.to_container(config)
     job.write_run_config(run_dir, resolved)
     return resolved
-
-
-def cli(args: list, monkeypatch, capsys) -> tuple[int, str, str]:
-    """`klsweep ARGS` in this process, through ``main`` (UserError -> exit 2); (exit code, stdout, stderr)."""
-    from klsweep import cli as cli_mod
-
-    monkeypatch.setenv("COLUMNS", "400")
-    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fixture_copy(tmp_path: Path) -> Path:

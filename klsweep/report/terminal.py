@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, _view
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, _p, _view
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
@@ -227,7 +227,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     )
     if len(report.claims):
         rows = [
-            [c.claim, c.verdict, _p_value(c.p_value)]
+            [c.claim, c.verdict, _p(c.p_value)]
             for c in report.claims[["claim", "verdict", "p_value"]].itertuples()
         ]
         tables.append(
@@ -243,12 +243,6 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             )
         )
     return tables
-
-
-def _p_value(p: Any) -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return DASH
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _fmt_model(baseline_row: Any) -> str:

@@ -6,14 +6,12 @@ jobs that worked on it in its ``logs/``, which outlive the submitit files; ``kls
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
-from typer.testing import CliRunner
+from clitools import cli  # tests/ is on sys.path under pytest
 
 from klsweep import store, submit
-from klsweep.cli import app
 
 BROKEN = (
     "huggingface_hub.errors.StrictDataclassFieldValidationError: Validation error for field 'hidden_size'"
@@ -28,15 +26,11 @@ def _break(model_dir: Path) -> None:
     (model_dir / "config.json").write_text(json.dumps(cfg))
 
 
-def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
 def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None:
+def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path, monkeypatch, capsys) -> None:
     from klsweep.tinymodel import tiny_model_path
 
     broken = tmp_path / "broken-model"
@@ -49,8 +43,8 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None
         "  train.max_completion_length: 4\n  wandb.mode: disabled\n"
         f"grid:\n  - kl.beta: 0.1\n  - kl.beta: 0.0\n    model.path: {broken}\n"
     )
-    ran = CliRunner().invoke(app, ["run", str(grid), "--out", str(tmp_path), "--wait"], env={"COLUMNS": "80"})
-    assert ran.exit_code == 1, ran.output
+    code, ran, err_out = cli(["run", grid, "--out", tmp_path, "--wait"], monkeypatch, capsys)
+    assert code == 1, ran + err_out
     sweep = tmp_path / "failing"
     runs = {r.state: r for r in submit.status(sweep)}
     assert sorted(runs) == ["done", "failed"]
@@ -74,10 +68,10 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None
     assert not (done_dir / "logs" / f"train-{failed.job_id}.err").exists()  # each run its own jobs' logs
 
     # the summary of `run --wait` (a pipe: full width) and `status` at 80 columns: why, and the log's path whole
-    assert f"log: {err}" in ran.output.splitlines() and status["reason"] in ran.output
-    shown = CliRunner().invoke(app, ["status", str(sweep)], env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"})
-    assert shown.exit_code == 0, shown.output
-    lines = _plain(shown.output).splitlines()
+    assert f"log: {err}" in ran.splitlines() and status["reason"] in ran
+    code, shown, _ = cli(["status", sweep], monkeypatch, capsys, columns=80, terminal=True)
+    assert code == 0, shown
+    lines = shown.splitlines()
     assert f"log: {err}" in lines  # never cut or wrapped: it can be copied
     notes = lines[lines.index(f"--- {failed.run_id} (failed) ---") + 1 : lines.index(f"log: {err}")]
     assert _words(" ".join(notes)) == _words(status["reason"]) and max(map(len, notes)) <= 80
@@ -85,11 +79,11 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None
     # a failed eval says why the same way, and its job's part of the log is the run's
     final = store.read_status(done_dir)["final_checkpoint"]
     _break(done_dir / "checkpoints" / final)
-    evaluated = CliRunner().invoke(
-        app, ["eval", str(sweep), "--suite", "tiny", "--cluster", "local", "--wait"]
+    code, evaluated, _ = cli(
+        ["eval", sweep, "--suite", "tiny", "--cluster", "local", "--wait"], monkeypatch, capsys
     )
     eval_error = store.read_status(done_dir)["eval_error"]
-    assert eval_error.startswith(f"{done.run_id} {final}: {BROKEN}"), (eval_error, evaluated.output)
+    assert eval_error.startswith(f"{done.run_id} {final}: {BROKEN}"), (eval_error, evaluated)
     assert "\n" not in eval_error
     (row,) = [
         r
@@ -98,17 +92,17 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path) -> None
     ]
     eval_err = done_dir / "logs" / f"eval-{row['job_id']}.err"
     eval_log = eval_err.read_text()
-    assert evaluated.exit_code == 1 and f"eval failed: {done_dir}: {eval_error}" in evaluated.output
-    assert f"log: {eval_err}" in evaluated.output.splitlines()
+    assert code == 1 and f"eval failed: {done_dir}: {eval_error}" in evaluated
+    assert f"log: {eval_err}" in evaluated.splitlines()
     assert "Traceback (most recent call last)" in eval_log and eval_error in eval_log
     # the job evaluated the step-0 baseline too: that part is the baseline's, not the run's
     (baseline,) = (sweep / store.BASELINE_DIR).iterdir()
     assert (baseline / "logs" / f"eval-{row['job_id']}.err").is_file()
     (run,) = [r for r in submit.status(sweep) if r.run_id == done.run_id]
     assert run.eval_state == "failed" and run.eval_error == eval_error
-    shown = CliRunner().invoke(app, ["status", str(sweep)])
-    assert f"--- {done.run_id} (eval failed) ---" in shown.output and eval_error in shown.output
-    assert f"log: {eval_err}" in shown.output
+    code, shown, _ = cli(["status", sweep], monkeypatch, capsys)
+    assert f"--- {done.run_id} (eval failed) ---" in shown and eval_error in shown
+    assert f"log: {eval_err}" in shown.splitlines()
 
     # the logs outlive submitit's files and the sweep folder's move (no link to break)
     moved = tmp_path / "moved"

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from clitools import cli  # tests/ is on sys.path under pytest
 
 from klsweep import evaluate, job, store
 
@@ -213,16 +214,13 @@ def _mirror_training_offline(run: Path, config: dict) -> None:
     mirror.finish()
 
 
-def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch):
+def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys):
     """``klsweep report`` of a sweep whose runs mirrored to W&B: a W&B run of job_type report in their project
     and group, with the main table, the stability table and the claims as W&B tables, the figures as images,
     and the report's files as an artifact (offline here: all in ``<report>/wandb/offline-run-*``).
     ``--no-wandb`` logs nothing; a W&B that cannot log warns and the report is written anyway."""
     import yaml
     from sweepgen import write_sweep
-    from typer.testing import CliRunner
-
-    from klsweep.cli import app
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     grid = [{"kl.estimator": e, "kl.placement": "loss", "kl.beta": 0.1} for e in ("k1", "k3")]
@@ -231,10 +229,10 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch):
     config = yaml.safe_load((first / store.CONFIG_FILE).read_text())
     _mirror_training_offline(first, config)
 
-    done = CliRunner().invoke(app, ["report", str(sweep), "--format", "md,html", "--quiet"])
-    assert done.exit_code == 0, done.output
+    code, done, err = cli(["report", sweep, "--format", "md,html", "--quiet"], monkeypatch, capsys)
+    assert code == 0 and not err, err
     (folder,) = (sweep / "report" / "wandb").glob("offline-run-*")
-    assert f"W&B: {folder}" in done.output.splitlines()
+    assert f"W&B: {folder}" in done.splitlines()
     records = wandb_records(next(folder.glob("run-*.wandb")))
     (run_record,) = [r.run for r in records if r.HasField("run")]
     assert (run_record.job_type, run_record.run_group, run_record.display_name) == (
@@ -263,14 +261,13 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch):
     assert {"report.md", "report.html", "curves.png", "curves.pdf", "eval_bars.png"} <= entries
 
     # --no-wandb: nothing more logged
-    again = CliRunner().invoke(app, ["report", str(sweep), "--quiet", "--no-wandb"])
-    assert again.exit_code == 0 and "W&B" not in again.output
+    code, again, _ = cli(["report", sweep, "--quiet", "--no-wandb"], monkeypatch, capsys)
+    assert code == 0 and "W&B" not in again
     assert len(list((sweep / "report" / "wandb").glob("offline-run-*"))) == 1
 
     # W&B cannot write its files (a file where its folder goes): a warning, and the report all the same
     out = tmp_path / "elsewhere"
     out.mkdir()
     (out / "wandb").write_text("not a folder")
-    broken = CliRunner().invoke(app, ["report", str(sweep), "--out", str(out), "--quiet"])
-    assert broken.exit_code == 0, broken.output
-    assert "warning: W&B" in broken.output and (out / "report.md").is_file()
+    code, _, err = cli(["report", sweep, "--out", out, "--quiet"], monkeypatch, capsys)
+    assert code == 0 and "warning: W&B" in err and (out / "report.md").is_file()

@@ -171,6 +171,19 @@ def test_wait_backs_off_and_still_notices_completion(tmp_path: Path) -> None:
     assert sum(r.state == "running" for (r,) in queries) < 20, [(r.state, r.step) for (r,) in queries]
 
 
+def test_wait_timeout_names_the_runs_not_final_and_what_their_jobs_say(tmp_path: Path) -> None:
+    sweep = tmp_path / "late"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    wait_for(lambda: (run_dir / "progress.txt").exists())
+    with pytest.raises(TimeoutError) as e:
+        submit.wait_until_final(sweep, poll_s=0.5, timeout_s=1)
+    said = str(e.value)
+    assert f"{plan.runs[0].id}: running, step " in said and "(local): RUNNING" in said, said
+    submit.cancel(sweep)
+
+
 def test_debug_executor_runs_in_process(tmp_path: Path) -> None:
     sweep = tmp_path / "debug"
     plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})

@@ -338,9 +338,8 @@ def _not_final(sweep_dir: Path, runs: list[RunStatus], timeout_s: float) -> str:
     for r in runs:
         job = f"job {r.job_id} ({r.cluster}): {r.job_state or 'no state'}" if r.job_id else "no job"
         why = f", reason {r.job_reason}" if r.job_reason else ""
-        lines.append(
-            f"  {r.run_id}: {r.state}, step {r.step}/{r.total_steps}, eval {r.eval_state}; {job}{why}"
-        )
+        ev = f", eval {r.eval_state}" if r.eval_state else ""
+        lines.append(f"  {r.run_id}: {r.state}, step {r.step}/{r.total_steps}{ev}; {job}{why}")
         lines += [f"    | {line}" for line in _log_tail(rows.get((r.run_id, "train")), 5)]
     return "\n".join(lines)
 

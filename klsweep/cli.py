@@ -46,7 +46,15 @@ def _main(
     """Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report."""
 
 
-OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="key=value overrides in Hydra's grammar (also +key=v, ++key=v, ~key)"),
+]
+GridArg = Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")]
+OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")]
+ConfigDirOpt = Annotated[
+    list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
+]
 MaxRunsOpt = Annotated[
     int | None,
     typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),
@@ -178,14 +186,10 @@ def audit_command(
 
 @app.command("plan")
 def plan_command(
-    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    grid: GridArg,
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
-        "results"
-    ),
-    config_dir: Annotated[
-        list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
-    ] = None,
+    out: OutOpt = Path("results"),
+    config_dir: ConfigDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     runs: Annotated[
         bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
@@ -213,6 +217,42 @@ def plan_command(
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
+
+
+@app.command("config")
+def config_command(
+    grid: GridArg,
+    run: Annotated[
+        str, typer.Argument(help="a run id (or its start), or an index in plan order (plan --json)")
+    ],
+    overrides: OverridesArg = None,
+    out: OutOpt = Path("results"),
+    config_dir: ConfigDirOpt = None,
+) -> None:
+    """Print one run's resolved config: the config.yaml its job gets, on stdout (`klsweep train` takes it as it
+    is); the run's id and folder on stderr."""
+    from klsweep import grid as grid_mod
+    from klsweep.config import run_file_text
+
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    found = plan.find(run)
+    _console(stderr=True).print(f"run {found.id}: {found.run_dir}", highlight=False, soft_wrap=True)
+    print(run_file_text(found.config), end="")
+
+
+@app.command("keys")
+def keys_command(
+    under: Annotated[
+        str | None, typer.Argument(help="only the keys of this section (e.g. train) or this key")
+    ] = None,
+) -> None:
+    """Every key of grid files and overrides: its default (under the default config groups), its help, its
+    type and the values allowed."""
+    from klsweep.console import keys_table, table_width
+    from klsweep.grid.keys import describe
+
+    console = _console()
+    console.print(keys_table(describe(under or ""), width=table_width(console)))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------

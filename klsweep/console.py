@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.grid import Plan
+    from klsweep.grid.keys import KeyDoc
     from klsweep.submit import RunStatus
 
 PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's default there would be 80)
@@ -136,6 +137,29 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         width=width,
         caption=f"{caption}; every run: --runs",
     )
+
+
+def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
+    """``klsweep keys``: each key (never cut), its default as YAML writes it, its help with its type and the
+    values allowed."""
+    import json
+
+    from klsweep.report.terminal import fitted_table
+
+    def default(v: Any) -> str:
+        return (v or "''") if isinstance(v, str) else json.dumps(v)
+
+    rows = [
+        [d.key, default(d.default), f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"]
+        for d in docs
+    ]
+    caption = (
+        "set with key=value (grid: base: or an axis); + adds inside train.trl, cluster.additional_parameters"
+    )
+    return fitted_table(
+        "keys of grid files and overrides", ["key", "default", "help"], rows, width=width, whole=["key"],
+        caption=caption,
+    )  # fmt: skip
 
 
 def _size(gb: float) -> str:

@@ -123,12 +123,16 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import read_run_file
+    from klsweep.config import ID_OMITTED_AT, read_run_file, run_file_text
 
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
         read_run_file(run_dir)  # UnreadableFile when it was cut short
-        existing = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        loaded = OmegaConf.load(path)
+        for key, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
+            if OmegaConf.select(loaded, key, default=None) is None:
+                OmegaConf.update(loaded, key, value, force_add=True)
+        existing = OmegaConf.to_container(loaded, resolve=True)
         if existing != config:
             raise UserError(
                 Problem(
@@ -138,7 +142,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
                 )
             )
         return path
-    store.atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(config)))
+    store.atomic_write_text(path, run_file_text(config))
     return path
 
 
@@ -297,7 +301,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOConfig
 
-    from klsweep import layout, tasks, tinymodel
+    from klsweep import layout, tasks, tinymodel, trlargs
     from klsweep.kl import KLConfig
     from klsweep.planner import batch_shape
     from klsweep.trainer import KLGRPOTrainer
@@ -315,7 +319,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    args = GRPOConfig(
+    own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,
         learning_rate=train.learning_rate,
@@ -348,6 +352,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         disable_tqdm=True,
         log_completions=False,
     )
+    args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
     dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
     trainer = KLGRPOTrainer(

@@ -441,7 +441,16 @@ MALFORMED = {
         [],
         ["searchpath", "is not a folder"],
     ),
-    "plus prefix on the command line": (G, ["+kl.foo=1"], ["command line: +kl.foo=1", "not used by klsweep"]),
+    "plus prefix on the command line": (
+        G,
+        ["+kl.foo=1"],
+        [
+            "command line: +kl.foo=1",
+            "unknown key 'kl.foo'",
+            "schema is closed",
+            "inside cluster.additional_parameters",
+        ],
+    ),
     "axis value is a mapping": (
         "name: bad\ngrid:\n  kl.beta: {a: 1}\n",
         [],

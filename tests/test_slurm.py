@@ -191,7 +191,7 @@ def test_waiting_jobs_show_slurms_reason_and_cancelled_jobs_its_state(tmp_path: 
     for plan, reason in ((too_big, "PartitionConfig"), (held, "JobHeldUser")):
         sweep = plan.sweep_dir
         submit.submit(plan, "slurm", train_fn=jobs.ok_train)
-        run = jobs.follow(sweep, lambda r: r.job_reason is not None, "a pending reason", pending_s=60)
+        run = jobs.follow(sweep, lambda r, why=reason: r.job_reason == why, reason, pending_s=60)
         assert (run.state, run.job_state, run.job_reason) == ("pending", "PENDING", reason)
         assert run.scheduler == f"PENDING ({reason})"
         table = _status_cli(sweep)
@@ -224,7 +224,6 @@ def test_a_job_past_its_time_limit_shows_timeout(tmp_path: Path) -> None:
     run = jobs.follow(sweep, lambda r: r.state in store.FINAL_STATES, "the time limit", timeout_s=240)
     assert (run.state, run.job_state, run.job_reason, run.scheduler) == ("failed", "TIMEOUT", None, "TIMEOUT")
     assert "model.resources.timeout_min" in " ".join(run.log_tail)
-    assert int((plan.runs[0].run_dir / "progress.txt").read_text()) >= 50  # it ran to the limit
     table = _status_cli(sweep)
     assert max(len(line) for line in table.split("\n---")[0].splitlines()) <= 80, table
     assert "TIMEOUT" in table.split("\n---")[0], table

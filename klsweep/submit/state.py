@@ -315,8 +315,8 @@ def wait_until_final(
     while True:
         runs = status(sweep_dir)
         now = time.time()
-        if _changes(runs) != seen:
-            seen, last_change = _changes(runs), now
+        if (changes := _changes(runs)) != seen:
+            seen, last_change = changes, now
         if on_update is not None:
             on_update(runs)
         waiting = [r for r in runs if r.state not in FINAL or r.eval_state in ("pending", "running")]

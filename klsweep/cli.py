@@ -494,6 +494,13 @@ def study_command(
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
     ] = False,
+    expect_claims: Annotated[
+        Path | None,
+        typer.Option(
+            help="a claims.csv (e.g. the committed results/tiny/report/claims.csv, read before the study "
+            "overwrites it): compare this study's verdicts with it; exit 1 when one differs"
+        ),
+    ] = None,
 ) -> None:
     """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
     import time
@@ -543,6 +550,7 @@ def study_command(
             retry_failed=retry_failed,
             on_stage=on_stage,
             on_progress=on_progress,
+            expect_claims=expect_claims,
         )
     finally:
         progress.stop()
@@ -553,6 +561,18 @@ def study_command(
     for path in res.report.paths:
         console.print(f"wrote {path}", highlight=False)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
+    if res.claim_changes is not None:
+        n = len(res.report.claims)
+        if not res.claim_changes:
+            console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
+            return
+        console.print(
+            f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims}:[/]",
+            highlight=False,
+        )
+        for claim, want, got in res.claim_changes:
+            console.print(f"  {claim}: expected {want}, got {got}", highlight=False, markup=False)
+        raise typer.Exit(1)
 
 
 def main() -> None:

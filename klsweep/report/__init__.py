@@ -24,12 +24,22 @@ One module per stage of the data flow; each imports only from the ones listed be
   latex, html); ``terminal.py``: the rich tables;
 - ``build.py``: ``build_report``, load -> tables -> figures -> renderers.
 
-Public API: ``build_report``, ``Report``, ``rich_tables``, and the stability rule: ``smooth``, ``collapse_step``.
+Public API: ``build_report``, ``Report``, ``rich_tables``, ``read_verdicts`` and ``verdict_changes`` (this
+sweep's claims against a committed ``claims.csv``), and the stability rule: ``smooth``, ``collapse_step``.
 """
 
 from klsweep.report.build import build_report
+from klsweep.report.claims import read_verdicts, verdict_changes
 from klsweep.report.stability import collapse_step, smooth
 from klsweep.report.tables import Report
 from klsweep.report.terminal import rich_tables
 
-__all__ = ["Report", "build_report", "collapse_step", "rich_tables", "smooth"]
+__all__ = [
+    "Report",
+    "build_report",
+    "collapse_step",
+    "rich_tables",
+    "read_verdicts",
+    "smooth",
+    "verdict_changes",
+]

@@ -440,7 +440,10 @@ def run_command(
 def status_command(
     sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
     watch: Annotated[
-        bool, typer.Option("--watch", help="refresh every few seconds until all runs are final")
+        bool,
+        typer.Option(
+            "--watch", help="refresh until all runs are final (2 s apart, up to 30 s while nothing changes)"
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
 ) -> None:

@@ -222,10 +222,11 @@ COLOUR = {
 
 
 def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
-    """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, step,
-    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs'
-    log tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``,
-    as the report counts it."""
+    """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, what the
+    scheduler says beyond it (``_scheduler_notes``: a column on a pipe, a mark and a legend in a terminal), step,
+    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
+    tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``, as
+    the report counts it."""
     from rich.text import Text
 
     from klsweep.report.terminal import fitted_tables
@@ -233,10 +234,13 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     axes = _config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
+    order = sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id))
+    sched, marks, legend = _scheduler_notes(order, width)  # marks numbered down the table
     header = [
         "run",
         *_labels(axes),
         "state",
+        *(["scheduler"] if sched else []),
         "step",
         "reward",
         "eval",
@@ -245,12 +249,16 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         "job",
     ]
     rows = []
-    for r in sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id)):
+    for r in order:
         rows.append(
             [
                 r.run_id,
                 *(_value(shown[r.run_id].get(a)) for a in axes),
-                Text(state := "collapsed" if r.collapsed else r.state, style=COLOUR.get(state, "")),
+                Text.assemble(
+                    (state := "collapsed" if r.collapsed else r.state, COLOUR.get(state, "")),
+                    marks.get(r.run_id, ""),
+                ),
+                *([sched.get(r.run_id, "")] if sched else []),
                 f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
                 "" if r.reward is None else f"{r.reward:.3f}",
                 r.eval_state or "",
@@ -268,6 +276,7 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         right=["step", "reward", "elapsed", "GPU-h"],
         whole=["run", "model", "job"],
         optional=["job", "GPU-h", "elapsed"],
+        caption=legend,
     )
 
 
@@ -288,6 +297,24 @@ def print_failures(console: Console, runs: list[RunStatus]) -> None:
         whole = ([f"log: {r.log}"] if r.log else []) + [line for line in r.log_tail if line != why]
         for line in whole:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _scheduler_notes(runs: list[RunStatus], width: int | None) -> tuple[dict[str, str], dict[str, str], str]:
+    """What the scheduler says beyond klsweep's state (``RunStatus.scheduler``: ``PENDING (Resources)``,
+    ``TIMEOUT``), shown only where it says something: on a pipe (``width`` None) a ``scheduler`` column; in a
+    terminal a mark after the state (``pending¹``) and a legend (``scheduler: ¹ PENDING (Resources)``), which
+    stays narrow however long Slurm's words. Returns the column's cells, the marks and the legend."""
+    said = {r.run_id: r.scheduler for r in runs if r.scheduler}
+    if width is None:
+        return said, {}, ""
+    marks: dict[str, str] = {}
+    for note in said.values():
+        marks.setdefault(note, str(len(marks) + 1).translate(_SUPERSCRIPT))
+    legend = ", ".join(f"{mark} {note}" for note, mark in marks.items())
+    return {}, {rid: marks[note] for rid, note in said.items()}, f"scheduler: {legend}" if legend else ""
 
 
 VERDICT_STYLES = {

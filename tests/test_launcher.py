@@ -146,6 +146,47 @@ def test_concurrent_submits_submit_each_run_once(tmp_path: Path, cluster: str) -
         assert (run.run_dir / "spans.txt").read_text().count("start") == 1
 
 
+def test_poll_delay_backs_off_as_submitits_watcher_does() -> None:
+    """``--wait``/``--watch`` query the scheduler ``first_s`` apart at first, then half the time since the last
+    change, at most ``POLL_MAX_S`` apart: an hour with nothing changing makes ~120 queries, not 1800."""
+    from klsweep.submit.state import POLL_MAX_S, poll_delay
+
+    assert poll_delay(0.0) == 2.0 and poll_delay(0.0, first_s=0.5) == 0.5  # at first and after a change
+    assert poll_delay(20.0) == 10.0 and poll_delay(3600.0) == POLL_MAX_S == 30.0
+    t, gaps = 0.0, []
+    while t < 3600:
+        gaps.append(poll_delay(t))
+        t += gaps[-1]
+    assert gaps == sorted(gaps) and gaps[0] == 2.0 and gaps[-1] == 30.0
+    assert len(gaps) < 150
+
+
+def test_wait_backs_off_and_still_notices_completion(tmp_path: Path) -> None:
+    """A wait through a 20-s run: the scheduler is asked less and less often while nothing changes (a fixed
+    0.5-s poll would ask 40 times), and the wait still ends with the run done."""
+    sweep = tmp_path / "backoff"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    queries: list[list[submit.RunStatus]] = []
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, on_update=queries.append, timeout_s=120)
+    assert run.state == "done" and run.step == 20
+    assert [r.state for r in queries[-1]] == ["done"]
+    assert sum(r.state == "running" for (r,) in queries) < 20, [(r.state, r.step) for (r,) in queries]
+
+
+def test_wait_timeout_names_the_runs_not_final_and_what_their_jobs_say(tmp_path: Path) -> None:
+    sweep = tmp_path / "late"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    wait_for(lambda: (run_dir / "progress.txt").exists())
+    with pytest.raises(TimeoutError) as e:
+        submit.wait_until_final(sweep, poll_s=0.5, timeout_s=1)
+    said = str(e.value)
+    assert f"{plan.runs[0].id}: running, step " in said and "(local): RUNNING" in said, said
+    submit.cancel(sweep)
+
+
 def test_debug_executor_runs_in_process(tmp_path: Path) -> None:
     sweep = tmp_path / "debug"
     plan = jobs.make_plan(sweep, [0, 1], **{"eval.suite": "tiny"})

@@ -350,7 +350,8 @@ def _not_final(sweep_dir: Path, runs: list[RunStatus], timeout_s: float) -> str:
         why = f", reason {r.job_reason}" if r.job_reason else ""
         ev = f", eval {r.eval_state}" if r.eval_state else ""
         lines.append(f"  {r.run_id}: {r.state}, step {r.step}/{r.total_steps}{ev}; {job}{why}")
-        lines += [f"    | {line}" for line in _log_tail(rows.get((r.run_id, "train")), 5)]
+        log = joblogs.run_log(sweep_dir / r.run_id, rows.get((r.run_id, "train")))
+        lines += [f"    | {line}" for line in _log_tail(log, 5)]
     return "\n".join(lines)
 
 

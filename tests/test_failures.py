@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from clitools import cli  # tests/ is on sys.path under pytest
 
 from klsweep import store, submit
@@ -109,3 +110,23 @@ def test_failed_run_and_eval_say_why_and_keep_their_logs(tmp_path: Path, monkeyp
     shutil.move(sweep, moved)
     shutil.rmtree(moved / "submitit")
     assert (moved / failed.run_id / "logs" / err.name).read_text() == log
+
+
+@pytest.mark.slurm
+def test_a_job_that_fails_before_its_run_starts_says_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The job dies before klsweep's code runs (here its setup line fails, in the job's sbatch script; also an
+    import error in a broken checkout): status.json still says pending, and the reason is the last line of the
+    job's log."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text(
+        "name: early\nbase:\n  model: tiny\n  task: tiny\n  cluster: slurm\n  train.steps: 2\n"
+        "  cluster.setup: ['echo \"ModuleNotFoundError: no module named torch\" >&2; exit 3']\ngrid:\n  seed: 0\n"
+    )
+    code, out, err = cli(["run", grid, "--out", tmp_path, "--wait"], monkeypatch, capsys)
+    assert code == 1, out + err
+    (run,) = submit.status(tmp_path / "early")
+    assert run.state == "failed"
+    assert run.reason == "its job failed before the run started: ModuleNotFoundError: no module named torch"
+    assert store.read_status(tmp_path / "early" / run.run_id)["state"] == "pending"
+    code, shown, _ = cli(["status", tmp_path / "early"], monkeypatch, capsys)
+    assert run.reason in _words(shown)

@@ -237,6 +237,11 @@ def _run_status(
         reason = tail[0]
     elif state == "failed":
         tail = _log_tail(log) or (st.get("error") or "").splitlines()[-15:]
+        if (
+            st.get("state", "pending") == "pending"
+        ):  # the job failed before the run began: the run said nothing
+            said = next((line.strip() for line in reversed(tail) if line.strip()), "")
+            reason = f"its job failed before the run started{': ' + said if said else ' (no log)'}"
     elif eval_state == "failed":
         tail = _log_tail(log)
     return RunStatus(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # klsweep's one entry point for a fresh machine.
 #
-#   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine
+#   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine and
+#                    compare its claims' verdicts with the committed ones (results/tiny/report/claims.csv)
 #   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
 #   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
 #   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
@@ -92,7 +93,13 @@ lock)
 study)
     setup
     shift
-    "$VENV/bin/klsweep" study sweeps/tiny.yaml "$@"
+    expected=results/tiny/report/claims.csv
+    if [ $# = 0 ] && [ -f "$expected" ]; then
+        # the committed verdicts (read before the study rewrites the file): say whether they reproduce
+        "$VENV/bin/klsweep" study sweeps/tiny.yaml --expect-claims "$expected"
+    else
+        "$VENV/bin/klsweep" study sweeps/tiny.yaml "$@"
+    fi
     ;;
 test)
     setup

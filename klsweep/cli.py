@@ -46,7 +46,15 @@ def _main(
     """Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report."""
 
 
-OverridesArg = Annotated[list[str] | None, typer.Argument(help="key=value overrides in Hydra's grammar")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="key=value overrides in Hydra's grammar (also +key=v, ++key=v, ~key)"),
+]
+GridArg = Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")]
+OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")]
+ConfigDirOpt = Annotated[
+    list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
+]
 MaxRunsOpt = Annotated[
     int | None,
     typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),
@@ -178,14 +186,10 @@ def audit_command(
 
 @app.command("plan")
 def plan_command(
-    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    grid: GridArg,
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
-        "results"
-    ),
-    config_dir: Annotated[
-        list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
-    ] = None,
+    out: OutOpt = Path("results"),
+    config_dir: ConfigDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     runs: Annotated[
         bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
@@ -213,6 +217,42 @@ def plan_command(
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
+
+
+@app.command("config")
+def config_command(
+    grid: GridArg,
+    run: Annotated[
+        str, typer.Argument(help="a run id (or its start), or an index in plan order (plan --json)")
+    ],
+    overrides: OverridesArg = None,
+    out: OutOpt = Path("results"),
+    config_dir: ConfigDirOpt = None,
+) -> None:
+    """Print one run's resolved config: the config.yaml its job gets, on stdout (`klsweep train` takes it as it
+    is); the run's id and folder on stderr."""
+    from klsweep import grid as grid_mod
+    from klsweep.config import run_file_text
+
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    found = plan.find(run)
+    _console(stderr=True).print(f"run {found.id}: {found.run_dir}", highlight=False, soft_wrap=True)
+    print(run_file_text(found.config), end="")
+
+
+@app.command("keys")
+def keys_command(
+    under: Annotated[
+        str | None, typer.Argument(help="only the keys of this section (e.g. train) or this key")
+    ] = None,
+) -> None:
+    """Every key of grid files and overrides: its default (under the default config groups), its help, its
+    type and the values allowed."""
+    from klsweep.console import keys_table, table_width
+    from klsweep.grid.keys import describe
+
+    console = _console()
+    console.print(keys_table(describe(under or ""), width=table_width(console)))
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
@@ -256,13 +296,17 @@ def report_command(
         str | None, typer.Option(help="the eval settings to report (default: the newest present)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
+    no_wandb: Annotated[
+        bool, typer.Option("--no-wandb", help="do not log the report to W&B (it is when the runs were)")
+    ] = False,
 ) -> None:
-    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands."""
+    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
+    logged to W&B beside the runs when they were."""
     from rich.markup import escape
 
     from klsweep.report import build_report, rich_tables
 
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash)
+    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=not no_wandb)
     console = _console()
     if not quiet:
         from klsweep.console import table_width
@@ -271,8 +315,12 @@ def report_command(
             console.print(table)
     for line in report.set_aside:
         _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
+    for line in report.warnings:
+        _console(stderr=True).print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
+    if report.wandb_run is not None:
+        console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)
 
 
 # --- eval (klsweep/evaluate.py, submitted by klsweep/submit/) --------------------------------------------
@@ -292,6 +340,8 @@ def eval_command(
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    from rich.markup import escape
+
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
@@ -306,7 +356,9 @@ def eval_command(
     for result in outcome.results:
         console.print(str(result), highlight=False, soft_wrap=True)
     for run, message in outcome.errors.items():
-        console.print(f"[bold red]eval failed[/]: {run}: {message}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]eval failed[/]: {escape(run)}: {escape(message)}", highlight=False)
+        if run in outcome.logs:
+            console.print(f"log: {outcome.logs[run]}", highlight=False, markup=False, soft_wrap=True)
     if outcome.errors:
         raise typer.Exit(1)
 
@@ -345,7 +397,7 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -377,6 +429,7 @@ def run_command(
         runs = submit.status(res.sweep_dir)
     else:
         return
+    print_failures(console, runs)
     line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
     console.print(f"{plan.name}: {line}", highlight=False)
     if code:
@@ -387,13 +440,17 @@ def run_command(
 def status_command(
     sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
     watch: Annotated[
-        bool, typer.Option("--watch", help="refresh every few seconds until all runs are final")
+        bool,
+        typer.Option(
+            "--watch", help="refresh until all runs are final (2 s apart, up to 30 s while nothing changes)"
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the runs as JSON")] = False,
 ) -> None:
-    """The state of every run of a sweep (one scheduler query), with the log tail of failed runs."""
+    """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
+    log's last lines."""
     from klsweep import submit
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
     if as_json:
@@ -413,10 +470,7 @@ def status_command(
     else:
         runs = submit.status(sweep_dir)
         console.print(status_table(runs, title=sweep_dir.name, width=width))
-    for r in runs:
-        if r.state in ("failed", "unreadable") and r.log_tail:
-            console.print(f"--- {r.run_id} ({r.state}) ---", highlight=False, markup=False)
-            console.print("\n".join(r.log_tail), highlight=False, markup=False, soft_wrap=True)
+    print_failures(console, runs)
 
 
 @app.command("cancel")
@@ -451,6 +505,13 @@ def study_command(
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
     ] = False,
+    expect_claims: Annotated[
+        Path | None,
+        typer.Option(
+            help="a claims.csv (e.g. the committed results/tiny/report/claims.csv, read before the study "
+            "overwrites it): compare this study's verdicts with it; exit 1 when one differs"
+        ),
+    ] = None,
 ) -> None:
     """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
     import time
@@ -458,7 +519,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep import report
-    from klsweep.console import status_table, table_width
+    from klsweep.console import print_failures, status_table, table_width
     from klsweep.study import run_study
 
     console = _console()
@@ -500,16 +561,34 @@ def study_command(
             retry_failed=retry_failed,
             on_stage=on_stage,
             on_progress=on_progress,
+            expect_claims=expect_claims,
         )
     finally:
         progress.stop()
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
+    print_failures(console, res.runs)
     for table in report.rich_tables(res.report, width=width):
         console.print(table)
     for path in res.report.paths:
         console.print(f"wrote {path}", highlight=False)
+    for line in res.report.warnings:
+        _console(stderr=True).print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    if res.report.wandb_run is not None:
+        console.print(f"W&B: {res.report.wandb_run}", highlight=False, soft_wrap=True)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
+    if res.claim_changes is not None:
+        n = len(res.report.claims)
+        if not res.claim_changes:
+            console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
+            return
+        console.print(
+            f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims}:[/]",
+            highlight=False,
+        )
+        for claim, want, got in res.claim_changes:
+            console.print(f"  {claim}: expected {want}, got {got}", highlight=False, markup=False)
+        raise typer.Exit(1)
 
 
 def main() -> None:

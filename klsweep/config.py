@@ -2,11 +2,14 @@
 
 Hydra composes YAML config groups (``klsweep/conf/{model,task,cluster,eval}``) on top of ``RunConfig``;
 the dotted keys of these dataclasses (``kl.estimator``, ``offpolicy.lag``, ``train.steps`` ...) are the
-public vocabulary of grid files and command-line overrides.
+public vocabulary of grid files and command-line overrides. Each field carries its help (``key(default, help)``),
+the one description of the key that ``klsweep keys`` prints; two keys are open mappings, ``train.trl`` (TRL
+options passed through, ``klsweep.trlargs``) and ``cluster.additional_parameters`` (sbatch options).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -16,18 +19,35 @@ from typing import Any
 from klsweep import store
 
 
+def key(default: Any, text: str) -> Any:
+    """A RunConfig field: its default and its help, the one description of the key (``klsweep keys``; a list or
+    mapping default is copied for each config)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def section(cls: type) -> Any:
+    """A RunConfig field holding a section (its help: the class's docstring)."""
+    return field(default_factory=cls, metadata={"help": (cls.__doc__ or "").split("\n\n")[0]})
+
+
 @dataclass
 class Resources:
     """What one job of this model asks the scheduler for."""
 
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: int | None = None  # processes per node; None: one per GPU (one without GPUs)
-    cpus_per_task: int = 1
-    mem_gb: int = 4
-    gpu_memory_gb: float = 80.0  # memory of one GPU: what klsweep plan checks each run's estimate against
-    timeout_min: int = 60
-    eval_timeout_min: int = 60
+    nodes: int = key(1, "nodes of one training job")
+    gpus_per_node: int = key(0, "GPUs per node (0: CPU only)")
+    tasks_per_node: int | None = key(None, "processes per node; null: one per GPU (one without GPUs)")
+    cpus_per_task: int = key(1, "CPUs of each process")
+    mem_gb: int = key(4, "memory of a node's job (GB)")
+    gpu_memory_gb: float = key(
+        80.0, "memory of one GPU: what klsweep plan checks each run's estimate against"
+    )
+    timeout_min: int = key(
+        60, "time limit of a training job (minutes); the job is requeued when it is reached"
+    )
+    eval_timeout_min: int = key(60, "time limit of an eval job (minutes)")
 
 
 def tasks_per_node(resources: Mapping[str, Any]) -> int:
@@ -42,153 +62,205 @@ class Architecture:
     """The architecture numbers of a hub model (names as in its ``config.json``), for ``klsweep plan``'s memory
     estimate without a download. Unused for a local path (its ``config.json`` is read) and the tiny model."""
 
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    intermediate_size: int | None = None
-    vocab_size: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    tie_word_embeddings: bool = False
+    hidden_size: int | None = key(None, "width of the model")
+    num_hidden_layers: int | None = key(None, "decoder layers")
+    intermediate_size: int | None = key(None, "width of the MLP")
+    vocab_size: int | None = key(None, "vocabulary size")
+    num_attention_heads: int | None = key(None, "attention heads")
+    num_key_value_heads: int | None = key(None, "key/value heads (grouped-query attention)")
+    head_dim: int | None = key(None, "width of a head; null: hidden_size // num_attention_heads")
+    tie_word_embeddings: bool = key(False, "whether the output layer shares the input embedding")
 
 
 @dataclass
 class ModelSection:
-    name: str = "tiny"
-    # "tiny" builds (once, cached) the project's own warm-started tiny model; anything else is a hub id or a path.
-    path: str = "tiny"
-    # Compute dtype (autocast): auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16. The trained
-    # policy's weights and optimizer state are float32 whatever it says; the reference is held in it (klsweep.layout).
-    dtype: str = "auto"
-    # Whether prompts go through the tokenizer's chat template, in training (the task's prompts are chat
-    # messages, else plain text) and in eval (lm-eval's apply_chat_template): false for a base model.
-    chat_template: bool = True
-    resources: Resources = field(default_factory=Resources)
-    arch: Architecture = field(default_factory=Architecture)
+    """The model trained (config group ``model``: klsweep/conf/model/)."""
+
+    name: str = key("tiny", "the model's name in tables and W&B (not part of the run id)")
+    path: str = key(
+        "tiny",
+        "tiny: the project's own warm-started tiny model (built once, cached); else a hub id or a path",
+    )
+    dtype: str = key(
+        "auto",
+        "compute dtype (autocast; auto: bfloat16 on a GPU, float32 on a CPU); the trained policy's weights and "
+        "optimizer state are float32 whatever it says, the reference is held in it (klsweep.layout)",
+    )
+    chat_template: bool = key(
+        True,
+        "whether prompts go through the tokenizer's chat template, in training and in eval (lm-eval's "
+        "apply_chat_template): false for a base model",
+    )
+    resources: Resources = section(Resources)
+    arch: Architecture = section(Architecture)
 
 
 @dataclass
 class TaskSection:
-    name: str = "tiny"  # tiny (synthetic, offline) | math (MATH train split, math-verify reward)
-    dataset: str = ""  # math: hub id or local .jsonl/.json/.parquet file; tiny: unused
-    split: str = "train"
-    num_train: int | None = None  # cap on training prompts (None: all)
-    system_prompt: str | None = None
+    """The training task (config group ``task``: klsweep/conf/task/)."""
+
+    name: str = key("tiny", "tiny (synthetic, offline) | math (MATH train split, math-verify reward)")
+    dataset: str = key("", "math: a hub id or a local .jsonl/.json/.parquet file; tiny: unused")
+    split: str = key("train", "the dataset split trained on")
+    num_train: int | None = key(None, "cap on training prompts (null: all)")
+    system_prompt: str | None = key(None, "a system message before each prompt (null: none)")
 
 
 @dataclass
 class TrainSection:
-    steps: int = 50
-    learning_rate: float = 1e-5
-    prompts_per_step: int = 4
-    group_size: int = 4  # completions per prompt (TRL num_generations)
-    max_prompt_length: int = 512  # longer training prompts (tokens, chat template applied) are dropped
-    max_completion_length: int = 16
-    temperature: float = 1.0
-    loss_type: str = "dapo"  # any TRL GRPO loss_type
-    epsilon: float = 0.2  # PPO clip range
-    scale_rewards: str = "group"
-    max_grad_norm: float = 1.0
-    lr_scheduler_type: str = "linear"  # transformers' schedulers: linear (decay to 0), cosine, constant, ...
-    warmup_steps: int = 0  # linear warm-up from 0 (steps); at most one of warmup_steps and warmup_ratio
-    warmup_ratio: float = 0.0  # linear warm-up from 0 (fraction of train.steps)
-    # Completions per forward/backward pass on each process: a step's completions are split into micro-batches
-    # of this size and their gradients accumulated. None: all of the process's completions in one pass.
-    micro_batch_size: int | None = None
-    # none (DDP: a full copy on every GPU) | fsdp (policy and reference sharded over the processes)
-    sharding: str = "none"
-    save_steps: int = 25
-    keep_checkpoints: int | None = 2  # the newest kept (TRL's save_total_limit); None keeps every one
-    use_vllm: bool = False  # GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])
-    # Divergence: a non-finite loss, or a reward collapse (see klsweep.trainer for the definition).
-    collapse_window: int = 10
-    collapse_fraction: float = 0.5
+    """GRPO training (TRL's GRPOTrainer): steps, batch, optimiser, checkpoints, divergence."""
+
+    steps: int = key(50, "optimiser steps (TRL's max_steps)")
+    learning_rate: float = key(1e-5, "peak learning rate (AdamW)")
+    prompts_per_step: int = key(4, "prompts of one optimiser step (all processes together)")
+    group_size: int = key(4, "completions per prompt (TRL's num_generations)")
+    max_prompt_length: int = key(
+        512, "longer training prompts (tokens, chat template applied) are dropped before training"
+    )
+    max_completion_length: int = key(16, "tokens generated per completion at most")
+    temperature: float = key(1.0, "sampling temperature of the completions")
+    loss_type: str = key("dapo", "any TRL GRPO loss_type (dapo, grpo, dr_grpo, bnpo, ...)")
+    epsilon: float = key(0.2, "PPO clip range")
+    scale_rewards: str = key("group", "group | batch | none: how advantages are scaled by the rewards' std")
+    max_grad_norm: float = key(1.0, "gradient clipping norm")
+    lr_scheduler_type: str = key(
+        "linear", "transformers' scheduler: linear (decay to 0), cosine, constant, ..."
+    )
+    warmup_steps: int = key(0, "linear warm-up from 0 (steps); at most one of warmup_steps and warmup_ratio")
+    warmup_ratio: float = key(0.0, "linear warm-up from 0 (fraction of train.steps)")
+    micro_batch_size: int | None = key(
+        None,
+        "completions per forward/backward pass on each process (gradients accumulated); null: all of the "
+        "process's completions in one pass",
+    )
+    sharding: str = key(
+        "none",
+        "none (DDP: a full copy on every GPU) | fsdp (policy and reference sharded over the processes)",
+    )
+    save_steps: int = key(25, "a checkpoint every this many steps (and at the end)")
+    keep_checkpoints: int | None = key(2, "the newest kept (TRL's save_total_limit); null keeps every one")
+    use_vllm: bool = key(False, "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])")
+    collapse_window: int = key(
+        10, "divergence: the task reward is smoothed over this many steps (klsweep.collapse)"
+    )
+    collapse_fraction: float = key(
+        0.5, "divergence: the run stops when the smoothed reward falls below this fraction of its peak"
+    )
+    trl: dict[str, Any] = key(
+        {},
+        "TRL GRPOConfig options passed through as written (e.g. {top_k: 5, weight_decay: 0.01}), merged into "
+        "the trainer's GRPOConfig last; the options klsweep sets from its own keys are refused (klsweep.trlargs)",
+    )
 
 
 @dataclass
 class KLSection:
-    """Mirrors klsweep.kl.KLConfig, which validates it."""
+    """The KL penalty: estimator, placement, level, beta (klsweep.kl.KLConfig validates it; docs/KL.md)."""
 
-    estimator: str = "k3"
-    placement: str = "loss"
-    level: str = "token"
-    beta: float = 0.0
-    importance: str = "none"  # none | token | sequence: pi_theta/mu weighting of the KL term off-policy
-    # separate | shaped: how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md).
-    # separate: its own centred advantage, never std-scaled, so beta means what it says; shaped: added to the
-    # task reward and normalised with it, as TRL reward functions and verl's KL-in-reward do.
-    reward_mode: str = "separate"
+    estimator: str = key("k3", "the estimator of KL(pi_theta || pi_ref): k1, k2, k3")
+    placement: str = key("loss", "where the penalty enters: the reward, the loss, or both")
+    level: str = key("token", "token: per-token penalty; sequence: summed over the completion")
+    beta: float = key(0.0, "the KL coefficient (0: no KL)")
+    importance: str = key("none", "pi_theta/mu weighting of the KL term off-policy: none, token, sequence")
+    reward_mode: str = key(
+        "separate",
+        "how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md). separate: its own "
+        "centred advantage, never std-scaled, so beta means what it says; shaped: added to the task reward and "
+        "normalised with it, as TRL reward functions and verl's KL-in-reward do",
+    )
 
 
 @dataclass
 class OffPolicySection:
-    lag: int = 0  # the batch trained at step t was generated by the policy of step t-lag
-    num_iterations: int = 1  # updates per generated batch (TRL's num_iterations)
+    """Off-policy training: a stale generating policy, several updates per batch."""
+
+    lag: int = key(0, "the batch trained at step t was generated by the policy of step t-lag")
+    num_iterations: int = key(1, "updates per generated batch (TRL's num_iterations)")
 
 
 @dataclass
 class EvalSection:
-    suite: str = "none"  # none: no eval chained after training
-    in_domain: list[str] = field(default_factory=list)  # lm-eval task names
-    ood: list[str] = field(default_factory=list)
-    include_path: str | None = (
-        None  # folder of custom lm-eval task YAMLs ("builtin:tiny" = shipped tiny tasks)
+    """lm-eval after training (config group ``eval``: klsweep/conf/eval/)."""
+
+    suite: str = key("none", "the suite's name; none: no eval chained after training")
+    in_domain: list[str] = key([], "lm-eval task names of the in-domain score")
+    ood: list[str] = key([], "lm-eval task names of the out-of-domain score")
+    include_path: str | None = key(
+        None, 'folder of custom lm-eval task YAMLs ("builtin:tiny": the shipped tiny tasks)'
     )
-    metric: str = "exact_match"
-    num_fewshot: int = 0
-    # None: the model's own decision (model.chat_template), as in training; klsweep plan refuses a different value
-    apply_chat_template: bool | None = None
-    max_gen_toks: int = 32
-    temperature: float = 0.0
-    num_samples: int = 1  # pass@k samples per problem
-    limit: int | None = None
-    batch_size: int = 16
-    backend: str = "hf"  # hf | vllm
-    tensor_parallel_size: int = 1  # vllm: GPUs per model copy; copies = model.resources.gpus_per_node // this
+    metric: str = key("exact_match", "the lm-eval metric reported")
+    num_fewshot: int = key(0, "few-shot examples per question")
+    apply_chat_template: bool | None = key(
+        None,
+        "null: the model's own decision (model.chat_template), as in training; klsweep plan refuses another",
+    )
+    max_gen_toks: int = key(32, "tokens generated per answer at most")
+    temperature: float = key(0.0, "sampling temperature (0: greedy)")
+    num_samples: int = key(1, "pass@k samples per problem")
+    limit: int | None = key(None, "questions per task at most (null: all)")
+    batch_size: int = key(16, "lm-eval's batch size")
+    backend: str = key("hf", "hf | vllm")
+    tensor_parallel_size: int = key(
+        1, "vllm: GPUs per model copy; copies = model.resources.gpus_per_node // this"
+    )
 
 
 @dataclass
 class ClusterSection:
-    kind: str = "local"  # local | slurm | debug
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    array_parallelism: int = 64
-    max_requeues: int = 3
-    max_local_jobs: int | None = None  # local: parallel jobs (None: the number of cores)
-    # local: jobs one worker process runs one after the other (0: no limit; 1: a fresh process per job)
-    local_jobs_per_worker: int = 0
-    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
-    setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load ...)
+    """Where jobs run (config group ``cluster``: klsweep/conf/cluster/; slurm/README.md)."""
+
+    kind: str = key("local", "local (this machine) | slurm | debug (in this process, for pdb)")
+    partition: str | None = key(None, "sbatch --partition")
+    account: str | None = key(None, "sbatch --account")
+    qos: str | None = key(None, "sbatch --qos")
+    constraint: str | None = key(None, "sbatch --constraint")
+    array_parallelism: int = key(64, "tasks of a job array running at once (--array=0-N%this)")
+    max_requeues: int = key(3, "preemption/timeout requeues per job (submitit's max_num_timeout)")
+    max_local_jobs: int | None = key(None, "local: parallel jobs (null: the number of cores)")
+    local_jobs_per_worker: int = key(
+        0, "local: jobs one worker process runs one after the other (0: no limit; 1: a process per job)"
+    )
+    additional_parameters: dict[str, Any] = key(
+        {}, "any other sbatch option, verbatim (e.g. +cluster.additional_parameters.exclude=node13)"
+    )
+    setup: list[str] = key([], "shell lines run before each job (module load ...)")
 
 
 @dataclass
 class WandbSection:
-    mode: str = "auto"  # auto (online when W&B is configured, else offline) | online | offline | disabled
-    project: str = "klsweep"
-    entity: str | None = None
-    # online: give up on W&B after this long and mirror offline instead (W&B never fails a run)
-    init_timeout_s: float = 30.0
+    """Weights & Biases mirroring of the metrics (metrics.jsonl stays the source of truth)."""
+
+    mode: str = key(
+        "auto", "auto (online when W&B is configured, else offline) | online | offline | disabled"
+    )
+    project: str = key("klsweep", "the W&B project")
+    entity: str | None = key(None, "the W&B entity (null: your default)")
+    init_timeout_s: float = key(30.0, "online: give up on W&B after this long and mirror offline instead")
 
 
 @dataclass
 class RunConfig:
-    name: str = "run"  # the sweep's name: W&B group, results/<name>/
-    seed: int = 0
-    model: ModelSection = field(default_factory=ModelSection)
-    task: TaskSection = field(default_factory=TaskSection)
-    train: TrainSection = field(default_factory=TrainSection)
-    kl: KLSection = field(default_factory=KLSection)
-    offpolicy: OffPolicySection = field(default_factory=OffPolicySection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    cluster: ClusterSection = field(default_factory=ClusterSection)
-    wandb: WandbSection = field(default_factory=WandbSection)
+    """One run: every key of grid files and overrides."""
+
+    name: str = key("run", "the sweep's name: W&B group, results/<name>/")
+    seed: int = key(0, "seeds everything: sampling, data order, initialisation")
+    model: ModelSection = section(ModelSection)
+    task: TaskSection = section(TaskSection)
+    train: TrainSection = section(TrainSection)
+    kl: KLSection = section(KLSection)
+    offpolicy: OffPolicySection = section(OffPolicySection)
+    eval: EvalSection = section(EvalSection)
+    cluster: ClusterSection = section(ClusterSection)
+    wandb: WandbSection = section(WandbSection)
 
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
 # config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
-LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped"}
+LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
+
+# Keys added after run ids were published, left out of a run's id while they hold this value (their default):
+# a run that does not use them keeps the id it had (``grid.run_id``).
+ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}}
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
@@ -224,6 +296,14 @@ COSMETIC_KEYS: tuple[str, ...] = (
     "model.resources",
     "model.arch",
 )
+
+
+def run_file_text(config: Mapping[str, Any]) -> str:
+    """A resolved RunConfig (plain data) as a run folder's ``config.yaml`` holds it: what every writer of the
+    file and ``klsweep config`` print."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(dict(config)))
 
 
 CONFIG_TODO = "rerun `klsweep run` with the sweep's grid (it rewrites config.yaml), or restore the file"

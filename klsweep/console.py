@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.grid import Plan
+    from klsweep.grid.keys import KeyDoc
     from klsweep.submit import RunStatus
 
 PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's default there would be 80)
@@ -138,6 +139,29 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     )
 
 
+def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
+    """``klsweep keys``: each key (never cut), its default as YAML writes it, its help with its type and the
+    values allowed."""
+    import json
+
+    from klsweep.report.terminal import fitted_table
+
+    def default(v: Any) -> str:
+        return (v or "''") if isinstance(v, str) else json.dumps(v)
+
+    rows = [
+        [d.key, default(d.default), f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"]
+        for d in docs
+    ]
+    caption = (
+        "set with key=value (grid: base: or an axis); + adds inside train.trl, cluster.additional_parameters"
+    )
+    return fitted_table(
+        "keys of grid files and overrides", ["key", "default", "help"], rows, width=width, whole=["key"],
+        caption=caption,
+    )  # fmt: skip
+
+
 def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
@@ -198,10 +222,11 @@ COLOUR = {
 
 
 def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
-    """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, step,
-    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs'
-    log tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``,
-    as the report counts it."""
+    """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, what the
+    scheduler says beyond it (``_scheduler_notes``: a column on a pipe, a mark and a legend in a terminal), step,
+    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
+    tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``, as
+    the report counts it."""
     from rich.text import Text
 
     from klsweep.report.terminal import fitted_tables
@@ -209,10 +234,13 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     axes = _config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
+    order = sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id))
+    sched, marks, legend = _scheduler_notes(order, width)  # marks numbered down the table
     header = [
         "run",
         *_labels(axes),
         "state",
+        *(["scheduler"] if sched else []),
         "step",
         "reward",
         "eval",
@@ -221,12 +249,16 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         "job",
     ]
     rows = []
-    for r in sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id)):
+    for r in order:
         rows.append(
             [
                 r.run_id,
                 *(_value(shown[r.run_id].get(a)) for a in axes),
-                Text(state := "collapsed" if r.collapsed else r.state, style=COLOUR.get(state, "")),
+                Text.assemble(
+                    (state := "collapsed" if r.collapsed else r.state, COLOUR.get(state, "")),
+                    marks.get(r.run_id, ""),
+                ),
+                *([sched.get(r.run_id, "")] if sched else []),
                 f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
                 "" if r.reward is None else f"{r.reward:.3f}",
                 r.eval_state or "",
@@ -244,7 +276,45 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         right=["step", "reward", "elapsed", "GPU-h"],
         whole=["run", "model", "job"],
         optional=["job", "GPU-h", "elapsed"],
+        caption=legend,
     )
+
+
+def print_failures(console: Console, runs: list[RunStatus]) -> None:
+    """Print what follows the status table for each failed or unreadable run, and each failed eval, sorted by
+    run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to the
+    terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
+    copied) and the log's last lines as written."""
+    for r in sorted(runs, key=lambda r: r.run_id):
+        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state == "failed"
+        if r.state not in ("failed", "unreadable") and not failed_eval:
+            continue
+        state = "eval failed" if failed_eval else r.state
+        console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)
+        why = r.eval_error if failed_eval else r.reason
+        if why:
+            console.print(why, style="red", highlight=False, markup=False)
+        whole = ([f"log: {r.log}"] if r.log else []) + [line for line in r.log_tail if line != why]
+        for line in whole:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _scheduler_notes(runs: list[RunStatus], width: int | None) -> tuple[dict[str, str], dict[str, str], str]:
+    """What the scheduler says beyond klsweep's state (``RunStatus.scheduler``: ``PENDING (Resources)``,
+    ``TIMEOUT``), shown only where it says something: on a pipe (``width`` None) a ``scheduler`` column; in a
+    terminal a mark after the state (``pending¹``) and a legend (``scheduler: ¹ PENDING (Resources)``), which
+    stays narrow however long Slurm's words. Returns the column's cells, the marks and the legend."""
+    said = {r.run_id: r.scheduler for r in runs if r.scheduler}
+    if width is None:
+        return said, {}, ""
+    marks: dict[str, str] = {}
+    for note in said.values():
+        marks.setdefault(note, str(len(marks) + 1).translate(_SUPERSCRIPT))
+    legend = ", ".join(f"{mark} {note}" for note, mark in marks.items())
+    return {}, {rid: marks[note] for rid, note in said.items()}, f"scheduler: {legend}" if legend else ""
 
 
 VERDICT_STYLES = {

@@ -37,3 +37,18 @@ class UserError(KLSweepError, ValueError):
         n = len(self.problems)
         head = f"{title}: {n} problem{'s' if n != 1 else ''}"
         super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)]))
+
+
+def describe(error: BaseException, max_lines: int = 3, max_chars: int = 300) -> str:
+    """An exception in one line, as a run's failure ``reason``: its type, qualified by its public module
+    (``huggingface_hub.errors.StrictDataclassFieldValidationError``; a builtin bare: ``ValueError``), and the
+    first ``max_lines`` lines of its message (``str(error)``) joined by " / ", at most ``max_chars`` characters: what
+    went wrong, where the last traceback line may be only a message's tail (pydantic's "For further
+    information visit ...")."""
+    kind = type(error)
+    public = [part for part in kind.__module__.split(".") if not part.startswith("_")]
+    name = kind.__qualname__ if kind.__module__ == "builtins" else ".".join([*public, kind.__qualname__])
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = " / ".join(lines[:max_lines]) + (" ..." if len(lines) > max_lines else "")
+    text = f"{name}: {message}" if message else name
+    return text if len(text) <= max_chars else text[: max_chars - 3].rstrip() + "..."

@@ -40,17 +40,18 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from klsweep import store
 from klsweep.config import EvalSection, ModelSection, read_run_file
-from klsweep.errors import KLSweepError, Problem, UserError
+from klsweep.errors import KLSweepError, Problem, UserError, describe
 
 CONF_DIR = Path(__file__).parent / "conf" / "eval"
 TASKS_DIR = Path(__file__).parent / "evaltasks"
@@ -58,6 +59,7 @@ RESULTS_FILE = "results.json"
 ERROR_FILE = "error.json"
 BASELINE_CHECKPOINT = "step-0"
 EVALUATED_STATES = ("done", "diverged")
+Around = Callable[[Path], contextlib.AbstractContextManager[Any]]  # eval_batch's context of each folder
 BACKENDS = ("hf", "vllm")
 CHECKPOINT_CHOICES = ("last", "all")
 # EvalSection fields that do not change a score (left out of the eval hash).
@@ -555,17 +557,22 @@ def _eval_one_run(run_dir: Path, suite: _Suite, checkpoints: str) -> list[Path]:
     except Exception as e:
         if hash_dir is None:  # no checkpoint to evaluate: still file the error under the settings' hash
             hash_dir = run_dir / store.EVAL_DIR / suite.hash
-        message = f"{run_dir.name} {current}: {type(e).__name__}: {e}".strip()
-        _record_error(run_dir, hash_dir, message, "".join(traceback.format_exc().splitlines(True)[-30:]))
+        message = f"{run_dir.name} {current}: {describe(e)}"
+        text = traceback.format_exc()
+        print(f"{message}\n{text}", file=sys.stderr, flush=True)  # the whole traceback in the job's log
+        _record_error(run_dir, hash_dir, message, "".join(text.splitlines(True)[-30:]))
         raise EvalError(message) from e
 
 
-def _eval_runs(run_dirs: list[Path], suite: _Suite, checkpoints: str) -> tuple[list[Path], dict[str, str]]:
+def _eval_runs(
+    run_dirs: list[Path], suite: _Suite, checkpoints: str, around: Around = contextlib.nullcontext
+) -> tuple[list[Path], dict[str, str]]:
     paths: list[Path] = []
     errors: dict[str, str] = {}
     for run_dir in run_dirs:
         try:
-            paths += _eval_one_run(Path(run_dir), suite, checkpoints)
+            with around(Path(run_dir)):
+                paths += _eval_one_run(Path(run_dir), suite, checkpoints)
         except EvalError as e:
             errors[str(run_dir)] = str(e)
     return paths, errors
@@ -643,17 +650,21 @@ def eval_batch(
     eval_cfg: dict[str, Any],
     checkpoints: str,
     baselines: list[tuple[str, dict[str, Any]]],
+    around: Around = contextlib.nullcontext,
 ) -> EvalOutcome:
     """The baselines, then the runs, in one process (lm-eval and the tasks loaded once): the body of every
-    ``klsweep eval`` job. A run or baseline that fails is recorded in ``errors`` and the others go on."""
+    ``klsweep eval`` job. A run or baseline that fails is recorded in ``errors`` and the others go on.
+    ``around(folder)``: the context each run (or baseline) folder is evaluated in (the submission layer keeps
+    the job's log of each run there)."""
     suite = _Suite(as_eval_section(eval_cfg))
     out = EvalOutcome()
     for sweep_dir, config in baselines:
         try:
-            out.results.append(eval_baseline(Path(sweep_dir), config, suite.cfg, suite=suite))
+            with around(Path(sweep_dir) / store.BASELINE_DIR / model_key(_model_section(config))):
+                out.results.append(eval_baseline(Path(sweep_dir), config, suite.cfg, suite=suite))
         except Exception as e:  # the runs are still worth evaluating
-            out.errors[f"{sweep_dir}/{store.BASELINE_DIR}"] = f"{type(e).__name__}: {e}"
-    paths, errors = _eval_runs([Path(r) for r in run_dirs], suite, checkpoints)
+            out.errors[f"{sweep_dir}/{store.BASELINE_DIR}"] = describe(e)
+    paths, errors = _eval_runs([Path(r) for r in run_dirs], suite, checkpoints, around)
     out.results += paths
     out.errors.update(errors)
     return out

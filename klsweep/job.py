@@ -4,8 +4,9 @@
 
 - reads ``run_dir/config.yaml`` (a complete RunConfig), seeds everything from ``config.seed``;
 - records the environment it trains in (``env.json``, ``environment.record``) at every start;
-- writes ``status.json``: ``running`` (with ``step`` after every step), then ``done``, ``failed`` (the last
-  lines of the traceback in ``error``) or ``diverged`` (``diverged_step`` and ``reason``);
+- writes ``status.json``: ``running`` (with ``step`` after every step), then ``done``, ``failed`` (the
+  exception's type and message in ``reason``, ``errors.describe``; the last lines of the traceback in
+  ``error``; the whole traceback on stderr) or ``diverged`` (``diverged_step`` and ``reason``);
 - appends one row per optimiser step to ``metrics.jsonl`` (keys: ``ROW_KEYS`` plus every other float TRL
   logs; a non-finite value is written as null);
 - saves Hugging Face checkpoints (model, tokenizer, trainer state, optimizer, RNG, the trainer's lag buffer)
@@ -56,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -64,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import environment, store
 from klsweep.collapse import find_collapse
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem, UserError, describe
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -123,12 +125,16 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import read_run_file
+    from klsweep.config import ID_OMITTED_AT, read_run_file, run_file_text
 
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
         read_run_file(run_dir)  # UnreadableFile when it was cut short
-        existing = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        loaded = OmegaConf.load(path)
+        for key, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
+            if OmegaConf.select(loaded, key, default=None) is None:
+                OmegaConf.update(loaded, key, value, force_add=True)
+        existing = OmegaConf.to_container(loaded, resolve=True)
         if existing != config:
             raise UserError(
                 Problem(
@@ -138,7 +144,7 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
                 )
             )
         return path
-    store.atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(config)))
+    store.atomic_write_text(path, run_file_text(config))
     return path
 
 
@@ -215,8 +221,10 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
             raise exiting from None
         state = "failed"
-        lines = traceback.format_exc().rstrip().splitlines()
-        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=lines[-1] if lines else "failed")
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)  # the whole traceback in the job's log (and the run's logs/)
+        lines = text.rstrip().splitlines()
+        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=describe(e))
     finally:
         # a signal after the last step: the run is final anyway
         _live_trainer = _live_monitor = _deferred_signal = None
@@ -225,7 +233,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
             try:  # on a preemption wandb's service process is gone: its teardown raises
                 wandb_run.finish()
             except Exception as e:
-                monitor.warn(f"W&B: finishing the run failed ({_one_line(e)}); metrics.jsonl is complete")
+                monitor.warn(f"W&B: finishing the run failed ({describe(e)}); metrics.jsonl is complete")
     fields["finished_at"] = time.time()
     fields["warnings"] = monitor.warnings
     if is_main:
@@ -297,7 +305,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOConfig
 
-    from klsweep import layout, tasks, tinymodel
+    from klsweep import layout, tasks, tinymodel, trlargs
     from klsweep.kl import KLConfig
     from klsweep.planner import batch_shape
     from klsweep.trainer import KLGRPOTrainer
@@ -315,7 +323,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    args = GRPOConfig(
+    own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,
         learning_rate=train.learning_rate,
@@ -348,6 +356,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         disable_tqdm=True,
         log_completions=False,
     )
+    args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
     dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
     trainer = KLGRPOTrainer(
@@ -503,15 +512,8 @@ def _number(value: Any) -> float | None:
 
 
 def _warn(warnings: list[str], text: str) -> None:
-    import sys
-
     warnings.append(text)
     print(f"klsweep warning: {text}", file=sys.stderr, flush=True)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def _is_non_finite_sampling(error: RuntimeError) -> bool:
@@ -579,7 +581,7 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
             return wandb.init(**kwargs, mode="online", settings=settings)
         except Exception as e:
             warn(
-                f"W&B online failed ({_one_line(e)}): mirroring offline to {folder} instead "
+                f"W&B online failed ({describe(e)}): mirroring offline to {folder} instead "
                 "(upload later with `wandb sync`); metrics.jsonl is complete"
             )
             with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
@@ -587,7 +589,7 @@ def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
     try:
         return wandb.init(**kwargs, mode="offline")
     except Exception as e:
-        warn(f"W&B offline failed too ({_one_line(e)}): not mirrored; metrics.jsonl is complete")
+        warn(f"W&B offline failed too ({describe(e)}): not mirrored; metrics.jsonl is complete")
         return None
 
 
@@ -625,7 +627,7 @@ def _wandb_callback(warn: Callable[[str], None]) -> Any:
                 return method(self, *args, **kwargs)
             except Exception as e:
                 self.broken = True
-                warn(f"W&B mirroring stopped ({_one_line(e)}); metrics.jsonl is complete")
+                warn(f"W&B mirroring stopped ({describe(e)}); metrics.jsonl is complete")
                 return None
 
         return guarded

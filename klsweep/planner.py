@@ -126,7 +126,8 @@ _ARCH_KEYS = (
 
 def architecture(model: Mapping[str, Any]) -> Arch | None:
     """The architecture of a run's ``model`` section: the tiny model's spec, a local path's ``config.json``, else
-    the section's ``arch`` numbers; None when none of them gives every number. Nothing is downloaded."""
+    the section's ``arch`` numbers; None when none of them gives every number (or a number is not one: the
+    model's own loading says what is wrong with it). Nothing is downloaded."""
     numbers: Mapping[str, Any] = model.get("arch") or {}
     if model.get("path") == "tiny":
         from dataclasses import asdict
@@ -137,16 +138,21 @@ def architecture(model: Mapping[str, Any]) -> Arch | None:
     else:
         config_json = Path(str(model.get("path", ""))).expanduser() / "config.json"
         if config_json.is_file():
-            data = json.loads(config_json.read_text())
+            try:
+                data = json.loads(config_json.read_text())
+            except (OSError, ValueError):  # not JSON: loading the model says what is wrong with it
+                return None
+            if not isinstance(data, dict):
+                return None
             numbers = data.get("text_config", data) if "hidden_size" not in data else data
     if any(numbers.get(k) is None for k in _ARCH_KEYS):
         return None
-    n = {k: int(numbers[k]) for k in _ARCH_KEYS}
-    return Arch(
-        **n,
-        head_dim=int(numbers.get("head_dim") or n["hidden_size"] // n["num_attention_heads"]),
-        tie_word_embeddings=bool(numbers.get("tie_word_embeddings", False)),
-    )
+    try:
+        n = {k: int(numbers[k]) for k in _ARCH_KEYS}
+        head_dim = int(numbers.get("head_dim") or n["hidden_size"] // n["num_attention_heads"])
+    except (TypeError, ValueError, ZeroDivisionError):  # not numbers: loading the model says what is wrong
+        return None
+    return Arch(**n, head_dim=head_dim, tie_word_embeddings=bool(numbers.get("tie_word_embeddings", False)))
 
 
 # ---------------------------------------------------------------------------------------------- batch

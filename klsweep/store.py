@@ -19,7 +19,8 @@ Layout (one sweep)::
             eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl, results_<date>.json
                                    (lm-eval's own results file)
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
-            logs/                  stdout/stderr of the jobs that ran it (links or copies)
+            logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
+                                   (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
         report/                    tables and plots (`klsweep report`)
 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the

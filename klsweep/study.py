@@ -23,6 +23,8 @@ class StudyResult:
     runs: list[Any]  # submit.RunStatus, final
     eval: Any  # submit.EvalSubmission
     report: Any  # report.Report
+    # with expect_claims: (claim, expected verdict, this study's) for each verdict not reproduced; else None
+    claim_changes: list[tuple[str, str, str]] | None = None
 
 
 def run_study(
@@ -35,10 +37,14 @@ def run_study(
     retry_failed: bool = False,
     on_stage: Callable[[str], None] = lambda stage: None,
     on_progress: Callable[[list[Any]], None] | None = None,
+    expect_claims: str | Path | None = None,
 ) -> StudyResult:
-    """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``."""
+    """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``.
+    ``expect_claims``: a ``claims.csv`` (e.g. the committed one) whose verdicts this study's are compared with;
+    it is read before anything runs (the report may overwrite it)."""
     from klsweep import grid, planner, report, submit
 
+    expected = report.read_verdicts(expect_claims) if expect_claims is not None else None
     plan = grid.load_plan(grid_path, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
     kind = cluster or submit.default_cluster(plan)
@@ -68,4 +74,7 @@ def run_study(
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
-    return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep)
+    changes = None
+    if expected is not None:
+        changes = report.verdict_changes(expected, rep.claims)
+    return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, claim_changes=changes)

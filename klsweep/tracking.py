@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.errors import describe
 
 WANDB_DIR = "wandb"  # <run>/wandb/: W&B's own folder (wandb.init(dir=<run>) creates it)
 _KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.importance")
@@ -113,5 +114,5 @@ def log_eval(run_dir: Path, config: dict[str, Any], results: dict[str, Any]) -> 
         finally:
             run.finish()
     except Exception as e:  # the scores are on disk: say why W&B lacks them
-        return f"{type(e).__name__}: {e}"
+        return describe(e)
     return None

@@ -27,7 +27,10 @@ bash "$HERE/stop.sh" "$STATE" >/dev/null 2>&1 || true
 mkdir -p "$STATE"/{log,spool/ctld,spool/d,run}
 STATE="$(cd "$STATE" && pwd)"
 DB="$STATE/mysql"
-CPUS="$(nproc)"
+# The node's CPUs as slurmd detects them (not `nproc`: it honours OMP_NUM_THREADS, and a cluster started under
+# OMP_NUM_THREADS=1 has one CPU: every 2-task job then pends for ever, reason PartitionConfig).
+CPUS="$(slurmd -C 2>/dev/null | sed -n 's/.* CPUs=\([0-9][0-9]*\) .*/\1/p' | head -n 1)"
+[ -n "$CPUS" ] || CPUS="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 
 # --- munge -------------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ def slow_train(run_dir: Path, total: int = 20, step_s: float = 1.0) -> dict:
     done = int(progress.read_text()) if progress.exists() else 0
     with open(run_dir / "starts.txt", "a") as f:
         f.write(f"{done} {os.environ.get('SLURM_JOB_ID', os.environ.get('SUBMITIT_LOCAL_JOB_ID'))}\n")
+    print(f"slow_train: starting at step {done}", flush=True)  # the job's log (and the run's logs/)
     store.write_status(run_dir, "running", step=done, total_steps=total, started_at=time.time())
     while done < total:
         time.sleep(step_s)
@@ -129,6 +130,20 @@ def train_failing_odd(run_dir: Path) -> dict:
         return job.train_run(run_dir)
     finally:
         tasks.reward_function = real
+
+
+def hung_train(run_dir: Path) -> dict:
+    """A job stuck where no Python signal handler runs (a hung collective): Slurm's warning before the time
+    limit (USR2) goes unanswered, so it runs into the limit. progress.txt counts its seconds."""
+    import signal
+
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    store.write_status(run_dir, "running", step=0, total_steps=1000, started_at=time.time())
+    for step in range(1, 1001):
+        time.sleep(1)
+        store.atomic_write_text(run_dir / "progress.txt", str(step))
+        store.write_status(run_dir, "running", step=step)
+    return store.write_status(run_dir, "done", finished_at=time.time())
 
 
 def ok_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:
@@ -192,3 +207,68 @@ def train_keeping_weights(run_dir: Path) -> dict:
     weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     torch.save(weights, Path(run_dir) / f"final_weights_rank{os.environ.get('RANK', '0')}.pt")
     return status
+
+
+# Slurm's reasons for a pending job that do not pass by themselves: the job cannot start as asked.
+NEVER_STARTS = {
+    "PartitionConfig",  # more than the partition's nodes have (e.g. 2 tasks on a node started with 1 CPU)
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "BadConstraints",
+    "DependencyNeverSatisfied",
+    "InvalidAccount",
+    "InvalidQOS",
+    "JobHeldUser",
+    "JobHeldAdmin",
+}
+
+
+def follow(sweep_dir: Path, until: Any, what: str, timeout_s: float = 240, pending_s: float = 600) -> Any:
+    """Poll the sweep's one run (``klsweep.submit.status``) until ``until(run)``; returns its last status.
+
+    Follows the job's real state instead of one time budget: ``timeout_s`` counts only while the job runs; while
+    it waits to start (behind another job on the node) it has ``pending_s`` more. Fails at once when the run
+    ended first, or when Slurm says the job cannot start as asked (``NEVER_STARTS``). Every failure says what
+    klsweep, the scheduler (state, reason, the queue) and the job's log say."""
+    import subprocess
+
+    from klsweep import submit
+
+    ran = waited = 0.0
+    last = time.time()
+    while True:
+        (run,) = submit.status(sweep_dir)
+        if until(run):
+            return run
+        now = time.time()
+        if run.state == "pending":
+            waited += now - last
+        else:
+            ran += now - last
+        last = now
+        problem = (
+            f"Slurm says the job cannot start ({run.job_reason})"
+            if run.job_reason in NEVER_STARTS
+            else f"the run ended {run.state}"
+            if run.state in ("done", "diverged", "cancelled")
+            else f"timed out after {ran:.0f} s running"
+            if ran > timeout_s
+            else f"still waiting to start after {waited:.0f} s"
+            if waited > pending_s
+            else None
+        )
+        if problem:
+            queue = subprocess.run(["squeue", "-o", "%i %j %T %r %C"], capture_output=True, text=True).stdout
+            raise AssertionError(
+                f"{what}: {problem}; run {run.state} step {run.step}/{run.total_steps} ({run.reason}), "
+                f"job {run.job_id} {run.job_state} ({run.job_reason})\nqueue:\n{queue}"
+                f"log tail:\n{_train_log_tail(sweep_dir)}"
+            )
+        time.sleep(0.5)
+
+
+def _train_log_tail(sweep_dir: Path, n: int = 15) -> str:
+    """The last lines of the stderr of every task of the sweep's latest training job."""
+    (row,) = [r for r in store.read_jsonl(sweep_dir / store.JOBS_FILE) if r["kind"] == "train"][-1:]
+    logs = sorted(Path(row["folder"]).glob(f"{row['job_id']}_*_log.err"))
+    return "\n".join(f"{p.name}: ...\n" + "\n".join(p.read_text().splitlines()[-n:]) for p in logs)

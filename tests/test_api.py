@@ -4,6 +4,7 @@ and ``import klsweep`` alone loads none of the heavy libraries."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -38,3 +39,25 @@ def test_bad_kl_config_is_a_value_error_listing_every_field() -> None:
         klsweep.KLConfig(estimator="k9", placement="nowhere")
     assert isinstance(info.value, klsweep.UserError)
     assert "estimator" in str(info.value) and "placement" in str(info.value)
+
+
+def test_the_readmes_own_trl_script_runs_as_written(tmp_path, monkeypatch) -> None:
+    """The README's "From your own TRL script" block, extracted and run as written (on the project's tiny
+    model, as it says): KLGRPOTrainer trains with the KLConfig given and logs the KL."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("### From your own TRL script", 1)[1].split("\n### ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)  # output_dir="out"
+    namespace: dict = {"__name__": "__readme__"}
+    exec(compile(code, "README.md", "exec"), namespace)
+
+    trainer = namespace["trainer"]
+    assert isinstance(trainer, klsweep.KLGRPOTrainer) and trainer.state.global_step == 2
+    assert trainer.kl == klsweep.KLConfig(
+        estimator="k1", placement="reward", level="token", beta=0.05, reward_mode="separate"
+    )
+    logged = {key for row in trainer.state.log_history for key in row}
+    assert {"kl/k1", "kl/k3", "kl/forward", "kl/penalty", "task_reward/mean"} <= logged
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()

@@ -106,6 +106,31 @@ def test_status_table_reads_at_80_columns_and_piped(width):
 
 
 @pytest.mark.parametrize("width", [80, None])
+def test_status_table_shows_what_slurm_says_beyond_the_state(width):
+    """Slurm's state and pending reason where they add to klsweep's: a mark after the state and a legend at
+    80 columns (however long Slurm's word), a ``scheduler`` column on a pipe; nothing when the scheduler's
+    state only repeats klsweep's (COMPLETED for done, FAILED for failed, a pending job with no reason yet)."""
+    runs = paper_like_runs()
+    ordinary = render(con.status_table(runs, title="paper", width=width), width=width)
+    runs[0].job_state = "COMPLETED"
+    runs[1].job_state = "RUNNING"
+    assert render(con.status_table(runs, title="paper", width=width), width=width) == ordinary
+    assert "scheduler" not in ordinary
+    runs[2].job_state = "TIMEOUT"  # failed
+    runs[4].job_state, runs[4].job_reason = "PENDING", "QOSMaxJobsPerUserLimit"
+    out = render(con.status_table(runs, title="paper", width=width), width=width)
+    row = {line.split()[0]: line for line in out.splitlines() if line.split()}
+    if width:
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        assert " pending¹ " in row[runs[4].run_id] and " failed² " in row[runs[2].run_id]  # down the table
+        assert "scheduler: ¹ PENDING (QOSMaxJobsPerUserLimit), ² TIMEOUT" in " ".join(out.split()), out
+    else:
+        assert re.search(r" failed +TIMEOUT ", row[runs[2].run_id]), out
+        assert re.search(r" pending +PENDING \(QOSMaxJobsPerUserLimit\) ", row[runs[4].run_id]), out
+        assert "scheduler" in row["run"]
+
+
+@pytest.mark.parametrize("width", [80, None])
 def test_report_tables_read_at_80_columns_and_piped(tmp_path, width):
     rep = rp.build_report(FIXTURE, tmp_path, formats=("md",))
     out = render(*rp.rich_tables(rep, width=width), width=width)

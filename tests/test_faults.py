@@ -19,6 +19,7 @@ from pathlib import Path
 
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
 import pytest
+from clitools import cli
 
 from klsweep import grid, job, store, submit
 from klsweep.errors import UserError
@@ -55,21 +56,6 @@ def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
     resolved = OmegaConf.to_container(config)
     job.write_run_config(run_dir, resolved)
     return resolved
-
-
-def cli(args: list, monkeypatch, capsys) -> tuple[int, str, str]:
-    """`klsweep ARGS` in this process, through ``main`` (UserError -> exit 2); (exit code, stdout, stderr)."""
-    from klsweep import cli as cli_mod
-
-    monkeypatch.setenv("COLUMNS", "400")
-    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fixture_copy(tmp_path: Path) -> Path:
@@ -444,6 +430,15 @@ def test_bad_files_names_and_folders_are_located_exit_2(tmp_path, monkeypatch, c
         code, out, err = cli([command, _small(tmp_path), "--out", a_file], monkeypatch, capsys)
         assert code == 2 and "--out" in err and "is a file, not a folder" in err, err
 
+    # a study told to compare its claims with a file that is not a claims.csv stops before anything runs
+    tiny = Path(__file__).resolve().parent.parent / "sweeps" / "tiny.yaml"
+    for expected in (binary, tmp_path / "missing.csv"):
+        code, out, err = cli(
+            ["study", tiny, "--expect-claims", expected, "--out", tmp_path / "res"], monkeypatch, capsys
+        )
+        assert code == 2 and f"{expected}: not a readable claims.csv" in err, err
+    assert not (tmp_path / "res").exists()
+
 
 def _without_root_powers() -> list[str]:
     """A command prefix that makes root obey permission bits (as any user does), or [] when not root."""
@@ -542,9 +537,10 @@ def test_a_killed_run_says_it_died_without_a_word(tmp_path, monkeypatch, capsys)
     (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=120)
     assert run.state == "failed"
     assert run.reason.startswith("the process died without a word")
-    assert run.log_tail[0] == run.reason and any("its log:" in line for line in run.log_tail)
+    assert run.log_tail[0] == run.reason
+    assert run.log == str(run_dir / "logs" / f"train-{row['job_id']}.err")  # the run's own copy of its log
     code, out, err = cli(["status", sweep], monkeypatch, capsys)
-    assert code == 0 and "died without a word" in out
+    assert code == 0 and "died without a word" in out and f"log: {run.log}" in out.splitlines()
 
 
 def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypatch, capsys):

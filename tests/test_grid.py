@@ -4,11 +4,11 @@ problem with where it is and what is allowed, and write nothing."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clitools import cli
 
 from klsweep import grid, planner
 from klsweep.config import COSMETIC_KEYS
@@ -33,21 +33,6 @@ def write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
     p = tmp_path / name
     p.write_text(text)
     return p
-
-
-def cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr)."""
-    from klsweep import cli as cli_mod
-
-    monkeypatch.setenv("COLUMNS", "400")
-    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -441,7 +426,16 @@ MALFORMED = {
         [],
         ["searchpath", "is not a folder"],
     ),
-    "plus prefix on the command line": (G, ["+kl.foo=1"], ["command line: +kl.foo=1", "not used by klsweep"]),
+    "plus prefix on the command line": (
+        G,
+        ["+kl.foo=1"],
+        [
+            "command line: +kl.foo=1",
+            "unknown key 'kl.foo'",
+            "schema is closed",
+            "inside cluster.additional_parameters",
+        ],
+    ),
     "axis value is a mapping": (
         "name: bad\ngrid:\n  kl.beta: {a: 1}\n",
         [],

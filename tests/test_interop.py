@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from clitools import cli  # tests/ is on sys.path under pytest
 
 from klsweep import evaluate, job, store
 
@@ -193,3 +194,80 @@ def test_shipped_task_yamls_run_with_lm_eval_from_any_folder(tmp_path, model_dir
     assert "FileNotFoundError" not in proc.stderr
     (out,) = (elsewhere / "out").rglob("results_*.json")
     assert json.loads(out.read_text())["n-samples"]["tiny_add"]["effective"] == 2
+
+
+def _mirror_training_offline(run: Path, config: dict) -> None:
+    """What a run's training leaves when it mirrors to W&B offline (``klsweep.job``): its W&B run under
+    ``<run>/wandb/offline-run-*``, with a metric."""
+    import wandb
+
+    from klsweep import tracking
+
+    mirror = wandb.init(
+        project=config["wandb"]["project"],
+        group=config["name"],
+        id=tracking.wandb_id(config["name"], run),
+        dir=str(run),
+        mode="offline",
+    )
+    mirror.log({"task_reward/mean": 0.5})
+    mirror.finish()
+
+
+def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys):
+    """``klsweep report`` of a sweep whose runs mirrored to W&B: a W&B run of job_type report in their project
+    and group, with the main table, the stability table and the claims as W&B tables, the figures as images,
+    and the report's files as an artifact (offline here: all in ``<report>/wandb/offline-run-*``).
+    ``--no-wandb`` logs nothing; a W&B that cannot log warns and the report is written anyway."""
+    import yaml
+    from sweepgen import write_sweep
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    grid = [{"kl.estimator": e, "kl.placement": "loss", "kl.beta": 0.1} for e in ("k1", "k3")]
+    sweep = write_sweep(tmp_path / "wbreport", grid, seeds=2, steps=20)
+    first = store.run_dirs(sweep)[0]
+    config = yaml.safe_load((first / store.CONFIG_FILE).read_text())
+    _mirror_training_offline(first, config)
+
+    code, done, err = cli(["report", sweep, "--format", "md,html", "--quiet"], monkeypatch, capsys)
+    assert code == 0 and not err, err
+    (folder,) = (sweep / "report" / "wandb").glob("offline-run-*")
+    assert f"W&B: {folder}" in done.splitlines()
+    records = wandb_records(next(folder.glob("run-*.wandb")))
+    (run_record,) = [r.run for r in records if r.HasField("run")]
+    assert (run_record.job_type, run_record.run_group, run_record.display_name) == (
+        "report",
+        "wbreport",
+        "report",
+    )
+    assert run_record.project == config["wandb"]["project"]
+    logged = _history(records)
+    assert {logged[f"{t}/_type"] for t in ("main", "stability", "claims")} == {"table-file"}
+    assert {logged[f"{f}/_type"] for f in ("curves", "eval_bars")} == {"image-file"}
+    assert logged["main/nrows"] == 2  # one row per configuration
+
+    media = folder / "files" / "media"
+    (main_file,) = (media / "table").glob("main_*.table.json")
+    main = json.loads(main_file.read_text())
+    assert len(main["data"]) == 2 and {"tiny_add", "tiny_sub", "tiny_rev"} <= set(main["columns"])
+    (claims_file,) = (media / "table").glob("claims_*.table.json")
+    assert json.loads(claims_file.read_text())["data"]
+    assert len(list((media / "images").glob("curves_*.png"))) == 1
+    for name in ("report.md", "report.html"):
+        assert (folder / "files" / name).read_bytes() == (sweep / "report" / name).read_bytes()
+    (artifact,) = [r.artifact for r in records if r.HasField("artifact") and r.artifact.type == "report"]
+    assert artifact.name == "wbreport-report"
+    entries = {e.path for e in artifact.manifest.contents}
+    assert {"report.md", "report.html", "curves.png", "curves.pdf", "eval_bars.png"} <= entries
+
+    # --no-wandb: nothing more logged
+    code, again, _ = cli(["report", sweep, "--quiet", "--no-wandb"], monkeypatch, capsys)
+    assert code == 0 and "W&B" not in again
+    assert len(list((sweep / "report" / "wandb").glob("offline-run-*"))) == 1
+
+    # W&B cannot write its files (a file where its folder goes): a warning, and the report all the same
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    (out / "wandb").write_text("not a folder")
+    code, _, err = cli(["report", sweep, "--out", out, "--quiet"], monkeypatch, capsys)
+    assert code == 0 and "warning: W&B" in err and (out / "report.md").is_file()

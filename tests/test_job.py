@@ -113,6 +113,18 @@ def test_run_config_reward_mode_default_and_folders_written_before_it(tmp_path, 
     assert job.load_run_config(tmp_path / "old").kl.reward_mode == "shaped"
 
 
+def test_a_folder_written_before_train_trl_is_the_same_run(tmp_path, model_dir):
+    from omegaconf import OmegaConf
+
+    config = write_config(tmp_path / "new", model_dir)
+    assert config["train"]["trl"] == {}
+    old = {**config, "train": {k: v for k, v in config["train"].items() if k != "trl"}}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
+    assert job.load_run_config(tmp_path / "old").train.trl == {}
+    job.write_run_config(tmp_path / "old", config)  # not "a different config": its checkpoints are this run's
+
+
 _KILLABLE = """
 import sys
 from klsweep import job
@@ -470,3 +482,39 @@ def test_data_parallel_two_processes(tmp_path, model_dir):
     assert [r["step"] for r in rows] == [1, 2]
     for rank in (0, 1):  # each rank's lag buffer is its own
         assert (store.checkpoints(run)[-1] / f"klsweep_buffers_rank{rank}.pt").is_file()
+
+
+def test_train_trl_options_reach_the_trainers_grpo_config(tmp_path, model_dir):
+    """`klsweep train` with TRL options passed through: the trainer's GRPOConfig (saved in each checkpoint)
+    holds them beside klsweep's own; config.yaml records them."""
+    import torch
+    from typer.testing import CliRunner
+
+    from klsweep.cli import app
+    from klsweep.errors import UserError
+
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text(
+        f"name: trltest\nmodel:\n  path: {model_dir}\ntrain:\n  steps: 1\n  save_steps: 1\n  prompts_per_step: 2\n"
+        "  group_size: 4\n  max_completion_length: 4\n  trl: {weight_decay: 0.25}\nwandb:\n  mode: disabled\n"
+    )
+    run = tmp_path / "r"
+    overrides = ["+train.trl.top_k=3", "train.trl.repetition_penalty=1.5", "kl.beta=0.1"]
+    result = CliRunner().invoke(app, ["train", str(yaml), *overrides, "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    assert store.read_status(run)["state"] == "done"
+    args = torch.load(run / "checkpoints" / "checkpoint-1" / "training_args.bin", weights_only=False)
+    assert (args.top_k, args.repetition_penalty, args.weight_decay) == (3, 1.5, 0.25)
+    assert (args.num_generations, args.temperature, args.beta) == (4, 1.0, 0.0)  # klsweep's own
+    assert job.load_run_config(run).train.trl == {"weight_decay": 0.25, "top_k": 3, "repetition_penalty": 1.5}
+    trainer = job.build_trainer(job.load_run_config(run), run)
+    assert (trainer.generation_config.top_k, trainer.generation_config.repetition_penalty) == (3, 1.5)
+
+    bad = CliRunner().invoke(
+        app, ["train", str(yaml), "train.trl.temperature=0.5", "--run-dir", str(tmp_path / "b")]
+    )
+    assert isinstance(bad.exception, UserError)  # exit 2 in the console script (klsweep.cli.main)
+    assert "'temperature' is set by klsweep from train.temperature (allowed: use train.temperature)" in str(
+        bad.exception
+    )
+    assert not (tmp_path / "b").exists()

@@ -95,6 +95,9 @@ def test_local_timeout_requeues_and_resumes(tmp_path: Path) -> None:
     assert run.state == "done" and run.step == 20
     starts = [int(line.split()[0]) for line in (plan.runs[0].run_dir / "starts.txt").read_text().splitlines()]
     assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0  # resumed, not restarted
+    # every attempt of the requeued job in the run's own log, one after the other
+    log = (plan.runs[0].run_dir / "logs" / f"train-{run.job_id}.out").read_text()
+    assert [int(n) for n in re.findall(r"slow_train: starting at step (\d+)", log)] == starts
 
 
 def test_a_worker_on_its_time_limit_requeues_and_resumes_the_run_it_trained(tmp_path: Path) -> None:
@@ -291,6 +294,47 @@ def test_a_killed_worker_fails_its_run_and_a_new_one_trains_the_rest(tmp_path: P
     assert any("a new worker goes on with the rest" in line for line in final[b.id].log_tail)
     ids = worker_ids(sweep)
     assert ids[a.id] == ids[b.id] != ids[c.id]  # the worker that died trained a, then b; a new one c
+
+
+def test_poll_delay_backs_off_as_submitits_watcher_does() -> None:
+    """``--wait``/``--watch`` query the scheduler ``first_s`` apart at first, then half the time since the last
+    change, at most ``POLL_MAX_S`` apart: an hour with nothing changing makes ~120 queries, not 1800."""
+    from klsweep.submit.state import POLL_MAX_S, poll_delay
+
+    assert poll_delay(0.0) == 2.0 and poll_delay(0.0, first_s=0.5) == 0.5  # at first and after a change
+    assert poll_delay(20.0) == 10.0 and poll_delay(3600.0) == POLL_MAX_S == 30.0
+    t, gaps = 0.0, []
+    while t < 3600:
+        gaps.append(poll_delay(t))
+        t += gaps[-1]
+    assert gaps == sorted(gaps) and gaps[0] == 2.0 and gaps[-1] == 30.0
+    assert len(gaps) < 150
+
+
+def test_wait_backs_off_and_still_notices_completion(tmp_path: Path) -> None:
+    """A wait through a 20-s run: the scheduler is asked less and less often while nothing changes (a fixed
+    0.5-s poll would ask 40 times), and the wait still ends with the run done."""
+    sweep = tmp_path / "backoff"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    queries: list[list[submit.RunStatus]] = []
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, on_update=queries.append, timeout_s=120)
+    assert run.state == "done" and run.step == 20
+    assert [r.state for r in queries[-1]] == ["done"]
+    assert sum(r.state == "running" for (r,) in queries) < 20, [(r.state, r.step) for (r,) in queries]
+
+
+def test_wait_timeout_names_the_runs_not_final_and_what_their_jobs_say(tmp_path: Path) -> None:
+    sweep = tmp_path / "late"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    wait_for(lambda: (run_dir / "progress.txt").exists())
+    with pytest.raises(TimeoutError) as e:
+        submit.wait_until_final(sweep, poll_s=0.5, timeout_s=1)
+    said = str(e.value)
+    assert f"{plan.runs[0].id}: running, step " in said and "(local): RUNNING" in said, said
+    submit.cancel(sweep)
 
 
 def test_debug_executor_runs_in_process(tmp_path: Path) -> None:

@@ -6,40 +6,15 @@ with exit 2, located, with the change that would make it fit (nothing written)."
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from clitools import cli
 
 from klsweep import grid, planner
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER = REPO / "sweeps" / "paper.yaml"
-
-
-def cli(
-    args: list[str], monkeypatch, capsys, columns: int = 400, terminal: bool = False
-) -> tuple[int, str, str]:
-    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr). ``terminal``: rich takes the
-    (captured) output for a terminal of ``columns`` columns (TTY_COMPATIBLE), escape codes removed."""
-    import re
-
-    from klsweep import cli as cli_mod
-
-    monkeypatch.setenv("COLUMNS", str(columns))
-    if terminal:
-        monkeypatch.setenv("TTY_COMPATIBLE", "1")
-    else:
-        monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
-    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
-    code = 0
-    try:
-        cli_mod.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    ansi = re.compile(r"\x1b\[[0-9;]*m")
-    return code, ansi.sub("", out), ansi.sub("", err)
 
 
 def one_run(*overrides: str) -> dict:

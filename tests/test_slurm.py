@@ -1,10 +1,14 @@
 """Slurm-only launcher behaviour on the real local cluster (``bash slurm/start.sh; source
-/tmp/klsweep-slurm/env.sh``): preemption requeue with resume, and 2-task data-parallel training."""
+/tmp/klsweep-slurm/env.sh``): preemption requeue with resume, and 2-task data-parallel training.
+
+Waits follow the job's state (``launcher_jobs.follow``): a job waiting for the node is not timed as a slow
+one, and a job Slurm cannot start (a 2-task job on a cluster started with one CPU: ``PartitionConfig``) fails
+at once, saying so."""
 
 from __future__ import annotations
 
+import re
 import subprocess
-import time
 from pathlib import Path
 
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
@@ -21,10 +25,8 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     run_dir = plan.runs[0].run_dir
     res = submit.submit(plan, "slurm", train_fn=jobs.slow_train)
     (job_id,) = [r["job_id"] for r in res.jobs]
-    start = time.time()
-    while not (run_dir / "progress.txt").exists() or int((run_dir / "progress.txt").read_text()) < 3:
-        assert time.time() - start < 60, "the job never started"
-        time.sleep(0.3)
+    progress = run_dir / "progress.txt"
+    jobs.follow(sweep, lambda _: progress.exists() and int(progress.read_text() or 0) >= 3, "3 steps", 60)
     # what Slurm sends before preemption/timeout: submitit calls TrainJob.checkpoint and requeues the job.
     # (About 1 in 16 `scontrol requeue` calls made from inside a job report failure although Slurm requeued
     # it: the run may pass through 'failed' but must end done.)
@@ -36,6 +38,9 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path) -> None:
     starts = [int(line.split()[0]) for line in (run_dir / "starts.txt").read_text().splitlines()]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 3  # resumed, not restarted
     assert runs[0].job_id == job_id  # the same job, requeued
+    # both attempts in the run's own log (a hard link of Slurm's file, appended to by the requeued job)
+    log = (run_dir / "logs" / f"train-{job_id}.out").read_text()
+    assert [int(n) for n in re.findall(r"slow_train: starting at step (\d+)", log)] == starts
 
 
 def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None:
@@ -72,10 +77,12 @@ def test_two_tasks_train_data_parallel_with_same_weights(tmp_path: Path) -> None
     )
     run_dir = plan.runs[0].run_dir
     submit.submit(plan, "slurm", train_fn=jobs.train_keeping_weights)
-    (run,) = submit.wait_until_final(sweep, poll_s=1, timeout_s=300)
+    run = jobs.follow(sweep, lambda r: r.state in store.FINAL_STATES, "training", timeout_s=300)
     assert run.state == "done", run.log_tail
     folder = Path(store.read_jsonl(sweep / store.JOBS_FILE)[-1]["folder"])
     assert len(list(folder.glob(f"{run.job_id}_*_log.err"))) == 2  # two tasks ran
+    logs = {p.name for p in (run_dir / "logs").iterdir()}  # each task's stdout and stderr, in the run
+    assert logs == {f"train-{run.job_id}{t}{s}" for t in ("", "-task1") for s in (".err", ".out")}
     assert [r["step"] for r in store.read_metrics(run_dir)] == [1, 2]  # rank 0 alone writes the metrics
 
     ranks = [torch.load(run_dir / f"final_weights_rank{r}.pt") for r in (0, 1)]
@@ -126,16 +133,9 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
     def rows() -> list[dict]:
         return store.read_metrics(run_dir)
 
-    def wait_for(cond, what: str, timeout_s: float = 240) -> None:
-        start = time.time()
-        while not cond():
-            status = store.read_status(run_dir)
-            # 'failed' may be the flaky in-job requeue report (see above): the requeued job goes on
-            assert status["state"] in ("pending", "running", "failed"), f"{what}: the run ended {status}"
-            assert time.time() - start < timeout_s, (
-                f"{what}: timed out, {status['state']}: {status['reason']}"
-            )
-            time.sleep(0.5)
+    def wait_for(cond, what: str) -> None:
+        # 'failed' may be the flaky in-job requeue report (see above): the requeued job goes on
+        jobs.follow(sweep, lambda _: cond(), what)
 
     wait_for(lambda: len(rows()) >= 3, "first steps")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
@@ -156,10 +156,12 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
     wait_for(lambda: max((r["step"] for r in rows()), default=0) >= p + 2, "training after the requeue")
     subprocess.run(["scontrol", "requeue", job_id], check=True)
 
-    runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=300)
-    if runs[0].state == "failed":  # the flaky in-job requeue report (see above): the requeued job goes on
-        runs = submit.wait_until_final(sweep, poll_s=1, timeout_s=240)
-    (run,) = runs
+    def ended(r: submit.RunStatus) -> bool:
+        return r.state in store.FINAL_STATES
+
+    run = jobs.follow(sweep, ended, "the end", timeout_s=300)
+    if run.state == "failed":  # the flaky in-job requeue report (see above): the requeued job goes on
+        run = jobs.follow(sweep, lambda r: ended(r) and r.state != "failed", "the end after a requeue")
     assert run.state == "done" and run.step == steps, run.log_tail
     assert run.job_id == job_id  # the same job, requeued
     final = rows()
@@ -167,3 +169,69 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
     times = {r["step"]: r["time"] for r in final}
     assert {s: times[s] for s in signalled} == signalled  # resumed from the preemption save, not restarted
     assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)
+
+
+def _status_cli(sweep: Path, *args: str) -> str:
+    """``klsweep status SWEEP ARGS`` as a terminal of 80 columns shows it (colours stripped)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from klsweep.cli import app
+
+    shown = CliRunner().invoke(
+        app, ["status", str(sweep), *args], env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"}
+    )
+    assert shown.exit_code == 0, shown.output
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown.output)
+
+
+def test_waiting_jobs_show_slurms_reason_and_cancelled_jobs_its_state(tmp_path: Path) -> None:
+    """Slurm's pending reason beside klsweep's 'pending': a job asking more CPUs than the node has waits for
+    ever (PartitionConfig, what a 2-task job met on a cluster started with one CPU), a held one until released
+    (JobHeldUser). In the status data, the 80-column table and --json; cancelled, both read CANCELLED."""
+    import json
+
+    too_big = jobs.make_plan(tmp_path / "toobig", [0], **{"model.resources.cpus_per_task": 64})
+    held = jobs.make_plan(tmp_path / "held", [0], **{"cluster.additional_parameters": {"hold": True}})
+    for plan, reason in ((too_big, "PartitionConfig"), (held, "JobHeldUser")):
+        sweep = plan.sweep_dir
+        submit.submit(plan, "slurm", train_fn=jobs.ok_train)
+        run = jobs.follow(sweep, lambda r, why=reason: r.job_reason == why, reason, pending_s=60)
+        assert (run.state, run.job_state, run.job_reason) == ("pending", "PENDING", reason)
+        assert run.scheduler == f"PENDING ({reason})"
+        table = _status_cli(sweep)
+        assert max(len(line) for line in table.splitlines()) <= 80, table
+        assert "scheduler" in table and f"({reason})" in table, table
+        (shown,) = json.loads(_status_cli(sweep, "--json"))
+        assert (shown["job_state"], shown["job_reason"]) == ("PENDING", reason)
+    for plan in (too_big, held):
+        assert submit.cancel(plan.sweep_dir) == [plan.runs[0].id]
+        (run,) = submit.wait_until_final(plan.sweep_dir, poll_s=0.5, timeout_s=60)
+        assert (run.state, run.job_state, run.job_reason, run.scheduler) == (
+            "cancelled",
+            "CANCELLED",
+            None,
+            "",
+        )
+        assert "scheduler" not in _status_cli(plan.sweep_dir)  # nothing to add: no column
+
+
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_shows_timeout(tmp_path: Path) -> None:
+    """A job that does not answer Slurm's warning signal (stuck, e.g. in a hung collective) runs into its time
+    limit (1 minute, Slurm's least): klsweep's 'failed' with Slurm's TIMEOUT beside it, in the data, the
+    80-column table and --json, and the reason names the limit's key."""
+    import json
+
+    sweep = tmp_path / "timeout"
+    plan = jobs.make_plan(sweep, [0], **{"model.resources.timeout_min": 1})
+    submit.submit(plan, "slurm", train_fn=jobs.hung_train)
+    run = jobs.follow(sweep, lambda r: r.state in store.FINAL_STATES, "the time limit", timeout_s=240)
+    assert (run.state, run.job_state, run.job_reason, run.scheduler) == ("failed", "TIMEOUT", None, "TIMEOUT")
+    assert "model.resources.timeout_min" in " ".join(run.log_tail)
+    table = _status_cli(sweep)
+    assert max(len(line) for line in table.split("\n---")[0].splitlines()) <= 80, table
+    assert "TIMEOUT" in table.split("\n---")[0], table
+    (shown,) = json.loads(_status_cli(sweep, "--json"))
+    assert shown["job_state"] == "TIMEOUT" and shown["state"] == "failed"

@@ -143,6 +143,33 @@ def test_no_effect_is_not_supported(tmp_path):
     assert "**" not in md.split("## Results")[1].split("## ")[0]  # the same skill everywhere: nothing bold
 
 
+def test_verdicts_compared_with_a_committed_claims_file(tmp_path):
+    """``klsweep study --expect-claims``: this sweep's verdicts against another claims.csv, claim by claim; the
+    terminal shows the claims at 80 columns."""
+    from rich.console import Console
+
+    from klsweep.errors import UserError
+
+    rep, verdicts = _claims(tmp_path, clear_grid(), seeds=6)
+    committed = tmp_path / "report" / "claims.csv"
+    assert rp.verdict_changes(rp.read_verdicts(committed), rep.claims) == []
+    other = pd.read_csv(committed)
+    other.loc[0, "verdict"] = "not supported"
+    other = other.drop(index=6)  # a claim the other file lacks
+    other.to_csv(tmp_path / "other.csv", index=False)
+    changes = rp.verdict_changes(rp.read_verdicts(tmp_path / "other.csv"), rep.claims)
+    first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[6]
+    assert changes == [(first, "not supported", "supported"), (last, "missing", "supported")]
+    (tmp_path / "bad.csv").write_text("name,value\nx,1\n")
+    with pytest.raises(UserError, match="not a readable claims.csv"):
+        rp.read_verdicts(tmp_path / "bad.csv")
+    console = Console(width=80, record=True)
+    console.print(rp.rich_tables(rep, width=80)[-1])
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "(c) unbiased KL configurations are better" in text and "supported" in text and "<0.001" in text
+
+
 def test_missing_data_is_inconclusive(tmp_path):
     # on-policy only, no no-KL run, one seed: nothing to compare with, no spread
     grid = [_kl("k1", "reward", **LAG0), _kl("k1", "loss", _collapse=True, **LAG0)]

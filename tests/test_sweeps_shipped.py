@@ -19,7 +19,9 @@ def test_the_three_sweeps_are_shipped():
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
 def test_shipped_sweep_plans(path, tmp_path):
-    assert path.read_text().startswith("# how to run: klsweep run sweeps/")
+    assert path.read_text().startswith(
+        ("# how to run: klsweep run sweeps/", "# how to run: klsweep study sweeps/")
+    )
     plan = grid.load_plan(path, out=tmp_path)
     assert plan.name == path.stem
     assert plan.runs and len({r.id for r in plan.runs}) == len(plan.runs)
@@ -54,13 +56,26 @@ def test_paper_sweep_is_the_study(tmp_path):
     assert planner.gpu_hours(plan.runs) > 0
 
 
-def test_tiny_sweep_is_small(tmp_path):
-    plan = grid.load_plan(Path(__file__).parent.parent / "sweeps" / "tiny.yaml", out=tmp_path)
-    assert 36 <= len(plan.runs) <= 42
-    assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
-    assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 4}
-    assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
-    assert planner.gpu_hours(plan.runs) == 0
+def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
+    """sweeps/tiny.yaml (the README's main job) is small; sweeps/tiny-full.yaml holds every one of its runs
+    (same run ids, so a full reproduction reuses them) and adds the "both" placement and beta 0.3."""
+    main = grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path)
+    full = grid.load_plan(REPO / "sweeps" / "tiny-full.yaml", out=tmp_path)
+    assert len(main.runs) == 50 and len(full.runs) == 130
+    assert {r.id for r in main.runs} < {r.id for r in full.runs}
+    for plan in (main, full):
+        assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
+        assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 16}
+        assert {r.config["seed"] for r in plan.runs} == set(range(5))
+        assert {r.config["kl"]["reward_mode"] for r in plan.runs} == {"separate"}
+        assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
+        assert planner.gpu_hours(plan.runs) == 0
+    assert {r.config["kl"]["placement"] for r in full.runs if r.config["kl"]["beta"]} == {
+        "reward",
+        "loss",
+        "both",
+    }
+    assert {r.config["kl"]["beta"] for r in full.runs} == {0.0, 0.3, 1.0}
 
 
 def test_example_run_config_composes() -> None:

@@ -22,13 +22,16 @@ An exclude applies to the runs of the sub-grids that have all its keys as axes (
 sub-grid without the estimator axis is never dropped by ``{kl.estimator: k3}``).
 
 Keys are the dotted keys of ``klsweep.config.RunConfig`` plus the config groups (``model``, ``task``,
-``cluster``, ``eval``, ``preset``: folders of ``klsweep/conf``). Composition is Hydra's: once per distinct
+``cluster``, ``eval``, ``preset``: folders of ``klsweep/conf``). On the command line, Hydra's ``+key=v`` adds a
+key inside an open mapping (``train.trl``, ``cluster.additional_parameters``; elsewhere the schema is closed),
+``++key=v`` sets or adds, ``~key`` drops the grid's values of ``key`` and of the keys inside it (its default
+applies; an entry of an open mapping is removed, even one a config group set). Composition is Hydra's: once per distinct
 combination of group choices; values are then set on plain dicts, each distinct value validated once.
 Every problem found is reported at once (``UserError``); nothing is written here.
 
 One question per module:
 
-    plan.py       what a grid becomes: ``Plan``, ``PlannedRun``, ``run_id``
+    plan.py       what a grid becomes: ``Plan`` (``find`` one run), ``PlannedRun``, ``run_id``
     load.py       the entry points ``load_plan`` and ``compose_run_config``; they only orchestrate the rest
     parse.py      the file: YAML (duplicate keys), top-level keys, name, searchpath, sub-grids, excludes
     schema.py     which keys exist: RunConfig's dotted leaves and sections, the config groups; did-you-mean
@@ -36,6 +39,7 @@ One question per module:
     overrides.py  how values are written: Hydra's override grammar, axes, base mappings, the command line
     compose.py    how a run's config is made: Hydra composition once per group choice, values set on top
     expand.py     which runs: each sub-grid's product minus excludes, deduplicated by id; the varying axes
+    keys.py       every key described (``klsweep keys``): default, type, values allowed, help
 
 Resource estimates of a plan live in ``klsweep.planner``, its table in ``klsweep.console``.
 """

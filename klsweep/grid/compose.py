@@ -13,9 +13,19 @@ from typing import Any
 from klsweep import config as config_mod
 from klsweep.errors import Problem
 from klsweep.grid.schema import GROUPS, Schema, lookup
-from klsweep.grid.validate import CHECKS, check_leaf
+from klsweep.grid.validate import CHECKS, TRL, check_leaf
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
+
+
+class _Reset:
+    """The value of a key removed by ``~key`` inside an open mapping: ``build`` removes the entry."""
+
+    def __repr__(self) -> str:
+        return "RESET"
+
+
+RESET = _Reset()
 
 
 class Composer:
@@ -85,12 +95,10 @@ class Composer:
             result = None
         if result is not None:
             composed = json.loads(result[0])
-            for key in CHECKS:
+            for key in [*CHECKS, TRL]:
                 ok, _, err = check_leaf(self.schema, key, lookup(composed, key))
-                if not ok:
-                    self.problems.append(
-                        Problem(f"config groups {' '.join(overrides)}: {key}", err[0], err[1])
-                    )
+                for e in [] if ok else err if isinstance(err, list) else [err]:
+                    self.problems.append(Problem(f"config groups {' '.join(overrides)}: {key}", e[0], e[1]))
         self.composed[choices] = result
         return result
 
@@ -106,8 +114,8 @@ class Composer:
         config = dict(self.bases[choices])
         config["name"] = name
         owned: set[int] = set()  # the sections copied for this run
-        for key, value in assignment.items():
-            if key in GROUPS:
+        for key, value in assignment.items():  # in order: a RESET removes what came before it
+            if key in GROUPS or (value is RESET and not _has(config, key)):
                 continue
             node = config
             *parents, leaf = key.split(".")
@@ -118,5 +126,16 @@ class Composer:
                     owned.add(id(child))
                     node[p] = child
                 node = child
-            node[leaf] = json.loads(json.dumps(value)) if isinstance(value, list | dict) else value
+            if value is RESET:
+                node.pop(leaf, None)
+            else:
+                node[leaf] = json.loads(json.dumps(value)) if isinstance(value, list | dict) else value
         return config, composed[1]
+
+
+def _has(config: dict, key: str) -> bool:
+    try:
+        lookup(config, key)
+    except (KeyError, TypeError):
+        return False
+    return True

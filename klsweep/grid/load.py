@@ -17,10 +17,10 @@ from typing import Any
 from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.grid import expand, parse
-from klsweep.grid.compose import Composer
+from klsweep.grid.compose import RESET, Composer
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
-from klsweep.grid.schema import Schema
+from klsweep.grid.schema import Schema, under
 from klsweep.grid.validate import Values
 
 DEFAULT_OUT = "results"
@@ -82,22 +82,27 @@ def load_plan(
         {k: b.reader.axis(k, v, f"{where}: {label}.{k}") for k, v in g.items()} for label, g in grids
     ]
     file_axes = {k for axes in axes_by_grid for k in axes}
-    cmd_single, cmd_sweep = b.reader.command_line(overrides or [])
+    cmd_single, cmd_sweep, removed = b.reader.command_line(overrides or [])
     if "name" in cmd_sweep:
         problems.append(Problem("command line: name", "a sweep has one name", "name=NAME"))
     name = cmd_single.pop("name", name)  # name=NAME renames the sweep: results/NAME/
-    cmd_keys = set(cmd_single) | set(cmd_sweep)
+    # the keys the command line sets or removes (a removed section: every axis inside it)
+    cmd_keys = set(cmd_single) | set(cmd_sweep) | removed | {k for k in file_axes if under(k, removed)}
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
     if problems:
         raise UserError(problems, title="invalid grid")
 
     assert isinstance(name, str)
-    base = {k: v for k, v in base.items() if k not in cmd_keys} | cmd_single
+    base = {k: v for k, v in base.items() if k not in cmd_keys and not under(k, removed)}
     products = [
-        {k: v for k, v in axes.items() if k not in cmd_keys} | cmd_sweep for axes in axes_by_grid or [{}]
+        {k: v for k, v in axes.items() if k not in cmd_keys and not under(k, removed)} | cmd_sweep
+        for axes in axes_by_grid or [{}]
     ]
     sweep_dir = Path(out if out is not None else DEFAULT_OUT).absolute() / name
-    expansion = expand.expand(products, base, excludes, lambda a: b.composer.build(name, a), sweep_dir)
+    # the command line's values last, in its order (a ~key inside a mapping removes what came before it)
+    expansion = expand.expand(
+        products, base, excludes, lambda a: b.composer.build(name, a | cmd_single), sweep_dir
+    )
     b.values.check_kl(r.config for r in expansion.runs.values())
     problems.extend(expand.unmatched_excludes(excludes, expansion.matched, cmd_keys, where))
     if not expansion.runs and not problems:
@@ -164,6 +169,12 @@ def compose_run_config(config_file: str | Path | None, overrides: list[str]) -> 
                 problems.append(
                     Problem(f"command line: {arg}", "a sweep, but one run takes one value", "key=value")
                 )
+                continue
+            assignment.pop(key, None)  # last in order
+            if values == [RESET]:  # ~key: the file's values of it (and inside it) are dropped
+                assignment = {k: v for k, v in assignment.items() if not under(k, {key})}
+                if b.reader.schema.open_mapping(key):
+                    assignment[key] = RESET
             else:
                 assignment[key] = values[0]
     if problems:

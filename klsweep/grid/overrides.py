@@ -8,9 +8,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from klsweep import trlargs
 from klsweep.errors import Problem
-from klsweep.grid.schema import GROUPS, Schema
-from klsweep.grid.validate import Values, hashable
+from klsweep.grid.compose import RESET
+from klsweep.grid.schema import GROUPS, Schema, under
+from klsweep.grid.validate import TRL, Values, hashable
 
 
 class Reader:
@@ -129,14 +131,26 @@ class Reader:
         return o.key_or_group, 1, o.is_sweep_override()
 
     def override(self, arg: str) -> tuple[str, list[Any], bool] | None:
-        """A command-line override ``key=value`` (or ``key=a,b``): its key, values, and whether a sweep."""
+        """A command-line override ``key=value`` (or ``key=a,b``; ``+key=value`` adds a key inside an open
+        mapping, ``++key=value`` sets or adds): its key, values, and whether a sweep. ``~key``: its key and
+        ``[RESET]`` (see ``command_line``)."""
         where = f"command line: {arg}"
-        parsed = self._parse(arg, where)
+        parsed = self._parse(arg, where, prefixed=True)
         if parsed is None:
             return None
         key, raw_values, is_sweep = parsed
-        if not self._key_ok(key, where):
+        problem = self.schema.key_problem(key, where)
+        if problem is not None and arg.startswith("~") and key in self.schema.sections:
+            problem = None  # ~section: every key of it back to its default
+        if problem is not None:
+            if arg.startswith("+"):
+                problem = Problem(where, f"{problem.what}; {self._closed()}", problem.allowed)
+            self.problems.append(problem)
             return None
+        if not self._prefix_ok(arg, key, raw_values, where):
+            return None
+        if arg.startswith("~"):
+            return key, [RESET], False
         values = []
         for v in raw_values:
             ok, value = self.values.value(key, v, where)
@@ -144,24 +158,71 @@ class Reader:
                 values.append(value)
         return (key, values, is_sweep) if len(values) == len(raw_values) else None
 
-    def command_line(self, args: list[str]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-        """The command line's overrides of a grid: values set for every run, and axes (the last word on a
-        key wins)."""
+    def _prefix_ok(self, arg: str, key: str, raw_values: list[Any], where: str) -> bool:
+        """Hydra's ``+key`` (add a key), ``++key`` (set or add) and ``~key`` (remove) where klsweep's schema
+        allows them: it is closed (RunConfig's keys exist already) except the open mappings (``train.trl``,
+        ``cluster.additional_parameters``), where keys are added."""
+        inside = self.schema.open_mapping(key)
+        if arg.startswith("~"):
+            if "=" in arg:
+                self.problems.append(
+                    Problem(where, "~key takes no value: it resets the key to its default", f"~{key}")
+                )
+                return False
+            if key == "name":
+                self.problems.append(Problem(where, "the sweep's name cannot be removed", "name=NAME"))
+                return False
+            if key.startswith(TRL + ".") and key.split(".")[2] not in trlargs.grpo_fields():
+                self.problems.append(Problem(where, *trlargs.unknown(key.split(".")[2])))
+                return False
+            return True
+        if arg.startswith("+") and not arg.startswith("++") and not inside:
+            what = (
+                f"config group {key!r} is in the defaults already"
+                if key in GROUPS
+                else f"{key!r} exists already"
+            )
+            self.problems.append(
+                Problem(
+                    where, f"+{key} adds a key, but {what}; {self._closed()}", f"{key}={_shown(raw_values)}"
+                )
+            )
+            return False
+        return True
+
+    def _closed(self) -> str:
+        return f"klsweep's schema is closed: + adds keys only inside {', '.join(sorted(self.schema.dict_leaves))}"
+
+    def command_line(self, args: list[str]) -> tuple[dict[str, Any], dict[str, list[Any]], set[str]]:
+        """The command line's overrides of a grid: values set for every run (in command-line order), axes (the
+        last word on a key wins), and the keys ``~key`` removed: the grid's values of them (and of the keys
+        under them) are dropped, so the config groups' value, the default, applies. Inside an open mapping a
+        removed key is ``RESET`` among the values: the composed config's entry is removed too."""
         single: dict[str, Any] = {}
         sweep: dict[str, list[Any]] = {}
+        removed: set[str] = set()
         for arg in args:
             parsed = self.override(arg)
-            if parsed is not None:
-                key, values, is_sweep = parsed
-                if is_sweep:
-                    sweep[key] = values
-                    single.pop(key, None)
-                else:
-                    single[key] = values[0]
-                    sweep.pop(key, None)
-        return single, sweep
+            if parsed is None:
+                continue
+            key, values, is_sweep = parsed
+            if values == [RESET]:
+                removed.add(key)
+                for d in (single, sweep):
+                    for k in [k for k in d if under(k, {key})]:
+                        del d[k]
+                if self.schema.open_mapping(key):
+                    single[key] = RESET
+                continue
+            single.pop(key, None)  # set again: last in command-line order
+            if is_sweep:
+                sweep[key] = values
+            else:
+                single[key] = values[0]
+                sweep.pop(key, None)
+        return single, sweep, removed
 
-    def _parse(self, text: str, where: str) -> tuple[str, list[Any], bool] | None:
+    def _parse(self, text: str, where: str, prefixed: bool = False) -> tuple[str, list[Any], bool] | None:
         from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, ValueType
         from hydra.errors import HydraException
 
@@ -178,11 +239,16 @@ class Reader:
             )
             return None
         key = o.key_or_group
-        if o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None:
+        if o.package is not None:
+            self.problems.append(Problem(where, "key@package is not used by klsweep", "key=value"))
+            return None
+        if (o.is_add() or o.is_delete() or o.is_force_add()) and not prefixed:
             self.problems.append(
-                Problem(where, "+key, ++key, ~key and key@package are not used by klsweep", "key=value")
+                Problem(where, "+key, ++key and ~key are command-line overrides", "key: value")
             )
             return None
+        if o.is_delete():
+            return key, [], False
         if o.value_type == ValueType.INTERVAL_SWEEP:
             self.problems.append(
                 Problem(
@@ -220,3 +286,7 @@ def _plain(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): _plain(x) for k, x in v.items()}
     return v
+
+
+def _shown(values: list[Any]) -> str:
+    return ",".join(map(str, values)) if values else "VALUE"

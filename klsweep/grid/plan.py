@@ -31,9 +31,28 @@ class Plan:
     excluded: int  # runs dropped by `exclude:`
     grid_text: str  # the grid file as written
 
+    def find(self, which: str) -> PlannedRun:
+        """The run ``which`` names: its id, the start of one run's id, or its index in plan order (0-based, as
+        ``klsweep plan --json`` lists the runs). ``UserError`` when it names none or several."""
+        from klsweep.errors import Problem, UserError
+
+        if which.isdigit() and len(which) < 10 and int(which) < len(self.runs):
+            return self.runs[int(which)]
+        hits = [r for r in self.runs if r.id.startswith(which)] if which else []
+        if len(hits) == 1:
+            return hits[0]
+        what = f"names {len(hits)} runs" if hits else "is no run id of the plan"
+        ids = ", ".join(r.id for r in (hits or self.runs)[:6]) + (
+            ", ..." if len(hits or self.runs) > 6 else ""
+        )
+        allowed = f"a run id ({ids}), or an index 0..{len(self.runs) - 1}"
+        raise UserError(Problem(which, what, allowed), title="no such run")
+
 
 def run_id(config: dict, memo: dict[tuple[str, int], tuple[Any, str]] | None = None) -> str:
-    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``.
+    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``, and
+    without the keys of ``config.ID_OMITTED_AT`` that hold that value (``train.trl: {}``: a run that passes
+    nothing to TRL keeps the id it had before the key existed).
     ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
     (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
     the whole."""
@@ -58,15 +77,18 @@ def _canonical(value: Any) -> str:
 
 
 def _without_cosmetic(prefix: str, value: Any) -> Any:
-    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``), copied on the way
-    down: the caller's dict is never touched."""
+    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
+    ``ID_OMITTED_AT`` that hold that value, copied on the way down: the caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
-    inner = [k[len(prefix) + 1 :] for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    inner = [(k[len(prefix) + 1 :], None) for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    inner += [
+        (k[len(prefix) + 1 :], v) for k, v in config_mod.ID_OMITTED_AT.items() if k.startswith(prefix + ".")
+    ]
     if not inner:
         return value
     kept = dict(value)
-    for key in inner:
+    for key, omitted_at in inner:
         *parents, leaf = key.split(".")
         node = kept
         for part in parents:
@@ -75,5 +97,6 @@ def _without_cosmetic(prefix: str, value: Any) -> Any:
             node[part] = dict(node[part])
             node = node[part]
         else:
-            node.pop(leaf, None)
+            if omitted_at is None or node.get(leaf, omitted_at) == omitted_at:
+                node.pop(leaf, None)
     return kept

@@ -4,8 +4,8 @@ groups (folders of ``klsweep/conf``); the check of one key, with a did-you-mean 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from dataclasses import fields, is_dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import Field, fields, is_dataclass
 from typing import Any, get_type_hints
 
 from klsweep import config as config_mod
@@ -38,7 +38,14 @@ class Schema:
         head = key.rsplit(".", 1)[0]
         if head in self.dict_leaves or any(key.startswith(d + ".") for d in self.dict_leaves):
             return None
+        if key.startswith("train.") and key.count(".") == 1:
+            return trl_name_problem(where, key)
         return unknown(where, key, self.valid_keys())
+
+    def open_mapping(self, key: str) -> bool:
+        """Whether ``key`` is an entry inside an open mapping (a dict-typed key such as ``train.trl``), where keys
+        are added (Hydra's ``+key``), not a key of the closed schema."""
+        return any(key.startswith(d + ".") for d in self.dict_leaves)
 
     def is_section(self, key: str) -> bool:
         """Whether a mapping under ``key`` holds further keys (a section or a group), not one dict value."""
@@ -60,23 +67,53 @@ class Schema:
         return getattr(t, "__name__", None) or str(t).replace("typing.", "")
 
 
+def walk_fields(cls: type = config_mod.RunConfig, prefix: str = "") -> Iterator[tuple[str, Any, Field]]:
+    """Every field of RunConfig in order, sections before their keys: (dotted key, annotation, field)."""
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        t = hints[f.name]
+        yield prefix + f.name, t, f
+        if is_dataclass(t):
+            yield from walk_fields(t, prefix + f.name + ".")
+
+
 def _schema_leaves() -> tuple[dict[str, type], set[str]]:
     """Dotted leaf keys of RunConfig -> their annotation, and the dotted keys of its sections."""
     leaves: dict[str, Any] = {}
     sections: set[str] = set()
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = get_type_hints(cls)
-        for f in fields(cls):
-            t = hints[f.name]
-            if is_dataclass(t):
-                sections.add(prefix + f.name)
-                walk(t, prefix + f.name + ".")
-            else:
-                leaves[prefix + f.name] = t
-
-    walk(config_mod.RunConfig, "")
+    for key, t, _ in walk_fields():
+        if is_dataclass(t):
+            sections.add(key)
+        else:
+            leaves[key] = t
     return leaves, sections
+
+
+def trl_name_problem(where: str, key: str) -> Problem:
+    """An unknown ``train.NAME``: TRL's name of a klsweep key ("use train.group_size"), a GRPOConfig option
+    (passed through ``train.trl.NAME``), or a misspelt key."""
+    from klsweep import trlargs
+
+    name = key.split(".", 1)[1]
+    owned = trlargs.owner(name)
+    if owned is not None and not trlargs.KLSWEEP_SETS[name].startswith("("):
+        source = trlargs.KLSWEEP_SETS[name]
+        return Problem(
+            where, f"{key!r} is not a klsweep key: TRL's {name!r} is set from {source}", f"use {source}"
+        )
+    if owned is None and name in trlargs.grpo_fields():
+        return Problem(
+            where,
+            f"{key!r} is not a klsweep key: TRL's GRPOConfig option {name!r} is passed through train.trl",
+            f"use train.trl.{name} (or +train.trl.{name})",
+        )
+    leaves, _ = _schema_leaves()
+    return unknown(where, key, [*GROUPS, *leaves])
+
+
+def under(key: str, keys: Iterable[str]) -> bool:
+    """Whether dotted ``key`` is one of ``keys`` or inside one of them."""
+    return any(key == k or key.startswith(k + ".") for k in keys)
 
 
 def lookup(config: dict, key: str) -> Any:

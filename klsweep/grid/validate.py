@@ -74,7 +74,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "eval.backend": (lambda v: v in ("hf", "vllm"), "hf, vllm"),
 }
 
-# (ok, the converted value, the error: (what, allowed) when not ok)
+TRL = "train.trl"  # GRPOConfig options passed through (klsweep.trlargs)
+SBATCH = "cluster.additional_parameters"  # sbatch options passed through (submitit's additional_parameters)
+SBATCH_ALLOWED = "sbatch option: a string or an integer (true: a flag without value), e.g. exclude: node13"
+
+# (ok, the converted value, the error: (what, allowed), or a list of them, when not ok)
 Checked = tuple[bool, Any, Any]
 
 # A sweep's name is a folder name (results/<name>/) and part of W&B ids: one rule wherever it comes from (a
@@ -117,6 +121,10 @@ def check_leaf(schema: Schema, key: str, raw: Any) -> Checked:
     except (OmegaConfBaseException, ValueError) as e:
         msg = str(e).splitlines()[0]
         return False, None, (f"{raw!r} is not a valid value: {msg}", schema.type_name(key))
+    if key == TRL or key.startswith(TRL + "."):  # GRPOConfig options: names and types (klsweep.trlargs)
+        return check_trl(key, value)
+    if key == SBATCH or key.startswith(SBATCH + "."):
+        return check_sbatch(key, value)
     if key.startswith("kl."):  # klsweep.kl.KLConfig judges KL values: this one, with valid defaults
         from klsweep.kl import KLConfig
 
@@ -135,6 +143,40 @@ def check_leaf(schema: Schema, key: str, raw: Any) -> Checked:
         if not good:
             return False, None, (f"{value!r} is out of range", allowed)
     return True, value, ""
+
+
+def check_trl(key: str, value: Any) -> Checked:
+    """A value of ``train.trl`` (the whole mapping) or of ``train.trl.NAME[.inner]`` (one option, or a key
+    inside a mapping option) checked against GRPOConfig; every problem of a mapping at once."""
+    from klsweep import trlargs
+
+    path = key.split(".")[2:]
+    options = value
+    for part in reversed(path):
+        options = {part: options}
+    checked, problems = trlargs.check(options)
+    if problems:
+        return (
+            False,
+            None,
+            [(f"{TRL}.{n}: {what}" if n and not path else what, ok) for n, what, ok in problems],
+        )
+    for part in path:
+        checked = checked[part]
+    return True, checked, ""
+
+
+def check_sbatch(key: str, value: Any) -> Checked:
+    """A value of ``cluster.additional_parameters`` (sbatch option -> value) or of one of its options."""
+    options = value if key == SBATCH else {key[len(SBATCH) + 1 :]: value}
+    if not isinstance(options, dict):
+        return False, None, (f"{value!r} is not a mapping", SBATCH_ALLOWED)
+    bad = [
+        (f"{SBATCH}.{k}: {v!r} is not valid" if key == SBATCH else f"{v!r} is not valid", SBATCH_ALLOWED)
+        for k, v in options.items()
+        if "." in str(k) or not (isinstance(v, str | int) and v is not False)
+    ]
+    return (False, None, bad) if bad else (True, value, "")
 
 
 class Values:
@@ -156,9 +198,10 @@ class Values:
             self.cache[cache_key] = hit
         ok, value, error = hit
         if not ok:
-            self.problems.append(
-                Problem(where, error[0], error[1]) if isinstance(error, tuple) else Problem(where, error)
-            )
+            for e in error if isinstance(error, list) else [error]:
+                self.problems.append(
+                    Problem(where, e[0], e[1]) if isinstance(e, tuple) else Problem(where, e)
+                )
             return False, None
         self.sources.setdefault((key, hashable(value)), where)
         return True, value

@@ -1,6 +1,6 @@
 """The report of a sweep: tables (pandas) and plots (matplotlib) a researcher can paste into a paper.
 
-``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H]``, or from Python
+``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H] [--no-wandb]``, or from Python
 ``build_report(sweep_dir, out_dir=None, formats=("md",))``. It reads only the files of the results store and
 writes to ``<sweep>/report/``: ``report.md``, ``report.html`` (self-contained: figures embedded), one
 ``<table>.csv`` / ``<table>.tex`` per table, ``curves.png`` and ``eval_bars.png``, each with a vector
@@ -22,14 +22,25 @@ One module per stage of the data flow; each imports only from the ones listed be
 - ``figures.py``: the curves (small multiples) and the eval bars, PNG and PDF;
 - ``latex.py``: the paper tables (``<table>.tex``); ``render.py``: the files, one writer per format (md, csv,
   latex, html); ``terminal.py``: the rich tables;
-- ``build.py``: ``build_report``, load -> tables -> figures -> renderers.
+- ``publish.py``: the report logged to W&B beside the runs, when they mirrored there;
+- ``build.py``: ``build_report``, load -> tables -> figures -> renderers -> W&B.
 
-Public API: ``build_report``, ``Report``, ``rich_tables``, and the stability rule: ``smooth``, ``collapse_step``.
+Public API: ``build_report``, ``Report``, ``rich_tables``, ``read_verdicts`` and ``verdict_changes`` (this
+sweep's claims against a committed ``claims.csv``), and the stability rule: ``smooth``, ``collapse_step``.
 """
 
 from klsweep.report.build import build_report
+from klsweep.report.claims import read_verdicts, verdict_changes
 from klsweep.report.stability import collapse_step, smooth
 from klsweep.report.tables import Report
 from klsweep.report.terminal import rich_tables
 
-__all__ = ["Report", "build_report", "collapse_step", "rich_tables", "smooth"]
+__all__ = [
+    "Report",
+    "build_report",
+    "collapse_step",
+    "rich_tables",
+    "read_verdicts",
+    "smooth",
+    "verdict_changes",
+]

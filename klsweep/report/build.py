@@ -1,7 +1,7 @@
 """``build_report``: the report of a sweep end to end: read the store (``data.py``), attach the stability columns
 (``stability.py``), build the tables (``tables.py``, ``audit_table.py``, ``reference.py``, the tests and claims of
 ``claims.py``), draw the figures
-(``figures.py``) and write each format asked for (``render.py``)."""
+(``figures.py``), write each format asked for (``render.py``) and log it to W&B (``publish.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from klsweep.report.audit_table import _audit_table
 from klsweep.report.claims import _claims_table, _comparisons_table
 from klsweep.report.data import ID_AVG, OOD_AVG, _attach_deltas, _attach_evals, _baseline, _load_runs
 from klsweep.report.figures import _plot_curves, _plot_eval
+from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, _reference_table
 from klsweep.report.render import _WRITERS, FORMATS
 from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, _attach_stability
@@ -28,10 +29,12 @@ def build_report(
     eval_hash: str | None = None,
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
+    wandb: bool = True,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
-    (default ``<sweep>/report/``). ``window``: the smoothing of the curves and of the stability table (the
-    collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
+    (default ``<sweep>/report/``) and, when the runs mirrored to W&B and ``wandb``, log it there
+    (``publish.py``; never a failure: ``Report.warnings``). ``window``: the smoothing of the curves and of the
+    stability table (the collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
@@ -98,6 +101,9 @@ def build_report(
     report.paths += _plot_eval(report, out / "eval_bars.png")
     for fmt in formats:
         report.paths += _WRITERS[fmt](report)
+    if wandb:
+        readable = [d for d in dirs if d.name in set(runs["run"])]
+        report.wandb_run = log_report(report, readable, configs)
     return report
 
 

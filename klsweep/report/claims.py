@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep.errors import Problem, UserError
 from klsweep.report.audit_table import _run_unbiased
 from klsweep.report.data import ID_AVG, OOD_AVG, _none
 from klsweep.report.statistics import (
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
 PEAK_KL = "peak KL k3"
 REFERENCES = ("no KL", "k1 in reward")
 CLAIM_COLUMNS = ["claim", "verdict", "test", "statistic", "p_value", "n", "detail"]
+MISSING = "missing"
 
 
 def _non_kl_axes(axes: list[str]) -> list[str]:
@@ -295,3 +298,29 @@ def _claims_table(runs: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
         ),
     ]
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
+
+
+def read_verdicts(path: str | Path) -> dict[str, str]:
+    """Claim -> verdict of a ``claims.csv`` written by ``klsweep report``."""
+    import pandas as pd
+
+    try:
+        old = pd.read_csv(path, dtype=str, keep_default_na=False)
+        return dict(zip(old["claim"], old["verdict"], strict=True))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, pd.errors.ParserError) as e:
+        raise UserError(
+            Problem(str(path), f"not a readable claims.csv ({e})", "a claims.csv written by klsweep report"),
+            title="invalid claims file",
+        ) from e
+
+
+def verdict_changes(expected: dict[str, str], claims: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(claim, expected verdict, this sweep's verdict) for every claim whose verdict is not the ``expected``
+    one (``read_verdicts``), in ``expected``'s order then this sweep's; a claim on one side only reads
+    ``MISSING`` on the other. Empty: every verdict reproduced."""
+    got = dict(zip(claims["claim"], claims["verdict"], strict=True))
+    return [
+        (c, expected.get(c, MISSING), got.get(c, MISSING))
+        for c in dict.fromkeys([*expected, *got])
+        if expected.get(c, MISSING) != got.get(c, MISSING)
+    ]

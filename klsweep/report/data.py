@@ -118,7 +118,7 @@ def _load_runs(
             set_aside.append(f"run {d.name} left out: {e.message}")
             continue
         if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
-            config = {**LEGACY_VALUES, **config}
+            config = {**{k: _hashable(v) for k, v in LEGACY_VALUES.items()}, **config}
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(

@@ -75,6 +75,8 @@ class Report:
     collapse_rules: set[tuple[int, float]] = field(default_factory=set)  # (window, fraction) of the runs
     set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
     paths: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
+    wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
 
 
 def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:

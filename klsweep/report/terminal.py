@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, _view
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, _p, _view
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
@@ -225,6 +225,23 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             "reasons: the report's files)",
         )
     )
+    if len(report.claims):
+        rows = [
+            [c.claim, c.verdict, _p(c.p_value)]
+            for c in report.claims[["claim", "verdict", "p_value"]].itertuples()
+        ]
+        tables.append(
+            fitted_table(
+                f"The study's claims: {report.sweep_dir.name}",
+                ["claim", "verdict", "p"],
+                rows,
+                width=width,
+                right=["p"],
+                whole=["verdict"],
+                caption="one test per claim at 0.05, no correction for several (tests, statistics, the decision "
+                "rule: report.md, claims.csv)",
+            )
+        )
     return tables
 
 

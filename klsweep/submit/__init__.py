@@ -16,6 +16,7 @@ Two kinds of job: train a run, evaluate a run. What each runs lives below (``kls
 - ``scheduler``: the ``jobs.jsonl`` records and one batched scheduler query for their states; stopping jobs
 - ``state``: ``RunStatus`` of every run (status.json and the scheduler combined), waiting, cancelling
 - ``evals``: ``klsweep eval``'s jobs
+- ``joblogs``: each run's ``logs/``, the stdout/stderr of the jobs that worked on it
 """
 
 from klsweep.submit.evals import EvalSubmission, submit_eval

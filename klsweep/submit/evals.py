@@ -16,6 +16,7 @@ from typing import Any
 
 from klsweep import evaluate, store
 from klsweep.errors import Problem
+from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.sweep import CLUSTERS
@@ -26,6 +27,7 @@ class EvalSubmission(evaluate.EvalOutcome):
     """What ``submit_eval`` did: the evaluation's outcome (in-process or waited for) and the jobs submitted."""
 
     jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
+    logs: dict[str, str] = field(default_factory=dict)  # a failed run's folder -> its eval job's log (wait)
 
 
 def submit_eval(
@@ -69,15 +71,18 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
     config = evaluate.run_config(runs[0])
     res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
     calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
+    # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)
+    own_log = functools.partial(joblogs.kept, kind="eval")
     if cluster == "local":
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * max(1, len(runs)))
-        calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines)))
+        shared = functools.partial(own_log, shared=len(runs) + len(baselines) > 1)
+        calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines, shared)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         ex.update_parameters(**slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
-        calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b])) for b in baselines]
-        calls += [(r.name, ([str(r)], cfg, checkpoints, [])) for r in runs]
+        calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b], own_log)) for b in baselines]
+        calls += [(r.name, ([str(r)], cfg, checkpoints, [], own_log)) for r in runs]
     jobs: list[Any] = []
     refused: SubmissionRefused | None = None
     if cluster == "local":
@@ -107,4 +112,9 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
             done = job.result()
             out.results += done.results
             out.errors.update(done.errors)
+        by_run = {row["run_id"]: row for row in rows}
+        for failed in out.errors:
+            log = joblogs.run_log(failed, by_run.get(Path(failed).name))
+            if log is not None:
+                out.logs[failed] = str(log)
     return out

@@ -3,7 +3,8 @@
 
 Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout every rank saves a checkpoint at
 the end of the step in progress, then it requeues itself, at most ``cluster.max_requeues`` times);
-``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``.
+``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
+in the run's ``logs/`` (``klsweep.submit.joblogs``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.errors import describe
+from klsweep.submit import joblogs
 
 
 @dataclass
@@ -25,6 +28,7 @@ class TrainJob:
 
     run_dir: str
     fn: Callable[[Path], Any] | None = None
+    shared_log: bool = False  # its process runs other jobs too (a local worker): keep its part of the log
 
     def __call__(self) -> Any:
         import submitit
@@ -40,8 +44,9 @@ class TrainJob:
         else:
             fn = self.fn
         try:
-            return fn(Path(self.run_dir))
-        except Exception:
+            with joblogs.kept(self.run_dir, "train", shared=self.shared_log):
+                return fn(Path(self.run_dir))
+        except Exception as e:
             # a status.json that cannot be read is left as it is (the error names it in the job's log)
             with contextlib.suppress(store.UnreadableFile):
                 if (
@@ -49,7 +54,7 @@ class TrainJob:
                     and store.read_status(self.run_dir)["state"] not in store.FINAL_STATES
                 ):
                     store.write_status(
-                        self.run_dir, "failed", reason="exception", error=_tail(traceback.format_exc())
+                        self.run_dir, "failed", reason=describe(e), error=_tail(traceback.format_exc())
                     )
             raise
 
@@ -70,13 +75,17 @@ class EvalJob:
     run_dir: str
     eval_cfg: dict[str, Any]
     fn: Callable[..., Any] | None = None
+    shared_log: bool = False  # as TrainJob's
 
     def __call__(self) -> Any:
         if self.fn is None:
             from klsweep.evaluate import eval_run
 
-            return eval_run(Path(self.run_dir), self.eval_cfg, checkpoints="last")
-        return self.fn(Path(self.run_dir), self.eval_cfg, checkpoints="last")
+            fn: Callable[..., Any] = eval_run
+        else:
+            fn = self.fn
+        with joblogs.kept(self.run_dir, "eval", shared=self.shared_log):
+            return fn(Path(self.run_dir), self.eval_cfg, checkpoints="last")
 
 
 def _defer_preemption_to_step_end(env: Any) -> None:

@@ -97,10 +97,10 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
     items: list[dict[str, Any]] = []
 
     def add(run: Any, kind: str, after: int | None = None) -> None:
-        fn = (
-            TrainJob(str(run.run_dir), train_fn)
+        fn = (  # a worker runs several jobs: each run keeps its part of the worker's log
+            TrainJob(str(run.run_dir), train_fn, shared_log=True)
             if kind == "train"
-            else EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn)
+            else EvalJob(str(run.run_dir), dict(run.config["eval"]), eval_fn, shared_log=True)
         )
         res = resources(run)
         items.append(
@@ -293,7 +293,7 @@ def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str, 
             continue
         pool.record(i, job_id, worker=True, state="FAILED")
         if it["kind"] == "train" and run_state in ("pending", "running"):  # else the run said why itself
-            lines = died_silently(None, {"job_id": job_id, "folder": str(folder)})
+            lines = died_silently(None)
             lines.append(
                 f"the local worker job {job_id} died training it; a new worker goes on with the rest"
             )

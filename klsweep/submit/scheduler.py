@@ -7,8 +7,10 @@ A job record (``job_row``) is ``{run_id, kind: train|eval, cluster, job_id, fold
 known at once for debug jobs and for jobs the local supervisor skipped). A local worker (``klsweep.submit.local``)
 runs several jobs: each gets a row when the worker starts it (the worker's job id, ``worker: true``) and one
 when it ends (the same, with its ``state``). States are Slurm's words
-(``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED`` ...) for every cluster, plus ``LOST``
-(a local supervisor gone), ``GONE`` (not in squeue) and ``UNKNOWN`` (not in sacct).
+(``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``, ``TIMEOUT``, ``OUT_OF_MEMORY`` ...) for every
+cluster, plus ``LOST`` (a local supervisor gone), ``GONE`` (not in squeue) and ``UNKNOWN`` (not in sacct). A
+Slurm job that waits also has Slurm's reason (``Resources``, ``Priority``, ``Dependency``, ``JobHeldUser``,
+``PartitionConfig`` ...: squeue's ``%r``): ``job_states`` returns both as a ``JobState``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,22 @@ LIVE_SLURM = {
     "STOPPED",
 }
 RUNNING_SLURM = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job's state in the scheduler's words and, while it waits to start, why (Slurm's pending reason)."""
+
+    state: str
+    reason: str | None = None
+
+
+def _job_state(state: str, reason: str | None) -> JobState:
+    """Slurm's state (its first word: ``CANCELLED by 0`` is ``CANCELLED``) and its reason, kept while the job
+    waits (accounting keeps a started job's last pending reason: stale)."""
+    state = state.split()[0] if state.strip() else "UNKNOWN"
+    waiting = state in LIVE_SLURM and state not in RUNNING_SLURM
+    return JobState(state, reason if waiting and reason not in (None, "", "None") else None)
 
 
 # --- records -------------------------------------------------------------------------------------------------
@@ -123,50 +142,59 @@ def _run_cmd(cmd: list[str]) -> str | None:
         return None
 
 
-def _squeue() -> dict[str, str] | None:
-    """Live Slurm jobs of this user (one squeue call): job id -> state; None when squeue is unavailable."""
-    out = _run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"])
+def _squeue() -> dict[str, JobState] | None:
+    """Live Slurm jobs of this user (one squeue call): job id -> state and reason; None when squeue is
+    unavailable."""
+    out = _run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T|%r"])
     if out is None:
         return None
-    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    fields = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
+    return {j: _job_state(state, reason) for j, state, reason in fields}
 
 
-def _sacct(job_ids: list[str]) -> dict[str, str]:
+def _sacct(job_ids: list[str]) -> dict[str, JobState]:
     """Final or live states of Slurm jobs (one sacct call for all; arrays are queried by their array id)."""
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids}, key=lambda s: (len(s), s))
-    out = _run_cmd(["sacct", "-X", "--parsable2", "-o", "JobID,State", "-j", ",".join(bases)])
+    out = _run_cmd(["sacct", "-X", "--parsable2", "-o", "JobID,State,Reason", "-j", ",".join(bases)])
     if out is None:
         return {}
     info = SlurmInfoWatcher().read_info(out)
-    return {j: s["State"].split()[0] for j, s in info.items()}
+    return {j: _job_state(s["State"], s.get("Reason")) for j, s in info.items()}
 
 
-def scheduler_states(rows: list[dict[str, Any]], live_only: bool = False) -> dict[str, str]:
-    """``key(row)`` -> Slurm-like state, for every row (one scheduler query for the Slurm ones)."""
-    states: dict[str, str] = {}
+def job_states(rows: list[dict[str, Any]], live_only: bool = False) -> dict[str, JobState]:
+    """``key(row)`` -> the scheduler's state of the row's job (and why it waits), for every row. Slurm:
+    one sacct call for all, and one squeue call when a job is live (squeue has the live jobs' current
+    state and pending reason; accounting lags it) or, with ``live_only``, squeue alone."""
+    states: dict[str, JobState] = {}
     slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
     if slurm_ids:
         if live_only:
             q = _squeue()
             if q is None:  # no squeue: trust accounting
-                q = {j: s for j, s in _sacct(slurm_ids).items() if s in LIVE_SLURM}
-            states.update({j: q.get(j, "GONE") for j in slurm_ids})
+                q = {j: s for j, s in _sacct(slurm_ids).items() if s.state in LIVE_SLURM}
+            states.update({j: q.get(j, JobState("GONE")) for j in slurm_ids})
         else:
             acct = _sacct(slurm_ids)
-            missing = [j for j in slurm_ids if j not in acct]
-            if missing:  # accounting lags a fresh submission: a job squeue lists is live, not "unknown"
-                acct.update({j: s for j, s in (_squeue() or {}).items() if j in missing})
-            states.update({j: acct.get(j, "UNKNOWN") for j in slurm_ids})
+            if any(j not in acct or acct[j].state in LIVE_SLURM for j in slurm_ids):
+                # a live job's current state and reason; a fresh submission accounting does not list yet
+                acct.update({j: s for j, s in (_squeue() or {}).items() if j in slurm_ids})
+            states.update({j: acct.get(j, JobState("UNKNOWN")) for j in slurm_ids})
     for r in rows:
         if r["cluster"] == "local":
-            states[key(r)] = _local_state(r)
+            states[key(r)] = JobState(_local_state(r))
         elif r["cluster"] == "debug":
-            states[key(r)] = r.get("state", "COMPLETED")
+            states[key(r)] = JobState(r.get("state", "COMPLETED"))
     return states
+
+
+def scheduler_states(rows: list[dict[str, Any]], live_only: bool = False) -> dict[str, str]:
+    """``key(row)`` -> Slurm-like state, for every row (``job_states`` without the reasons)."""
+    return {k: s.state for k, s in job_states(rows, live_only).items()}
 
 
 def key(row: dict[str, Any]) -> str:
@@ -201,8 +229,8 @@ def cancel_rows(rows: list[dict[str, Any]]) -> None:
         # dying job overwrites the 'cancelled' status afterwards.
         deadline = time.time() + 60
         while time.time() < deadline:
-            q = _squeue()
-            if q is None or not any(j in q for j in slurm_ids):
+            live = _squeue()
+            if live is None or not any(j in live for j in slurm_ids):
                 break
             time.sleep(0.5)
     pids = []

@@ -1,7 +1,11 @@
 """The state of a sweep's runs: each run's ``status.json`` combined with its jobs' scheduler states into a
 ``RunStatus`` (``status``, ``wait_until_final``), and cancelling runs (``cancel``).
 
-The scheduler is asked once per call for the whole sweep (``scheduler.scheduler_states``). Besides the states of
+The scheduler is asked once per call for the whole sweep (``scheduler.job_states``). Beside klsweep's state,
+a run keeps its training job's state in the scheduler's words (``job_state``: ``TIMEOUT``, ``OUT_OF_MEMORY``,
+``PREEMPTED``, ``NODE_FAIL`` ... which klsweep's ``failed`` does not tell apart) and, while the job waits, Slurm's
+reason (``job_reason``: ``Resources``, ``Priority``, ``JobHeldUser`` ...); ``RunStatus.scheduler`` is what of
+them adds to klsweep's state. Besides the states of
 ``klsweep.store.STATES`` a run can be ``unreadable`` (its status.json or config.yaml cannot be read: the
 file and what to do are in ``reason``; the other runs are shown as usual). A run whose job ended without the
 run recording why (killed, out of memory: no traceback) is ``failed`` with a ``reason`` that says so, instead
@@ -21,16 +25,18 @@ from typing import Any
 from klsweep import store
 from klsweep.config import read_run_file
 from klsweep.errors import Problem, UserError
+from klsweep.submit import joblogs
 from klsweep.submit.jobs import has_eval_results
 from klsweep.submit.scheduler import (
     LIVE_SLURM,
     LOCK_FILE,
     RUNNING_SLURM,
+    JobState,
     cancel_rows,
+    job_states,
     key,
     latest_rows,
     live_jobs,
-    scheduler_states,
 )
 
 FINAL = (*store.FINAL_STATES, "unreadable")  # states that do not change by themselves
@@ -49,8 +55,22 @@ class RunStatus:
     job_id: str | None
     cluster: str | None
     eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped
-    log_tail: list[str]  # failed runs: the last lines of the job's stderr (or the recorded traceback)
-    reason: str | None = None  # failed, diverged, unreadable: why, in one line
+    log_tail: list[str]  # failed runs (or evals): the last lines of the job's stderr (or the traceback kept)
+    reason: str | None = None  # failed, diverged, unreadable: why, in one line (failed: the exception's type
+    # and message)
+    log: str | None = None  # failed runs (or evals): the job's stderr, in the run's logs/ (else submitit's)
+    eval_error: str | None = None  # a failed eval: why, in one line
+    job_state: str | None = None  # the training job's state in the scheduler's words (Slurm's: TIMEOUT ...)
+    job_reason: str | None = None  # why the training job waits (Slurm's pending reason), while it does
+
+    @property
+    def scheduler(self) -> str:
+        """What the scheduler says of the training job beyond ``state``: why a waiting job waits
+        (``PENDING (Resources)``), or a state that klsweep's words do not tell (``TIMEOUT``,
+        ``OUT_OF_MEMORY``, ``PREEMPTED``, ``NODE_FAIL``, ``REQUEUED`` ...); "" when it says nothing more."""
+        if self.job_reason:
+            return f"{self.job_state} ({self.job_reason})"
+        return "" if self.job_state in _SAID_BY_STATE else self.job_state or ""
 
     @property
     def collapsed(self) -> bool:
@@ -61,6 +81,10 @@ class RunStatus:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+# scheduler states whose meaning klsweep's state already carries (or that say nothing)
+_SAID_BY_STATE = {None, *RUNNING_SLURM, "PENDING", "COMPLETED", "FAILED", "CANCELLED", "UNKNOWN", "GONE"}
 
 
 def _combine(status_state: str, sched: str | None) -> str:
@@ -100,12 +124,9 @@ def _last_line(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _log_tail(row: dict[str, Any] | None, n: int = 15) -> list[str]:
-    """The end of the job's stderr; nothing for a local worker's job (its log goes on with the runs trained
-    after this one: the run's recorded traceback says more)."""
-    if row is None or not row.get("job_id") or row.get("worker"):
+def _log_tail(path: Path | None, n: int = 15) -> list[str]:
+    if path is None:
         return []
-    path = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
     try:
         return path.read_text(errors="replace").rstrip().splitlines()[-n:]
     except OSError:
@@ -119,7 +140,7 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
     axes: list[str] = list(sweep.get("axes") or [])
     planned: dict[str, dict] = sweep.get("runs") or {}
     rows = latest_rows(sweep_dir)
-    states = scheduler_states(list(rows.values()))
+    states = job_states(list(rows.values()))
     out: list[RunStatus] = []
     for run_dir in store.run_dirs(sweep_dir):
         rid = run_dir.name
@@ -164,14 +185,15 @@ def _run_status(
     run_dir: Path,
     train_row: dict[str, Any] | None,
     eval_row: dict[str, Any] | None,
-    states: dict[str, str],
+    states: dict[str, JobState],
     axes: list[str],
     params: dict[str, Any] | None,
 ) -> RunStatus:
     """One run's RunStatus; ``store.UnreadableFile`` when its status.json or config.yaml cannot be read."""
     rid = run_dir.name
     st = store.read_status(run_dir)
-    sched = states.get(key(train_row)) if train_row else None
+    job = states.get(key(train_row)) if train_row else None
+    sched = job.state if job else None
     state = _combine(st.get("state", "pending"), sched)
     # accounting lags the job: trust a running status written since this submission
     fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
@@ -179,14 +201,16 @@ def _run_status(
         state = "running"
     eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
     if eval_row is not None:
-        e_sched = states.get(key(eval_row))
-        eval_state = (
-            "done"
-            if has_eval_results(run_dir)
-            else "skipped"
-            if e_sched == "SKIPPED"
-            else _combine("pending", e_sched)
-        )
+        e_job = states.get(key(eval_row))
+        e_sched = e_job.state if e_job else None
+        if has_eval_results(run_dir):
+            eval_state = "done"
+        elif e_sched == "SKIPPED":
+            eval_state = "skipped"
+        else:
+            eval_state = _combine("pending", e_sched)
+            if eval_state == "done" and st.get("eval_error"):  # its job went on to other runs: the run failed
+                eval_state = "failed"
     cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
     if params is None:
         cfg = read_run_file(run_dir)
@@ -202,12 +226,24 @@ def _run_status(
     gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
     tail: list[str] = []
     reason = st.get("reason") if state in ("failed", "diverged") else None
+    log = None
+    if state == "failed":
+        log = joblogs.run_log(run_dir, train_row)
+    elif eval_state == "failed":
+        log = joblogs.run_log(run_dir, eval_row)
     if state == "failed" and st.get("state") == "running":
         # the job ended and the run never said why: no traceback to show, the process was killed
-        tail = died_silently(sched, train_row)
+        tail = died_silently(sched)
         reason = tail[0]
     elif state == "failed":
-        tail = _log_tail(train_row) or (st.get("error") or "").splitlines()[-15:]
+        tail = _log_tail(log) or (st.get("error") or "").splitlines()[-15:]
+        if (
+            st.get("state", "pending") == "pending"
+        ):  # the job failed before the run began: the run said nothing
+            said = next((line.strip() for line in reversed(tail) if line.strip()), "")
+            reason = f"its job failed before the run started{': ' + said if said else ' (no log)'}"
+    elif eval_state == "failed":
+        tail = _log_tail(log)
     return RunStatus(
         run_id=rid,
         params={a: params.get(a) for a in axes} if axes else dict(params),
@@ -222,6 +258,10 @@ def _run_status(
         eval_state=eval_state,
         log_tail=tail,
         reason=reason,
+        log=str(log) if log else None,
+        eval_error=st.get("eval_error") if eval_state == "failed" else None,
+        job_state=sched,
+        job_reason=job.reason if job else None,
     )
 
 
@@ -235,16 +275,13 @@ _SCHEDULER_SAYS = {
 }
 
 
-def died_silently(sched: str | None, row: dict[str, Any] | None) -> list[str]:
+def died_silently(sched: str | None) -> list[str]:
     """What to say of a run whose job ended without a word from the run (status.json still running)."""
     lines = ["the process died without a word (no traceback; killed? out of memory?)"]
     if sched in _SCHEDULER_SAYS:
         lines.append(_SCHEDULER_SAYS[sched])
     elif sched:
         lines.append(f"the scheduler says {sched}")
-    if row is not None and row.get("job_id"):
-        log = Path(row["folder"]) / f"{row['job_id']}_0_log.err"
-        lines.append(f"its log: {log}")
     return lines
 
 
@@ -262,23 +299,65 @@ def _resources_of(cfg: dict[str, Any]) -> dict[str, Any]:
     return (cfg.get("model") or {}).get("resources") or {}
 
 
+POLL_MAX_S = 30.0  # the longest wait between two scheduler queries of ``wait_until_final``
+
+
+def poll_delay(idle_s: float, first_s: float = 2.0, max_s: float = POLL_MAX_S) -> float:
+    """Seconds until the next scheduler query when nothing changed for ``idle_s`` seconds: ``first_s`` at
+    first, then half the time since the last change (as submitit's job watcher spaces its sacct calls), at
+    most ``max_s``. A change starts it over."""
+    return min(max_s, max(first_s, idle_s / 2))
+
+
+def _changes(runs: list[RunStatus]) -> list[tuple[Any, ...]]:
+    """What of the runs counts as a change for ``poll_delay``: states, not steps (a busy sweep's steps change
+    at every query)."""
+    return [(r.run_id, r.state, r.eval_state, r.job_state, r.job_reason) for r in runs]
+
+
 def wait_until_final(
     sweep_dir: str | Path,
     poll_s: float = 2.0,
     on_update: Callable[[list[RunStatus]], None] | None = None,
     timeout_s: float | None = None,
 ) -> list[RunStatus]:
-    """Poll ``status`` until every run (and its eval) is final; returns the last statuses."""
-    start = time.time()
+    """Poll ``status`` until every run (and its eval) is final; returns the last statuses. Queries are
+    ``poll_s`` apart at first and after every change of a run's state, further apart while nothing changes
+    (``poll_delay``: at most ``POLL_MAX_S``). ``TimeoutError`` after ``timeout_s``, naming the runs not final
+    with their state, the scheduler's state and reason, and their job log's last lines."""
+    start = last_change = time.time()
+    seen: list[tuple[Any, ...]] | None = None
     while True:
         runs = status(sweep_dir)
+        now = time.time()
+        if (changes := _changes(runs)) != seen:
+            seen, last_change = changes, now
         if on_update is not None:
             on_update(runs)
-        if all(r.state in FINAL and r.eval_state not in ("pending", "running") for r in runs):
+        waiting = [r for r in runs if r.state not in FINAL or r.eval_state in ("pending", "running")]
+        if not waiting:
             return runs
-        if timeout_s is not None and time.time() - start > timeout_s:
-            raise TimeoutError(f"runs of {sweep_dir} still not final after {timeout_s:.0f} s")
-        time.sleep(poll_s)
+        if timeout_s is not None and now - start > timeout_s:
+            raise TimeoutError(_not_final(Path(sweep_dir), waiting, timeout_s))
+        delay = poll_delay(now - last_change, poll_s)
+        if timeout_s is not None:  # not past the deadline
+            delay = min(delay, max(0.0, start + timeout_s - now) + 0.01)
+        time.sleep(delay)
+
+
+def _not_final(sweep_dir: Path, runs: list[RunStatus], timeout_s: float) -> str:
+    """The message of ``wait_until_final``'s timeout: each run not final, what the scheduler says of its job
+    and the last lines of the job's log."""
+    rows = latest_rows(sweep_dir)
+    lines = [f"runs of {sweep_dir} still not final after {timeout_s:.0f} s:"]
+    for r in runs:
+        job = f"job {r.job_id} ({r.cluster}): {r.job_state or 'no state'}" if r.job_id else "no job"
+        why = f", reason {r.job_reason}" if r.job_reason else ""
+        ev = f", eval {r.eval_state}" if r.eval_state else ""
+        lines.append(f"  {r.run_id}: {r.state}, step {r.step}/{r.total_steps}{ev}; {job}{why}")
+        log = joblogs.run_log(sweep_dir / r.run_id, rows.get((r.run_id, "train")))
+        lines += [f"    | {line}" for line in _log_tail(log, 5)]
+    return "\n".join(lines)
 
 
 def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.config import run_file_text
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import has_eval_results, wants_eval
 from klsweep.submit.local import submit_debug, submit_local
@@ -105,7 +106,6 @@ def submit(
     ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests). ``on_build(folder)`` is called before the
     tiny model is built here (once, ~15 s on a CPU), to say so."""
     from filelock import FileLock
-    from omegaconf import OmegaConf
 
     if cluster_kind not in CLUSTERS:
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
@@ -147,7 +147,7 @@ def submit(
                 shutil.rmtree(run_dir)
             undo.keep_run(run.id, run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            cfg_text = OmegaConf.to_yaml(OmegaConf.create(run.config))
+            cfg_text = run_file_text(run.config)
             if _text(run_dir / store.CONFIG_FILE) != cfg_text:  # also repairs a config.yaml cut short
                 store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
             try:

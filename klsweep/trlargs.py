@@ -1,0 +1,186 @@
+"""``train.trl``: TRL ``GRPOConfig`` options passed through as written, merged into the trainer's GRPOConfig
+after klsweep's own arguments (``klsweep.job``).
+
+Owns the one table of the GRPOConfig options klsweep sets itself (``KLSWEEP_SETS``: TRL's name -> the klsweep
+key that sets it, or why klsweep owns it); they are refused in ``train.trl`` (``train.trl.num_generations=8``:
+"use train.group_size") and as keys of ``train`` (``train.num_generations=8``: TRL's name for
+``train.group_size``, refused with the same words). Also the check of a pass-through mapping against
+GRPOConfig's dataclass fields: each name (a did-you-mean among them) and the type of each value.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+from collections.abc import Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+# GRPOConfig option -> the klsweep key that sets it (dotted), or "(...)": why klsweep sets it itself. Every
+# argument ``klsweep.job`` gives GRPOConfig is listed (it refuses to train otherwise).
+KLSWEEP_SETS: dict[str, str] = {
+    "num_generations": "train.group_size",
+    "max_steps": "train.steps",
+    "learning_rate": "train.learning_rate",
+    "lr_scheduler_type": "train.lr_scheduler_type",
+    "warmup_steps": "train.warmup_steps",
+    "max_grad_norm": "train.max_grad_norm",
+    "per_device_train_batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.micro_batch_size",
+    "generation_batch_size": "train.prompts_per_step",
+    "steps_per_generation": "train.prompts_per_step",
+    "max_completion_length": "train.max_completion_length",
+    "temperature": "train.temperature",
+    "loss_type": "train.loss_type",
+    "epsilon": "train.epsilon",
+    "scale_rewards": "train.scale_rewards",
+    "save_steps": "train.save_steps",
+    "save_total_limit": "train.keep_checkpoints",
+    "use_vllm": "train.use_vllm",
+    "vllm_max_model_length": "train.max_prompt_length",
+    "fsdp": "train.sharding",
+    "fsdp_config": "train.sharding",
+    "beta": "kl.beta",
+    "use_bias_correction_kl": "kl.importance",
+    "num_iterations": "offpolicy.num_iterations",
+    "seed": "seed",
+    "data_seed": "seed",
+    "bf16": "model.dtype",
+    "fp16": "model.dtype",
+    "model_init_kwargs": "model.path",
+    "report_to": "wandb.mode",
+    "output_dir": "(the run folder's checkpoints/)",
+    "run_name": "(the run id)",
+    "use_cpu": "(klsweep.layout: a GPU when there is one)",
+    "ddp_backend": "(klsweep.layout: gloo on CPUs)",
+    "activation_checkpointing": "(klsweep.layout: on GPUs)",
+    "gradient_checkpointing": "(klsweep.layout: activation checkpointing on GPUs)",
+    "ddp_find_unused_parameters": "(klsweep.layout)",
+    "vllm_mode": "(colocate)",
+    "logging_steps": "(one metrics row per step)",
+    "save_strategy": "(train.save_steps)",
+    "disable_tqdm": "(klsweep prints its own progress)",
+    "log_completions": "(metrics.jsonl)",
+}
+
+
+def owner(name: str) -> tuple[str, str] | None:
+    """What sets the GRPOConfig option ``name`` when klsweep does: (what, allowed) of a refusal, else None."""
+    source = KLSWEEP_SETS.get(name)
+    if source is None:
+        return None
+    if source.startswith("("):
+        return f"{name!r} is set by klsweep {source}", "a GRPOConfig option klsweep does not set"
+    return f"{name!r} is set by klsweep from {source}", f"use {source}"
+
+
+@functools.cache
+def grpo_fields() -> dict[str, Any]:
+    """GRPOConfig's settable dataclass fields -> their resolved annotation (imports trl: seconds)."""
+    import dataclasses
+    import typing
+
+    from trl import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def check(options: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """A ``train.trl`` mapping checked against GRPOConfig: (the options, ints given for float options made
+    floats; every problem as (option, what, allowed)). An empty mapping imports nothing."""
+    if not isinstance(options, Mapping):
+        return {}, [("", f"{options!r} is not a mapping", "train.trl: {option: value} (GRPOConfig options)")]
+    if not options:
+        return {}, []
+    known = grpo_fields()
+    out: dict[str, Any] = {}
+    problems: list[tuple[str, str, str]] = []
+    for name, value in options.items():
+        name = str(name)
+        refused = owner(name)
+        if refused is not None:
+            problems.append((name, *refused))
+            continue
+        tp = known.get(name)
+        if tp is None:
+            problems.append((name, *unknown(name)))
+            continue
+        if not accepts(tp, value):
+            problems.append((name, f"{value!r} is not a valid value", type_name(tp)))
+            continue
+        takes_int = accepts(tp, 0) and not accepts(tp, 0.5)
+        out[name] = float(value) if _is_int(value) and not takes_int and accepts(tp, 0.5) else value
+    return out, problems
+
+
+def unknown(name: str) -> tuple[str, str]:
+    """(what, allowed) of a name that is no GRPOConfig option, with a did-you-mean."""
+    import difflib
+
+    near = difflib.get_close_matches(name, [*grpo_fields(), *KLSWEEP_SETS], n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"{name!r} is not a GRPOConfig option{hint}", "a field of trl.GRPOConfig"
+
+
+def merged(own: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """klsweep's own GRPOConfig arguments, then the pass-through options. ``RuntimeError`` when klsweep sets an
+    option ``KLSWEEP_SETS`` does not list (the table is the one place that says which are klsweep's)."""
+    from klsweep.errors import Problem, UserError
+
+    unlisted = sorted(set(own) - set(KLSWEEP_SETS))
+    if unlisted:
+        raise RuntimeError(f"klsweep.trlargs.KLSWEEP_SETS does not list {', '.join(unlisted)}")
+    checked, problems = check(options)
+    if problems:
+        raise UserError([Problem(f"train.trl.{n}" if n else "train.trl", w, a) for n, w, a in problems])
+    return {**own, **checked}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def accepts(tp: Any, v: Any) -> bool:
+    """Whether a YAML value ``v`` is a value of annotation ``tp`` (an enum: one of its values)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(accepts(a, v) for a in get_args(tp))
+    if origin is Literal:
+        return any(v == a and type(v) is type(a) for a in get_args(tp))
+    if tp is type(None):
+        return v is None
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp is int:
+        return _is_int(v)
+    if tp is float:
+        return _is_int(v) or isinstance(v, float)
+    if tp is str:
+        return isinstance(v, str)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return v in {m.value for m in tp}
+    if tp is list or origin is list:
+        args = get_args(tp)
+        return isinstance(v, list) and (not args or all(accepts(args[0], x) for x in v))
+    if tp is dict or origin is dict:
+        return isinstance(v, dict)
+    return False  # a Python object (e.g. accelerate's ParallelismConfig): not written in YAML
+
+
+def type_name(tp: Any) -> str:
+    """An annotation as a user reads it: ``int | None``, ``str``, ``list[float]``, ``Literal[False]``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in get_args(tp))
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if tp is type(None):
+        return "None"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return ", ".join(str(m.value) for m in tp)
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))

@@ -1,0 +1,30 @@
+"""`klsweep ARGS` run in a test's process (tests/ is on sys.path under pytest)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def cli(
+    args: list[str], monkeypatch, capsys, columns: int = 400, terminal: bool = False
+) -> tuple[int, str, str]:
+    """Run `klsweep ARGS` in this process; returns (exit code, stdout, stderr). ``terminal``: rich takes the
+    (captured) output for a terminal of ``columns`` columns (TTY_COMPATIBLE), escape codes removed."""
+    import re
+
+    from klsweep import cli as cli_mod
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    if terminal:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    else:
+        monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["klsweep", *map(str, args)])
+    code = 0
+    try:
+        cli_mod.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    return code, ansi.sub("", out), ansi.sub("", err)

@@ -291,7 +291,10 @@ def test_a_killed_worker_fails_its_run_and_a_new_one_trains_the_rest(tmp_path: P
     a, b, c = plan.runs
     assert [final[r.id].state for r in plan.runs] == ["done", "failed", "done"]
     assert final[b.id].reason.startswith("the process died without a word")
-    assert any("a new worker goes on with the rest" in line for line in final[b.id].log_tail)
+    (worker,) = worker_ids(sweep)[b.id]
+    assert final[b.id].log == str(b.run_dir / "logs" / f"train-{worker}.err")  # its part of the worker's log
+    assert "klsweep worker: train " + b.id in Path(final[b.id].log).read_text()
+    assert "klsweep worker: train " + a.id not in Path(final[b.id].log).read_text()
     ids = worker_ids(sweep)
     assert ids[a.id] == ids[b.id] != ids[c.id]  # the worker that died trained a, then b; a new one c
 

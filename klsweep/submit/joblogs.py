@@ -62,6 +62,21 @@ def kept(run_dir: str | os.PathLike, kind: str, shared: bool = False) -> Iterato
             _append_part(source, target, start)
 
 
+def log_offsets() -> dict[str, int]:
+    """This job task's log files and their sizes now: where the part of a run that starts now begins, for
+    ``copy_part`` ({} outside a local or Slurm job)."""
+    sources = _job_logs()
+    return {str(path): _size(path) for path, _ in sources[2]} if sources else {}
+
+
+def copy_part(run_dir: str | os.PathLike, kind: str, job_id: str, offsets: dict[str, int]) -> None:
+    """Append to the run's ``logs/`` what the job's log files (``log_offsets``) hold from their offsets on: the
+    part of a job that worked on several runs and died before ``kept`` could copy it."""
+    for source, start in offsets.items():
+        suffix = ".err" if source.endswith(".err") else ".out"
+        _append_part(Path(source), Path(run_dir) / LOGS_DIR / f"{log_name(kind, job_id)}{suffix}", start)
+
+
 def run_log(run_dir: str | os.PathLike, row: dict[str, Any] | None) -> Path | None:
     """The log file to show for the run's job of ``row`` (a ``jobs.jsonl`` record): its stderr in the run's
     ``logs/``, else submitit's own; None when the job has no log (not started, debug) or neither exists."""

@@ -16,8 +16,9 @@ a fresh process. The pool's state is ``pool.json`` in the submission folder (per
 ``claimed`` by a worker's job id, ``ok``, ``failed``, ``skipped``), changed only under the sweep's lock, where
 every claim and every end is also recorded in ``jobs.jsonl`` (the worker's job id, ``worker: true``; the end
 with its ``state``). A job that fails is recorded and the worker goes on. A worker that dies (killed, out of
-memory, cancelled) leaves its job claimed: the supervisor fails that run with a reason (a cancelled one stays
-cancelled) and starts a new worker for what is left. A worker is checkpointable like a training job: on its
+memory, cancelled) leaves its job claimed: the supervisor records that job as failed (a cancelled run's as
+cancelled; ``klsweep status``: the process died without a word), copies the worker's log since the job began
+into the run's ``logs/``, and starts a new worker for what is left. A worker is checkpointable like a training job: on its
 time limit (the sum of the limits of the jobs in the queue) it saves the run it trains, puts it back in the
 queue and requeues itself. A training job of several processes (``model.resources.tasks_per_node > 1``) gets
 a worker of its own.
@@ -38,9 +39,9 @@ from typing import Any
 
 from klsweep import store
 from klsweep.config import tasks_per_node
+from klsweep.submit import joblogs
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, submission_folder
-from klsweep.submit.state import died_silently
 
 SUPERVISE = "supervise"
 POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
@@ -208,14 +209,15 @@ class _Pool:
             out.append(i)
         return out
 
-    def claim(self, states: list[dict[str, Any]], i: int, job_id: str) -> None:
-        states[i] = {"state": "claimed", "worker": job_id}
-        self.record(i, job_id, worker=True)
+    def claim(self, states: list[dict[str, Any]], i: int, job_id: str, supervisor: int) -> None:
+        """Queued job ``i`` is the worker's (``log``: where its part of the worker's log files begins)."""
+        states[i] = {"state": "claimed", "worker": job_id, "log": joblogs.log_offsets()}
+        self.record(i, job_id, worker=True, supervisor=supervisor)
 
-    def finish(self, states: list[dict[str, Any]], i: int, ok: bool) -> None:
+    def finish(self, states: list[dict[str, Any]], i: int, ok: bool, state: str | None = None) -> None:
         job_id = states[i]["worker"]
         states[i] = {"state": "ok" if ok else "failed", "worker": job_id}
-        self.record(i, job_id, worker=True, state="COMPLETED" if ok else "FAILED")
+        self.record(i, job_id, worker=True, state=state or ("COMPLETED" if ok else "FAILED"))
 
     def write(self, states: list[dict[str, Any]]) -> None:
         store.write_json(self.path, states)
@@ -247,7 +249,7 @@ def supervise(queue_path: str | Path) -> None:
             for job_id, job in list(workers.items()):
                 if job.done():
                     del workers[job_id]
-                    _settle_dead_worker(pool, states, job_id, folder)
+                    _settle_dead_worker(pool, states, job_id)
             ready = pool.ready(states)
             solo = [i for i in ready if pool.solo(i)]  # a training job of several processes: its own worker
             for i in solo:
@@ -257,9 +259,9 @@ def supervise(queue_path: str | Path) -> None:
                 ex.update_parameters(
                     **_local_params(it["timeout_min"], it["tasks"], it["gpus"], queue["setup"])
                 )
-                job = ex.submit(LocalWorker(str(queue_path), only=i))
+                job = ex.submit(LocalWorker(str(queue_path), os.getpid(), only=i))
                 workers[job.job_id] = job
-                pool.claim(states, i, job.job_id)
+                pool.claim(states, i, job.job_id, os.getpid())
             ready = [i for i in ready if not pool.solo(i) and states[i]["state"] == "waiting"]
             busy = {s["worker"] for s in states if s["state"] == "claimed"}
             idle = len(set(workers) - busy)
@@ -267,7 +269,7 @@ def supervise(queue_path: str | Path) -> None:
             if starts:
                 ex.update_parameters(**worker_params)
             for _ in range(starts):
-                job = ex.submit(LocalWorker(str(queue_path)))
+                job = ex.submit(LocalWorker(str(queue_path), os.getpid()))
                 workers[job.job_id] = job
             pool.write(states)
         if not workers and all(s["state"] not in ("waiting", "claimed") for s in states):
@@ -275,31 +277,21 @@ def supervise(queue_path: str | Path) -> None:
         time.sleep(_POLL_S)
 
 
-def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str, folder: Path) -> None:
-    """The jobs a worker that ended held when it ended (it died: killed, out of memory, cancelled): a cancelled
-    run stays cancelled, a run that ended before its worker stays as it ended, any other is failed with a
-    reason. Under the lock."""
+def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str) -> None:
+    """The jobs a worker that ended held when it ended (it died: killed, out of memory, cancelled), under the
+    lock: each run gets its part of the worker's log, and the job is recorded as it ended: a training that had
+    finished as done, a cancelled run's as cancelled, any other as failed (the run's status stays as the job
+    left it, as for any process killed without a word: ``klsweep status`` says so, a rerun resumes it)."""
     for i, s in enumerate(states):
         if s["state"] != "claimed" or s["worker"] != job_id:
             continue
         it = pool.items[i]
+        joblogs.copy_part(it["run_dir"], it["kind"], job_id, s.get("log") or {})
         run_state = _state(it["run_dir"])
         if it["kind"] == "train" and run_state in ("done", "diverged"):
             pool.finish(states, i, True)
-            continue
-        states[i] = {"state": "failed", "worker": job_id}
-        if run_state == "cancelled":
-            pool.record(i, job_id, worker=True, state="CANCELLED")
-            continue
-        pool.record(i, job_id, worker=True, state="FAILED")
-        if it["kind"] == "train" and run_state in ("pending", "running"):  # else the run said why itself
-            lines = died_silently(None)
-            lines.append(
-                f"the local worker job {job_id} died training it; a new worker goes on with the rest"
-            )
-            store.write_status(
-                it["run_dir"], "failed", reason=lines[0], error="\n".join(lines), finished_at=time.time()
-            )
+        else:
+            pool.finish(states, i, False, "CANCELLED" if run_state == "cancelled" else "FAILED")
 
 
 @dataclass
@@ -308,6 +300,7 @@ class LocalWorker:
     Checkpointable: on its time limit it saves the run it trains, puts it back in the queue and requeues."""
 
     queue_path: str
+    supervisor: int  # the supervisor's pid (in the worker's jobs.jsonl rows)
     only: int | None = None
     _current: int | None = field(default=None, init=False, repr=False)  # the queued job running now
 
@@ -323,7 +316,7 @@ class LocalWorker:
                 states = pool.read()
                 ready = [i for i in pool.ready(states) if not pool.solo(i)]
                 if ready:
-                    pool.claim(states, ready[0], env.job_id)
+                    pool.claim(states, ready[0], env.job_id, self.supervisor)
                 pool.write(states)
             if not ready:
                 return

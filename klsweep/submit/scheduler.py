@@ -119,6 +119,8 @@ def _local_state(row: dict[str, Any]) -> str:
         return "PENDING" if _pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE) else "LOST"
     if _pid_alive(int(row["job_id"]), "submitit"):
         return "RUNNING"
+    if row.get("worker") and _pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE):
+        return "RUNNING"  # a local worker gone: its supervisor is about to record how the job ended
     return _result_state(Path(row["folder"]), row["job_id"])
 
 

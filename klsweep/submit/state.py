@@ -233,7 +233,7 @@ def _run_status(
         log = joblogs.run_log(run_dir, eval_row)
     if state == "failed" and st.get("state") == "running":
         # the job ended and the run never said why: no traceback to show, the process was killed
-        tail = died_silently(sched)
+        tail = _died_silently(sched)
         reason = tail[0]
     elif state == "failed":
         tail = _log_tail(log) or (st.get("error") or "").splitlines()[-15:]
@@ -275,7 +275,7 @@ _SCHEDULER_SAYS = {
 }
 
 
-def died_silently(sched: str | None) -> list[str]:
+def _died_silently(sched: str | None) -> list[str]:
     """What to say of a run whose job ended without a word from the run (status.json still running)."""
     lines = ["the process died without a word (no traceback; killed? out of memory?)"]
     if sched in _SCHEDULER_SAYS:

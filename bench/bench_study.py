@@ -16,15 +16,15 @@
    (``cluster.local_jobs_per_worker=0``, the default); printed as seconds per run and the pool's ratio to the
    baseline, both measured in this same call (so machine load hits both).
 
-Measured (2026-11-30, this project's 2-core x86 CPU VM, torch 2.13 CPU, load average ~5 from other jobs
-sharing the cores, so wall is ~1.3-2x CPU; sweeps/tiny.yaml as of this commit, 50 steps, 4 runs), CPU
-seconds of one run in a fresh process: imports 6.0 (47% of the run's wall), W&B init + finish 1.2, model
-load 0.2, dataset 0.2, trainer construction 0.02, saves 0.04, the rest of train_run 0.4, eval 1.0 (lm-eval's
-heavy modules load inside it), the 50 steps 3.2 (65 ms CPU, 80 ms wall a step); per-run fixed cost 10.0 s
-wall: 29% of a 300-step run, 32% with its eval. End to end, seconds per run (train + eval): 32.3 with a
-process per job, 11.2 with one worker: ratio 0.35 (an earlier call under load ~7: 47.4 and 15.3, 0.32).
-The pool saves more than the imports of one process because a process per job starts two per run (the
-training and the eval job), each with submitit's start and the supervisor's polling.
+Measured (2026-11-30, this project's 2-core x86 CPU VM, torch 2.13 CPU, the cores shared with other jobs at
+a load average of ~4; sweeps/tiny.yaml of the 50-run design: beta 1, lr 3e-4, 150 eval problems per task;
+50 steps, 4 runs). One run in a fresh process, CPU seconds: imports 5.6 (40% of the run's wall), W&B init +
+finish 0.8, model load 0.2, dataset 0.2, trainer construction 0.02, saves 0.04, the rest of train_run 0.3,
+eval 1.6 (lm-eval's heavy modules load inside it), the 50 steps 4.1 (89 ms wall a step). Per-run fixed cost
+7.6 s wall: 22% of a 300-step run, 27% with its eval. End to end, seconds per run (train + eval): 24.5 with a
+process per job, 9.2 with one worker: ratio 0.38 (before the 50-run design, at loads of ~5 and ~7: 0.35 and
+0.32). The pool saves more than one process's imports because a process per job starts two per run (the
+training and the eval job), each paying the imports, submitit's start and the supervisor's polling.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ def test_failing_run_shows_failed_with_log_tail(tmp_path: Path, cluster: str) ->
     (run,) = wait(sweep).values()
     assert run.state == "failed"
     assert any("KLSWEEP-BOOM" in line for line in run.log_tail)
+    assert "Traceback (most recent call last)" in Path(run.log).read_text()  # in the run's own log
     # a failed run is not resubmitted unless asked
     assert submit.submit(plan, cluster, train_fn=jobs.ok_train).actions[run.run_id] == "skip-failed"
     assert (

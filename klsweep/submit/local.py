@@ -320,21 +320,21 @@ class LocalWorker:
                 pool.write(states)
             if not ready:
                 return
-            ok = self._run(pool, ready[0])
+            ok = self._run(pool, ready[0], env.job_id)
             with pool.lock:
                 states = pool.read()
                 pool.finish(states, ready[0], ok)
                 pool.write(states)
             ran += 1
         if self.only is not None:
-            ok = self._run(pool, self.only)
+            ok = self._run(pool, self.only, env.job_id)
             if env.global_rank == 0:
                 with pool.lock:
                     states = pool.read()
                     pool.finish(states, self.only, ok)
                     pool.write(states)
 
-    def _run(self, pool: _Pool, i: int) -> bool:
+    def _run(self, pool: _Pool, i: int, job_id: str) -> bool:
         """Run queued job ``i`` here; whether it succeeded (a failure is in its run's status and this log)."""
         it = pool.items[i]
         self._current = i
@@ -344,7 +344,12 @@ class LocalWorker:
             # a run that failed inside train_run returns its status: its eval does not follow
             return it["kind"] != "train" or _state(it["run_dir"]) in ("done", "diverged")
         except Exception:
+            at = (
+                joblogs.log_offsets()
+            )  # the traceback, after the job's part of the log was copied: the run's too
             traceback.print_exc()
+            sys.stderr.flush()
+            joblogs.copy_part(it["run_dir"], it["kind"], job_id, at)
             return False
         finally:
             self._current = None

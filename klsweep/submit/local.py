@@ -28,6 +28,7 @@ Debug: ``submit_debug`` runs every job in this process with submitit's ``DebugEx
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -243,13 +244,18 @@ def supervise(queue_path: str | Path) -> None:
         queue["setup"],
     )
     workers: dict[str, Any] = {}  # job id -> submitit job
+    states: list[dict[str, Any]] = []
     while True:
+        ended = [job_id for job_id, job in workers.items() if job.done()]
+        if not ended and len(workers) >= queue["max_jobs"]:
+            time.sleep(_POLL_S)  # every worker busy: they claim the next jobs themselves
+            continue
         with pool.lock:
             states = pool.read()
-            for job_id, job in list(workers.items()):
-                if job.done():
-                    del workers[job_id]
-                    _settle_dead_worker(pool, states, job_id)
+            before = copy.deepcopy(states)
+            for job_id in ended:
+                del workers[job_id]
+                _settle_dead_worker(pool, states, job_id)
             ready = pool.ready(states)
             solo = [i for i in ready if pool.solo(i)]  # a training job of several processes: its own worker
             for i in solo:
@@ -271,7 +277,8 @@ def supervise(queue_path: str | Path) -> None:
             for _ in range(starts):
                 job = ex.submit(LocalWorker(str(queue_path), os.getpid()))
                 workers[job.job_id] = job
-            pool.write(states)
+            if states != before:
+                pool.write(states)
         if not workers and all(s["state"] not in ("waiting", "claimed") for s in states):
             return
         time.sleep(_POLL_S)

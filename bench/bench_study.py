@@ -223,9 +223,9 @@ def main() -> None:
     print(f"One run of {args.grid.name} ({args.steps} steps), a fresh process, {os.cpu_count()} cores:")
     table(rows, ("phase", "wall s", "CPU s", "of run"))
     full = fixed + 300 * step
+    print(f"per-run fixed cost (all but the steps and the eval): {fixed:.1f} s; a step: {step * 1000:.0f} ms")
     print(
-        f"per-run fixed cost (all but the steps and the eval): {fixed:.1f} s; one step {step * 1000:.0f} ms; "
-        f"fixed cost of a 300-step run: {fixed / full:.0%} ({fixed:.1f} of {full:.1f} s), "
+        f"a 300-step run: {fixed / full:.0%} fixed cost ({fixed:.1f} of {full:.1f} s), "
         f"{(fixed + per_run_eval) / (full + per_run_eval):.0%} with its eval"
     )
 

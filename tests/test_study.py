@@ -12,7 +12,7 @@ from klsweep.study import run_study
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "sweeps" / "tiny.yaml"
-# k1 in the reward and in the loss, plus the no-KL baseline: 3 runs of 3 steps, 8 eval problems per task.
+# k1 in the reward, the loss and both, plus the no-KL baseline: 4 runs of 3 steps, 8 eval problems per task.
 SHORT = [
     "seed=0",
     "offpolicy.lag=0",
@@ -26,7 +26,7 @@ SHORT = [
 def _check_study(res, out: Path) -> None:
     sweep = out / "tiny"
     assert res.sweep_dir == sweep
-    assert len(res.runs) == 3
+    assert len(res.runs) == 4
     assert {r.state for r in res.runs} <= {"done", "diverged"}, [(r.run_id, r.state) for r in res.runs]
     # the status the study ends with is taken after the eval: its eval column is filled
     assert {r.eval_state for r in res.runs} == {"done"}, [(r.run_id, r.eval_state) for r in res.runs]
@@ -41,7 +41,7 @@ def _check_study(res, out: Path) -> None:
         assert logs == {"train.out", "train.err", "eval.out", "eval.err"}, run_dir
     assert list(sweep.glob("baseline/*/eval/*/step-0/results.json"))
     report = (sweep / "report" / "report.md").read_text()
-    for placement in ("reward", "loss", "no KL"):
+    for placement in ("reward", "loss", "both", "no KL"):
         assert placement in report
     assert "step-0" in report
     assert (sweep / "report" / "curves.png").stat().st_size > 10_000
@@ -59,7 +59,7 @@ def test_tiny_study_shortened_local(tmp_path: Path) -> None:
     mtimes = {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")}
     again = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md",))
     assert {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")} == mtimes
-    assert len(again.runs) == 3
+    assert len(again.runs) == 4
 
 
 @pytest.mark.slow

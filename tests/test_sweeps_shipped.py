@@ -58,10 +58,10 @@ def test_paper_sweep_is_the_study(tmp_path):
 
 def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
     """sweeps/tiny.yaml (the README's main job) is small; sweeps/tiny-full.yaml holds every one of its runs
-    (same run ids, so a full reproduction reuses them) and adds the "both" placement and beta 0.3."""
+    (same run ids, so a full reproduction reuses them) and adds beta 0.3."""
     main = grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path)
     full = grid.load_plan(REPO / "sweeps" / "tiny-full.yaml", out=tmp_path)
-    assert len(main.runs) == 50 and len(full.runs) == 130
+    assert len(main.runs) == 70 and len(full.runs) == 130
     assert {r.id for r in main.runs} < {r.id for r in full.runs}
     for plan in (main, full):
         assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}

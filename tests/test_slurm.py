@@ -149,7 +149,8 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
 
     wait_for(lambda: preemption_checkpoint() is not None, "the preemption save")
     saved = preemption_checkpoint()
-    assert saved is not None and store.checkpoint_step(saved) < steps  # the preemption save, not the final one
+    # the preemption save, not the final one
+    assert saved is not None and store.checkpoint_step(saved) < steps
     assert sorted(p.name for p in saved.glob("klsweep_buffers_rank*.pt")) == [
         "klsweep_buffers_rank0.pt",
         "klsweep_buffers_rank1.pt",

@@ -20,6 +20,7 @@ from pathlib import Path
 import launcher_jobs as jobs  # tests/ is on sys.path under pytest
 import pytest
 from clitools import cli
+from runfiles import TRAIN, write_config
 
 from klsweep import grid, job, store, submit
 from klsweep.errors import UserError
@@ -32,30 +33,6 @@ def model_dir(tmp_path_factory) -> Path:
     from klsweep.tinymodel import random_tiny_model
 
     return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-TRAIN = {  # a few fast steps of the untrained tiny model
-    "train.save_steps": 2,
-    "train.prompts_per_step": 2,
-    "train.group_size": 4,
-    "train.max_completion_length": 8,
-    "train.learning_rate": 1e-3,
-    "kl.beta": 0.1,
-    "wandb.mode": "disabled",
-}
-
-
-def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
-    from omegaconf import OmegaConf
-
-    from klsweep.config import RunConfig
-
-    config = OmegaConf.structured(RunConfig)
-    for key, value in {"name": "faults", "model.path": str(model_dir), **TRAIN, **values}.items():
-        OmegaConf.update(config, key, value)
-    resolved = OmegaConf.to_container(config)
-    job.write_run_config(run_dir, resolved)
-    return resolved
 
 
 def fixture_copy(tmp_path: Path) -> Path:

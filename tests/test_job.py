@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runfiles import write_config  # tests/ is on sys.path under pytest
 
 from klsweep import environment, job, store
 
@@ -21,32 +22,6 @@ def model_dir(tmp_path_factory) -> Path:
     from klsweep.tinymodel import random_tiny_model
 
     return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
-    from omegaconf import OmegaConf
-
-    from klsweep.config import RunConfig
-
-    config = OmegaConf.structured(RunConfig)
-    settings = {
-        "name": "jobtest",
-        "model.path": str(model_dir),
-        "train.steps": 3,
-        "train.save_steps": 2,
-        "train.prompts_per_step": 2,
-        "train.group_size": 4,
-        "train.max_completion_length": 8,
-        "train.learning_rate": 1e-3,
-        "kl.beta": 0.1,
-        "wandb.mode": "disabled",
-        **values,
-    }
-    for key, value in settings.items():
-        OmegaConf.update(config, key, value)
-    resolved = OmegaConf.to_container(config)
-    job.write_run_config(run_dir, resolved)
-    return resolved
 
 
 def length_reward(prompts, completions, answer, **kwargs) -> list[float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -224,6 +225,19 @@ class ClusterSection:
         {}, "any other sbatch option, verbatim (e.g. +cluster.additional_parameters.exclude=node13)"
     )
     setup: list[str] = key([], "shell lines run before each job (module load ...)")
+
+
+# A key of cluster.additional_parameters becomes `#SBATCH --<key>=<value>` (submitit; `_` as `-`): an sbatch
+# option's name and nothing else (a newline in it would be a line of the job's shell script).
+SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
+SBATCH_OPTION_ALLOWED = "an sbatch option's long name: a-z, then a-z 0-9 - _ (e.g. exclude, mail-type)"
+
+
+def sbatch_option_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a key of ``cluster.additional_parameters``, or None."""
+    if isinstance(name, str) and SBATCH_OPTION.fullmatch(name):
+        return None
+    return f"{name!r} is not an sbatch option name"
 
 
 @dataclass

@@ -391,7 +391,12 @@ MALFORMED = {
     "bad name characters": (
         "name: my sweep/1\ngrid:\n  seed: 1,2\n",
         [],
-        ["'my sweep/1' is not a valid sweep name", "letters, digits"],
+        ["'my sweep/1' is not a valid sweep name", "' ', '/' not allowed", "ASCII letters"],
+    ),
+    "non-ASCII letters in the name": (  # the message says which characters, and that letters means ASCII
+        "name: tïny-実験\ngrid:\n  seed: 1,2\n",
+        [],
+        ["'tïny-実験' is not a valid sweep name", "'ï', '実', '験' not allowed", "ASCII letters A-Z a-z"],
     ),
     "unknown top-level key": (
         "name: bad\ngrids:\n  seed: 1,2\n",
@@ -434,6 +439,15 @@ MALFORMED = {
             "unknown key 'kl.foo'",
             "schema is closed",
             "inside cluster.additional_parameters",
+        ],
+    ),
+    "sbatch option name holding a newline": (
+        'name: bad\nbase:\n  cluster.additional_parameters: {"comment=ok\\ntouch pwned\\n#": "1"}\n' + G[10:],
+        [],
+        [
+            "base.cluster.additional_parameters",
+            "'comment=ok\\ntouch pwned\\n#' is not an sbatch option name",
+            "a-z, then a-z 0-9 - _",
         ],
     ),
     "axis value is a mapping": (

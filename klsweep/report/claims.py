@@ -69,7 +69,8 @@ def _non_kl_axes(axes: list[str]) -> list[str]:
 
 
 def _kl_on(runs: pd.DataFrame) -> pd.Series:
-    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0)
+    # bool even when empty: an empty object Series would index columns, not rows (no run finished yet)
+    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0).astype(bool)
 
 
 def _is(runs: pd.DataFrame, estimator: str, placement: str) -> pd.Series:
@@ -135,7 +136,7 @@ def _unstable(runs: pd.DataFrame) -> pd.Series:
 def _on_policy(runs: pd.DataFrame) -> pd.Series:
     lag = runs["offpolicy.lag"].map(lambda v: float(_none(v) or 0))
     its = runs["offpolicy.num_iterations"].map(lambda v: float(_none(v) or 1))
-    return (lag == 0) & (its <= 1)
+    return ((lag == 0) & (its <= 1)).astype(bool)
 
 
 def _rate_claim(claim: str, a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from klsweep.config import tasks_per_node
+from klsweep.config import SBATCH_OPTION_ALLOWED, sbatch_option_problem, tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import _run_cmd, job_row, submission_folder
@@ -85,7 +85,14 @@ def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_jo
     if cl.get("setup"):
         p["setup"] = list(cl["setup"])
     if cl.get("additional_parameters"):
-        p["additional_parameters"] = dict(cl["additional_parameters"])
+        extra = dict(cl["additional_parameters"])
+        bad = [problem for k in extra if (problem := sbatch_option_problem(k))]
+        if bad:  # a config.yaml written by hand (the grid refuses these at plan time)
+            raise UserError(
+                [Problem("cluster.additional_parameters", b, SBATCH_OPTION_ALLOWED) for b in bad],
+                title="not an sbatch option",
+            )
+        p["additional_parameters"] = extra
     return p
 
 

@@ -531,3 +531,48 @@ def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypat
     assert "2 run(s)" in hint and "--retry-failed" in hint
     code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
     assert code == 0 and "2 skip-failed" in out and "rerun with --retry-failed" in out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 21: a corrupt latest checkpoint, a cancelled eval, a report before any run finished, slurmctld down,
+# an sbatch option name that is a shell line, a memory error under another error
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, model_dir):
+    """`klsweep train` killed (kill -9) after a few checkpoints, its newest model.safetensors cut short (a full
+    disk): the rerun resumed from it and failed (SafetensorError: invalid header length), then read
+    skip-failed. Now it resumes from the checkpoint before, says so in status.json, trains every step once."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 10, "train.save_steps": 2})
+    train = [sys.executable, "-m", "klsweep.cli", "train", str(run / store.CONFIG_FILE), "--run-dir", str(run)]
+    proc = subprocess.Popen(train, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start = time.time()
+    while len([c for c in store.checkpoints(run) if (c / job.TRAINER_STATE).exists()]) < 2:
+        assert proc.poll() is None and time.time() - start < 300, "it never saved two checkpoints"
+        time.sleep(0.1)
+    proc.kill()  # kill -9
+    proc.wait()
+    found = [c for c in store.checkpoints(run) if (c / job.TRAINER_STATE).exists()]
+    newest, before = found[-1], found[-2]
+    cut_in_half(newest / "model.safetensors")
+    assert "model.safetensors: cut short" in store.checkpoint_problem(newest)
+
+    done = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status = store.read_status(run)
+    assert status["state"] == "done"
+    (warning,) = [w for w in status["warnings"] if w.startswith("cannot resume")]
+    assert f"{newest} (model.safetensors: cut short" in warning and f"resuming from {before.name}" in warning
+    assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))  # each step once
+    assert (newest.parent / f"unusable-{newest.name}").is_dir()  # set aside, not deleted
+
+    # none usable: from step 0, with a warning, never a failed run
+    store.write_status(run, "running")
+    for checkpoint in store.checkpoints(run):
+        (checkpoint / store.FINAL_MARKER).unlink(missing_ok=True)
+        cut_in_half(checkpoint / "optimizer.pt")
+    status = job.train_run(run)
+    assert status["state"] == "done", status.get("error")
+    assert any("none usable: training from step 0" in w for w in status["warnings"])
+    assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))

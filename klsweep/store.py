@@ -281,7 +281,9 @@ def newest_usable(found: list[Path]) -> tuple[Path | None, list[tuple[Path, str]
     return None, unusable
 
 
-UNUSABLE_PREFIX = "unusable-"  # checkpoints/unusable-checkpoint-<step>: one set aside (``set_aside_checkpoint``)
+UNUSABLE_PREFIX = (
+    "unusable-"  # checkpoints/unusable-checkpoint-<step>: one set aside (``set_aside_checkpoint``)
+)
 
 
 def set_aside_checkpoint(checkpoint: str | os.PathLike) -> Path:

@@ -545,7 +545,15 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, mode
     skip-failed. Now it resumes from the checkpoint before, says so in status.json, trains every step once."""
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.steps": 10, "train.save_steps": 2})
-    train = [sys.executable, "-m", "klsweep.cli", "train", str(run / store.CONFIG_FILE), "--run-dir", str(run)]
+    train = [
+        sys.executable,
+        "-m",
+        "klsweep.cli",
+        "train",
+        str(run / store.CONFIG_FILE),
+        "--run-dir",
+        str(run),
+    ]
     proc = subprocess.Popen(train, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     start = time.time()
     while len([c for c in store.checkpoints(run) if (c / job.TRAINER_STATE).exists()]) < 2:
@@ -576,3 +584,47 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, mode
     assert status["state"] == "done", status.get("error")
     assert any("none usable: training from step 0" in w for w in status["warnings"])
     assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))
+
+
+def _controller_down(tmp_path: Path, monkeypatch) -> None:
+    """Slurm's commands of this test talk to a controller port nobody listens on (a copy of the cluster's
+    slurm.conf): the shared cluster goes on; accounting (slurmdbd) still answers."""
+    conf = Path(os.environ["SLURM_CONF"])
+    text = "".join(
+        line for line in conf.read_text().splitlines(keepends=True) if not line.startswith("SlurmctldPort")
+    )
+    down = tmp_path / "slurm-down.conf"
+    down.write_text(text + f"SlurmctldPort={closed_port()}\n")
+    monkeypatch.setenv("SLURM_CONF", str(down))
+
+
+@pytest.mark.slurm
+def test_an_unreachable_slurm_controller_is_named_fast_by_status_and_run(
+    tmp_path, model_dir, monkeypatch, capsys
+):
+    """slurmctld down: `status` said nothing of it (9.6 s for its first call), `run` took 31 s and then
+    blamed the user's cluster settings. Now both name the controller within seconds; run exits 2, writes
+    nothing."""
+    sweep = tmp_path / "ctld"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "slurm", train_fn=jobs.ok_train)
+    assert {r.state for r in submit.wait_until_final(sweep, poll_s=0.5, timeout_s=240)} == {"done"}
+
+    _controller_down(tmp_path, monkeypatch)
+    start = time.time()
+    code, out, err = cli(["status", sweep], monkeypatch, capsys)
+    assert time.time() - start < 5
+    assert code == 0 and "Traceback" not in err
+    assert "the Slurm controller does not answer" in " ".join(err.split()), err
+    assert plan.runs[0].id in out and "done" in out  # the runs still shown, from their files and accounting
+
+    g = tmp_path / "g.yaml"
+    g.write_text(REFUSED_GRID.format(model=model_dir).replace("  cluster.partition: no_such_partition\n", ""))
+    start = time.time()
+    code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert time.time() - start < 10
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, (out, err)
+    assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
+    assert "cluster settings" not in flat  # not the user's settings
+    assert not (tmp_path / "res" / "refused").exists()  # nothing half-written

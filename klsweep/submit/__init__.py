@@ -20,7 +20,14 @@ Two kinds of job: train a run, evaluate a run. What each runs lives below (``kls
 """
 
 from klsweep.submit.evals import EvalSubmission, submit_eval
-from klsweep.submit.state import RunStatus, cancel, final_summary, status, wait_until_final
+from klsweep.submit.state import (
+    RunStatus,
+    cancel,
+    final_summary,
+    scheduler_problem,
+    status,
+    wait_until_final,
+)
 from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
@@ -30,6 +37,7 @@ __all__ = [
     "cancel",
     "default_cluster",
     "final_summary",
+    "scheduler_problem",
     "status",
     "submit",
     "submit_eval",

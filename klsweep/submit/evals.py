@@ -17,7 +17,7 @@ from typing import Any
 from klsweep import evaluate, store
 from klsweep.errors import Problem
 from klsweep.submit import joblogs
-from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
+from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.sweep import CLUSTERS
 
@@ -67,6 +67,9 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
     if not runs:  # the baselines are those of the runs' models: none without runs
         return EvalSubmission(skipped=request.skipped)
     sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
+    down = controller_problem() if cluster == "slurm" else None
+    if down is not None:
+        raise SubmissionRefused(down, len(runs) + len(baselines), [])
     folder = submission_folder(sweep_dir)
     config = evaluate.run_config(runs[0])
     res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))

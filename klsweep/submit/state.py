@@ -33,6 +33,7 @@ from klsweep.submit.scheduler import (
     RUNNING_SLURM,
     JobState,
     cancel_rows,
+    controller_problem,
     job_states,
     key,
     latest_rows,
@@ -167,6 +168,15 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
                 )
             )
     return out
+
+
+def scheduler_problem(sweep_dir: str | Path) -> str | None:
+    """Why the scheduler cannot tell the sweep's jobs' states, for a line beside ``status``: the Slurm
+    controller does not answer (``scheduler.controller_problem``); None when it does or no job is Slurm's."""
+    if not any(r["cluster"] == "slurm" for r in latest_rows(Path(sweep_dir)).values()):
+        return None
+    problem = controller_problem()
+    return f"{problem}; job states are from Slurm's accounting (sacct), if it answers" if problem else None
 
 
 def _read_sweep_file(path: Path) -> dict[str, Any]:

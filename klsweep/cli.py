@@ -313,6 +313,8 @@ def report_command(
 
         for table in rich_tables(report, width=table_width(console)):
             console.print(table)
+    for line in report.missing:
+        _console(stderr=True).print(f"[yellow]missing[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for line in report.set_aside:
         _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for line in report.warnings:

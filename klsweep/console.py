@@ -286,10 +286,10 @@ def print_failures(console: Console, runs: list[RunStatus]) -> None:
     terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
     copied) and the log's last lines as written."""
     for r in sorted(runs, key=lambda r: r.run_id):
-        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state == "failed"
+        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state in ("failed", "partial")
         if r.state not in ("failed", "unreadable") and not failed_eval:
             continue
-        state = "eval failed" if failed_eval else r.state
+        state = f"eval {r.eval_state}" if failed_eval else r.state
         console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)
         why = r.eval_error if failed_eval else r.reason
         if why:

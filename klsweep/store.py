@@ -304,6 +304,22 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
     return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
+def final_checkpoint(run_dir: str | os.PathLike, status: dict[str, Any] | None = None) -> str | None:
+    """The checkpoint a finished run (done or diverged) ended at, which its eval scores: ``final_checkpoint``
+    in its status (a folder written before that key: ``checkpoint-<step>``); None while it has not finished.
+    ``status``: the run's, when already read."""
+    status = read_status(run_dir) if status is None else status
+    if status.get("state") not in ("done", "diverged"):
+        return None
+    return status.get("final_checkpoint") or (f"checkpoint-{status['step']}" if status.get("step") else None)
+
+
+def evaluated_checkpoints(run_dir: str | os.PathLike) -> list[str]:
+    """The checkpoints of a run that have eval results (under any eval settings), oldest first."""
+    names = {p.parent.name for p in (Path(run_dir) / EVAL_DIR).glob("*/*/results.json")}
+    return sorted(names, key=lambda n: (checkpoint_step(n) if n.rsplit("-", 1)[-1].isdigit() else -1, n))
+
+
 def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
     """The run folders of a sweep: every child holding a config.yaml, except baseline/ and report/."""
     d = Path(sweep_dir)

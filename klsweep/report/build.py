@@ -12,7 +12,15 @@ from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.report.audit_table import _audit_table
 from klsweep.report.claims import _claims_table, _comparisons_table
-from klsweep.report.data import ID_AVG, OOD_AVG, _attach_deltas, _attach_evals, _baseline, _load_runs
+from klsweep.report.data import (
+    ID_AVG,
+    OOD_AVG,
+    _attach_deltas,
+    _attach_evals,
+    _baseline,
+    _load_runs,
+    _missing,
+)
 from klsweep.report.figures import _plot_curves, _plot_eval
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, _reference_table
@@ -64,7 +72,9 @@ def build_report(
             title="nothing to report",
         )
     out.mkdir(parents=True, exist_ok=True)
-    chosen, in_domain, ood = _attach_evals(sweep, runs, eval_hash, set_aside)
+    missing: list[str] = []
+    chosen, in_domain, ood = _attach_evals(sweep, runs, eval_hash, set_aside, missing)
+    missing[:0] = _missing(runs, metrics, sweep)
     rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
         run: (
             int(c.get("train.collapse_window", WINDOW)),
@@ -96,6 +106,7 @@ def build_report(
         window=window,
         collapse_rules=set(rules.values()),
         set_aside=set_aside,
+        missing=missing,
     )
     report.paths += _plot_curves(report, metrics, out / "curves.png")
     report.paths += _plot_eval(report, out / "eval_bars.png")

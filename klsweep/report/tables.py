@@ -74,6 +74,7 @@ class Report:
     window: int = WINDOW
     collapse_rules: set[tuple[int, float]] = field(default_factory=set)  # (window, fraction) of the runs
     set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
+    missing: list[str] = field(default_factory=list)  # what is not there yet (runs unfinished, not scored)
     paths: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)

@@ -132,6 +132,8 @@ def wants_eval(run: Any) -> bool:
     return run.config.get("eval", {}).get("suite", "none") not in ("none", "", None)
 
 
-def has_eval_results(run_dir: Path) -> bool:
-    """Whether the run's eval job has written results (under any eval settings)."""
-    return any((run_dir / store.EVAL_DIR).glob("*/*/results.json"))
+def has_eval_results(run_dir: Path, status: dict[str, Any] | None = None) -> bool:
+    """Whether the run's eval is done: its final checkpoint (``store.final_checkpoint``) has results (under
+    any eval settings). Results of other checkpoints alone (an eval cancelled part-way) are not."""
+    final = store.final_checkpoint(run_dir, status)
+    return final is not None and final in store.evaluated_checkpoints(run_dir)

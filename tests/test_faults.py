@@ -6,6 +6,7 @@ What klsweep promises under faults: docs/FAULTS.md."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -628,3 +629,120 @@ def test_an_unreachable_slurm_controller_is_named_fast_by_status_and_run(
     assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
     assert "cluster settings" not in flat  # not the user's settings
     assert not (tmp_path / "res" / "refused").exists()  # nothing half-written
+
+
+@pytest.mark.slurm
+def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, model_dir, monkeypatch, capsys):
+    """`klsweep eval --checkpoints all` on Slurm, scancel of its job once some checkpoints are scored: status
+    said eval done (any results.json counted) and the report scored the run at that checkpoint beside others
+    at their last. Now the eval is partial until the run's final checkpoint is scored, and the report leaves
+    the run unscored and says so."""
+    sweep = tmp_path / "evalcut"
+    values = {"model.path": str(model_dir), **TRAIN, "train.steps": 8, "train.keep_checkpoints": None}
+    from omegaconf import OmegaConf
+
+    from klsweep import evaluate
+
+    suite = OmegaConf.to_container(OmegaConf.structured(evaluate.load_suite("tiny"))) | {"limit": 2}
+    plan = jobs.make_plan(sweep, [0, 1], **{**values, "eval": suite})
+    submit.submit(plan, "debug", chain_eval=False)  # trains both here: checkpoints 2, 4, 6, 8
+    whole, cut = plan.runs
+    assert [c.name for c in store.checkpoints(cut.run_dir)][-1] == "checkpoint-8"
+    assert not submit.submit_eval(whole.run_dir, cluster="debug").errors  # scored at its final checkpoint
+
+    res = submit.submit_eval(cut.run_dir, cluster="slurm", checkpoints="all")
+    (job_id,) = res.jobs
+    start = time.time()
+    while not store.evaluated_checkpoints(cut.run_dir):
+        assert time.time() - start < 400, "the eval job never scored a checkpoint"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], check=True)
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        time.sleep(0.5)
+    scored = store.evaluated_checkpoints(cut.run_dir)
+    assert scored and "checkpoint-8" not in scored, scored  # cancelled part-way
+
+    by_id = {r.run_id: r for r in submit.status(sweep)}
+    assert by_id[whole.id].eval_state == "done"
+    assert by_id[cut.id].eval_state == "partial"
+    assert "not the final checkpoint-8" in by_id[cut.id].eval_error
+    code, out, err = cli(["status", sweep, "--json"], monkeypatch, capsys)
+    assert code == 0 and '"eval_state": "partial"' in out
+
+    code, out, err = cli(["report", sweep, "--no-wandb"], monkeypatch, capsys)
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert f"run {cut.id}: not scored: {scored[0]}" in flat and "its final checkpoint-8 is not" in flat
+    from klsweep import report as rp
+
+    runs = rp.build_report(sweep, formats=("md",), wandb=False).runs.set_index("run")
+    assert runs.loc[whole.id, "eval_checkpoint"] == "checkpoint-8"
+    assert (
+        runs.loc[cut.id, "eval_checkpoint"] not in scored
+    )  # not scored at checkpoint-2 beside the other's -8
+    assert math.isnan(runs.loc[cut.id, "in-domain avg"])
+
+
+INJECTION_GRID = """\
+name: inject
+base:
+  cluster: slurm
+  model.path: {model}
+  cluster.additional_parameters: {{"comment=ok\\ntouch {pwned}\\n#": "1", exclude: node13}}
+grid:
+  seed: 0,1
+"""
+
+
+def test_an_sbatch_option_name_holding_a_shell_line_is_refused_at_plan_time(
+    tmp_path, model_dir, monkeypatch, capsys
+):
+    """A key of cluster.additional_parameters with a newline passed `plan` and `run` and became a line of the
+    sbatch script (the file was created, every later #SBATCH line ignored). Now plan and run refuse it, located,
+    exit 2, nothing written; and a hand-edited config.yaml holding one is refused where it reaches submitit."""
+    from klsweep.submit.slurm import slurm_parameters
+
+    pwned = tmp_path / "pwned"
+    g = tmp_path / "g.yaml"
+    g.write_text(INJECTION_GRID.format(model=model_dir, pwned=pwned))
+    for command in ("plan", "run"):
+        code, out, err = cli([command, g, "--out", tmp_path / "res"], monkeypatch, capsys)
+        flat = " ".join(err.split())
+        assert code == 2 and "Traceback" not in err, (out, err)
+        assert (
+            "g.yaml: base.cluster.additional_parameters:" in flat and "is not an sbatch option name" in flat
+        )
+        assert "1 problem" in flat  # exclude, a real option name, passes
+    assert not pwned.exists() and not (tmp_path / "res").exists()
+
+    with pytest.raises(UserError, match="is not an sbatch option name"):
+        slurm_parameters({}, {"additional_parameters": {"a\ntouch x": 1}}, "inject", eval_job=False)
+    params = slurm_parameters({}, {"additional_parameters": {"mail-type": "END"}}, "ok", eval_job=False)
+    assert params["additional_parameters"] == {"mail-type": "END"}
+
+
+def test_a_memory_error_under_another_error_is_the_reason(tmp_path):
+    """A RAM-starved worker failed with "Failed to import trl..." (transformers' lazy import raises that from
+    the MemoryError): the reason now says out of memory first. Likewise torch's allocator failing (as under
+    `ulimit -v`), and an OSError ENOMEM."""
+    from klsweep.errors import describe
+
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as e:
+            raise RuntimeError(
+                "Failed to import trl.trainer.grpo_trainer because of the following error (look up to see its "
+                "traceback):\nerror return without exception set"
+            ) from e
+    except RuntimeError as e:
+        reason = describe(e)
+    assert reason.startswith("out of memory: MemoryError (raised as RuntimeError: Failed to import trl")
+
+    import torch
+
+    with pytest.raises(RuntimeError) as alloc:
+        torch.empty(2**62, dtype=torch.uint8)  # the allocator's own error, not a MemoryError
+    assert describe(alloc.value).startswith("out of memory: RuntimeError:")
+    assert describe(OSError(12, "Cannot allocate memory")).startswith("out of memory: OSError")
+    assert describe(ValueError("a value")) == "ValueError: a value"  # others as before

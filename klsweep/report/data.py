@@ -224,7 +224,9 @@ def _attach_evals(
             other.setdefault(run, []).append(str(res.get("checkpoint")))
     for run, names in sorted(other.items()):
         if run not in last:
-            final = f"its final {finals[run]} is not" if finals[run] else "it has not finished, so none is final"
+            final = (
+                f"its final {finals[run]} is not" if finals[run] else "it has not finished, so none is final"
+            )
             missing.append(
                 f"run {run}: not scored: {', '.join(sorted(names))} scored under {chosen}, {final} "
                 f"(`klsweep eval {sweep}` scores it)"
@@ -273,7 +275,9 @@ def _missing(runs: pd.DataFrame, metrics: pd.DataFrame, sweep: Path) -> list[str
     if not len(metrics):
         lines.append("no metrics yet (no training step written): no curves, no stability figures")
     if runs["eval_checkpoint"].isna().all():
-        lines.append(f"no run scored yet: evals follow training (`klsweep eval {sweep}` scores the finished runs)")
+        lines.append(
+            f"no run scored yet: evals follow training (`klsweep eval {sweep}` scores the finished runs)"
+        )
     return lines
 
 

@@ -16,6 +16,7 @@ Layout (one sweep)::
             metrics.jsonl          one JSON object per optimiser step (the report's source of truth)
             checkpoints/checkpoint-<step>/   Hugging Face format (lm-eval loads it) + trainer state; the newest
                                      train.keep_checkpoints; the last holds FINAL_MARKER (done|diverged)
+            checkpoints/unusable-checkpoint-<step>/   one cut short, set aside by a resume (checkpoint_problem)
             eval/<eval-hash>/<checkpoint-name>/results.json, samples_<task>.jsonl, results_<date>.json
                                    (lm-eval's own results file)
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)

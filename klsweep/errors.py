@@ -52,16 +52,18 @@ def describe(error: BaseException, max_lines: int = 3, max_chars: int = 300) -> 
     text = _one_line(error, max_lines)
     memory = memory_error(error)
     if memory is not None:
-        text = "out of memory: " + (
-            text if memory is error else f"{_one_line(memory, max_lines)} (raised as {text})"
-        )
+        said = "out of memory (or of threads): " if _NO_THREAD in str(memory) else "out of memory: "
+        text = said + (text if memory is error else f"{_one_line(memory, max_lines)} (raised as {text})")
     return text if len(text) <= max_chars else text[: max_chars - 3].rstrip() + "..."
 
 
 # What a failed allocation says when it is not a MemoryError: torch's CPU allocator, CUDA, the dynamic loader
-# under `ulimit -v` (a shared library that cannot be mapped), a C library's ENOMEM.
+# under `ulimit -v` (a shared library that cannot be mapped), a C library's ENOMEM; and Python when a thread's
+# stack cannot be mapped (under `ulimit -v`; also at a limit on threads, so said as either).
+_NO_THREAD = "can't start new thread"
 _MEMORY_TEXTS = re.compile(
-    r"can't allocate memory|cannot allocate memory|out of memory|failed to map segment from shared object",
+    r"can't allocate memory|cannot allocate memory|out of memory|failed to map segment from shared object|"
+    + re.escape(_NO_THREAD),
     re.IGNORECASE,
 )
 

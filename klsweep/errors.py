@@ -52,40 +52,46 @@ def describe(error: BaseException, max_lines: int = 3, max_chars: int = 300) -> 
     text = _one_line(error, max_lines)
     memory = memory_error(error)
     if memory is not None:
-        said = "out of memory (or of threads): " if _NO_THREAD in str(memory) else "out of memory: "
+        hedge = next((h for words, h in _MAYBE_MEMORY.items() if re.search(words, str(memory))), "")
+        said = f"out of memory{hedge}: "
         text = said + (text if memory is error else f"{_one_line(memory, max_lines)} (raised as {text})")
     return text if len(text) <= max_chars else text[: max_chars - 3].rstrip() + "..."
 
 
 # What a failed allocation says when it is not a MemoryError: torch's CPU allocator, CUDA, the dynamic loader
-# under `ulimit -v` (a shared library that cannot be mapped), a C library's ENOMEM; and Python when a thread's
-# stack cannot be mapped (under `ulimit -v`; also at a limit on threads, so said as either).
-_NO_THREAD = "can't start new thread"
+# under `ulimit -v` (a shared library that cannot be mapped), a C library's ENOMEM. And, said with a hedge
+# (_MAYBE_MEMORY), what Python says when a thread's stack cannot be mapped (also at a limit on threads) and
+# when a C function failed without raising (CPython out of memory mid-import; also a faulty extension).
+_MAYBE_MEMORY = {
+    r"can't start new thread": " (or of threads)",
+    r"without (setting an )?exception set|returned NULL without setting an exception": " (likely)",
+}
 _MEMORY_TEXTS = re.compile(
-    r"can't allocate memory|cannot allocate memory|out of memory|failed to map segment from shared object|"
-    + re.escape(_NO_THREAD),
+    r"can't allocate memory|cannot allocate memory|out of memory|failed to map segment from shared object",
     re.IGNORECASE,
 )
 
 
 def memory_error(error: BaseException) -> BaseException | None:
     """The first memory error in ``error``'s chain (itself, then its ``__cause__`` / ``__context__``): a
-    ``MemoryError``, an ``OSError`` with ENOMEM, or an error whose message says an allocation failed; None."""
-    seen: set[int] = set()
+    ``MemoryError``, an ``OSError`` with ENOMEM, or an error whose message says an allocation failed; else
+    the first whose message says what a memory error may cause (``_MAYBE_MEMORY``); None."""
+    chain: list[BaseException] = []
     todo: list[BaseException] = [error]
     while todo:
         e = todo.pop(0)
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if (
-            isinstance(e, MemoryError)
-            or (isinstance(e, OSError) and e.errno == errno.ENOMEM)
-            or _MEMORY_TEXTS.search(str(e))
-        ):
-            return e
-        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
-    return None
+        if all(e is not c for c in chain):
+            chain.append(e)
+            todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    sure = (
+        e
+        for e in chain
+        if isinstance(e, MemoryError)
+        or (isinstance(e, OSError) and e.errno == errno.ENOMEM)
+        or _MEMORY_TEXTS.search(str(e))
+    )
+    maybe = (e for e in chain if any(re.search(words, str(e)) for words in _MAYBE_MEMORY))
+    return next(sure, None) or next(maybe, None)
 
 
 def _one_line(error: BaseException, max_lines: int) -> str:

@@ -323,7 +323,7 @@ def report_command(
         console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)
 
 
-# --- eval (klsweep/evaluate.py, submitted by klsweep/submit/) --------------------------------------------
+# --- eval (klsweep/evaluate/, submitted by klsweep/submit/) --------------------------------------------
 
 
 @app.command("eval")

@@ -175,7 +175,7 @@ def test_audit_table_uses_each_runs_settings():
     off-policy verdict."""
     import pandas as pd
 
-    from klsweep.report.audit_table import _audit_table
+    from klsweep.report.audit_table import audit_table
 
     def run(config, **kw):
         base = {
@@ -206,7 +206,7 @@ def test_audit_table_uses_each_runs_settings():
             run(6, **{"train.group_size": 64}),
         ]
     )
-    a = _audit_table(runs)
+    a = audit_table(runs)
     by = {
         (r["reward mode"], r["G"], r["scale_rewards"], r["loss type"], r["sampling"]): r
         for _, r in a.iterrows()

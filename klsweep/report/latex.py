@@ -29,12 +29,12 @@ from klsweep.report.tables import (
     SHORT,
     TITLES,
     Report,
-    _captions,
-    _fixed_text,
-    _labelled_axes,
-    _numeric_columns,
-    _status_text,
-    _view,
+    captions,
+    fixed_text,
+    labelled_axes,
+    numeric_columns,
+    status_text,
+    view,
 )
 
 if TYPE_CHECKING:
@@ -204,20 +204,20 @@ def _cell(value: str, bold: bool) -> str:
 
 
 def _paper_view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The columns of ``_view`` a paper table keeps, and the caption sentences for what it leaves out."""
-    cells, bold = _view(report, table)
+    """The columns of ``view`` a paper table keeps, and the caption sentences for what it leaves out."""
+    cells, bold = view(report, table)
     notes: list[str] = []
     drop: list[str] = []
-    labelled = [SHORT.get(a, a) for a in _labelled_axes(report.runs, report.axes)]
+    labelled = [SHORT.get(a, a) for a in labelled_axes(report.runs, report.axes)]
     if table in ("main", "stability") and report.axes:
         drop += [SHORT.get(a, a) for a in report.axes if SHORT.get(a, a) not in labelled]
-        fixed = _fixed_text(report.runs, report.axes)
+        fixed = fixed_text(report.runs, report.axes)
         if fixed:
             notes.append(f"Not shown: {fixed}.")
     if table in ("main", "stability"):
         drop.append("status")
         states = list(report.runs["state"])
-        notes.append(f"Runs: {_status_text(states)}.")
+        notes.append(f"Runs: {status_text(states)}.")
     if table == "main":
         drop += [D_ID, D_OOD, f"{ID_AVG} {SE}", f"{OOD_AVG} {SE}"]
         notes.append("The mean per-run eval stderr of each configuration: report.md.")
@@ -258,7 +258,7 @@ def _groups(report: Report, table: str, columns: list[str]) -> list[tuple[str, i
 
 def _tabular(cells: pd.DataFrame, bold: pd.DataFrame, groups: list[tuple[str, int, int]]) -> list[str]:
     columns = list(cells.columns)
-    numeric = _numeric_columns(cells)
+    numeric = numeric_columns(cells)
     lines = [f"\\begin{{tabular}}{{{''.join('r' if n else 'l' for n in numeric)}}}", r"\toprule"]
     if groups:
         row, rules, col = [], [], 0
@@ -275,15 +275,15 @@ def _tabular(cells: pd.DataFrame, bold: pd.DataFrame, groups: list[tuple[str, in
     return lines
 
 
-def _sections(report: Report) -> list[str]:
+def latex_sections(report: Report) -> list[str]:
     return ["main", "stability", "audit"] + (["reference"] if len(report.reference) else [])
 
 
 def write_latex(report: Report) -> list[Path]:
     """One ``table`` float per table (``<table>.tex``); see the module docstring."""
-    caps = _captions(report)
+    caps = captions(report)
     paths = []
-    for t in _sections(report):
+    for t in latex_sections(report):
         cells, bold, notes = _paper_view(report, t)
         caption = " ".join([f"{TITLES[t]}. {caps[t]}", *notes])
         tex = [

@@ -1,14 +1,14 @@
 """The tables of a report, as numbers (``Report``) and as the formatted views every renderer prints.
 
 - Configurations: the runs grouped by the values of the configuration axes, numbered in sorted order and
-  labelled (``_label_configs``).
+  labelled (``label_configs``).
 - The main table (``main``): one row per configuration (its axes values), each in-domain and out-of-domain
   metric as mean ± the half-width of its t-based 95% CI over the seeds evaluated (``statistics.py``), the mean
   per-run eval stderr of each average, ``n`` = seeds evaluated / seeds, the in-domain and OOD
   averages and their change (Δ) from the step-0 baseline of the same model.
 - The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
   ``kl_k3``, and the forward KL(ref||pi): ``kl_forward``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
-- Views (``_view``, ``_runs_view``, ``TITLES``, ``_captions``): each table (the audit and reference tables too)
+- Views (``view``, ``runs_view``, ``TITLES``, ``captions``): each table (the audit and reference tables too)
   as string cells and a bold mask (the best mean of a main column, only when significantly better than every
   other), with its title and caption; md, LaTeX,
   HTML and the terminal all print these.
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from klsweep import store
 from klsweep.collapse import MIN_PEAK
 from klsweep.config import NO_KL
-from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, _none
-from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, _object_series, rule_text
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
+from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series, rule_text
 from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
 
 if TYPE_CHECKING:
@@ -79,29 +79,29 @@ class Report:
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
 
 
-def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+def sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Configuration order: numbers before names, "no KL" after the KL configurations."""
     return tuple((v is None, v == NO_KL, isinstance(v, str), v if v is not None else 0) for v in values)
 
 
-def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+def label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     """Adds ``config`` (0.. in sorted axis order) and ``label`` ("estimator=k1, placement=reward, ...")."""
     keys = (
-        [tuple(_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
+        [tuple(nan_to_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
         if axes
         else [()] * len(runs)
     )
-    order = {k: i for i, k in enumerate(sorted(set(keys), key=_sort_key))}
+    order = {k: i for i, k in enumerate(sorted(set(keys), key=sort_key))}
     runs["config"] = [order[k] for k in keys]
     runs["label"] = [
-        ", ".join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
+        ", ".join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
         for k in keys
     ]
     return runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
 
 
-def _fmt_value(v: Any) -> str:
-    v = _none(v)
+def fmt_value(v: Any) -> str:
+    v = nan_to_none(v)
     if v is None:
         return DASH
     if isinstance(v, float):
@@ -109,7 +109,7 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def _status_text(states: Sequence[str]) -> str:
+def status_text(states: Sequence[str]) -> str:
     counts = {s: 0 for s in store.STATES}
     for s in states:
         counts[s] = counts.get(s, 0) + 1
@@ -129,7 +129,7 @@ def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
         df["configuration"] = "all runs"
     df["label"] = first["label"]
     df["runs"] = g.size()
-    df["status"] = g["state"].agg(lambda s: _status_text(list(s)))
+    df["status"] = g["state"].agg(lambda s: status_text(list(s)))
     return df
 
 
@@ -144,7 +144,7 @@ def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
         df[f"{c} ci"] = g[c].agg(lambda s: t_interval(list(s))[1])
 
 
-def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
@@ -180,7 +180,7 @@ def _range_text(s: pd.Series) -> str:
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
-def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+def stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["with metrics"] = g["has_metrics"].sum()
@@ -188,17 +188,17 @@ def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
     div = runs[runs["state"] == "diverged"]
     notes = [
-        f"step {_fmt_value(_int_or_none(step))}" + (f": {reason}" if _none(reason) else "")
+        f"step {fmt_value(_int_or_none(step))}" + (f": {reason}" if nan_to_none(reason) else "")
         for step, reason in zip(div["diverged_step"], div["reason"], strict=True)
     ]
-    df["diverged at"] = _object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
+    df["diverged at"] = object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
     df["diverged at"] = df["diverged at"].fillna("")
     df["collapsed"] = g["collapsed"].sum().astype(int)
     df["collapsed at"] = g["collapse_step"].agg(lambda s: ", ".join(str(int(x)) for x in s.dropna()))
     return df.reset_index(drop=True)
 
 
-def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
+def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct environment the runs recorded (``env.json``; ``klsweep/environment.py``): its
     fields and how many runs trained in it ("runs"); the runs with none recorded are one row of "—"."""
     import json
@@ -220,7 +220,7 @@ def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _int_or_none(v: Any) -> int | None:
-    v = _none(v)
+    v = nan_to_none(v)
     return None if v is None else int(v)
 
 
@@ -236,7 +236,7 @@ def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, s
     return s
 
 
-def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells as strings, bold mask) of one table."""
     import pandas as pd
 
@@ -244,7 +244,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     if table == "main":
         df = report.main
         metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
-        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
         out["status"] = df["status"]
         out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
         out["step"] = df["eval step"]
@@ -261,7 +261,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
             base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
             if "model" in base:
-                base["model"] = report.baseline["model.name"].map(_fmt_value).to_numpy()
+                base["model"] = report.baseline["model.name"].map(fmt_value).to_numpy()
             base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = (
                 "step-0 baseline"
             )
@@ -277,7 +277,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return out, bold
     if table == "stability":
         df = report.stability
-        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
+        out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
         out["status"] = df["status"]
         for c in STABILITY_STATS:
             out[c] = [
@@ -299,7 +299,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
             out[c] = [_cell(v) for v in df[c]]
         for c in ("beta", "G"):
-            out[c] = df[c].map(_fmt_value)
+            out[c] = df[c].map(fmt_value)
         bold = pd.DataFrame(False, index=out.index, columns=out.columns)
         bold["unbiased"] = df["unbiased"] == "yes"
         return out.astype(str), bold
@@ -334,7 +334,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                 ],
                 "t": [_cell(v) if v == v else DASH for v in df["t"]],
                 "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
-                "p": [_p(v) for v in df["p"]],
+                "p": [fmt_p(v) for v in df["p"]],
                 "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
             }
         )
@@ -349,7 +349,7 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "verdict": df["verdict"],
                 "test": df["test"],
                 "statistic": [_cell(v) for v in df["statistic"]],
-                "p": [_p(v) for v in df["p_value"]],
+                "p": [fmt_p(v) for v in df["p_value"]],
                 "n": df["n"].astype(str),
                 "detail": df["detail"],
             }
@@ -361,41 +361,41 @@ def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         df = report.environment.astype(object)
         out = pd.DataFrame({"field": [str(c) for c in df.columns]})
         for i in range(len(df)):
-            out[f"environment {i + 1}"] = [_fmt_value(v) for v in df.iloc[i]]
+            out[f"environment {i + 1}"] = [fmt_value(v) for v in df.iloc[i]]
         return out, pd.DataFrame(False, index=out.index, columns=out.columns)
     raise ValueError(table)
 
 
-def _p(v: float) -> str:
+def fmt_p(v: float) -> str:
     """A p-value: three significant digits, "<0.001" below that, "—" when undefined."""
     if v is None or v != v:
         return DASH
     return "<0.001" if v < 0.001 else f"{v:.3f}"
 
 
-def _runs_view(report: Report) -> pd.DataFrame:
+def runs_view(report: Report) -> pd.DataFrame:
     import pandas as pd
 
     r = report.runs
     out = pd.DataFrame(
-        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(_fmt_value), "state": r["state"]}
+        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(fmt_value), "state": r["state"]}
     )
     out["step"] = [
-        f"{_fmt_value(_int_or_none(s))}/{_fmt_value(_int_or_none(t))}"
+        f"{fmt_value(_int_or_none(s))}/{fmt_value(_int_or_none(t))}"
         for s, t in zip(r["step"], r["total_steps"], strict=True)
     ]
     out["eval"] = [  # which checkpoint each run's numbers come from
-        _fmt_value(c) + (" (diverged)" if f == "diverged" else "")
+        fmt_value(c) + (" (diverged)" if f == "diverged" else "")
         for c, f in zip(r["eval_checkpoint"], r["eval_final_state"], strict=True)
     ]
     out[ID_AVG] = [_cell(v) for v in r[ID_AVG]]
     out[OOD_AVG] = [_cell(v) for v in r[OOD_AVG]]
     out["final reward"] = [_cell(v) for v in r["final reward"]]
-    out["collapsed at"] = r["collapse_step"].map(lambda v: _fmt_value(_int_or_none(v)))
+    out["collapsed at"] = r["collapse_step"].map(lambda v: fmt_value(_int_or_none(v)))
     out["note"] = [
-        f"diverged at step {_fmt_value(_int_or_none(d))}: {_fmt_value(x)}"
+        f"diverged at step {fmt_value(_int_or_none(d))}: {fmt_value(x)}"
         if s == "diverged"
-        else (_fmt_value(x) if s == "failed" else "")
+        else (fmt_value(x) if s == "failed" else "")
         for s, d, x in zip(r["state"], r["diverged_step"], r["reason"], strict=True)
     ]
     return out
@@ -412,7 +412,7 @@ TITLES = {
 }
 
 
-def _captions(report: Report) -> dict[str, str]:
+def captions(report: Report) -> dict[str, str]:
     h = report.eval_hash or "none"
     return {
         "main": (
@@ -467,25 +467,25 @@ def _captions(report: Report) -> dict[str, str]:
 KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance")
 
 
-def _kl_on(runs: pd.DataFrame) -> pd.Series:
+def kl_on(runs: pd.DataFrame) -> pd.Series:
     """Per run: whether it trains with a KL term (beta > 0)."""
-    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0)
+    return runs["kl.beta"].map(lambda b: nan_to_none(b) is not None and float(b) != 0)
 
 
-def _labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
+def labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
     """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
     because the runs without KL (beta = 0) show it as "no KL" (e.g. level "token" for every KL run)."""
-    on = runs[_kl_on(runs)]
-    return [a for a in axes if a not in KL_KEYS or on[a].map(_fmt_value).nunique() > 1]
+    on = runs[kl_on(runs)]
+    return [a for a in axes if a not in KL_KEYS or on[a].map(fmt_value).nunique() > 1]
 
 
-def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
+def fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
     """What the labels leave out: "level = token, beta = 0.1 in every run with KL" (or "")."""
-    on = runs[_kl_on(runs)]
-    fixed = [a for a in axes if a not in _labelled_axes(runs, axes) and len(on)]
+    on = runs[kl_on(runs)]
+    fixed = [a for a in axes if a not in labelled_axes(runs, axes) and len(on)]
     if not fixed:
         return ""
-    values = ", ".join(f"{SHORT.get(a, a)} = {_fmt_value(on[a].iloc[0])}" for a in fixed)
+    values = ", ".join(f"{SHORT.get(a, a)} = {fmt_value(on[a].iloc[0])}" for a in fixed)
     return f"{values} in every run with KL"
 
 
@@ -493,7 +493,7 @@ def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
 _NUMERIC = re.compile(r"^[+\-−]?\d[\d.]*(e[+-]?\d+)?(/\d+|–\d+)?( ± [\d.]+)?( \(.*\))?$")
 
 
-def _numeric_columns(cells: pd.DataFrame) -> list[bool]:
+def numeric_columns(cells: pd.DataFrame) -> list[bool]:
     """Per column of a view: every cell a number (or "—"): the columns HTML and LaTeX right-align."""
     return [
         bool(len(cells))

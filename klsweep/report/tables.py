@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -236,134 +236,188 @@ def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, s
     return s
 
 
-def view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells as strings, bold mask) of one table."""
+def _config_columns(report: Report) -> list[str]:
+    return [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+
+
+def _no_bold(out: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
-    cfg_cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
-    if table == "main":
-        df = report.main
-        metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
-        out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
-        out["status"] = df["status"]
-        out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
-        out["step"] = df["eval step"]
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        for c in metric_cols:
-            out[c] = [
-                _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
-                for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
-            ]
-            bold[c] = _significant_best(report, c)
+    return pd.DataFrame(False, index=out.index, columns=out.columns)
+
+
+def _main_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The main table: per configuration, each eval task's score, the averages with their CIs and the Δ from
+    the step-0 baseline (whose rows come first); the significantly best values bold."""
+    import pandas as pd
+
+    cfg_cols = _config_columns(report)
+    df = report.main
+    metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
+    out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
+    out["status"] = df["status"]
+    out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
+    out["step"] = df["eval step"]
+    bold = _no_bold(out)
+    for c in metric_cols:
+        out[c] = [
+            _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
+            for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
+        ]
+        bold[c] = _significant_best(report, c)
+    for c in (ID_AVG, OOD_AVG):
+        out[f"{c} {SE}"] = [_cell(v) for v in df[f"{c} {SE}"]]
+        bold[f"{c} {SE}"] = False
+    if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
+        base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
+        if "model" in base:
+            base["model"] = report.baseline["model.name"].map(fmt_value).to_numpy()
+        base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = "step-0 baseline"
+        base["status"] = "baseline"
+        for c in metric_cols[:-2]:
+            base[c] = [_cell(v) for v in report.baseline[c]]
         for c in (ID_AVG, OOD_AVG):
-            out[f"{c} {SE}"] = [_cell(v) for v in df[f"{c} {SE}"]]
-            bold[f"{c} {SE}"] = False
-        if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
-            base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
-            if "model" in base:
-                base["model"] = report.baseline["model.name"].map(fmt_value).to_numpy()
-            base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = (
-                "step-0 baseline"
-            )
-            base["status"] = "baseline"
-            for c in metric_cols[:-2]:
-                base[c] = [_cell(v) for v in report.baseline[c]]
-            for c in (ID_AVG, OOD_AVG):
-                base[f"{c} {SE}"] = DASH
-            out = pd.concat([base, out], ignore_index=True)
-            bold = pd.concat(
-                [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
-            )
-        return out, bold
-    if table == "stability":
-        df = report.stability
-        out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
-        out["status"] = df["status"]
-        for c in STABILITY_STATS:
-            out[c] = [
-                _cell(m, s, n, w)
-                for m, s, n, w in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["with metrics"], strict=True)
-            ]
-        out["diverged"] = [
-            f"{d}/{r}" + (f" ({a})" if a else "")
-            for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
+            base[f"{c} {SE}"] = DASH
+        out = pd.concat([base, out], ignore_index=True)
+        bold = pd.concat(
+            [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
+        )
+    return out, bold
+
+
+def _stability_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The stability table: per configuration, each statistic with its CI, divergences and collapses."""
+    import pandas as pd
+
+    cfg_cols = _config_columns(report)
+    df = report.stability
+    out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
+    out["status"] = df["status"]
+    for c in STABILITY_STATS:
+        out[c] = [
+            _cell(m, s, n, w)
+            for m, s, n, w in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["with metrics"], strict=True)
         ]
-        out["collapsed"] = [
-            f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
-            for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
-        ]
-        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
-    if table == "audit":
-        df = report.audit
-        out = df.astype(object)
-        for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
-            out[c] = [_cell(v) for v in df[c]]
-        for c in ("beta", "G"):
-            out[c] = df[c].map(fmt_value)
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["unbiased"] = df["unbiased"] == "yes"
-        return out.astype(str), bold
-    if table == "reference":
-        df = report.reference
-        out = pd.DataFrame(
-            {
-                "model": df["model"],
-                "estimator": df["estimator"],
-                "placement": df["placement"],
-                "eval": df["eval"],
-                "paper": [f"{v:.3f}" for v in df["paper"]],
-                "ours": [
-                    _cell(m, s, n, n) + f" (n={n})"
-                    for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
-                ],
-                "our configuration": df["configuration"],
-                "our eval task": df["task"],
-            }
-        )
-        return out.astype(str), pd.DataFrame(False, index=out.index, columns=out.columns)
-    if table == "comparisons":
-        df = report.comparisons
-        out = pd.DataFrame(
-            {
-                "configuration": df["configuration"],
-                "reference": df["reference"],
-                "metric": df["metric"],
-                "difference": [
-                    _cell(d, h, signed=True)
-                    for d, h in zip(df["difference"], df["difference ci"], strict=True)
-                ],
-                "t": [_cell(v) if v == v else DASH for v in df["t"]],
-                "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
-                "p": [fmt_p(v) for v in df["p"]],
-                "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
-            }
-        )
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["p"] = df["p"] < ALPHA
-        return out.astype(str), bold
-    if table == "claims":
-        df = report.claims
-        out = pd.DataFrame(
-            {
-                "claim": df["claim"],
-                "verdict": df["verdict"],
-                "test": df["test"],
-                "statistic": [_cell(v) for v in df["statistic"]],
-                "p": [fmt_p(v) for v in df["p_value"]],
-                "n": df["n"].astype(str),
-                "detail": df["detail"],
-            }
-        )
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["verdict"] = df["verdict"] == "supported"
-        return out.astype(str), bold
-    if table == "environment":
-        df = report.environment.astype(object)
-        out = pd.DataFrame({"field": [str(c) for c in df.columns]})
-        for i in range(len(df)):
-            out[f"environment {i + 1}"] = [fmt_value(v) for v in df.iloc[i]]
-        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
-    raise ValueError(table)
+    out["diverged"] = [
+        f"{d}/{r}" + (f" ({a})" if a else "")
+        for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
+    ]
+    out["collapsed"] = [
+        f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
+        for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
+    ]
+    return out, _no_bold(out)
+
+
+def _audit_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The KL gradient audit: unbiased configurations bold."""
+    df = report.audit
+    out = df.astype(object)
+    for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
+        out[c] = [_cell(v) for v in df[c]]
+    for c in ("beta", "G"):
+        out[c] = df[c].map(fmt_value)
+    bold = _no_bold(out)
+    bold["unbiased"] = df["unbiased"] == "yes"
+    return out.astype(str), bold
+
+
+def _reference_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study's reported numbers beside ours."""
+    import pandas as pd
+
+    df = report.reference
+    out = pd.DataFrame(
+        {
+            "model": df["model"],
+            "estimator": df["estimator"],
+            "placement": df["placement"],
+            "eval": df["eval"],
+            "paper": [f"{v:.3f}" for v in df["paper"]],
+            "ours": [
+                _cell(m, s, n, n) + f" (n={n})"
+                for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
+            ],
+            "our configuration": df["configuration"],
+            "our eval task": df["task"],
+        }
+    )
+    return out.astype(str), _no_bold(out)
+
+
+def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each configuration against its references: Welch's test; a significant p bold."""
+    import pandas as pd
+
+    df = report.comparisons
+    out = pd.DataFrame(
+        {
+            "configuration": df["configuration"],
+            "reference": df["reference"],
+            "metric": df["metric"],
+            "difference": [
+                _cell(d, h, signed=True) for d, h in zip(df["difference"], df["difference ci"], strict=True)
+            ],
+            "t": [_cell(v) if v == v else DASH for v in df["t"]],
+            "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
+            "p": [fmt_p(v) for v in df["p"]],
+            "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
+        }
+    )
+    bold = _no_bold(out)
+    bold["p"] = df["p"] < ALPHA
+    return out.astype(str), bold
+
+
+def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study's claims with their verdicts; a supported one bold."""
+    import pandas as pd
+
+    df = report.claims
+    out = pd.DataFrame(
+        {
+            "claim": df["claim"],
+            "verdict": df["verdict"],
+            "test": df["test"],
+            "statistic": [_cell(v) for v in df["statistic"]],
+            "p": [fmt_p(v) for v in df["p_value"]],
+            "n": df["n"].astype(str),
+            "detail": df["detail"],
+        }
+    )
+    bold = _no_bold(out)
+    bold["verdict"] = df["verdict"] == "supported"
+    return out.astype(str), bold
+
+
+def _environment_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The Environment table: one column per distinct environment the runs trained in."""
+    import pandas as pd
+
+    df = report.environment.astype(object)
+    out = pd.DataFrame({"field": [str(c) for c in df.columns]})
+    for i in range(len(df)):
+        out[f"environment {i + 1}"] = [fmt_value(v) for v in df.iloc[i]]
+    return out, _no_bold(out)
+
+
+# table name -> its view: (cells as strings, bold mask), what every renderer prints
+VIEWS: dict[str, Callable[[Report], tuple[pd.DataFrame, pd.DataFrame]]] = {
+    "main": _main_view,
+    "stability": _stability_view,
+    "audit": _audit_view,
+    "reference": _reference_view,
+    "comparisons": _comparisons_view,
+    "claims": _claims_view,
+    "environment": _environment_view,
+}
+
+
+def view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells as strings, bold mask) of one table."""
+    if table not in VIEWS:
+        raise ValueError(table)
+    return VIEWS[table](report)
 
 
 def fmt_p(v: float) -> str:

@@ -1,33 +1,10 @@
 """The tests of a report: each configuration against its references, and the study's claims with a verdict.
 
-- Comparisons (``comparisons_table``): every configuration's in-domain and OOD averages against two references
-  that share all its other axes (model, task, lag, ...): the no-KL baseline (beta = 0) and k1 in the reward
-  (at the same beta). Welch's two-sided t-test over seeds: the difference of the means with its 95% CI, t,
-  df, p, and the seeds on each side.
-- Claims (``claims_table``): the claims of arXiv 2512.21852, each tested on this sweep's runs. Which KL
-  configuration is biased comes from the KL gradient audit (``audit_table.py``: unbiased = its expected KL
-  update is exact); a run is *unstable* when it diverged or its reward collapsed (``stability.py``); only
-  finished runs (done or diverged) count; on-policy = lag 0 and one iteration.
-
-  (a) biased configurations are unstable on-policy: the rate of unstable runs, biased > unbiased (Fisher's
-      exact test, one-sided);
-  (b) k1 in the loss behaves like no KL (on-policy): its peak KL (k3, smoothed) and in-domain average equal
-      no KL's within a margin (equivalence: two one-sided Welch tests, TOST; margins ``EQUIVALENCE``);
-  (c) unbiased configurations score higher than biased ones, in-domain and out of domain (Welch, one-sided,
-      over the runs of each group);
-  (d) KL stabilises off-policy training (lag > 0 or several iterations): the no-KL runs are unstable more
-      often than the KL runs (Fisher, one-sided) and reach a higher peak KL (Welch, one-sided).
-
-Decision rule (``statistics.RULE``, printed in the report), significance level ``ALPHA`` = 0.05:
-
-- *supported*: the one-sided test in the claim's direction has p < ALPHA (for (b): the TOST has p < ALPHA,
-  whatever the two-sided test says: a difference inside the margin is no difference that matters);
-- *not supported*: not significant although the test had the power to be (Fisher: the group sizes allow
-  p < ALPHA; Welch: power >= 0.8 at the smallest effect of interest, ``EFFECT``), or significant the other way
-  (for (b): a two-sided Welch p < ALPHA, a difference);
-- *inconclusive*: data missing (a group with no run; fewer than 2 values for a t-test; no spread at all), or
-  not significant with a test that could not have been (underpowered); for (b): neither equivalent nor
-  different.
+``comparisons_table``: each configuration against no KL and k1 in the reward (Welch over seeds).
+``claims_table``: the claims of arXiv 2512.21852 (a)-(d), each tested on this sweep's runs and given a verdict
+(supported, not supported, inconclusive) by ``statistics.RULE``; ``read_verdicts``/``verdict_changes``
+compare them with a committed ``claims.csv``. The claims, their tests and the decision rule:
+docs/REPORT.md.
 """
 
 from __future__ import annotations

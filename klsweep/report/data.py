@@ -1,21 +1,10 @@
 """What the report reads: every file it touches, and the per-run frame built from them.
 
-It reads only the files of the results store (``klsweep/store.py``, ``docs/DESIGN.md``): each run's
-``config.yaml``, ``status.json``, ``metrics.jsonl`` and ``eval/<eval-hash>/<checkpoint>/results.json``, and the
-sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.json``). Owns:
-
-- the configuration axes: the dotted config keys whose values differ between runs, seeds excepted
-  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "no KL" (``config.without_kl_when_off``);
-- the runs frame (one row per run: config axes, status) and the metrics frame (``load_runs``);
-- the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
-  last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
-  in-domain and OOD averages (``attach_evals``);
-- each run's lm-eval stderr per task and per average (``<task> eval se``) and its recorded environment
-  (``env.json``: the ``env`` column, canonical JSON);
-- the step-0 baseline per model (``load_baseline``) and each run's change (Δ) from it (``attach_deltas``);
-- what it had to set aside: a run whose config.yaml or status.json cannot be read is left out, a results.json
-  that cannot be read is skipped, an unreadable metrics line is skipped; each is named in ``set_aside`` with
-  what to do, and the rest of the sweep is reported.
+Only the results store's files (docs/DESIGN.md): each run's config, status, metrics and eval results, and the
+sweep's step-0 baseline. ``load_runs`` (the configuration axes, the runs and metrics frames), ``attach_evals``
+(one eval hash per report, each run's last evaluated checkpoint), ``load_baseline`` and ``attach_deltas``
+(Δ from step 0). A file that cannot be read is set aside and named (``set_aside``), the rest is reported.
+Details: docs/REPORT.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The figures of a report (matplotlib, Agg backend, imported when drawn), each saved as a PNG and, beside it, a
-vector PDF of the same figure (for a paper's ``\\includegraphics``):
+"""The figures of a report (matplotlib, Agg backend, imported when drawn), each a PNG with a vector PDF beside it.
 
-- ``curves.png`` / ``curves.pdf``: task reward, KL k1, KL k3 and entropy against step, as small multiples: one
-  row of panels per value of the faceted axes (placement, then lag, model, task, ... while a panel would
-  hold more than ``MAX_LINES`` configurations, up to ``MAX_PANELS`` rows), one column per metric, y shared per
-  column. In a panel, one line per configuration, the mean over seeds of the smoothed curve
-  (``stability.py``) with a min-max band over seeds (when the panel has at most ``MAX_BANDS`` lines); the
-  runs without KL (beta = 0) are drawn, grey and dashed, in every panel of their lag/model/...; colours are the
-  same configuration in every panel, and one legend names them above the panels;
-- ``eval_bars.png`` / ``eval_bars.pdf``: the in-domain and OOD averages per configuration (mean ± 95% CI over
-  seeds), the step-0 baseline of each model as a dashed line, the legend above the axes (never over a bar).
-
-Labels name only the axes that vary (``tables.labelled_axes``): a KL field that is the same in every run with
-KL (e.g. the level) is left out. Layout is matplotlib's constrained layout, so nothing is cut at the edges.
+``plot_curves``: ``curves.png``, reward, KL and entropy against step as small multiples; ``plot_eval``:
+``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline. Layout, facets
+and labels: docs/REPORT.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The LaTeX tables of a report: one ``<table>.tex`` per table, a ``table`` float ready to ``\\input`` in a paper
-(``\\usepackage{booktabs,graphicx}``), that fits the text width and loses no character.
-
-- Fewer columns than the other formats (``_paper_view``): the configuration axes that vary (a KL field that is
-  the same in every run with KL goes to the caption), and for the results the scores only: no status, no eval
-  step (both go to the caption), no Δ (the step-0 baseline row is in the table), no average over a single task.
-  Every column is in ``report.md`` and the CSV files.
-- Numbers right-aligned, each column in one format (so the decimal points line up); mean ± CI half-width as
-  ``0.512`` with a small ``±0.034`` after it; a significantly best mean in bold; in-domain and out-of-domain
-  scores under a spanning header.
-- ``\\small`` and, when a table is still wider than ``\\linewidth``, shrunk to it (graphicx's ``\\resizebox``
-  with the natural width as the bound): never an overfull box.
-- Every character is kept (``tex_escape``): LaTeX's specials escaped, accented letters as accent commands,
-  Greek letters and common symbols mapped, anything else written as its code point ``[U+XXXX]``; the file
-  itself is ASCII, so it compiles with pdflatex whatever the document's input encoding.
+r"""The LaTeX tables of a report: one ``<table>.tex`` per table, a ``table`` float ready to ``\input`` in a paper
+(``\usepackage{booktabs,graphicx}``), that fits the text width and loses no character (``tex_escape``).
+Which columns, alignment and escaping: docs/REPORT.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The tables of a report, as numbers (``Report``) and as the formatted views every renderer prints.
 
-- Configurations: the runs grouped by the values of the configuration axes, numbered in sorted order and
-  labelled (``label_configs``).
-- The main table (``main``): one row per configuration (its axes values), each in-domain and out-of-domain
-  metric as mean ± the half-width of its t-based 95% CI over the seeds evaluated (``statistics.py``), the mean
-  per-run eval stderr of each average, ``n`` = seeds evaluated / seeds, the in-domain and OOD
-  averages and their change (Δ) from the step-0 baseline of the same model.
-- The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
-  ``kl_k3``, and the forward KL(ref||pi): ``kl_forward``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
-- Views (``view``, ``runs_view``, ``TITLES``, ``captions``): each table (the audit and reference tables too)
-  as string cells and a bold mask (the best mean of a main column, only when significantly better than every
-  other), with its title and caption; md, LaTeX,
-  HTML and the terminal all print these.
+``label_configs`` (configurations: runs grouped by the axes' values), ``main_table`` (scores with 95% CIs
+over seeds, Δ from the step-0 baseline), ``stability_table``, ``environment_table``; ``VIEWS``/``view``: each
+table as string cells and a bold mask (a best mean only when significantly better), with ``TITLES`` and
+``captions``, which md, LaTeX, HTML and the terminal all print. Columns and rules: docs/REPORT.md.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
-from klsweep.config import EvalSection, ModelSection, read_run_file
+from klsweep.config import EvalSection, ModelSection, load_run, read_run_file
 from klsweep.errors import KLSweepError, Problem, UserError, describe
 
 CONF_DIR = Path(__file__).parent / "conf" / "eval"
@@ -491,7 +491,7 @@ def _pass1_stderr(
 def _checkpoint_items(run_dir: Path, suite: _Suite, checkpoints: str) -> list[_Item]:
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
-    model = _model_section(run_config(run_dir))
+    model = load_run(run_dir).model
     found = store.checkpoints(run_dir)
     if not found:
         raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
@@ -515,7 +515,7 @@ def _log_to_wandb(run_dir: Path, results_path: Path) -> None:
     from klsweep import tracking
 
     results = store.read_json(results_path)
-    error = tracking.log_eval(run_dir, run_config(run_dir), results)
+    error = tracking.log_eval(run_dir, load_run(run_dir), results)
     if error is not None:
         store.write_json(results_path, {**results, "wandb_error": error})
 

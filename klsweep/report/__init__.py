@@ -1,6 +1,6 @@
 """The report of a sweep: tables (pandas) and plots (matplotlib) a researcher can paste into a paper.
 
-``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H] [--no-wandb]``, or from Python
+``klsweep report SWEEP [--format md|csv|latex|html ...] [--out DIR] [--eval-hash H] [--wandb/--no-wandb]``, or from Python
 ``build_report(sweep_dir, out_dir=None, formats=("md",))``. It reads only the files of the results store and
 writes to ``<sweep>/report/``: ``report.md``, ``report.html`` (self-contained: figures embedded), one
 ``<table>.csv`` / ``<table>.tex`` per table, ``curves.png`` and ``eval_bars.png``, each with a vector

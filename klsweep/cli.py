@@ -240,11 +240,12 @@ def train_command(
     ] = None,
 ) -> None:
     """Train one run in this process (resuming its folder if it has checkpoints); exit 1 if it failed."""
+    from klsweep import config as config_mod
     from klsweep import grid, job
 
     resolved = grid.compose_run_config(config, overrides or [])
     folder = run_dir or Path(grid.DEFAULT_OUT) / resolved["name"] / grid.run_id(resolved)
-    job.write_run_config(folder, resolved)
+    config_mod.write_run(folder, resolved)
     status = job.train_run(folder)
     _console().print(f"{folder}: {status['state']}", highlight=False, soft_wrap=True)
     if status.get("reason"):
@@ -269,16 +270,20 @@ def report_command(
         str | None, typer.Option(help="the eval settings to report (default: the newest present)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
-    no_wandb: Annotated[
-        bool, typer.Option("--no-wandb", help="do not log the report to W&B (it is when the runs were)")
-    ] = False,
+    wandb: Annotated[
+        bool | None,
+        typer.Option(
+            "--wandb/--no-wandb",
+            help="log the report to W&B (default: when the runs mirrored online; --wandb: offline too)",
+        ),
+    ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they were."""
     from klsweep.console import print_report
     from klsweep.report import build_report
 
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=not no_wandb)
+    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb)
     print_report(_console(), _console(stderr=True), report, tables=not quiet)
 
 

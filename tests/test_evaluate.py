@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from klsweep import evaluate as ev
 from klsweep import store
-from klsweep.config import EvalSection
+from klsweep.config import EvalSection, ModelSection
 from klsweep.errors import UserError
 from klsweep.evaluate import running
 from klsweep.submit import submit_eval
@@ -162,15 +162,15 @@ def test_broken_checkpoint_is_recorded_and_others_go_on(
 
 def test_baseline_is_step_0(tmp_path: Path, random_model: Path, tiny: EvalSection) -> None:
     sweep = tmp_path / "sweep"
-    config = {"model": {"name": "tiny", "path": str(random_model)}}
-    path = ev.eval_baseline(sweep, config, tiny)
+    model = ModelSection(name="tiny", path=str(random_model))
+    path = ev.eval_baseline(sweep, model, tiny)
     h = ev.eval_hash(ev.eval_settings(tiny))
     assert path == sweep / "baseline" / "tiny" / "eval" / h / "step-0" / "results.json"
     res = json.loads(path.read_text())
     assert res["checkpoint"] == "step-0" and res["step"] == 0
     assert (sweep / "baseline" / "tiny" / "config.yaml").is_file()
     mtime = path.stat().st_mtime_ns
-    assert ev.eval_baseline(sweep, config, tiny) == path and path.stat().st_mtime_ns == mtime
+    assert ev.eval_baseline(sweep, model, tiny) == path and path.stat().st_mtime_ns == mtime
 
 
 def test_evaluate_a_sweep_in_process(

@@ -399,7 +399,7 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from klsweep import evaluate, job, tasks
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, load_run, write_run
     from klsweep.tinymodel import random_tiny_model
 
     def length_reward(prompts, completions, answer, **kwargs) -> list[float]:
@@ -427,10 +427,10 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
         }.items():
             OmegaConf.update(config, key, value)
         resolved = OmegaConf.to_container(config)
-        job.write_run_config(sweep / name, resolved)
+        write_run(sweep / name, resolved)
         assert job.train_run(sweep / name)["state"] == "done"
         evaluate.eval_run(sweep / name, suite)
-    evaluate.eval_baseline(sweep, resolved, suite)
+    evaluate.eval_baseline(sweep, load_run(sweep / name).model, suite)
 
     # each run recorded the environment it trained in, at its training start
     import torch

@@ -19,7 +19,6 @@ from klsweep.evaluate.runs import (
     eval_many,
     eval_run,
     model_key,
-    model_section,
     run_config,
 )
 from klsweep.evaluate.suites import (
@@ -57,7 +56,6 @@ __all__ = [
     "load_suite",
     "materialise_tasks",
     "model_key",
-    "model_section",
     "resolve_tasks",
     "run_config",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
-from klsweep.config import EvalSection, ModelSection, read_run_file
+from klsweep.config import EvalSection, ModelSection, RunConfig, load_run
 from klsweep.errors import Problem, UserError, describe
 from klsweep.evaluate import running
 from klsweep.evaluate.running import RESULTS_FILE, Item
@@ -33,26 +33,18 @@ def model_key(model: ModelSection) -> str:
     return model.name.replace("/", "--")
 
 
-def model_section(config: dict[str, Any]) -> ModelSection:
-    from omegaconf import OmegaConf
-
-    merged = OmegaConf.merge(OmegaConf.structured(ModelSection), OmegaConf.create(config.get("model", {})))
-    return OmegaConf.to_object(merged)
-
-
-def run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` as a dict (``EvalError`` when the folder is not a run,
-    ``store.UnreadableFile`` when the file cannot be read)."""
-    path = run_dir / store.CONFIG_FILE
-    if not path.is_file():
+def run_config(run_dir: Path) -> RunConfig:
+    """The run's ``RunConfig`` (``config.load_run``); ``EvalError`` when the folder is not a run (recorded like
+    any failure to evaluate it), ``store.UnreadableFile`` when its config cannot be read."""
+    if not (Path(run_dir) / store.CONFIG_FILE).is_file():
         raise EvalError(f"{run_dir}: no {store.CONFIG_FILE}: not a run folder")
-    return read_run_file(run_dir)
+    return load_run(run_dir)
 
 
 def _checkpoint_items(run_dir: Path, suite: Suite, checkpoints: str) -> list[Item]:
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
-    model = model_section(run_config(run_dir))
+    model = run_config(run_dir).model
     found = store.checkpoints(run_dir)
     if not found:
         raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
@@ -157,19 +149,18 @@ def eval_run(run_dir: Path, eval_cfg: EvalSection | dict[str, Any], checkpoints:
 
 def eval_baseline(
     sweep_dir: Path,
-    config: dict[str, Any],
+    model: ModelSection,
     eval_cfg: EvalSection | dict[str, Any],
     *,
     suite: Suite | None = None,
 ) -> Path:
-    """Evaluate the initial model of ``config`` (a RunConfig dict) once per sweep, as step 0:
+    """Evaluate the initial ``model`` (a run's ``model`` section) once per sweep, as step 0:
     ``<sweep>/baseline/<model-key>/eval/<hash>/step-0/results.json`` (returned; skipped when present)."""
     from omegaconf import OmegaConf
 
     from klsweep.tinymodel import resolve_model_path
 
     cfg = as_eval_section(eval_cfg)
-    model = model_section(config)
     base = Path(sweep_dir) / store.BASELINE_DIR / model_key(model)
     if not (base / store.CONFIG_FILE).is_file():
         store.atomic_write_text(
@@ -196,7 +187,7 @@ def eval_batch(
     run_dirs: list[str],
     eval_cfg: dict[str, Any],
     checkpoints: str,
-    baselines: list[tuple[str, dict[str, Any]]],
+    baselines: list[tuple[str, ModelSection]],
     around: Around = contextlib.nullcontext,
 ) -> EvalOutcome:
     """The baselines, then the runs, in one process (lm-eval and the tasks loaded once): the body of every
@@ -205,10 +196,10 @@ def eval_batch(
     the job's log of each run there)."""
     suite = Suite(as_eval_section(eval_cfg))
     out = EvalOutcome()
-    for sweep_dir, config in baselines:
+    for sweep_dir, model in baselines:
         try:
-            with around(Path(sweep_dir) / store.BASELINE_DIR / model_key(model_section(config))):
-                out.results.append(eval_baseline(Path(sweep_dir), config, suite.cfg, suite=suite))
+            with around(Path(sweep_dir) / store.BASELINE_DIR / model_key(model)):
+                out.results.append(eval_baseline(Path(sweep_dir), model, suite.cfg, suite=suite))
         except Exception as e:  # the runs are still worth evaluating
             out.errors[f"{sweep_dir}/{store.BASELINE_DIR}"] = describe(e)
     paths, errors = _eval_runs([Path(r) for r in run_dirs], suite, checkpoints, around)

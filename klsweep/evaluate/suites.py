@@ -30,6 +30,13 @@ class EvalError(KLSweepError):
     """A run could not be evaluated (missing or broken checkpoint, lm-eval failure); recorded in the run."""
 
 
+def _eval_section(data: Any) -> EvalSection:
+    """An ``EvalSection`` from a (possibly partial) dict or OmegaConf node, the schema's defaults filling the rest."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalSection), data))
+
+
 def load_suite(name: str) -> EvalSection:
     """The suite ``klsweep/conf/eval/<name>.yaml`` as an ``EvalSection``."""
     from omegaconf import OmegaConf
@@ -38,19 +45,12 @@ def load_suite(name: str) -> EvalSection:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
         raise UserError(Problem("--suite", f"no eval suite {name!r}", known))
-    merged = OmegaConf.merge(OmegaConf.structured(EvalSection), OmegaConf.load(path))
-    return OmegaConf.to_object(merged)
+    return _eval_section(OmegaConf.load(path))
 
 
 def as_eval_section(eval_cfg: EvalSection | dict[str, Any]) -> EvalSection:
     """An ``EvalSection`` from itself or from a (possibly partial) dict, validated."""
-    from omegaconf import OmegaConf
-
-    if isinstance(eval_cfg, EvalSection):
-        cfg = eval_cfg
-    else:
-        merged = OmegaConf.merge(OmegaConf.structured(EvalSection), OmegaConf.create(dict(eval_cfg)))
-        cfg = OmegaConf.to_object(merged)
+    cfg = eval_cfg if isinstance(eval_cfg, EvalSection) else _eval_section(dict(eval_cfg))
     problems = []
     if cfg.suite == "none" or not (cfg.in_domain or cfg.ood):
         problems.append(

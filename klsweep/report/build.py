@@ -29,11 +29,11 @@ def build_report(
     eval_hash: str | None = None,
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
-    wandb: bool = True,
+    wandb: bool | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
-    (default ``<sweep>/report/``) and, when the runs mirrored to W&B and ``wandb``, log it there
-    (``publish.py``; never a failure: ``Report.warnings``). ``window``: the smoothing of the curves and of the
+    (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
+    ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
     stability table (the collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
@@ -101,9 +101,9 @@ def build_report(
     report.paths += plot_eval(report, out / "eval_bars.png")
     for fmt in formats:
         report.paths += WRITERS[fmt](report)
-    if wandb:
+    if wandb is not False:
         readable = [d for d in dirs if d.name in set(runs["run"])]
-        report.wandb_run = log_report(report, readable, configs)
+        report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
 
 

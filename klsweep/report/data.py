@@ -9,13 +9,14 @@ Details: docs/REPORT.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, read_run_file, without_kl_when_off
+from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, load_run, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -101,13 +102,11 @@ def load_runs(
     rows, configs, metric_rows = [], [], []
     for d in dirs:
         try:
-            config = _flatten(read_run_file(d))
+            config = _flatten(dataclasses.asdict(load_run(d)))
             status = store.read_status(d)
         except store.UnreadableFile as e:
             set_aside.append(f"run {d.name} left out: {e.message}")
             continue
-        if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
-            config = {**{k: _hashable(v) for k, v in LEGACY_VALUES.items()}, **config}
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(

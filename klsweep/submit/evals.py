@@ -9,7 +9,6 @@ jobs, like the evals chained to training by ``klsweep.submit.submit``.
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import evaluate, store
-from klsweep.config import EvalSection
+from klsweep.config import EvalSection, ModelSection
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
@@ -68,7 +67,7 @@ class EvalRequest:
 
     runs: list[Path]  # a sweep's finished runs, or the one run folder
     skipped: dict[str, str]  # run folder -> why it is left out (its state)
-    baselines: list[tuple[str, dict[str, Any]]]  # (sweep folder, a RunConfig dict) per model of a sweep
+    baselines: list[tuple[str, ModelSection]]  # (sweep folder, a run's model) per model of a sweep
     eval_cfg: dict[str, Any]  # the EvalSection as a dict
     checkpoints: str  # last | all
 
@@ -108,10 +107,10 @@ def _suite_of_runs(runs: list[Path]) -> EvalSection:
         raise UserError(
             Problem("TARGET", "no readable run to take the eval settings from", "pass --suite NAME")
         )
-    found = {json.dumps(evaluate.run_config(r).get("eval", {}), sort_keys=True) for r in runs}
-    if len(found) != 1:
+    first, *others = [evaluate.run_config(r).eval for r in runs]
+    if any(other != first for other in others):
         raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
-    return evaluate.as_eval_section(json.loads(found.pop()))
+    return evaluate.as_eval_section(first)
 
 
 def eval_request(
@@ -144,11 +143,11 @@ def eval_request(
         cfg.backend = backend
     cfg = evaluate.as_eval_section(cfg)
     evaluate.resolve_tasks(cfg)
-    configs = {}
+    models: dict[str, ModelSection] = {}
     for run in runs:
-        config = evaluate.run_config(run)
-        configs.setdefault(evaluate.model_key(evaluate.model_section(config)), config)
-    baselines = [(str(sweep_dir), c) for c in configs.values()] if sweep_dir is not None else []
+        model = evaluate.run_config(run).model
+        models.setdefault(evaluate.model_key(model), model)
+    baselines = [(str(sweep_dir), m) for m in models.values()] if sweep_dir is not None else []
     return EvalRequest(runs, skipped, baselines, asdict(cfg), checkpoints)
 
 
@@ -164,7 +163,7 @@ def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
     sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
     folder = submission_folder(sweep_dir)
     config = evaluate.run_config(runs[0])
-    res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
+    res, cl = asdict(config.model.resources), asdict(config.cluster)
     calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
     # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)
     own_log = functools.partial(joblogs.kept, kind="eval")
@@ -175,7 +174,7 @@ def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
         calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines, shared)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        ex.update_parameters(**slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
+        ex.update_parameters(**slurm_parameters(res, cl, config.name, eval_job=True))
         calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b], own_log)) for b in baselines]
         calls += [(r.name, ([str(r)], cfg, checkpoints, [], own_log)) for r in runs]
     jobs: list[Any] = []

@@ -469,13 +469,14 @@ def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, caps
     import launcher_jobs as jobs
     from clitools import cli
 
-    from klsweep import job, store
+    from klsweep import store
+    from klsweep.config import write_run
 
     sweep = tmp_path / "fresh"
     plan = jobs.make_plan(sweep, [0, 1], **{"kl.beta": 0.0})  # a no-KL run too: the claims' groups
     plan.runs += jobs.make_plan(sweep, [0], **{"kl.beta": 0.1}).runs
     for run in plan.runs:
-        job.write_run_config(run.run_dir, run.config)
+        write_run(run.run_dir, run.config)
         store.write_status(run.run_dir, "pending", reason="submit")
     code, out, err = cli(["report", sweep, "--no-wandb"], monkeypatch, capsys, columns=80)
     assert code == 0, err

@@ -37,7 +37,9 @@ GPUS = {
 MFU = 0.40  # model FLOPs utilisation of training and prefill (matmuls of micro-batches of long sequences)
 HBM_EFFICIENCY = 0.80  # fraction of the HBM bandwidth a decode step's reads reach
 NVLINK_EFFICIENCY = 0.80  # NCCL all-gather bus bandwidth over one direction's NVLink bandwidth (nccl-tests)
-HF_LAUNCH_S_PER_LAYER = 0.4e-3  # HF generate, eager PyTorch: the CPU time to launch one decoder layer's kernels
+HF_LAUNCH_S_PER_LAYER = (
+    0.4e-3  # HF generate, eager PyTorch: the CPU time to launch one decoder layer's kernels
+)
 PCIE_GB_S = 25.0  # host <-> GPU copies (vLLM's sleep mode offloads and reloads the weights each step)
 JOB_STARTUP_S = 300.0  # a training job: imports, model load, FSDP wrapping, resuming a checkpoint
 EVAL_STARTUP_S = 180.0  # an eval job: model load, vLLM's memory profiling and CUDA-graph capture

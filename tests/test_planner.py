@@ -150,7 +150,9 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
         assert est["memory_at_risk"] == (est["gpu_memory_gb"] > 72)
         assert limit["tries"] == 4  # 1 + cluster.max_requeues
         gpus = 8 if limit["hours"] == 24 else 4  # 7-8B: 8 GPUs, 24 h; 4B: 4 GPUs, 16 h
-        assert limit["gpu_hours"] == pytest.approx(limit["hours"] * gpus * 4 + limit["eval_gpu_hours"], abs=0.02)
+        assert limit["gpu_hours"] == pytest.approx(
+            limit["hours"] * gpus * 4 + limit["eval_gpu_hours"], abs=0.02
+        )
         assert est["gpu_hours"] == pytest.approx(est["train_hours"] * gpus + est["eval_gpu_hours"], abs=0.05)
     plan = grid.load_plan(PAPER, out=tmp_path / "r")
     by_id = {r.id: r for r in plan.runs}
@@ -164,7 +166,9 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
     assert data["gpu_hours_upper_bound"] == pytest.approx(sum(r["limit"]["gpu_hours"] for r in data["runs"]))
     assert data["gpu_hours_upper_bound"] == pytest.approx(4 * 38_400 + 6_600)
     assert data["eval_gpu_hours_limit"] == pytest.approx(6_600)
-    assert data["gpu_hours_estimate"] == pytest.approx(sum(r["estimate"]["gpu_hours"] for r in data["runs"]), rel=1e-3)
+    assert data["gpu_hours_estimate"] == pytest.approx(
+        sum(r["estimate"]["gpu_hours"] for r in data["runs"]), rel=1e-3
+    )
     assert 0 < data["eval_gpu_hours_estimate"] < data["eval_gpu_hours_limit"]
     assert data["warnings"] == [w for w in data["warnings"] if "TiB" in w]  # only the checkpoints'
     assert "51.7 TiB, past 10 TiB" in data["warnings"][0]
@@ -366,7 +370,9 @@ def test_decode_step_is_the_slowest_of_bytes_over_bandwidth_flops_and_gathers():
 
     h100 = cost.GPUS["h100-80gb"]
     assert cost.decode_step_s(h100, 2.68e9, 0) == pytest.approx(1e-3)  # 2.68 GB / 2.68 TB/s
-    assert cost.decode_step_s(h100, 2.68e9, 0, gathered_bytes=3.6e9) == pytest.approx(10e-3)  # 3.6 GB / 360 GB/s
+    assert cost.decode_step_s(h100, 2.68e9, 0, gathered_bytes=3.6e9) == pytest.approx(
+        10e-3
+    )  # 3.6 GB / 360 GB/s
     assert cost.decode_step_s(h100, 0, 989e12 * cost.MFU) == pytest.approx(1.0)
     assert cost.decode_step_s(h100, 0, 0, launch_s=0.5) == 0.5
     assert cost.gather_s(h100, 8 * 3.6e9, 8) == pytest.approx(7 * 10e-3)  # each GPU receives 7/8 of it

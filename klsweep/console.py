@@ -167,6 +167,10 @@ def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
 
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}"
+
+
 def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     """What the plan needs (``planner.summary``): one row per model and launch shape, the sweep's totals and
     its largest per-GPU memory estimate in the caption."""
@@ -194,7 +198,11 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         else f"; largest per GPU: {largest['gpu_memory_gb']:g} of {largest['of_gb']:g} GiB "
         f"({largest['model']}, run {largest['run']})"
     )
-    caption = f"checkpoints kept {_size(counts['storage_gb'])}{peak}"
+    caption = (
+        f"at most {_hours(counts['gpu_hours_upper_bound'])} GPU-hours to submit (upper bound: every try, 1 + "
+        f"cluster.max_requeues, of every job for its whole time limit, eval jobs included); checkpoints kept "
+        f"{_size(counts['storage_gb'])}{peak}"
+    )
     return fitted_table(
         "resources (estimates: slurm/README.md)",
         header,
@@ -205,10 +213,6 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         optional=["micro", "storage"],
         caption=caption,
     )
-
-
-def _hours(h: float) -> str:
-    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}"
 
 
 def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None:
@@ -242,10 +246,9 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
         else "not estimated (a task of unknown size)"
     )
     caption = (
-        f"~{_hours(counts['gpu_hours_estimate'])} GPU-hours to submit, at most "
-        f"{_hours(counts['gpu_hours_upper_bound'])} at the limits (every try: 1 + cluster.max_requeues, of "
-        f"every job for its whole time limit); of which eval {evals}, at most "
-        f"{_hours(counts['eval_gpu_hours_limit'])}"
+        f"~{_hours(counts['gpu_hours_estimate'])} GPU-hours estimated to submit (limit: at most "
+        f"{_hours(counts['gpu_hours_upper_bound'])}), of which eval {evals} (at most "
+        f"{_hours(counts['eval_gpu_hours_limit'])})"
     )
     return fitted_table(
         "time (estimates: slurm/README.md)",

@@ -182,7 +182,7 @@ def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys
     assert max(len(line) for line in out.splitlines()) <= 80
     flat = " ".join(out.split())
     for s in ("GPU-hours", "checkpoints kept", "TiB", "largest per GPU", "of 80 GiB", "fsdp", "/80", "s/step",
-              "h/run", "/24", "/16", "at most 160,200 at the limits", "at most 6,600",
+              "h/run", "/24", "/16", "at most 160,200 GPU-hours", "(at most 6,600)", "estimated to submit",
               "warning: checkpoints kept: 51.7 TiB, past 10 TiB"):  # fmt: skip
         assert s in flat, s
     lines = out.splitlines()

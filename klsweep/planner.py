@@ -587,11 +587,14 @@ def _time_totals(todo: list[Estimate]) -> dict[str, Any]:
 
 
 def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
-    """What the plan should say before anything is submitted, runs of one model together: training longer than
-    its time limit (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of
-    the GPU, and checkpoints past ``STORAGE_WARN_GB``."""
+    """What the plan should say before anything is submitted, runs of one model together: a
+    ``gpu_memory_gb`` larger than the GPU of ``model.resources.gpu`` has, training longer than its time limit
+    (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of the GPU, and
+    checkpoints past ``STORAGE_WARN_GB``."""
     slow: dict[str, list[Estimate]] = {}
     tight: dict[str, list[Estimate]] = {}
+    oversold: set[str] = set()  # models whose gpu_memory_gb is more than their GPU has
+    out: list[str] = []
     for run in plan.runs:
         e = estimates.get(run.id)
         if e is None:
@@ -601,7 +604,13 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
             slow.setdefault(model, []).append(e)
         if e.at_risk:
             tight.setdefault(model, []).append(e)
-    out = []
+        gpu = cost.GPUS[e.cost.gpu] if e.cost else None
+        if gpu and (e.gpu_memory_gb or 0) > gpu.memory_gb and model not in oversold:
+            oversold.add(model)
+            out.append(
+                f"runs ({model}): model.resources.gpu_memory_gb {e.gpu_memory_gb:g} is more than an "
+                f"{e.cost.gpu} has ({gpu.memory_gb:g} GB); the memory check trusts gpu_memory_gb"
+            )
     for model, ests in slow.items():
         worst = max((e.cost for e in ests if e.cost), key=lambda c: c.jobs)
         out.append(

@@ -452,3 +452,17 @@ def test_unknown_gpu_is_refused_with_the_table(tmp_path, monkeypatch, capsys):
     code, _, err = cli(["plan", PAPER, "model.resources.gpu=v100", "--out", tmp_path], monkeypatch, capsys)
     assert code == 2
     assert "model.resources.gpu" in err and "a100-80gb, h100-80gb, h200" in err
+
+
+def test_gpu_memory_beyond_the_named_gpu_is_flagged(tmp_path, monkeypatch, capsys):
+    base = ["plan", PAPER, "model=qwen2.5-7b", "seed=0", "--out", tmp_path, "--json"]
+    code, out, err = cli([*base, "model.resources.gpu_memory_gb=141"], monkeypatch, capsys)
+    assert code == 0, err
+    assert any(
+        "gpu_memory_gb 141 is more than an h100-80gb has (80 GB)" in w for w in json.loads(out)["warnings"]
+    )
+    code, out, err = cli(
+        [*base, "model.resources.gpu_memory_gb=141", "model.resources.gpu=h200"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert not any("gpu_memory_gb" in w for w in json.loads(out)["warnings"])

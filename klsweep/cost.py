@@ -145,10 +145,13 @@ def uses_behaviour_forward(config: Mapping[str, Any]) -> bool:
     )
 
 
-def step_time(config: Mapping[str, Any], arch: Arch, shape: Shape, gpu: GPU) -> StepTime:
+def step_time(
+    config: Mapping[str, Any], arch: Arch, shape: Shape, gpu: GPU, kv_room: float | None = None
+) -> StepTime:
     """One step of a run on ``gpu`` (the module docstring; slurm/README.md, "Time estimate"). Every completion
     is taken to run to ``max_completion_length`` (a batch decodes until its longest ends) and every prompt to
-    be ``max_prompt_length`` long: an estimate from above for the sequence lengths."""
+    be ``max_prompt_length`` long: an estimate from above for the sequence lengths. ``kv_room``: the bytes of
+    KV cache vLLM's share of the GPU holds (colocate); a batch whose cache is larger decodes in waves."""
     train = config["train"]
     p, w, layers = arch.params, shape.processes, arch.num_hidden_layers
     fsdp = train.get("sharding", "none") == "fsdp" and w > 1
@@ -157,10 +160,15 @@ def step_time(config: Mapping[str, Any], arch: Arch, shape: Shape, gpu: GPU) -> 
     batch = shape.per_process  # completions one process generates a step
     weights = COMPUTE_BYTES * p
     context = prompt + completion / 2  # the mean context of a decode step
-    read = weights + batch * context * kv_bytes_per_token(arch)
-    flops = batch * forward_flops(arch, context)
+
+    def step(n: float, gathered: float = 0.0, launch: float = 0.0) -> float:  # n sequences decoding
+        read = weights + n * context * kv_bytes_per_token(arch)
+        return decode_step_s(gpu, read, n * forward_flops(arch, context), gathered, launch)
+
     if vllm:  # its own copy of the weights, CUDA graphs: no gathers, no launch overhead
-        decode = completion * decode_step_s(gpu, read, flops)
+        need = batch * (prompt + completion) * kv_bytes_per_token(arch)
+        waves = math.ceil(need / kv_room) if kv_room and kv_room > 0 else 1
+        decode = waves * completion * step(math.ceil(batch / waves))
         sync = gather_s(gpu, 4 * p, w) if fsdp else 0.0  # TRL gathers the fp32 master weights into vLLM
         sync += weights / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
         if (train.get("trl") or {}).get("vllm_enable_sleep_mode"):
@@ -169,7 +177,7 @@ def step_time(config: Mapping[str, Any], arch: Arch, shape: Shape, gpu: GPU) -> 
     else:  # HF generate; under FSDP every decode step gathers the whole model (reshard_after_forward)
         gathered = weights * (w - 1) / w if fsdp else 0.0
         launch = layers * HF_LAUNCH_S_PER_LAYER
-        decode = completion * decode_step_s(gpu, read, flops, gathered, launch)
+        decode = completion * step(batch, gathered, launch)
         sync = 0.0
     prefill_flops = batch * prompt * forward_flops(arch, prompt / 2)
     prefill = max(compute_s(gpu, prefill_flops), gathered / link_bytes_per_s(gpu))
@@ -268,8 +276,11 @@ class RunCost:
         return self.limit_hours * self.gpus * self.tries + self.eval_limit_gpu_hours
 
 
-def run_cost(config: Mapping[str, Any], arch: Arch, shape: Shape) -> RunCost | None:
-    """The cost of a GPU run (None without GPUs, or on a GPU not in ``GPUS``: the planner refuses it)."""
+def run_cost(
+    config: Mapping[str, Any], arch: Arch, shape: Shape, kv_room: float | None = None
+) -> RunCost | None:
+    """The cost of a GPU run (None without GPUs, or on a GPU not in ``GPUS``: the grid refuses it);
+    ``kv_room``: ``step_time``'s."""
     res = config["model"]["resources"]
     gpu = GPUS.get(str(res.get("gpu")))
     per_node = int(res.get("gpus_per_node", 0))
@@ -278,7 +289,7 @@ def run_cost(config: Mapping[str, Any], arch: Arch, shape: Shape) -> RunCost | N
     suite = config.get("eval", {}).get("suite", "none") != "none"
     return RunCost(
         gpu=str(res["gpu"]),
-        step=step_time(config, arch, shape, gpu),
+        step=step_time(config, arch, shape, gpu, kv_room),
         steps=int(config["train"]["steps"]),
         gpus=per_node * int(res.get("nodes", 1)),
         limit_hours=int(res["timeout_min"]) / 60,

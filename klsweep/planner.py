@@ -325,7 +325,9 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     saves = math.ceil(int(train["steps"]) / int(train["save_steps"]))
     keep = train.get("keep_checkpoints")
     kept = saves if keep is None else min(int(keep), saves)
-    run_cost = cost.run_cost(config, arch, shape)
+    # vLLM's KV cache: its share of the GPU less its bf16 copy of the weights
+    kv_room = parts["vllm"] * GIB - cost.COMPUTE_BYTES * arch.params if "vllm" in parts else None
+    run_cost = cost.run_cost(config, arch, shape, kv_room)
     return Estimate(
         peak_gb=sum(parts.values()),
         limit_gpu_hours=run_cost.limit_gpu_hours if run_cost else _job_gpu_hours(config),

@@ -466,3 +466,36 @@ def test_gpu_memory_beyond_the_named_gpu_is_flagged(tmp_path, monkeypatch, capsy
     )
     assert code == 0, err
     assert not any("gpu_memory_gb" in w for w in json.loads(out)["warnings"])
+
+
+def test_vllm_decodes_in_waves_when_its_kv_cache_is_full():
+    """vLLM colocate holds as many sequences as its KV room takes: a batch whose cache is twice that decodes in
+    two waves of half the batch, each reading the weights again (Qwen3-4B in the paper sweep: 80 completions
+    a process, 18 GB of cache against ~16 GiB of room)."""
+    from klsweep import cost
+
+    _, arch, config = _step("train.use_vllm=true")
+    shape = planner.batch_shape(config["train"], planner.processes(config))
+    h100 = cost.GPUS["h100-80gb"]
+    kv = 2 * arch.num_hidden_layers * arch.kv_dim * 2
+    need = 40 * (512 + 1024) * kv
+    context = 512 + 1024 / 2
+    one = cost.step_time(config, arch, shape, h100, kv_room=need)
+    two = cost.step_time(config, arch, shape, h100, kv_room=need / 2)
+    half = cost.decode_step_s(
+        h100, 2 * arch.params + 20 * context * kv, 20 * cost.forward_flops(arch, context)
+    )
+    assert one.decode == pytest.approx(1024 * cost.decode_step_s(h100, 2 * arch.params + 40 * context * kv,
+                                                                 40 * cost.forward_flops(arch, context)))  # fmt: skip
+    assert two.decode == pytest.approx(2 * 1024 * half) and two.decode > one.decode
+    qwen3 = one_run("model=qwen3-4b-instruct-2507", "train.prompts_per_step=64", "train.group_size=5",
+                    "train.max_completion_length=1024", "train.micro_batch_size=8", "train.use_vllm=true")  # fmt: skip
+    est, _ = planner.run_problems(qwen3)
+    q_arch = planner.architecture(qwen3["model"])
+    q_shape = planner.batch_shape(qwen3["train"], planner.processes(qwen3))
+    room = est.parts["vllm"] * planner.GIB - 2 * q_arch.params
+    assert room < 80 * 1536 * 2 * 36 * 1024 * 2  # two waves
+    assert est.cost.step.decode == pytest.approx(cost.step_time(qwen3, q_arch, q_shape, h100, room).decode)
+    # HBM-bound: the second wave reads the weights once more a token, the cache is read once either way
+    extra = 1024 * 2 * q_arch.params / (3.35e12 * cost.HBM_EFFICIENCY)
+    assert est.cost.step.decode == pytest.approx(cost.step_time(qwen3, q_arch, q_shape, h100).decode + extra)

@@ -499,3 +499,23 @@ def test_vllm_decodes_in_waves_when_its_kv_cache_is_full():
     # HBM-bound: the second wave reads the weights once more a token, the cache is read once either way
     extra = 1024 * 2 * q_arch.params / (3.35e12 * cost.HBM_EFFICIENCY)
     assert est.cost.step.decode == pytest.approx(cost.step_time(qwen3, q_arch, q_shape, h100).decode + extra)
+
+
+def test_a_run_folder_written_before_the_gpu_key_is_the_same_run(tmp_path):
+    """model.resources.gpu is new: a run folder whose config.yaml lacks it resumes (no "different config")."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from klsweep import config as config_mod
+    from klsweep import store
+
+    config = one_run("model=qwen2.5-7b")
+    assert config["model"]["resources"]["gpu"] == "h100-80gb"
+    old = copy.deepcopy(config)
+    del old["model"]["resources"]["gpu"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
+    assert config_mod.load_run(tmp_path / "old").model.resources.gpu == "h100-80gb"
+    config_mod.write_run(tmp_path / "old", config)
+    assert grid.run_id(config) == grid.run_id(one_run("model=qwen2.5-7b", "model.resources.gpu=a100-80gb"))

@@ -230,7 +230,7 @@ def eval_seconds(config: Mapping[str, Any], arch: Arch, gpu: GPU) -> float | Non
 
 @dataclass(frozen=True)
 class RunCost:
-    """A run's time and GPU-hours: the estimate beside what its limits allow."""
+    """A run's estimated time and GPU-hours, and the jobs its training needs under its time limit."""
 
     gpu: str  # model.resources.gpu
     step: StepTime
@@ -240,7 +240,6 @@ class RunCost:
     tries: int  # 1 + cluster.max_requeues: jobs a run may use
     eval_seconds: float | None  # the estimate of its eval job (None: no eval, or a task of unknown size)
     eval_gpus: int
-    eval_limit_hours: float | None  # an eval job's time limit (None: no eval)
 
     @property
     def train_hours(self) -> float:
@@ -262,18 +261,9 @@ class RunCost:
         return (self.eval_seconds or 0.0) / 3600 * self.eval_gpus
 
     @property
-    def eval_limit_gpu_hours(self) -> float:
-        return (self.eval_limit_hours or 0.0) * self.eval_gpus
-
-    @property
     def gpu_hours(self) -> float:
         """The estimate: training (steps x step time x GPUs, startups included) plus eval."""
         return self.train_hours * self.gpus + self.eval_gpu_hours
-
-    @property
-    def limit_gpu_hours(self) -> float:
-        """At the limits: every try of the training job for its whole time limit, plus the eval job's."""
-        return self.limit_hours * self.gpus * self.tries + self.eval_limit_gpu_hours
 
 
 def run_cost(
@@ -286,7 +276,6 @@ def run_cost(
     per_node = int(res.get("gpus_per_node", 0))
     if not per_node or gpu is None:
         return None
-    suite = config.get("eval", {}).get("suite", "none") != "none"
     return RunCost(
         gpu=str(res["gpu"]),
         step=step_time(config, arch, shape, gpu, kv_room),
@@ -294,7 +283,6 @@ def run_cost(
         gpus=per_node * int(res.get("nodes", 1)),
         limit_hours=int(res["timeout_min"]) / 60,
         tries=1 + int(config.get("cluster", {}).get("max_requeues", 0)),
-        eval_seconds=eval_seconds(config, arch, gpu) if suite else None,
+        eval_seconds=eval_seconds(config, arch, gpu),
         eval_gpus=per_node,
-        eval_limit_hours=int(res.get("eval_timeout_min", 60)) / 60 if suite else None,
     )

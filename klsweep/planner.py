@@ -225,6 +225,9 @@ class Estimate:
     gpus: int = 0  # per job
     gpu_memory_gb: float | None = None  # of one GPU (None without GPUs)
     cost: cost.RunCost | None = None  # the time estimate (None without GPUs)
+    limit_hours: float = 0.0  # a training job's time limit
+    tries: int = 1  # 1 + cluster.max_requeues
+    eval_limit_gpu_hours: float = 0.0  # the eval job's GPUs for its whole time limit (0: no eval)
 
     @property
     def fits(self) -> bool:
@@ -260,11 +263,10 @@ class Estimate:
     def limit_json(self) -> dict[str, Any]:
         """``plan --json``'s per-run limits: a training job's hours, the tries (1 + ``cluster.max_requeues``),
         the eval job's GPU-hours, all GPU-hours at the limits."""
-        c = self.cost
         return {
-            "hours": round(c.limit_hours, 2) if c else None,
-            "tries": c.tries if c else None,
-            "eval_gpu_hours": round(c.eval_limit_gpu_hours, 2) if c else None,
+            "hours": round(self.limit_hours, 2),
+            "tries": self.tries,
+            "eval_gpu_hours": round(self.eval_limit_gpu_hours, 2),
             "gpu_hours": round(self.limit_gpu_hours, 2),
         }
 
@@ -327,32 +329,39 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     kept = saves if keep is None else min(int(keep), saves)
     # vLLM's KV cache: its share of the GPU less its bf16 copy of the weights
     kv_room = parts["vllm"] * GIB - cost.COMPUTE_BYTES * arch.params if "vllm" in parts else None
-    run_cost = cost.run_cost(config, arch, shape, kv_room)
+    train_limit, eval_limit = _limit_gpu_hours(config)
     return Estimate(
         peak_gb=sum(parts.values()),
-        limit_gpu_hours=run_cost.limit_gpu_hours if run_cost else _job_gpu_hours(config),
+        limit_gpu_hours=train_limit + eval_limit,
         storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM[train.get("sharding", "none")] * arch.params / GIB,
         parts=parts,
         gpus=gpus,
         gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,
-        cost=run_cost,
+        cost=cost.run_cost(config, arch, shape, kv_room),
+        limit_hours=int(res["timeout_min"]) / 60,
+        tries=_tries(config),
+        eval_limit_gpu_hours=eval_limit,
     )
 
 
-def _job_gpu_hours(config: Mapping[str, Any]) -> float:
-    """GPU-hours of a run at its limits: every try of its training job (1 + ``cluster.max_requeues``) for its
-    whole time limit, and its eval job's."""
+def _tries(config: Mapping[str, Any]) -> int:
+    """The jobs a run's training may use: 1 + ``cluster.max_requeues``."""
+    return 1 + int(config.get("cluster", {}).get("max_requeues", 0))
+
+
+def _limit_gpu_hours(config: Mapping[str, Any]) -> tuple[float, float]:
+    """GPU-hours of a run at its limits: every try of its training job for its whole time limit; its eval
+    job's (the node's GPUs; 0 without eval)."""
     res = config["model"]["resources"]
-    tries = 1 + int(config.get("cluster", {}).get("max_requeues", 0))
     evals = config.get("eval", {}).get("suite", "none") != "none"
     per_node = int(res.get("gpus_per_node", 0))
-    train = per_node * int(res.get("nodes", 1)) * int(res["timeout_min"]) / 60 * tries
-    return train + (per_node * int(res.get("eval_timeout_min", 60)) / 60 if evals else 0.0)
+    train = per_node * int(res.get("nodes", 1)) * int(res["timeout_min"]) / 60 * _tries(config)
+    return train, per_node * int(res.get("eval_timeout_min", 60)) / 60 if evals else 0.0
 
 
 def gpu_hours(runs: list[PlannedRun]) -> float:
     """Upper bound of the GPU-hours of ``runs``: every try of every job using its whole time limit."""
-    return sum(_job_gpu_hours(run.config) for run in runs)
+    return sum(sum(_limit_gpu_hours(run.config)) for run in runs)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -583,8 +592,10 @@ def _time_totals(todo: list[Estimate]) -> dict[str, Any]:
     return {
         "gpu_hours_estimate": round(sum(e.gpu_hours for e in todo), 1),
         "eval_gpu_hours_estimate": round(sum(c.eval_gpu_hours for c in costs), 1),
-        "eval_gpu_hours_limit": round(sum(c.eval_limit_gpu_hours for c in costs), 1),
-        "eval_estimated": all(c.eval_seconds is not None for c in costs if c.eval_limit_hours),
+        "eval_gpu_hours_limit": round(sum(e.eval_limit_gpu_hours for e in todo), 1),
+        "eval_estimated": all(
+            e.cost.eval_seconds is not None for e in todo if e.cost and e.eval_limit_gpu_hours
+        ),
     }
 
 

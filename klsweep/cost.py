@@ -37,9 +37,7 @@ GPUS = {
 MFU = 0.40  # model FLOPs utilisation of training and prefill (matmuls of micro-batches of long sequences)
 HBM_EFFICIENCY = 0.80  # fraction of the HBM bandwidth a decode step's reads reach
 NVLINK_EFFICIENCY = 0.80  # NCCL all-gather bus bandwidth over one direction's NVLink bandwidth (nccl-tests)
-HF_LAUNCH_S_PER_LAYER = (
-    0.4e-3  # HF generate, eager PyTorch: the CPU time to launch one decoder layer's kernels
-)
+HF_LAUNCH_S_PER_LAYER = 0.4e-3  # HF generate (eager PyTorch): CPU time to launch a decoder layer's kernels
 PCIE_GB_S = 25.0  # host <-> GPU copies (vLLM's sleep mode offloads and reloads the weights each step)
 JOB_STARTUP_S = 300.0  # a training job: imports, model load, FSDP wrapping, resuming a checkpoint
 EVAL_STARTUP_S = 180.0  # an eval job: model load, vLLM's memory profiling and CUDA-graph capture
@@ -200,7 +198,8 @@ def step_time(
 def eval_seconds(config: Mapping[str, Any], arch: Arch, gpu: GPU) -> float | None:
     """An eval job's seconds: startup, then generating every answer of the suite (``max_gen_toks`` tokens
     each, greedy or ``num_samples``) with vLLM (one engine per ``tensor_parallel_size`` GPUs, continuous
-    batching) or HF (one GPU, batches of ``batch_size``). None when the suite has a task of unknown size."""
+    batching) or HF (one GPU, batches of ``batch_size``), prompts of ``train.max_prompt_length`` tokens. None
+    when the suite has a task of unknown size."""
     ev = config.get("eval", {})
     tasks = [*ev.get("in_domain", []), *ev.get("ood", [])]
     if ev.get("suite", "none") == "none" or not tasks or any(t not in EVAL_QUESTIONS for t in tasks):

@@ -257,7 +257,7 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
         width=width,
         right=["runs", "s/step", "gen s", "h/run", "jobs", "GPU-h", "limit"],
         whole=["model"],
-        optional=["gen s", "GPU", "jobs"],
+        optional=["GPU", "gen s", "jobs"],
         caption=caption,
     )
 

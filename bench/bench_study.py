@@ -128,7 +128,7 @@ def phases(run_dir: Path, spawned: float) -> dict[str, list[float]]:
     totals["eval_imports"] = [time.perf_counter() - wall, time.process_time() - cpu]
     config = evaluate.run_config(run_dir)
     wall, cpu = time.perf_counter(), time.process_time()
-    evaluate.eval_run(run_dir, config["eval"])
+    evaluate.eval_run(run_dir, config.eval)
     totals["eval"] = [time.perf_counter() - wall, time.process_time() - cpu]
     return totals
 

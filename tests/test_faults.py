@@ -207,7 +207,7 @@ def test_resume_keeps_the_valid_rows_after_a_torn_line(tmp_path, model_dir):
     lines = (run / store.METRICS_FILE).read_text().splitlines(keepends=True)
     lines[1] = lines[1][:20] + "\n"  # step 2 torn
     (run / store.METRICS_FILE).write_text("".join(lines))
-    (run / "checkpoints" / "checkpoint-6" / job.TRAINER_STATE).unlink()  # resume from checkpoint-4
+    (run / "checkpoints" / "checkpoint-6" / store.TRAINER_STATE).unlink()  # resume from checkpoint-4
     store.write_status(run, "running")
     status = job.train_run(run)
     assert status["state"] == "done", status.get("error")
@@ -557,12 +557,12 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, mode
     ]
     proc = subprocess.Popen(train, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     start = time.time()
-    while len([c for c in store.checkpoints(run) if (c / job.TRAINER_STATE).exists()]) < 2:
+    while len([c for c in store.checkpoints(run) if (c / store.TRAINER_STATE).exists()]) < 2:
         assert proc.poll() is None and time.time() - start < 300, "it never saved two checkpoints"
         time.sleep(0.1)
     proc.kill()  # kill -9
     proc.wait()
-    found = [c for c in store.checkpoints(run) if (c / job.TRAINER_STATE).exists()]
+    found = [c for c in store.checkpoints(run) if (c / store.TRAINER_STATE).exists()]
     newest, before = found[-1], found[-2]
     cut_in_half(newest / "model.safetensors")
     assert "model.safetensors: cut short" in store.checkpoint_problem(newest)

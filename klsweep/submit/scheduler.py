@@ -141,9 +141,8 @@ def _run_cmd(cmd: list[str]) -> str | None:
 DOWN = "the Slurm controller does not answer"
 PING_TIMEOUT_S = 5.0  # `scontrol ping`: a controller that answers does at once; one that is down, at once too
 _PING_TTL_S = 10.0
-_pinged: dict[
-    str | None, tuple[float, str | None]
-] = {}  # SLURM_CONF -> (when, what ``controller_problem`` said)
+# SLURM_CONF -> (when, what ``controller_problem`` said)
+_pinged: dict[str | None, tuple[float, str | None]] = {}
 
 
 def controller_problem() -> str | None:

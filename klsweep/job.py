@@ -32,7 +32,7 @@ Divergence is a result, not a crash (``train_run`` returns normally), at the fir
 - the loss or the gradient norm is not finite (a model whose weights became non-finite, which makes
   sampling fail, counts too), or
 - the task reward collapses: ``klsweep.collapse`` (the rule the report applies too), with the run's
-  ``train.collapse_window`` and ``train.collapse_fraction``.
+  ``train.collapse_*`` keys and its completions a step.
 
 A diverged run saves its state at the step it stopped (``checkpoint-<step>``, marked ``diverged``).
 
@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import environment, store
-from klsweep.collapse import find_collapse
+from klsweep.collapse import Rule, find_collapse
 from klsweep.errors import Problem, UserError, describe
 
 if TYPE_CHECKING:
@@ -393,6 +393,7 @@ class _RunMonitor:
         self.config = config
         self.steps = [row.get("step", 0) for row in kept]
         self.rewards = [row.get("reward_mean") for row in kept]
+        self.stds = [row.get("reward_std") for row in kept]
         self.last_step = kept[-1]["step"] if kept else 0
         self.base_elapsed = base_elapsed
         self.started = started
@@ -440,6 +441,7 @@ class _RunMonitor:
                 row[key] = _number(value)
         self.steps.append(step)
         self.rewards.append(row["reward_mean"])
+        self.stds.append(row["reward_std"])
 
         reason = None
         for key in ("loss", "grad_norm"):
@@ -448,8 +450,11 @@ class _RunMonitor:
                 reason = f"non-finite {key} ({value})"
                 break
         if reason is None:
-            train = self.config.train
-            collapse = find_collapse(self.steps, self.rewards, train.collapse_window, train.collapse_fraction)
+            t = self.config.train
+            rule = Rule(
+                t.collapse_window, t.collapse_fraction, t.collapse_z, t.prompts_per_step * t.group_size
+            )
+            collapse = find_collapse(self.steps, self.rewards, self.stds, rule)
             reason = collapse.reason if collapse is not None else None
         if reason is not None:
             self.diverged = (step, reason)

@@ -17,7 +17,7 @@ from klsweep.report.figures import _plot_curves, _plot_eval
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, _reference_table
 from klsweep.report.render import _WRITERS, FORMATS
-from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, _attach_stability
+from klsweep.report.stability import WINDOW, _attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, _environment_table, _label_configs, _main_table, _stability_table
 
 
@@ -65,13 +65,9 @@ def build_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     chosen, in_domain, ood = _attach_evals(sweep, runs, eval_hash, set_aside)
-    rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
-        run: (
-            int(c.get("train.collapse_window", WINDOW)),
-            float(c.get("train.collapse_fraction", COLLAPSE_FRACTION)),
-        )
-        for run, c in zip(runs["run"], configs, strict=True)
-    }
+    rules = {
+        run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)
+    }  # as the trainer applied it
     _attach_stability(runs, metrics, window, rules)
     baseline = _baseline(sweep, chosen, in_domain, ood, set_aside)
     _attach_deltas(runs, baseline)
@@ -94,7 +90,7 @@ def build_report(
         claims=_claims_table(runs, audit),
         environment=_environment_table(runs),
         window=window,
-        collapse_rules=set(rules.values()),
+        collapse_rule=rule_text(configs),
         set_aside=set_aside,
     )
     report.paths += _plot_curves(report, metrics, out / "curves.png")

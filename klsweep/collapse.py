@@ -112,18 +112,20 @@ def find_collapse(
 
 
 @functools.lru_cache(maxsize=32)
-def false_collapses(rule: Rule, steps: int, runs_per_mean: int = 100, seed: int = 0) -> tuple[int, int]:
-    """How many of ``runs_per_mean`` simulated runs at each of ``MEANS`` collapse under ``rule``, and how many runs
+def false_collapses(
+    rule: Rule, steps: int, runs_per_mean: int = 100, seed: int = 0, means: tuple[float, ...] = MEANS
+) -> tuple[int, int]:
+    """How many of ``runs_per_mean`` simulated runs at each of ``means`` collapse under ``rule``, and how many runs
     there were: a stationary reward of ``steps`` steps, each step's ``rule.completions`` rewards independent
     Bernoulli draws (their mean and sample standard deviation logged, as the trainer does). Seeded."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     n, fired = max(rule.completions, 1), 0
-    for p in MEANS:
+    for p in means:
         hits = rng.binomial(n, p, size=(runs_per_mean, steps))
         means = hits / n
         stds = np.sqrt(hits * (n - hits) / (n * (n - 1))) if n > 1 else np.zeros_like(means)
         for m, sd in zip(means.tolist(), stds.tolist(), strict=True):
             fired += find_collapse(range(1, steps + 1), m, sd, rule) is not None
-    return fired, runs_per_mean * len(MEANS)
+    return fired, runs_per_mean * len(means)

@@ -124,8 +124,8 @@ def false_collapses(
     n, fired = max(rule.completions, 1), 0
     for p in means:
         hits = rng.binomial(n, p, size=(runs_per_mean, steps))
-        means = hits / n
-        stds = np.sqrt(hits * (n - hits) / (n * (n - 1))) if n > 1 else np.zeros_like(means)
-        for m, sd in zip(means.tolist(), stds.tolist(), strict=True):
+        rewards = hits / n
+        stds = np.sqrt(hits * (n - hits) / (n * (n - 1))) if n > 1 else np.zeros_like(rewards)
+        for m, sd in zip(rewards.tolist(), stds.tolist(), strict=True):
             fired += find_collapse(range(1, steps + 1), m, sd, rule) is not None
     return fired, runs_per_mean * len(means)

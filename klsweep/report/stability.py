@@ -1,5 +1,5 @@
 """Training stability of a run, from its logged curves: smoothing, collapse, and the per-run stability columns of
-the report (``_attach_stability``).
+the report (``attach_stability``).
 
 Definitions (also printed in the report: ``DEFINITIONS``):
 
@@ -116,7 +116,7 @@ def collapse_step(
     return None if found is None else found.step
 
 
-def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, Rule]) -> None:
+def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, Rule]) -> None:
     """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy (smoothed over
     ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> its ``Rule``), or the
     step the trainer stopped it for a collapse. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run
@@ -167,11 +167,11 @@ def _attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, ru
     for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)
-    runs["collapse_step"] = _object_series([collapse.get(r) for r in runs["run"]])
+    runs["collapse_step"] = object_series([collapse.get(r) for r in runs["run"]])
     runs["collapsed"] = runs["collapse_step"].notna()
 
 
-def _object_series(values: list[Any]) -> pd.Series:
+def object_series(values: list[Any]) -> pd.Series:
     import pandas as pd
 
     return pd.Series(values, dtype=object)

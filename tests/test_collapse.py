@@ -77,7 +77,7 @@ def test_a_policy_that_cannot_move_is_never_stopped(tmp_path):
     collapse settings and batch), 2 seeds x 150 steps: both end done, no step stopped as collapsed."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, write_run
 
     started = time.time()
     for seed in (0, 1):
@@ -97,7 +97,7 @@ def test_a_policy_that_cannot_move_is_never_stopped(tmp_path):
         for key, value in values.items():
             OmegaConf.update(config, key, value)
         run = tmp_path / f"s{seed}"
-        job.write_run_config(run, OmegaConf.to_container(config))
+        write_run(run, OmegaConf.to_container(config))
         status = job.train_run(run)
         assert status["state"] == "done", status
         rows = store.read_metrics(run)

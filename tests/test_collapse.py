@@ -104,3 +104,23 @@ def test_a_policy_that_cannot_move_is_never_stopped(tmp_path):
         assert len(rows) == 150 and all(r["reward_std"] is not None for r in rows)
         assert 0.05 < np.mean([r["reward_mean"] for r in rows]) < 0.9  # a reward that can fall
     print(f"2 frozen runs x 150 steps: {time.time() - started:.0f} s")
+
+
+def test_a_run_an_earlier_rule_stopped_stays_collapsed_in_the_report(tmp_path):
+    """Old run folders: a run whose trainer stopped it for a collapse (status.json) under an earlier version's
+    rule is collapsed in the report at that step, though this rule finds no collapse in its curve."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from klsweep.report import build_report
+
+    sweep = tmp_path / "sweep_tiny"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_tiny", sweep)
+    status = {"state": "diverged", "step": 40, "total_steps": 40, "diverged_step": 40}
+    status["reason"] = "reward collapse: mean task reward over the last 10 steps 0.2 < 0.5 x peak 0.45"
+    (sweep / "a1-k1rew-s0" / store.STATUS_FILE).write_text(json.dumps(status))
+    rep = build_report(sweep, tmp_path / "out", formats=("md",), wandb=False)
+    runs = rep.runs.set_index("run")
+    assert runs.loc["a1-k1rew-s0", "collapse_step"] == 40 and runs.loc["a1-k1rew-s0", "collapsed"]
+    assert not runs.loc["a2-k1rew-s1", "collapsed"]  # its sibling, done: the rule alone decides

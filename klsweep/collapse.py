@@ -3,11 +3,12 @@ step it collapses and marks it diverged) and by the report (``klsweep.report.sta
 each with the run's own ``Rule`` (``train.collapse_window``, ``collapse_fraction``, ``collapse_z`` and the
 completions a step). Statement, derivation and measured false-collapse rates: docs/COLLAPSE.md.
 
-In short: every window of the last ``window`` logged steps (fewer at the start) has a mean task reward ``m``
-and a standard error ``se`` from the per-step spread the run logs (``reward_std`` over ``completions``). The
-run collapses at the first step whose window is, with ``m + z se``, below the best ``m - z se`` so far (the
-peak window) and below ``fraction`` of that window's mean. A step without a logged spread adds no noise to
-``se`` (metrics without ``reward_std``: the fraction alone decides). Pure Python, one pass.
+In short: the window of the last ``window`` logged steps (fewer at the start) has a mean task reward ``m``; the
+variance of a step's mean is the window's logged ``reward_std``^2 / ``completions``, scaled up by how much more
+the run's step means change from step to step than that says (or, without ``reward_std``, that change alone).
+The peak window is the one with the best ``m - z se`` so far. The run collapses at the first step whose window's
+mean is below ``fraction`` x the peak's and below it by more than ``z`` pooled standard errors. Pure Python, one
+pass; ``false_collapses`` simulates the rule's false-collapse rate on a stationary reward.
 """
 
 from __future__ import annotations

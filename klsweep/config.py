@@ -152,8 +152,8 @@ class TrainSection:
     )
     collapse_z: float = key(
         COLLAPSE_Z,
-        "divergence: ... and below the peak window's mean by more than this many standard errors (from the "
-        "logged reward_std over the completions a step); sets the false-collapse rate (docs/COLLAPSE.md)",
+        "divergence: ... and only when it is also more than this many standard errors below the peak's (from "
+        "the logged reward_std over the completions a step): sets the false-collapse rate (docs/COLLAPSE.md)",
     )
     trl: dict[str, Any] = key(
         {},

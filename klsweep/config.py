@@ -5,6 +5,8 @@ the dotted keys of these dataclasses (``kl.estimator``, ``offpolicy.lag``, ``tra
 public vocabulary of grid files and command-line overrides. Each field carries its help (``key(default, help)``),
 the one description of the key that ``klsweep keys`` prints; two keys are open mappings, ``train.trl`` (TRL
 options passed through, ``klsweep.trlargs``) and ``cluster.additional_parameters`` (sbatch options).
+A run folder's ``config.yaml`` is read by ``load_run`` (typed; the one reader) and written by ``write_run``.
+More: docs/DESIGN.md (Run configuration).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class Resources:
     mem_gb: int = key(4, "memory of a node's job (GB)")
     gpu_memory_gb: float = key(
         80.0, "memory of one GPU: what klsweep plan checks each run's estimate against"
+    )
+    gpu: str = key(
+        "h100-80gb",
+        "the GPU model, for klsweep plan's step-time and GPU-hour estimate (its data-sheet figures: "
+        "klsweep.cost, slurm/README.md); which nodes Slurm gives is cluster.constraint's business",
     )
     timeout_min: int = key(
         60, "time limit of a training job (minutes); the job is requeued when it is reached"
@@ -264,12 +271,16 @@ class RunConfig:
 
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
-# config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
+# config.yaml that lacks one is read with this value (``load_run``), not with today's default.
 LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
 # a run that does not use them keeps the id it had (``grid.run_id``).
-ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}, "train.collapse_z": COLLAPSE_Z}
+ID_OMITTED_AT: dict[str, Any] = {
+    "train.trl": {},
+    "model.resources.gpu": "h100-80gb",
+    "train.collapse_z": COLLAPSE_Z,
+}
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.

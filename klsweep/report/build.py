@@ -65,9 +65,8 @@ def build_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
-    rules = {
-        run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)
-    }  # as the trainer applied it
+    # each run's own collapse rule (klsweep.collapse), as the trainer applied it
+    rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     attach_stability(runs, metrics, window, rules)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-WINDOW = 10
+WINDOW = 10  # the report's smoothing of curves and stability columns (``--window``), not the collapse rule's
 CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
 SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forward KL (KL(ref||pi), a column)
 # Per run, then mean ± std per configuration in the stability table.

@@ -90,8 +90,19 @@ def audit_command(
         float, typer.Option(help="> 0: off-policy, samples from logits + this x noise (a stale policy)")
     ] = 0.0,
     importance: Annotated[
-        str, typer.Option(help="off-policy weighting pi/mu: none | token | sequence | all")
-    ] = "none",
+        str | None,
+        typer.Option(
+            help="off-policy weighting pi/mu: none | token | sequence | all [default: none; --grpo "
+            "off-policy: all]"
+        ),
+    ] = None,
+    reward_logp: Annotated[
+        str | None,
+        typer.Option(help="--grpo off-policy: current | behavior | all [default: all]"),
+    ] = None,
+    importance_cap: Annotated[
+        float | None, typer.Option(help="--grpo: cap of the importance weights, 0: none [default: 0]")
+    ] = None,
     grpo: Annotated[
         bool,
         typer.Option(
@@ -133,12 +144,11 @@ def audit_command(
         "scale_rewards": scale_rewards,
         "reward_mode": reward_mode,
         "loss_type": loss_type,
+        "reward_logp": reward_logp,
+        "importance_cap": importance_cap,
     }
     if grpo:
-        if behavior_shift != 0.0 or importance != "none":
-            problems.append(
-                Problem("--behavior-shift, --importance", "given with --grpo", "the GRPO audit is on-policy")
-            )
+        grpo_options |= {"behavior_shift": behavior_shift, "importance": importance}
     else:
         given = [f"--{k.replace('_', '-')}" for k, v in grpo_options.items() if v is not None]
         if given:
@@ -151,6 +161,7 @@ def audit_command(
         rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **options)
     else:
         length = 3 if length is None else length
+        importance = "none" if importance is None else importance
         rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
     if as_json:
         import json
@@ -167,7 +178,9 @@ def audit_command(
         r = rows[0]
         console = _console()
         console.print(
-            f"GRPO audit, on-policy: V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            "GRPO audit, "
+            + (f"behaviour shift {r.behavior_shift:g}" if r.behavior_shift > 0 else "on-policy")
+            + f": V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
             f" seed {seed}, ref distance {ref_distance:g}",
             markup=False,
         )

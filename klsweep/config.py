@@ -161,7 +161,18 @@ class KLSection:
     placement: str = key("loss", "where the penalty enters: the reward, the loss, or both")
     level: str = key("token", "token: per-token penalty; sequence: summed over the completion")
     beta: float = key(0.0, "the KL coefficient (0: no KL)")
-    importance: str = key("none", "pi_theta/mu weighting of the KL term off-policy: none, token, sequence")
+    importance: str = key(
+        "none",
+        "pi_theta/mu weighting of the KL term off-policy: none, token, sequence (the loss half; the reward half "
+        "too with reward_logp current)",
+    )
+    importance_cap: float = key(0.0, "the importance weights are min(w, this); 0: no cap (a cap adds bias)")
+    reward_logp: str = key(
+        "current",
+        "whose log-ratio the reward-placed KL uses, separate mode (docs/KL.md). current: the training forward "
+        "pass's (detached), the reward half its own importance-weighted term outside the clipped ratio; "
+        "behavior: the generating policy's, inside the advantage (runs before this key). The same on-policy",
+    )
     reward_mode: str = key(
         "separate",
         "how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md). separate: its own "
@@ -256,11 +267,31 @@ class RunConfig:
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
 # config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
-LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
+LEGACY_VALUES: dict[str, Any] = {
+    "kl.reward_mode": "shaped",
+    "kl.reward_logp": "behavior",
+    "kl.importance_cap": 0.0,
+    "train.trl": {},
+}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
-# a run that does not use them keeps the id it had (``grid.run_id``).
-ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}}
+# a run that does not use them keeps the id it had (``grid.run_id``). ``id_omitted_at`` adds kl.reward_logp.
+ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}, "kl.importance_cap": 0.0}
+
+
+def on_policy(config: Mapping[str, Any]) -> bool:
+    """Whether a resolved RunConfig (nested plain data) trains on-policy: lag 0 and one update per batch."""
+    off = config.get("offpolicy") or {}
+    return off.get("lag", 0) == 0 and off.get("num_iterations", 1) == 1
+
+
+def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``ID_OMITTED_AT`` for this run (a resolved RunConfig, nested plain data), plus ``kl.reward_logp``:
+    left out of the id on-policy, where both values are the same computation (whatever it holds: the on-policy
+    ids of runs written before the key existed stand), and off-policy while it holds ``behavior``, what those
+    runs trained with; so it is in the id only off-policy with ``current``."""
+    own = (config.get("kl") or {}).get("reward_logp", "behavior")
+    return {**ID_OMITTED_AT, "kl.reward_logp": own if on_policy(config) else "behavior"}
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
@@ -270,7 +301,9 @@ KL_ONLY_KEYS: tuple[str, ...] = (
     "kl.placement",
     "kl.level",
     "kl.importance",
+    "kl.importance_cap",
     "kl.reward_mode",
+    "kl.reward_logp",
 )
 
 

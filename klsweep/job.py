@@ -125,13 +125,13 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
     config is an error (its checkpoints belong to that one)."""
     from omegaconf import OmegaConf
 
-    from klsweep.config import ID_OMITTED_AT, read_run_file, run_file_text
+    from klsweep.config import id_omitted_at, read_run_file, run_file_text
 
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
         read_run_file(run_dir)  # UnreadableFile when it was cut short
         loaded = OmegaConf.load(path)
-        for key, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
+        for key, value in id_omitted_at(config).items():  # a folder written before the key existed: same run
             if OmegaConf.select(loaded, key, default=None) is None:
                 OmegaConf.update(loaded, key, value, force_add=True)
         existing = OmegaConf.to_container(loaded, resolve=True)

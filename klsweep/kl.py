@@ -80,7 +80,7 @@ class KLConfig:
     # behavior: the sampling policy's, inside the advantage (and so the clipped ratio), no weight.
     # On-policy the two are the same computation. Shaped mode always uses the behaviour's.
     reward_logp: str = "current"
-    importance_cap: float | None = None  # None: no cap; else the importance weights are min(w, cap)
+    importance_cap: float = 0.0  # 0: no cap; else the importance weights are min(w, cap) (biased where w > cap)
 
     @property
     def reward_term(self) -> bool:
@@ -114,12 +114,8 @@ class KLConfig:
         ):
             problems.append(Problem("beta", f"{beta!r} is not valid", "a finite number >= 0"))
         cap = self.importance_cap
-        if cap is not None and (
-            isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap <= 0
-        ):
-            problems.append(
-                Problem("importance_cap", f"{cap!r} is not valid", "a finite number > 0, or none")
-            )
+        if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+            problems.append(Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)"))
         if problems:
             raise UserError(problems, title="invalid KL configuration")
 
@@ -196,7 +192,7 @@ def token_terms(
 def importance_weights(logp: Tensor, behavior_logp: Tensor | None, mask: Tensor, config: KLConfig) -> Tensor:
     """The detached weights of ``config.importance``: per token ``pi_theta(y_t|y_<t) / mu(y_t|y_<t)`` [B, T]
     (``token``), the sequence's ``pi_theta(y) / mu(y)`` [B, 1] (``sequence``) or 1 (``none``), capped at
-    ``config.importance_cap`` when it is set (a truncation: less variance, and a bias where w > cap)."""
+    ``config.importance_cap`` when it is > 0 (a truncation: less variance, and a bias where w > cap)."""
     import torch
 
     if config.importance == "none":
@@ -208,7 +204,7 @@ def importance_weights(logp: Tensor, behavior_logp: Tensor | None, mask: Tensor,
     if config.importance == "sequence":
         log_ratio = log_ratio.sum(-1, keepdim=True)
     weights = torch.exp(log_ratio)
-    return weights if config.importance_cap is None else weights.clamp(max=config.importance_cap)
+    return weights.clamp(max=config.importance_cap) if config.importance_cap > 0 else weights
 
 
 def surrogate(

@@ -48,7 +48,7 @@ class GRPOAuditRow:
     behavior_shift: float  # 0: on-policy; else mu = pi + this x noise (logits) samples, TRL's clipped loss
     reward_logp: str  # whose log-ratio the reward-placed penalty uses (kl.reward_logp)
     importance: str  # kl.importance
-    importance_cap: float | None  # kl.importance_cap
+    importance_cap: float  # kl.importance_cap (0: no cap)
     effective_scale: float
     cos_reverse: float  # cosine between the effective KL gradient and grad KL(pi||ref)
     cos_forward: float  # ... and grad KL(ref||pi)
@@ -114,8 +114,8 @@ def _validate_grpo(options: dict[str, Any]) -> None:
             )
         )
     cap = options["importance_cap"]
-    if cap is not None and (not is_real(cap) or cap <= 0):
-        problems.append(Problem("importance_cap", f"{cap!r} is not valid", "a finite number > 0, or none"))
+    if not is_real(cap) or cap < 0:
+        problems.append(Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)"))
     if not problems:
         vocab, length, g, groups = (options[k] for k in ("vocab", "length", "group_size", "groups"))
         batch = options["scale_rewards"] in ("batch", "all")
@@ -267,7 +267,7 @@ def grpo_audit(
     behavior_shift: float = 0.0,
     reward_logp: str | None = None,
     importance: str | None = None,
-    importance_cap: float | None = None,
+    importance_cap: float = 0.0,
 ) -> list[GRPOAuditRow]:
     """Per configuration (estimator x placement x level, for each reward mode and reward scaling: ``all`` for
     every one), the exact expected update of the trainer's objective on a random tabular policy (vocabulary

@@ -293,6 +293,7 @@ def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
     own = (config.get("kl") or {}).get("reward_logp", "behavior")
     return {**ID_OMITTED_AT, "kl.reward_logp": own if on_policy(config) else "behavior"}
 
+
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
 NO_KL = "no KL"

@@ -372,6 +372,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
     from rich.table import Table
 
     out = []
+
     def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
         sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
         return (r.reward_mode, r.scale_rewards, *sampling)

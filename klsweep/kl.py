@@ -9,7 +9,8 @@ The trainer uses these functions as they are for the loss half (``placement`` lo
 both). For the reward half it uses ``estimate`` (the detached penalty) and GRPO's advantages
 (``klsweep.grpo``): with ``reward_mode="separate"`` the expected update of the KL part is exactly beta times
 the expectation of ``surrogate``'s reward term (aggregated like the policy loss); with ``reward_mode="shaped"``
-it is not (the penalty is normalised with the task reward: see docs/KL.md, "beta in the reward").
+it is not (the penalty is normalised with the task reward: see docs/KL.md, "beta in the reward"). Off-policy,
+``reward_logp`` says whose log-ratio the reward half uses (``KLConfig.reward_term``; docs/KL.md, "Off-policy").
 
 Notation (see docs/KL.md): for a sampled completion y, per unmasked token t,
 ``delta_t = log pi_theta(y_t | y_<t) - log pi_ref(y_t | y_<t)``; ``k1 = delta``, ``k2 = delta**2 / 2``,
@@ -35,6 +36,8 @@ the weights are always detached, so they reweight the gradient without adding te
   weighting of TRL's ``use_bias_correction_kl`` (which, unlike this, does not detach it). This corrects the
   distribution of each token given its prefix, but not the distribution of the prefix itself, so it is exact
   only for length-1 completions; ``klsweep audit --behavior-shift`` shows what it leaves biased.
+
+``importance_cap`` > 0 truncates the weights at the cap (``importance_weights``): a bias where w > cap.
 
 Masked positions (``mask`` false) never affect a value or a gradient, whatever they hold (nan and inf
 included): they are removed with ``torch.where``, never by multiplication.
@@ -80,7 +83,7 @@ class KLConfig:
     # behavior: the sampling policy's, inside the advantage (and so the clipped ratio), no weight.
     # On-policy the two are the same computation. Shaped mode always uses the behaviour's.
     reward_logp: str = "current"
-    importance_cap: float = 0.0  # 0: no cap; else the importance weights are min(w, cap) (biased where w > cap)
+    importance_cap: float = 0.0  # > 0: the importance weights are min(w, cap) (biased where w > cap)
 
     @property
     def reward_term(self) -> bool:
@@ -115,7 +118,9 @@ class KLConfig:
             problems.append(Problem("beta", f"{beta!r} is not valid", "a finite number >= 0"))
         cap = self.importance_cap
         if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
-            problems.append(Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)"))
+            problems.append(
+                Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)")
+            )
         if problems:
             raise UserError(problems, title="invalid KL configuration")
 

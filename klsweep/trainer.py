@@ -302,9 +302,10 @@ class KLGRPOTrainer(GRPOTrainer):
                 "completion_length": mask.sum(-1).float(),
                 "policy_lag": (self.state.global_step - inputs["policy_version"]).float(),
             }
-            if self.kl.beta > 0 and self.kl.placement in ("reward", "both"):  # the penalty the reward half used
-                used = logps.detach() if self.kl.reward_term else sampled
-                values["kl/reward_penalty"] = klmath.estimate(used, ref, mask, self.kl.estimator, self.kl.level)
+            if self.kl.beta > 0 and self.kl.placement in ("reward", "both"):
+                used = logps.detach() if self.kl.reward_term else sampled  # the reward half's log-probs
+                penalty = klmath.estimate(used, ref, mask, self.kl.estimator, self.kl.level)
+                values["kl/reward_penalty"] = penalty
             for name, value in values.items():
                 self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
             task_reward = self.accelerator.gather(inputs["task_reward"])

@@ -442,7 +442,10 @@ def test_cli_grpo_table_fits_80_columns_piped_and_in_a_terminal():
     [
         (["--beta", "0.1"], ["--beta", "without --grpo"]),
         (["--grpo", "--importance", "tokens"], ["importance", "none, token, sequence, all"]),
-        (["--grpo", "--behavior-shift", "0.5", "--loss-type", "cispo"], ["loss_type", "not audited off-policy"]),
+        (
+            ["--grpo", "--behavior-shift", "0.5", "--loss-type", "cispo"],
+            ["loss_type", "not audited off-policy"],
+        ),
         (["--reward-logp", "current"], ["--reward-logp", "without --grpo"]),
         (["--grpo", "--reward-mode", "normalised", "--group-size", "1"], ["reward_mode", "group_size"]),
     ],

@@ -136,7 +136,9 @@ def test_leave_one_out_baseline_by_hand():
 
 
 @pytest.mark.parametrize("importance", ["none", "token", "sequence"])
-@pytest.mark.parametrize(("estimator", "placement", "level"), [("k1", "reward", "token"), ("k3", "both", "sequence")])
+@pytest.mark.parametrize(
+    ("estimator", "placement", "level"), [("k1", "reward", "token"), ("k3", "both", "sequence")]
+)
 def test_reward_half_as_its_own_term_is_the_advantage_path_on_policy(estimator, placement, level, importance):
     """On-policy (behaviour = current log-probs: weights 1, ratio 1) the reward half as its own term
     beta * stopgrad(w (KL_hat - b)) log pi has the gradient of the separate-mode penalty advantage through the
@@ -151,7 +153,9 @@ def test_reward_half_as_its_own_term_is_the_advantage_path_on_policy(estimator, 
     aggregation = grpo.Aggregation("dapo", tokens=mask.sum())
     penalty = kl.estimate(logp.detach(), ref, mask, estimator, level)
 
-    old = grpo.policy_loss(grpo.advantages(task, penalty, beta, g, "group", "separate"), logp, mask, aggregation)
+    old = grpo.policy_loss(
+        grpo.advantages(task, penalty, beta, g, "group", "separate"), logp, mask, aggregation
+    )
     (old_grad,) = torch.autograd.grad(old, logp)
     task_only = grpo.advantages(task, None, beta, g, "group", "separate")
     baseline = grpo.leave_one_out_baseline(penalty, g)

@@ -291,7 +291,8 @@ def test_importance_weights_token_sequence_and_cap():
     torch.testing.assert_close(seq, torch.ones(1, 1, dtype=torch.float64))
     capped = kl.KLConfig("k1", "loss", importance="token", importance_cap=2.0)
     torch.testing.assert_close(
-        kl.importance_weights(logp, behavior, mask, capped), torch.tensor([[2.0, 1 / math.e, 1.0]], dtype=torch.float64)
+        kl.importance_weights(logp, behavior, mask, capped),
+        torch.tensor([[2.0, 1 / math.e, 1.0]], dtype=torch.float64),
     )
     assert kl.importance_weights(logp, None, mask, kl.KLConfig("k1", "loss")).item() == 1.0
     # the cap applies to the loss half's weights too

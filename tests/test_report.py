@@ -185,6 +185,8 @@ def test_audit_table_uses_each_runs_settings():
             "kl.beta": 0.1,
             "kl.importance": "none",
             "kl.reward_mode": "separate",
+            "kl.reward_logp": "current",
+            "kl.importance_cap": 0.0,
             "train.group_size": 4,
             "train.scale_rewards": "group",
             "train.loss_type": "dapo",
@@ -220,9 +222,61 @@ def test_audit_table_uses_each_runs_settings():
     assert by["separate", 4, "group", "vespo", "on-policy"]["verdict"].startswith("not audited: loss_type")
     assert "at most" in by["separate", 64, "group", "dapo", "on-policy"]["verdict"]
     assert a[a["estimator"] == "no KL"]["verdict"].tolist() == ["no KL term (beta = 0)"]
-    off = by["separate", 4, "group", "dapo", "off-policy, importance=sequence"]
+    off = by[
+        "separate", 4, "group", "dapo", "off-policy, importance=sequence, current log-probs in the reward"
+    ]
     assert off["unbiased"] == "yes" and off["off-policy estimator verdict"] == "unbiased reverse KL"
     assert exact["off-policy estimator verdict"] == "—"
+
+
+def test_audit_verdict_is_each_runs_own_sampling():
+    """A lag-16 run gets the off-policy audit's verdict, not its on-policy twin's: k1 in both is exact at lag 0,
+    not at lag 16 with the behaviour's log-probs or without weights, exact again with the current log-probs and
+    sequence weights (and not once they are capped); the claims count the runs accordingly."""
+    import pandas as pd
+
+    from klsweep.report.audit_table import _audit_table, _run_unbiased
+
+    def run(config, **kw):
+        base = {
+            "kl.estimator": "k1",
+            "kl.placement": "both",
+            "kl.level": "token",
+            "kl.beta": 0.1,
+            "kl.importance": "none",
+            "kl.reward_mode": "separate",
+            "kl.reward_logp": "current",
+            "kl.importance_cap": 0.0,
+            "train.group_size": 4,
+            "train.scale_rewards": "group",
+            "train.loss_type": "dapo",
+            "offpolicy.lag": 0,
+            "offpolicy.num_iterations": 1,
+            "config": config,
+        }
+        return base | kw
+
+    lag = {"offpolicy.lag": 16}
+    runs = pd.DataFrame(
+        [
+            run(0),
+            run(0, **{"kl.reward_logp": "behavior"}),  # on-policy: the same computation, the same row
+            run(1, **lag, **{"kl.reward_logp": "behavior"}),
+            run(2, **lag),
+            run(3, **lag, **{"kl.importance": "sequence"}),
+            run(4, **lag, **{"kl.importance": "sequence", "kl.reward_logp": "behavior"}),
+            run(5, **lag, **{"kl.importance": "sequence", "kl.importance_cap": 2.0}),
+            run(6, **{"offpolicy.num_iterations": 2, "kl.importance": "sequence"}),
+        ]
+    )
+    audit = _audit_table(runs)
+    assert _run_unbiased(runs, audit) == ["yes", "yes", "no", "no", "yes", "no", "no", "yes"]
+    on = audit[audit["sampling"] == "on-policy"]
+    assert len(on) == 1 and on["runs"].item() == 2 and on["verdict"].item() == "exact"
+    capped = audit[audit["sampling"].str.contains("capped at 2")]
+    assert capped["verdict"].item() == "biased" and capped["unbiased"].item() == "no"
+    today = audit[audit["sampling"] == "off-policy, no importance weights, behavior log-probs in the reward"]
+    assert today["verdict"].item() != "exact" and today["effective scale"].item() < 0.9
 
 
 def test_csv_tables(rep):

@@ -5,6 +5,7 @@ package docstring."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
@@ -115,7 +116,9 @@ def _validate_grpo(options: dict[str, Any]) -> None:
         )
     cap = options["importance_cap"]
     if not is_real(cap) or cap < 0:
-        problems.append(Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)"))
+        problems.append(
+            Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)")
+        )
     if not problems:
         vocab, length, g, groups = (options[k] for k in ("vocab", "length", "group_size", "groups"))
         batch = options["scale_rewards"] in ("batch", "all")
@@ -306,12 +309,22 @@ def grpo_audit(
     for scaling in scalings:
         n_groups = groups if scaling == "batch" else 1
         seqs, p = enumerate_steps(probs, group_size, n_groups)
-        unit = _unit(policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac)
+        unit = _unit(
+            policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac
+        )
 
-        def gradient(config: kl.KLConfig) -> Tensor:
-            return grpo_gradients(
-                policy, reward, seqs, config, group_size, scaling, loss_type, p, jac, off_policy
-            )
+        gradient = functools.partial(
+            grpo_gradients,
+            policy,
+            reward,
+            seqs,
+            group_size=group_size,
+            scale_rewards=scaling,
+            loss_type=loss_type,
+            weights=p,
+            jac=jac,
+            off_policy=off_policy,
+        )
 
         g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
         # The KL in the loss ignores the reward mode and reward_logp: computed once per importance.

@@ -63,7 +63,11 @@ def run_id(config: dict, memo: dict[tuple[str, int, str], tuple[Any, str]] | Non
             continue
         value = config[key]
         # what is omitted from a section may depend on the others (kl.reward_logp on offpolicy.lag)
-        memo_key = (key, id(value), repr(sorted((k, v) for k, v in omitted.items() if k.startswith(key + "."))))
+        memo_key = (
+            key,
+            id(value),
+            repr(sorted((k, v) for k, v in omitted.items() if k.startswith(key + "."))),
+        )
         hit = memo.get(memo_key) if memo is not None else None
         if hit is not None and hit[0] is value:
             text = hit[1]
@@ -85,9 +89,7 @@ def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any]) -> Any:
     if not isinstance(value, dict):
         return value
     inner = [(k[len(prefix) + 1 :], None) for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
-    inner += [
-        (k[len(prefix) + 1 :], v) for k, v in omitted.items() if k.startswith(prefix + ".")
-    ]
+    inner += [(k[len(prefix) + 1 :], v) for k, v in omitted.items() if k.startswith(prefix + ".")]
     if not inner:
         return value
     kept = dict(value)

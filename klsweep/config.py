@@ -286,12 +286,19 @@ def on_policy(config: Mapping[str, Any]) -> bool:
 
 
 def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``ID_OMITTED_AT`` for this run (a resolved RunConfig, nested plain data), plus ``kl.reward_logp``:
-    left out of the id on-policy, where both values are the same computation (whatever it holds: the on-policy
-    ids of runs written before the key existed stand), and off-policy while it holds ``behavior``, what those
-    runs trained with; so it is in the id only off-policy with ``current``."""
-    own = (config.get("kl") or {}).get("reward_logp", "behavior")
-    return {**ID_OMITTED_AT, "kl.reward_logp": own if on_policy(config) else "behavior"}
+    """``ID_OMITTED_AT`` for this run (a resolved RunConfig, nested plain data), plus ``kl.reward_logp``: left
+    out of the id wherever both values are the same computation (on-policy, shaped mode, no KL in the reward;
+    whatever it holds: the ids of runs written before the key existed stand), and otherwise while it holds
+    ``behavior``, what those runs trained with; so it is in the id only where ``current`` changes the run."""
+    kl = config.get("kl") or {}
+    changes_nothing = (
+        on_policy(config)
+        or kl.get("reward_mode") == "shaped"
+        or kl.get("placement") == "loss"
+        or not kl.get("beta")
+    )
+    own = kl.get("reward_logp", "behavior")
+    return {**ID_OMITTED_AT, "kl.reward_logp": own if changes_nothing else "behavior"}
 
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place

@@ -99,9 +99,9 @@ def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):
 
 
 def test_reward_logp_is_in_the_id_only_off_policy_with_current(tmp_path):
-    """Ids published before kl.reward_logp and kl.importance_cap existed stand: on-policy (the same computation
-    either way) and off-policy with behavior (what those runs trained with) the key is left out; off-policy with
-    current (the new default) a run gets an id of its own."""
+    """Ids published before kl.reward_logp and kl.importance_cap existed stand: where the key changes nothing
+    (on-policy, shaped, KL in the loss) and with behavior (what those runs trained with) it is left out;
+    off-policy with current (the new default) a run gets an id of its own."""
     config = grid.load_plan(write(tmp_path, TINY)).runs[0].config
 
     def before_the_keys(c):
@@ -124,6 +124,11 @@ def test_reward_logp_is_in_the_id_only_off_policy_with_current(tmp_path):
         new = with_(config, lag, iterations, reward_logp="current")
         assert grid.run_id(new) != grid.run_id(before_the_keys(new))
         assert grid.run_id(new) != grid.run_id(with_(config, lag, iterations, reward_logp="behavior"))
+    for nothing in ({"reward_mode": "shaped"}, {"placement": "loss"}):  # where the key changes nothing
+        ids = {
+            grid.run_id(with_(config, 16, reward_logp=logp, **nothing)) for logp in ("current", "behavior")
+        }
+        assert len(ids) == 1
     assert grid.run_id(with_(config, importance_cap=2.0)) != grid.run_id(config)
     # one plan's memo of shared sections does not carry an omission from one run to another
     memo: dict = {}
@@ -221,7 +226,9 @@ def test_presets_as_an_axis_set_kl(tmp_path):
         "level": "token",
         "beta": 0.04,
         "importance": "token",
+        "importance_cap": 0.0,
         "reward_mode": "shaped",
+        "reward_logp": "current",
     }
     assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
     assert by["openrlhf"]["estimator"] == "k1" and by["openrlhf"]["placement"] == "reward"

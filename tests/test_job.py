@@ -95,7 +95,7 @@ def test_a_folder_written_before_reward_logp_is_the_same_run_only_where_its_id_i
 
     from klsweep.errors import UserError
 
-    config = write_config(tmp_path / "new", model_dir)
+    config = write_config(tmp_path / "new", model_dir, **{"kl.placement": "reward", "kl.beta": 0.1})
     assert config["kl"]["reward_logp"] == "current" and config["kl"]["importance_cap"] == 0.0
     for lag, same in ((0, {"current", "behavior"}), (4, {"behavior"})):
         new = {**config, "offpolicy": {**config["offpolicy"], "lag": lag}}

@@ -169,6 +169,27 @@ def test_audit_table(rep):
     assert list(a["runs"]) == [3, 2, 3]
 
 
+def audit_run(config: int, **kw) -> dict:
+    """A run's row as the audit table reads it: k1 in the reward, separate, on-policy, then ``kw``."""
+    base = {
+        "kl.estimator": "k1",
+        "kl.placement": "reward",
+        "kl.level": "token",
+        "kl.beta": 0.1,
+        "kl.importance": "none",
+        "kl.reward_mode": "separate",
+        "kl.reward_logp": "current",
+        "kl.importance_cap": 0.0,
+        "train.group_size": 4,
+        "train.scale_rewards": "group",
+        "train.loss_type": "dapo",
+        "offpolicy.lag": 0,
+        "offpolicy.num_iterations": 1,
+        "config": config,
+    }
+    return base | kw
+
+
 def test_audit_table_uses_each_runs_settings():
     """One row per distinct setting: the GRPO audit with the runs' G, reward scaling, reward mode, loss type and
     beta; no-KL runs and settings the audit cannot enumerate are said so; off-policy rows add the estimator's
@@ -177,35 +198,16 @@ def test_audit_table_uses_each_runs_settings():
 
     from klsweep.report.audit_table import _audit_table
 
-    def run(config, **kw):
-        base = {
-            "kl.estimator": "k1",
-            "kl.placement": "reward",
-            "kl.level": "token",
-            "kl.beta": 0.1,
-            "kl.importance": "none",
-            "kl.reward_mode": "separate",
-            "kl.reward_logp": "current",
-            "kl.importance_cap": 0.0,
-            "train.group_size": 4,
-            "train.scale_rewards": "group",
-            "train.loss_type": "dapo",
-            "offpolicy.lag": 0,
-            "offpolicy.num_iterations": 1,
-            "config": config,
-        }
-        return base | kw
-
     runs = pd.DataFrame(
         [
-            run(0),
-            run(0),
-            run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
-            run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
-            run(3, **{"train.loss_type": "vespo"}),
-            run(4, **{"kl.beta": 0.0}),
-            run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
-            run(6, **{"train.group_size": 64}),
+            audit_run(0),
+            audit_run(0),
+            audit_run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
+            audit_run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
+            audit_run(3, **{"train.loss_type": "vespo"}),
+            audit_run(4, **{"kl.beta": 0.0}),
+            audit_run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
+            audit_run(6, **{"train.group_size": 64}),
         ]
     )
     a = _audit_table(runs)
@@ -238,23 +240,7 @@ def test_audit_verdict_is_each_runs_own_sampling():
     from klsweep.report.audit_table import _audit_table, _run_unbiased
 
     def run(config, **kw):
-        base = {
-            "kl.estimator": "k1",
-            "kl.placement": "both",
-            "kl.level": "token",
-            "kl.beta": 0.1,
-            "kl.importance": "none",
-            "kl.reward_mode": "separate",
-            "kl.reward_logp": "current",
-            "kl.importance_cap": 0.0,
-            "train.group_size": 4,
-            "train.scale_rewards": "group",
-            "train.loss_type": "dapo",
-            "offpolicy.lag": 0,
-            "offpolicy.num_iterations": 1,
-            "config": config,
-        }
-        return base | kw
+        return audit_run(config, **{"kl.placement": "both", **kw})
 
     lag = {"offpolicy.lag": 16}
     runs = pd.DataFrame(

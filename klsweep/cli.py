@@ -179,8 +179,12 @@ def audit_command(
         console = _console()
         console.print(
             "GRPO audit, "
-            + (f"behaviour shift {r.behavior_shift:g}" if r.behavior_shift > 0 else "on-policy")
-            + f": V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            + (
+                f"off-policy (behaviour shift {r.behavior_shift:g})\n"
+                if r.behavior_shift > 0
+                else "on-policy: "
+            )
+            + f"V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
             f" seed {seed}, ref distance {ref_distance:g}",
             markup=False,
         )

@@ -435,6 +435,13 @@ def test_cli_grpo_table_fits_80_columns_piped_and_in_a_terminal():
         assert "reward_mode separate, scale_rewards group" in text
         assert "reward_mode shaped, scale_rewards group" in text
         assert "E[grad L(beta)]" in text  # not eaten as markup
+    off = subprocess.run(
+        [*cmd, "--behavior-shift", "0.5"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert off.returncode == 0, off.stderr
+    assert max(len(line) for line in off.stdout.splitlines()) <= 80
+    assert "off-policy (behaviour shift 0.5)" in off.stdout
+    assert "reward_logp current, importance sequence" in off.stdout
 
 
 @pytest.mark.parametrize(

@@ -196,7 +196,7 @@ def test_audit_table_uses_each_runs_settings():
     off-policy verdict."""
     import pandas as pd
 
-    from klsweep.report.audit_table import _audit_table
+    from klsweep.report.audit_table import audit_table
 
     runs = pd.DataFrame(
         [
@@ -210,7 +210,7 @@ def test_audit_table_uses_each_runs_settings():
             audit_run(6, **{"train.group_size": 64}),
         ]
     )
-    a = _audit_table(runs)
+    a = audit_table(runs)
     by = {
         (r["reward mode"], r["G"], r["scale_rewards"], r["loss type"], r["sampling"]): r
         for _, r in a.iterrows()
@@ -237,7 +237,7 @@ def test_audit_verdict_is_each_runs_own_sampling():
     sequence weights (and not once they are capped); the claims count the runs accordingly."""
     import pandas as pd
 
-    from klsweep.report.audit_table import _audit_table, _run_unbiased
+    from klsweep.report.audit_table import audit_table, run_unbiased
 
     def run(config, **kw):
         return audit_run(config, **{"kl.placement": "both", **kw})
@@ -255,8 +255,8 @@ def test_audit_verdict_is_each_runs_own_sampling():
             run(6, **{"offpolicy.num_iterations": 2, "kl.importance": "sequence"}),
         ]
     )
-    audit = _audit_table(runs)
-    assert _run_unbiased(runs, audit) == ["yes", "yes", "no", "no", "yes", "no", "no", "yes"]
+    audit = audit_table(runs)
+    assert run_unbiased(runs, audit) == ["yes", "yes", "no", "no", "yes", "no", "no", "yes"]
     on = audit[audit["sampling"] == "on-policy"]
     assert len(on) == 1 and on["runs"].item() == 2 and on["verdict"].item() == "exact"
     capped = audit[audit["sampling"].str.contains("capped at 2")]
@@ -439,7 +439,7 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from klsweep import evaluate, job, tasks
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, load_run, write_run
     from klsweep.tinymodel import random_tiny_model
 
     def length_reward(prompts, completions, answer, **kwargs) -> list[float]:
@@ -467,10 +467,10 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
         }.items():
             OmegaConf.update(config, key, value)
         resolved = OmegaConf.to_container(config)
-        job.write_run_config(sweep / name, resolved)
+        write_run(sweep / name, resolved)
         assert job.train_run(sweep / name)["state"] == "done"
         evaluate.eval_run(sweep / name, suite)
-    evaluate.eval_baseline(sweep, resolved, suite)
+    evaluate.eval_baseline(sweep, load_run(sweep / name).model, suite)
 
     # each run recorded the environment it trained in, at its training start
     import torch

@@ -289,13 +289,19 @@ def report_command(
             help="log the report to W&B (default: when the runs mirrored online; --wandb: offline too)",
         ),
     ] = None,
+    claims: Annotated[
+        Path | None,
+        typer.Option(help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"),
+    ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
     from klsweep.console import print_report
     from klsweep.report import build_report
 
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb)
+    report = build_report(
+        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims
+    )
     print_report(_console(), _console(stderr=True), report, tables=not quiet)
 
 

@@ -373,6 +373,7 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],
+            "p holm": [fmt_p(v) for v in df["p_holm"]],
             "n": df["n"].astype(str),
             "detail": df["detail"],
         }

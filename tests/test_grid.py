@@ -527,3 +527,35 @@ grid:
 def test_missing_grid_file(tmp_path, monkeypatch, capsys):
     code, _, err = cli(["plan", tmp_path / "nope.yaml"], monkeypatch, capsys)
     assert code == 2 and "cannot read the grid file" in err
+
+
+def test_claims_are_validated_up_front(tmp_path):
+    """A grid's ``claims:`` are checked with the rest of the grid: every bad claim located, all at once."""
+    base = "name: c\nbase: {model: tiny, task: tiny}\ngrid: {seed: range(2)}\n"
+    good = write(
+        tmp_path,
+        base + "claims:\n  - {name: k3 wins, metric: in_domain, test: welch, direction: greater,\n"
+        "     a: {kl.estimator: k3, unbiased: true}, b: {kl.beta: [0, 0.1]}}\n",
+    )
+    assert len(grid.load_plan(good, out=tmp_path / "r").runs) == 2
+    bad = write(
+        tmp_path,
+        base + "claims:\n"
+        "  - {name: a, metric: ood, test: welsh, direction: greater, a: {kl.estimatr: k3}, b: {kl.beta: 0}}\n"
+        "  - {name: a, metric: unstable, test: fisher, direction: equivalent, a: {seed: 0}}\n"
+        "  - {name: t, metric: ood, test: tost, direction: equivalent, a: {seed: 0}, b: {seed: 1}, size: 3}\n",
+        "bad.yaml",
+    )
+    with pytest.raises(grid.UserError) as e:
+        grid.load_plan(bad, out=tmp_path / "r")
+    text = str(e.value)
+    for where, what in [
+        ("claims[0] (a).test", "did you mean 'welch'"),
+        ("claims[0] (a).a.kl.estimatr", "did you mean 'kl.estimator'"),
+        ("claims[1].name", "'a' twice"),
+        ("claims[1] (a).direction", "fisher tests a direction"),
+        ("claims[1] (a).b", "missing"),
+        ("claims[2] (t).size", "unknown claim key"),
+        ("claims[2] (t).margin", "missing"),
+    ]:
+        assert f"{where}: {what}" in text or (where in text and what in text), (where, text)

@@ -78,13 +78,13 @@ def parse_claims(value: Any, where: str, schema: Schema, problems: list[Problem]
         return []
     out, names = [], set()
     for i, raw in enumerate(value):
+        name = raw.get("name")
+        if isinstance(name, str) and name in names:
+            problems.append(Problem(f"{where}[{i}].name", f"{name!r} twice", "a name per claim"))
+        names.add(name)
         claim = _claim(raw, f"{where}[{i}]", schema, problems)
-        if claim is None:
-            continue
-        if claim.name in names:
-            problems.append(Problem(f"{where}[{i}].name", f"{claim.name!r} twice", "a name per claim"))
-        names.add(claim.name)
-        out.append(claim)
+        if claim is not None:
+            out.append(claim)
     groups = {c.group for c in out if c.group}
     for g in sorted(groups & names):
         problems.append(Problem(f"{where}: group {g!r}", "is also a claim's name", "a name of its own"))
@@ -93,14 +93,14 @@ def parse_claims(value: Any, where: str, schema: Schema, problems: list[Problem]
 
 def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Claim | None:
     before = len(problems)
-    for key in raw:
-        if key not in KEYS:
-            problems.append(unknown(f"{where}.{key}", str(key), KEYS, "claim key"))
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         problems.append(Problem(f"{where}.name", "missing or empty", "the hypothesis in words"))
     else:
         where = f"{where} ({name})"
+    for key in raw:
+        if key not in KEYS:
+            problems.append(unknown(f"{where}.{key}", str(key), KEYS, "claim key"))
     metric = raw.get("metric")
     if not isinstance(metric, str) or not metric:
         problems.append(Problem(f"{where}.metric", f"{metric!r}", f"{', '.join(METRICS)}, or a column of runs.csv"))

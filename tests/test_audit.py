@@ -578,3 +578,36 @@ def test_grpo_audit_off_policy_agrees_with_monte_carlo(estimator, placement, rew
     z = (mean - exact).abs() / se.clamp(min=1e-12)
     assert z.max() < 4.5, z
     assert (mean - exact).norm() < 0.1 * exact.norm()
+
+
+def test_kl_md_off_policy_table_is_the_audits():
+    """docs/KL.md's off-policy table, regenerated from `klsweep audit --grpo --behavior-shift 0.5`."""
+    options = {"behavior_shift": 0.5, "reward_mode": "separate"}
+    rows = {
+        (r.estimator, r.placement, r.level, r.reward_logp, r.importance): r
+        for r in audit.grpo_audit(**options)
+    }
+    capped = audit.grpo_audit(**options, reward_logp="current", importance="sequence", importance_cap=2.0)
+    capped = {(r.estimator, r.placement, r.level): r for r in capped}
+    columns = [("behavior", "none"), ("behavior", "sequence"), *(("current", i) for i in kl.IMPORTANCE)]
+
+    def cell(r: audit.GRPOAuditRow, err: bool = False) -> str:
+        if r.rel_norm < audit.TOL:
+            return "0"
+        if r.verdict == "exact":
+            return "**1.000 (1.000)**"
+        return f"{r.effective_scale:.3f} ({r.cos_reverse:.3f})" + (
+            f", err {r.rel_err_reverse:.3f}" if err else ""
+        )
+
+    text = (REPO / "docs" / "KL.md").read_text()
+    for level in kl.LEVELS:
+        for estimator in ("k1", "k3"):
+            for placement in kl.PLACEMENTS:
+                if level == "sequence" and placement == "loss":
+                    continue
+                name = f"{estimator} in both" if placement == "both" else f"{estimator} in the {placement}"
+                name += ", sequence" if level == "sequence" else ""
+                cells = [cell(rows[estimator, placement, level, *c]) for c in columns]
+                cells.append(cell(capped[estimator, placement, level], err=True))
+                assert f"| {name} | {' | '.join(cells)} |" in text, name

@@ -297,7 +297,9 @@ def report_command(
     ] = None,
     claims: Annotated[
         Path | None,
-        typer.Option(help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"),
+        typer.Option(
+            help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"
+        ),
     ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;

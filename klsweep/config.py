@@ -284,7 +284,11 @@ LEGACY_VALUES: dict[str, Any] = {
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
 # a run that does not use them keeps the id it had (``grid.run_id``). ``id_omitted_at`` adds kl.reward_logp.
-ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}, "kl.importance_cap": 0.0, "model.resources.gpu": "h100-80gb"}
+ID_OMITTED_AT: dict[str, Any] = {
+    "train.trl": {},
+    "kl.importance_cap": 0.0,
+    "model.resources.gpu": "h100-80gb",
+}
 
 
 def on_policy(config: Mapping[str, Any]) -> bool:

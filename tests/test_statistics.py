@@ -118,7 +118,9 @@ def test_clear_effects_are_supported(tmp_path):
     assert {verdicts[c] for c in k1_both} == {"inconclusive"}
     assert {v for c, v in verdicts.items() if c not in k1_both} == {"supported"}, rep.claims.to_string()
     claims = pd.read_csv(tmp_path / "report" / "claims.csv")
-    assert {"claim", "verdict", "statistic", "p_value", "p_holm", "test", "n", "detail"} <= set(claims.columns)
+    assert {"claim", "verdict", "statistic", "p_value", "p_holm", "test", "n", "detail"} <= set(
+        claims.columns
+    )
     tested = claims[claims["claim"].isin(set(verdicts) - k1_both) & claims["p_value"].notna()]
     assert len(claims) == 12 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
     assert (tested["p_holm"] >= tested["p_value"]).all()  # adjusted for 9 tests: never smaller
@@ -223,9 +225,8 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
     """``klsweep report SWEEP --claims FILE``: a user's own hypotheses on any sweep, a column of runs.csv as a
     metric, a group read "any of"; p_holm is Holm's step-down adjustment, checked by hand; a sweep without
     claims gets no claims table."""
-    from scipy import stats
-
     from clitools import cli
+    from scipy import stats
 
     from klsweep.errors import UserError
 
@@ -246,14 +247,20 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
     )
     rep = rp.build_report(sweep, tmp_path / "report", formats=("csv",), claims=tmp_path / "mine.yaml")
     runs = rep.runs
-    no_kl, k1, k3 = (runs[runs["kl.beta"] == 0], runs[runs["kl.estimator"] == "k1"], runs[runs["kl.estimator"] == "k3"])
+    no_kl, k1, k3 = (
+        runs[runs["kl.beta"] == 0],
+        runs[runs["kl.estimator"] == "k1"],
+        runs[runs["kl.estimator"] == "k3"],
+    )
 
     def p(a, b):
         return stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
 
     raw = [p(k1["tiny_add"], no_kl["tiny_add"]), p(k3["in-domain avg"], no_kl["in-domain avg"])]
     raw.append(p(no_kl["OOD avg"], k1["OOD avg"]))
-    order = sorted(range(3), key=lambda i: raw[i])  # Holm by hand: 3 p, 2 p, 1 p, each at least the one before
+    order = sorted(
+        range(3), key=lambda i: raw[i]
+    )  # Holm by hand: 3 p, 2 p, 1 p, each at least the one before
     by_hand = [0.0] * 3
     running = 0.0
     for step, i in enumerate(order):
@@ -264,8 +271,13 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
     assert list(c.loc[names, "p_value"]) == pytest.approx(raw)
     assert list(c.loc[names, "p_holm"]) == pytest.approx(by_hand)
     assert c.loc["k1 beats no KL on add", "verdict"] == "supported"  # 0.7 vs 0.5, noise 0.02, 4 seeds
-    assert c.loc["KL helps", "verdict"] == "supported" and c.loc["KL helps", "p_holm"] == pytest.approx(min(by_hand[:2]))
-    assert c.loc["k1 beats no KL on add", "n"] == 8 and "kl.estimator=k1" in c.loc["k1 beats no KL on add", "detail"]
+    assert c.loc["KL helps", "verdict"] == "supported" and c.loc["KL helps", "p_holm"] == pytest.approx(
+        min(by_hand[:2])
+    )
+    assert (
+        c.loc["k1 beats no KL on add", "n"] == 8
+        and "kl.estimator=k1" in c.loc["k1 beats no KL on add", "detail"]
+    )
     # no claims: no claims table (nor a stale claims.csv)
     rep = rp.build_report(sweep, tmp_path / "report", formats=("csv", "md"))
     assert rep.claims.empty and not (tmp_path / "report" / "claims.csv").exists()

@@ -70,7 +70,9 @@ def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
         for c in (r.config for r in main.runs)
         if c["offpolicy"]["lag"] and c["kl"]["beta"]
     }
-    assert lagged == {(e, p, "current", "sequence") for e, p in (("k1", "reward"), ("k1", "both"), ("k3", "both"))}
+    assert lagged == {
+        (e, p, "current", "sequence") for e, p in (("k1", "reward"), ("k1", "both"), ("k3", "both"))
+    }
     for plan in (main, full):
         assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
         assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 16}

@@ -103,20 +103,31 @@ def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Cl
             problems.append(unknown(f"{where}.{key}", str(key), KEYS, "claim key"))
     metric = raw.get("metric")
     if not isinstance(metric, str) or not metric:
-        problems.append(Problem(f"{where}.metric", f"{metric!r}", f"{', '.join(METRICS)}, or a column of runs.csv"))
+        problems.append(
+            Problem(f"{where}.metric", f"{metric!r}", f"{', '.join(METRICS)}, or a column of runs.csv")
+        )
     test = _choice(raw, "test", TESTS, where, problems)
     direction = _choice(raw, "direction", DIRECTIONS, where, problems)
     if test and direction and (test == "tost") != (direction == "equivalent"):
         what = "tost tests equivalence" if test == "tost" else f"{test} tests a direction"
         allowed = "direction: equivalent" if test == "tost" else "direction: greater or less"
         problems.append(Problem(f"{where}.direction", f"{direction!r}: {what}", allowed))
-    if test == "fisher" and metric not in (None, "unstable") and isinstance(metric, str) and metric in METRICS:
+    if (
+        test == "fisher"
+        and metric not in (None, "unstable")
+        and isinstance(metric, str)
+        and metric in METRICS
+    ):
         problems.append(Problem(f"{where}.metric", f"fisher tests a rate, not {metric!r}", "unstable"))
     if test in ("welch", "tost") and metric == "unstable":
-        problems.append(Problem(f"{where}.test", f"{test} on a rate", "fisher (unstable is a yes/no per run)"))
+        problems.append(
+            Problem(f"{where}.test", f"{test} on a rate", "fisher (unstable is a yes/no per run)")
+        )
     margin = _size(raw, "margin", where, problems)
     if test == "tost" and margin is None and "margin" not in raw:
-        problems.append(Problem(f"{where}.margin", "missing: tost needs the margin of equivalence", "0.05, 50%"))
+        problems.append(
+            Problem(f"{where}.margin", "missing: tost needs the margin of equivalence", "0.05, 50%")
+        )
     if test != "tost" and "margin" in raw:
         problems.append(Problem(f"{where}.margin", "only tost takes a margin", "effect: (welch's power)"))
     effect = _size(raw, "effect", where, problems)
@@ -137,7 +148,9 @@ def _choice(raw: dict, key: str, options: tuple[str, ...], where: str, problems:
     if v in options:
         return str(v)
     hint = did_you_mean(str(v), options) if isinstance(v, str) else ""
-    problems.append(Problem(f"{where}.{key}", f"{v!r}{hint}" if v is not None else "missing", " | ".join(options)))
+    problems.append(
+        Problem(f"{where}.{key}", f"{v!r}{hint}" if v is not None else "missing", " | ".join(options))
+    )
     return None
 
 
@@ -152,7 +165,9 @@ def _size(raw: dict, key: str, where: str, problems: list[Problem]) -> tuple[flo
         if isinstance(v, bool) or not (size > 0 and math.isfinite(size)):
             raise ValueError(v)
     except (TypeError, ValueError):
-        problems.append(Problem(f"{where}.{key}", f"{v!r}", "a number > 0, or a percentage of b's mean (50%)"))
+        problems.append(
+            Problem(f"{where}.{key}", f"{v!r}", "a number > 0, or a percentage of b's mean (50%)")
+        )
         return None
     return size, relative
 

@@ -149,7 +149,7 @@ RULE = (
     f"{EFFECT['peak KL']:.0%} of b's peak KL, at level {ALPHA:g}/m for m claims tested), or significant the "
     "other way (equivalence: the two differ, two-sided Welch); inconclusive = data missing (no run in a group, "
     "fewer than 2 values) or a test without that power (equivalence: neither equivalent nor different). A group "
-    "of claims (\"any of\") is supported when at least one member is, not supported when every member is not "
+    'of claims ("any of") is supported when at least one member is, not supported when every member is not '
     "supported, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
     "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match."
 )

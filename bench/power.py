@@ -8,7 +8,7 @@ ALPHA/m (m claims: the strictest level Holm may ask of a claim); TOST: the large
 equivalent within the margin at that level (as a fraction of the margin); Fisher: the fewest unstable runs of
 the riskier side (the other side having none) that reach p < ALPHA/m. The committed runs' standard deviation
 over seeds stands for the new runs'; each side's size scales from the committed seeds to N. Prints a
-Markdown table (the README's "Seeds per arm").
+Markdown table (the README's "Seeds per arm"), with what the committed runs showed for each claim.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from klsweep.config import LEGACY_VALUES  # noqa: E402
 from klsweep.grid.claims import read_claims_file  # noqa: E402
 from klsweep.report.audit_table import SAMPLING, SETTINGS, audit_table, run_unbiased  # noqa: E402
-from klsweep.report.claims import METRIC_COLUMNS, _finished, _side, _size  # noqa: E402
+from klsweep.report.claims import METRIC_COLUMNS, claim_side, claim_size, finished, unstable  # noqa: E402
 from klsweep.report.statistics import ALPHA, POWER, Welch, rate_test, welch_power  # noqa: E402
 
 
@@ -63,25 +63,31 @@ def power_table(grid: str | Path, runs_csv: str | Path, seeds: list[int]) -> lis
         if key not in runs:
             runs[key] = LEGACY_VALUES.get(key)
     runs = runs.assign(unbiased=run_unbiased(runs, audit_table(runs)))
-    done = runs[_finished(runs)]
+    done = runs[finished(runs)]
     committed = int(runs.groupby("config").size().max())
     level = ALPHA / len(claims)
     rows = []
     for c in claims:
-        a, b = _side(done, {}, c.a), _side(done, {}, c.b)
+        a, b = claim_side(done, {}, c.a), claim_side(done, {}, c.b)
         col = METRIC_COLUMNS.get(c.metric, c.metric)
+        if c.test == "fisher":
+            seen = f"{int(unstable(a).sum())}/{len(a)} vs {int(unstable(b).sum())}/{len(b)} unstable"
+        else:
+            seen = f"difference {a[col].mean() - b[col].mean():.3g}"
         for n in seeds:
             na, nb = round(len(a) * n / committed), round(len(b) * n / committed)
             if c.test == "fisher":
                 k = fewest_events(na, nb, level)
                 what = f"{k}/{na} unstable vs 0/{nb}" if k else "nothing (too few runs)"
             elif c.test == "tost":
-                margin = _size(c.margin, b[col])
+                margin = claim_size(c.margin, b[col])
                 reach = equivalence_reach(a[col].std(), na, b[col].std(), nb, margin, level)
-                what = f"|difference| < {reach:.0%} of the margin {margin:.3g}"
+                what = f"difference within {reach:.0%} of the margin {margin:.3g}"
             else:
                 what = f"difference {detectable_difference(a[col].std(), na, b[col].std(), nb, level):.3g}"
-            rows.append({"claim": c.name, "N": n, "runs a/b": f"{na}/{nb}", "detects": what})
+            rows.append(
+                {"claim": c.name, "committed": seen, "N": n, "runs a/b": f"{na}/{nb}", "detects": what}
+            )
     return rows
 
 
@@ -93,11 +99,12 @@ def main() -> None:
     args = p.parse_args()
     rows = power_table(args.grid, args.runs_csv, [int(s) for s in args.seeds.split(",")])
     ns = sorted({r["N"] for r in rows})
-    print("| claim | " + " | ".join(f"N = {n}" for n in ns) + " |")
-    print("|---|" + "---|" * len(ns))
+    print("| claim | committed runs | " + " | ".join(f"N = {n}" for n in ns) + " |")
+    print("|---|---|" + "---|" * len(ns))
     for claim in dict.fromkeys(r["claim"] for r in rows):
-        cells = [f"{r['detects']} ({r['runs a/b']})" for r in rows if r["claim"] == claim]
-        print(f"| {claim} | " + " | ".join(cells) + " |")
+        mine = [r for r in rows if r["claim"] == claim]
+        cells = [f"{r['detects']} ({r['runs a/b']})" for r in mine]
+        print(f"| {claim} | {mine[0]['committed']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

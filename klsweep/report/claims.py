@@ -98,11 +98,11 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
     return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference"])
 
 
-def _finished(runs: pd.DataFrame) -> pd.Series:
+def finished(runs: pd.DataFrame) -> pd.Series:
     return runs["state"].isin(["done", "diverged"])
 
 
-def _unstable(runs: pd.DataFrame) -> pd.Series:
+def unstable(runs: pd.DataFrame) -> pd.Series:
     return (runs["state"] == "diverged") | runs["collapsed"].astype(bool)
 
 
@@ -124,7 +124,7 @@ def _same(v: Any, wanted: Any) -> bool:
     return fmt_value(v) == fmt_value(wanted)
 
 
-def _side(runs: pd.DataFrame, configs: dict[str, dict], filters: dict[str, list[Any]]) -> pd.DataFrame:
+def claim_side(runs: pd.DataFrame, configs: dict[str, dict], filters: dict[str, list[Any]]) -> pd.DataFrame:
     """The finished runs matching every filter (a key: one of its values); keys not in runs.csv are read from
     the runs' configs; ``unbiased``: the audit's verdict at the run's own lag."""
     keep = []
@@ -144,7 +144,7 @@ def _describe(filters: dict[str, list[Any]]) -> str:
     return ", ".join(f"{k}={'|'.join(fmt_value(v) for v in vs)}" for k, vs in filters.items())
 
 
-def _size(size: tuple[float, bool] | None, b: pd.Series) -> float:
+def claim_size(size: tuple[float, bool] | None, b: pd.Series) -> float:
     if size is None:
         return math.nan
     value, relative = size
@@ -157,7 +157,7 @@ def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str,
     row: dict[str, Any] = {"claim": c.name, "group": c.group or ""}
     if c.test == "fisher":
         first, second = (a, b) if c.direction == "greater" else (b, a)
-        ua, ub = int(_unstable(a).sum()), int(_unstable(b).sum())
+        ua, ub = int(unstable(a).sum()), int(unstable(b).sum())
         ea, eb = (ua, ub) if c.direction == "greater" else (ub, ua)
         p, best = rate_test(ea, len(first), eb, len(second))
         row |= {
@@ -173,7 +173,7 @@ def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str,
     xa, xb = a[column].astype(float).dropna(), b[column].astype(float).dropna()
     what = f"{c.metric}: a {_num(_mean(xa))} (n={len(xa)}) vs b {_num(_mean(xb))} (n={len(xb)})"
     if c.test == "tost":
-        margin = _size(c.margin, xb)
+        margin = claim_size(c.margin, xb)
         p, w = tost(list(xa), list(xb), margin)
         row |= {
             "test": "equivalence: two one-sided Welch tests (TOST); statistic: difference of means",
@@ -185,7 +185,7 @@ def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str,
         }
         return row
     w = welch(list(xa), list(xb), alternative=c.direction)
-    effect = _size(c.effect or DEFAULT_EFFECT.get(column), xb)
+    effect = claim_size(c.effect or DEFAULT_EFFECT.get(column), xb)
     row |= {
         "test": f"Welch's t-test, one-sided ({c.direction}); statistic: t",
         "statistic": w.t,
@@ -260,7 +260,7 @@ def claims_table(
         return pd.DataFrame(columns=CLAIM_COLUMNS)
     configs = configs or {}
     r = runs.assign(unbiased=run_unbiased(runs, audit))
-    done = r[_finished(r)]
+    done = r[finished(r)]
     known = set(r.columns) | {k for c in configs.values() for k in c}
     problems = [
         Problem(f"claim {c.name!r}: metric", f"{c.metric!r} is not a column of runs.csv",
@@ -277,7 +277,9 @@ def claims_table(
     if problems:
         raise UserError(problems, title="invalid claims")
     m = len(claims)
-    rows = [_test(c, _side(done, configs, c.a), _side(done, configs, c.b), ALPHA / m) for c in claims]
+    rows = [
+        _test(c, claim_side(done, configs, c.a), claim_side(done, configs, c.b), ALPHA / m) for c in claims
+    ]
     for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
         row["p_holm"] = adj
     tested = sum(not math.isnan(row["p_value"]) for row in rows)

@@ -151,26 +151,35 @@ def claim_size(size: tuple[float, bool] | None, b: pd.Series) -> float:
     return value * abs(_mean(b)) if relative else value
 
 
-def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str, Any]:
+def _events(side: pd.DataFrame, metric: str) -> int:
+    """How many runs of a side have the event a Fisher claim counts: unstable, or a yes/no column true."""
+    if metric == "unstable":
+        return int(unstable(side).sum())
+    return int(side[metric].map(lambda v: str(v).lower() in ("true", "1", "1.0", "yes")).sum())
+
+
+def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
     """The claim's test on its two sides: the row of ``claims_table`` before Holm (``verdict`` then decided
-    by ``_verdict`` from ``p_value`` and the ``_power`` columns)."""
+    by ``_verdict`` from ``p_value`` and the private ``_*`` entries)."""
+    import pandas as pd
+
     row: dict[str, Any] = {"claim": c.name, "group": c.group or ""}
     if c.test == "fisher":
         first, second = (a, b) if c.direction == "greater" else (b, a)
-        ua, ub = int(unstable(a).sum()), int(unstable(b).sum())
+        ua, ub = _events(a, c.metric), _events(b, c.metric)
         ea, eb = (ua, ub) if c.direction == "greater" else (ub, ua)
         p, best = rate_test(ea, len(first), eb, len(second))
         row |= {
-            "test": f"Fisher's exact test, one-sided ({c.direction}); statistic: difference of unstable rates",
+            "test": f"Fisher's exact test, one-sided ({c.direction}); statistic: difference of {c.metric} rates",
             "statistic": ua / len(a) - ub / len(b) if len(a) and len(b) else math.nan,
             "p_value": p,
             "n": len(a) + len(b),
-            "detail": f"unstable: a {ua}/{len(a)}, b {ub}/{len(b)}",
+            "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
             "_best": best,
         }
         return row
     column = METRIC_COLUMNS.get(c.metric, c.metric)
-    xa, xb = a[column].astype(float).dropna(), b[column].astype(float).dropna()
+    xa, xb = (pd.to_numeric(side[column], errors="coerce").dropna() for side in (a, b))
     what = f"{c.metric}: a {_num(_mean(xa))} (n={len(xa)}) vs b {_num(_mean(xb))} (n={len(xb)})"
     if c.test == "tost":
         margin = claim_size(c.margin, xb)
@@ -192,7 +201,7 @@ def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str,
         "p_value": w.p,
         "n": w.n_a + w.n_b,
         "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}",
-        "_power": welch_power(w, effect, level) if not math.isnan(effect) else math.nan,
+        "_welch": w,
         "_effect": effect,
     }
     return row
@@ -215,7 +224,8 @@ def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
         return INCONCLUSIVE, "not different, but not shown equivalent (underpowered)"
     if p > 1 - ALPHA:
         return NOT_SUPPORTED, "significant in the other direction"
-    power, effect = row["_power"], row["_effect"]
+    effect = row["_effect"]
+    power = welch_power(row["_welch"], effect, ALPHA / m) if not math.isnan(effect) else math.nan
     if math.isnan(power):
         return INCONCLUSIVE, "no smallest effect of interest for this metric (effect:)"
     at = f"power {power:.2f} at an effect of {_num(effect)} (level {ALPHA:g}/{m})"
@@ -276,10 +286,7 @@ def claims_table(
     ]  # fmt: skip
     if problems:
         raise UserError(problems, title="invalid claims")
-    m = len(claims)
-    rows = [
-        _test(c, claim_side(done, configs, c.a), claim_side(done, configs, c.b), ALPHA / m) for c in claims
-    ]
+    rows = [_test(c, claim_side(done, configs, c.a), claim_side(done, configs, c.b)) for c in claims]
     for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
         row["p_holm"] = adj
     tested = sum(not math.isnan(row["p_value"]) for row in rows)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from klsweep import report as rp
 from klsweep.report import statistics as st
@@ -282,6 +283,11 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
     rep = rp.build_report(sweep, tmp_path / "report", formats=("csv", "md"))
     assert rep.claims.empty and not (tmp_path / "report" / "claims.csv").exists()
     assert "No claims" in (tmp_path / "report" / "report.md").read_text()
+    # the claims of the grid file the sweep was planned from (sweep.yaml keeps its text): tested by default
+    grid_text = "name: sweep\ngrid: {seed: range(4)}\n" + (tmp_path / "mine.yaml").read_text()
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump({"name": "sweep", "grid": grid_text}))
+    rep = rp.build_report(sweep, tmp_path / "report", formats=("csv",))
+    assert list(rep.claims["claim"]) == [*names, "KL helps"]
     # a claim whose metric the runs do not have, or a bad claim: exit 2, every problem, nothing written
     (tmp_path / "bad.yaml").write_text(
         "claims:\n  - {name: x, metric: nope, test: welch, direction: greater, a: {kl.beta: 0}, b: {seed: 1}}\n"

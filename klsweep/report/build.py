@@ -111,14 +111,14 @@ def build_report(
 
 def _sweep_claims(sweep: Path) -> list[Claim]:
     """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
-    from omegaconf import OmegaConf
+    import yaml
 
-    path = sweep / store.SWEEP_FILE
     try:
-        text = OmegaConf.load(path).get("grid") if path.exists() else None
-    except Exception:  # an unreadable sweep.yaml: the runs are still reported, without claims  # noqa: BLE001
+        data = yaml.safe_load((sweep / store.SWEEP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # no readable sweep.yaml: the runs, without claims
         return []
-    return grid_claims(text, f"{path}: grid") if isinstance(text, str) else []
+    text = data.get("grid") if isinstance(data, dict) else None
+    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

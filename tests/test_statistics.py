@@ -303,3 +303,26 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
     )
     code, _, err = cli(["report", sweep, "--claims", tmp_path / "bad.yaml", "-q"], monkeypatch, capsys)
     assert code == 2 and "'nope' is not a column of runs.csv" in err
+
+
+def test_power_table_of_the_shipped_design():
+    """bench/power.py (the README's "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
+    committed runs' spread; more seeds detect smaller effects, and the sizes it prints are where the power is
+    0.8 (Welch) or where p first drops below 0.05/m (Fisher)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import power
+
+    runs_csv = Path(__file__).parents[1] / "results" / "tiny" / "report" / "runs.csv"
+    rows = power.power_table(TINY, runs_csv, [5, 8])
+    assert len(rows) == 22 and {r["N"] for r in rows} == {5, 8}
+    welch_rows = [r for r in rows if r["detects"].startswith("difference ") and "margin" not in r["detects"]]
+    by_claim = {}
+    for r in welch_rows:
+        by_claim.setdefault(r["claim"], {})[r["N"]] = float(r["detects"].split()[1])
+    assert len(by_claim) == 5 and all(d[8] < d[5] for d in by_claim.values())
+    e = power.detectable_difference(0.1, 6, 0.2, 6, 0.05 / 11)
+    w = st.Welch(0.0, math.nan, 0.0, (0.01 / 6 + 0.04 / 6) ** 2 / ((0.01 / 6) ** 2 / 5 + (0.04 / 6) ** 2 / 5),
+                 math.nan, 6, 6, math.sqrt(0.01 / 6 + 0.04 / 6))  # fmt: skip
+    assert st.welch_power(w, e, 0.05 / 11) == pytest.approx(0.8, abs=1e-6)
+    k = power.fewest_events(6, 6, 0.05 / 11)
+    assert st.rate_test(k, 6, 0, 6)[0] < 0.05 / 11 <= st.rate_test(k - 1, 6, 0, 6)[0]

@@ -149,7 +149,15 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
 
 
 def train_run(run_dir: str | Path) -> dict[str, Any]:
-    """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
+    """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status. Rank 0
+    holds the run's training lock throughout (``store.training``): ``store.AlreadyTraining`` when another
+    process trains it."""
+    lock = store.training(run_dir) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
+    with lock:
+        return _train_run(run_dir)
+
+
+def _train_run(run_dir: str | Path) -> dict[str, Any]:
     global _live_trainer, _live_monitor, _deferred_signal
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -221,6 +229,8 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
             raise exiting from None
         state = "failed"
+        if is_main:  # a save cut short (a full disk): its space, for the status and the log
+            store.drop_incomplete_checkpoints(run_dir, TRAINER_STATE)
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # the whole traceback in the job's log (and the run's logs/)
         lines = text.rstrip().splitlines()

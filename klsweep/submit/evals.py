@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import evaluate, store
-from klsweep.errors import Problem
+from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
@@ -49,12 +49,24 @@ def submit_eval(
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = evaluate.eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    _check_inside(Path(target), request)
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
         )
         return EvalSubmission(results=done.results, errors=done.errors, skipped=request.skipped)
     return _submit(request, cluster, wait)
+
+
+def _check_inside(target: Path, request: evaluate.EvalRequest) -> None:
+    """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
+    baselines') is a symbolic link out of the sweep folder (``TARGET``, or a run folder's sweep): klsweep
+    writes only inside it."""
+    root = target.parent if (target / store.CONFIG_FILE).is_file() else target
+    paths = [target, *request.runs, *(Path(b[0]) / store.BASELINE_DIR for b in request.baselines)]
+    problems = store.outside([p for p in paths if p == target or p.is_symlink()], root)
+    if problems:
+        raise UserError(problems, title="a folder outside the results folder")
 
 
 def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubmission:

@@ -3,13 +3,15 @@
 
 Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout every rank saves a checkpoint at
 the end of the step in progress, then it requeues itself, at most ``cluster.max_requeues`` times);
-``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
+``train_run`` resumes from the run's last checkpoint. A training job holds the run's training lock
+(``store.training``): one process trains a run at a time. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
 in the run's ``logs/`` (``klsweep.submit.joblogs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,9 +45,17 @@ class TrainJob:
             fn: Callable[[Path], Any] = train_run
         else:
             fn = self.fn
+        # one process trains a run at a time, whatever died before: rank 0 holds the run's training lock
+        lock = store.training(self.run_dir) if env.global_rank == 0 else contextlib.nullcontext()
         try:
-            with joblogs.kept(self.run_dir, "train", shared=self.shared_log):
+            with joblogs.kept(self.run_dir, "train", shared=self.shared_log), lock:
+                status = store.read_status(self.run_dir)
+                if status["state"] in ("done", "diverged"):  # trained meanwhile (by a job now gone)
+                    return status
                 return fn(Path(self.run_dir))
+        except store.AlreadyTraining as e:  # the run is the other trainer's: its status stays as it says
+            print(f"klsweep: {e.problems[0].what}; this job does not train it", file=sys.stderr, flush=True)
+            raise
         except Exception as e:
             # a status.json that cannot be read is left as it is (the error names it in the job's log)
             with contextlib.suppress(store.UnreadableFile):

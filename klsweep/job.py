@@ -229,12 +229,15 @@ def _train_run(run_dir: str | Path) -> dict[str, Any]:
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
             raise exiting from None
         state = "failed"
+        reason = describe(e)
+        if store.disk_full(run_dir, e) and "No space left" not in reason:
+            reason = f"OSError: No space left on device in {run_dir} ({reason})"
         if is_main:  # a save cut short (a full disk): its space, for the status and the log
             store.drop_incomplete_checkpoints(run_dir, TRAINER_STATE)
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # the whole traceback in the job's log (and the run's logs/)
         lines = text.rstrip().splitlines()
-        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=describe(e))
+        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=reason)
     finally:
         # a signal after the last step: the run is final anyway
         _live_trainer = _live_monitor = _deferred_signal = None

@@ -33,6 +33,7 @@ to do, so that callers can set that one run aside and carry on with the others.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -445,3 +446,20 @@ def drop_incomplete_checkpoints(run_dir: str | os.PathLike, marker: str) -> None
         if c.is_dir() and not (c / marker).exists():
             shutil.rmtree(c, ignore_errors=True)
 
+
+
+def disk_full(path: str | os.PathLike, error: BaseException) -> bool:
+    """Whether ``error`` came from a full disk where ``path`` is: an ENOSPC/EDQUOT ``OSError`` in its chain, or
+    less than 1 MiB left there (torch's writers say only "file write failed" / "unexpected pos")."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20

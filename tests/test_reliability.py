@@ -25,7 +25,7 @@ from klsweep.submit.jobs import TrainJob
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the job functions below travel by value
 
-STEPS = 8
+STEPS = 12
 STEP_S = 0.5
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
 
@@ -106,7 +106,7 @@ def test_kill_9_of_the_supervisor_then_a_rerun_trains_and_evaluates_each_run_onc
     processes = workers | {c for w in workers for c in children(w)}
     os.kill(supervisor, signal.SIGKILL)
     # the workers (controllers and the processes training) die with it: none trains on under pid 1
-    wait_for(lambda: not any(alive(p) for p in processes), "a worker outlived its supervisor", 10)
+    wait_for(lambda: not any(alive(p) for p in processes), "a worker outlived its supervisor", 3)
     before = {r.id: steps(r.run_dir) for r in plan.runs}
     time.sleep(2 * STEP_S)
     assert {r.id: steps(r.run_dir) for r in plan.runs} == before  # nobody trains them any more
@@ -141,7 +141,7 @@ def test_kill_9_of_the_job_id_status_shows_leaves_no_orphan_trainer(tmp_path):
     trainers = children(controller)
     assert trainers
     os.kill(controller, signal.SIGKILL)
-    wait_for(lambda: not any(alive(p) for p in trainers), "the trainer outlived its job (orphaned)", 10)
+    wait_for(lambda: not any(alive(p) for p in trainers), "the trainer outlived its job (orphaned)", 3)
     assert store.trainer_of(run_dir) is None  # its training lock went with it
     (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=60)
     assert run.state == "failed" and run.reason.startswith("the process died without a word")
@@ -250,7 +250,7 @@ def test_a_full_disk_during_a_checkpoint_save_fails_the_run_with_its_reason(smal
 
     status = store.read_status(run_dir)
     assert status["state"] == "failed" and run.state == "failed", status
-    assert "No space left on device" in status["reason"] or "write failed" in status["reason"], status
+    assert status["reason"].startswith("OSError: No space left on device"), status
     assert run.reason == status["reason"]  # not "the process died without a word"
     (log,) = (run_dir / "logs").glob("train-*.err")
     assert log.stat().st_size and "Traceback" in log.read_text()

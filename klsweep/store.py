@@ -447,7 +447,6 @@ def drop_incomplete_checkpoints(run_dir: str | os.PathLike, marker: str) -> None
             shutil.rmtree(c, ignore_errors=True)
 
 
-
 def disk_full(path: str | os.PathLike, error: BaseException) -> bool:
     """Whether ``error`` came from a full disk where ``path`` is: an ENOSPC/EDQUOT ``OSError`` in its chain, or
     less than 1 MiB left there (torch's writers say only "file write failed" / "unexpected pos")."""

@@ -95,7 +95,9 @@ def assert_each_step_once_and_one_eval(plan) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def test_kill_9_of_the_supervisor_then_a_rerun_trains_and_evaluates_each_run_once(tmp_path, monkeypatch, capsys):
+def test_kill_9_of_the_supervisor_then_a_rerun_trains_and_evaluates_each_run_once(
+    tmp_path, monkeypatch, capsys
+):
     sweep = tmp_path / "supkill"
     plan = jobs.make_plan(sweep, [0, 1, 2, 3], **{"cluster.max_local_jobs": 2, "eval.suite": "tiny"})
     submit.submit(plan, "local", train_fn=metered_train, eval_fn=counted_eval)

@@ -18,7 +18,9 @@ every claim and every end is also recorded in ``jobs.jsonl`` (the worker's job i
 with its ``state``). A job that fails is recorded and the worker goes on. A worker that dies (killed, out of
 memory, cancelled) leaves its job claimed: the supervisor records that job as failed (a cancelled run's as
 cancelled; ``klsweep status``: the process died without a word), copies the worker's log since the job began
-into the run's ``logs/``, and starts a new worker for what is left. A worker is checkpointable like a training job: on its
+into the run's ``logs/``, and starts a new worker for what is left. A worker dies with its job's controller
+(the job id) and with the supervisor, however they die (``_die_with_parents``): no worker acts on the claims of
+a pool that is gone; a rerun resumes its runs. A worker is checkpointable like a training job: on its
 time limit (the sum of the limits of the jobs in the queue) it saves the run it trains, puts it back in the
 queue and requeues itself. A training job of several processes (``model.resources.tasks_per_node > 1``) gets
 a worker of its own.

@@ -3,9 +3,10 @@ lock, and the sweep's own files (``sweep.yaml``, each run's ``config.yaml``, the
 
 Decisions are taken under a file lock on ``results/<sweep>/.lock`` and every submission is recorded in
 ``jobs.jsonl`` (run id, kind, cluster, job id, submitit folder, time), so two concurrent ``klsweep run`` never
-submit a run twice; a run whose training lock a process holds (``store.trainer_of``: a trainer that outlived
-its job's records) is live too (``skip-live``). Run folders must be inside the results folder: a symbolic link
-out of it is refused (exit 2) before anything is written. The back ends (``klsweep.submit.local``, ``klsweep.submit.slurm``) submit the jobs.
+submit a run twice; a run whose training lock a process holds (``store.trainer_of``: a trainer the records do
+not know of) is live too (``skip-live``). A sweep or run folder that is a symbolic link out of the results
+folder is refused (exit 2) before anything is written. The back ends (``klsweep.submit.local``,
+``klsweep.submit.slurm``) submit the jobs.
 
 No run claims a job it does not have: when the scheduler refuses a submission
 (``klsweep.submit.slurm.SubmissionRefused``), the jobs submitted before the refusal are recorded and every other

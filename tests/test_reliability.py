@@ -192,6 +192,10 @@ def test_a_run_whose_training_lock_is_held_is_live_and_never_trained_twice(tmp_p
         monkeypatch.setattr(store, "TRAIN_LOCK_WAIT_S", 0.5)
         with pytest.raises(store.AlreadyTraining, match=f"already being trained by pid {other.pid}"):
             job.train_run(run_dir)
+        code, out, err = cli(
+            ["train", run_dir / store.CONFIG_FILE, "--run-dir", run_dir], monkeypatch, capsys
+        )
+        assert code == 2 and f"already being trained by pid {other.pid}" in err and "Traceback" not in err
         import submitit
 
         ex = submitit.LocalExecutor(folder=tmp_path / "submitit")

@@ -417,19 +417,26 @@ def _lock_record(fd: int) -> dict[str, Any]:
 # --- the results root: klsweep writes only inside it ----------------------------------------------------------
 
 
-def outside(paths: list[Path], root: str | os.PathLike, where: str | None = None) -> list[Problem]:
-    """A problem for each of ``paths`` that leads out of ``root`` (a symbolic link to a folder elsewhere):
-    klsweep writes only inside the results folder."""
+def links_out(root: str | os.PathLike, folders: list[Path]) -> list[Problem]:
+    """A problem for each symbolic link that leads out of ``root`` among ``folders`` and the files and folders
+    directly in them (a run folder, its checkpoints/, its metrics.jsonl ...): klsweep writes only inside the
+    results folder."""
     real_root = Path(os.path.realpath(root))
+    links = []
+    for folder in folders:
+        if folder.is_symlink():
+            links.append(folder)
+        if folder.is_dir():
+            links += [p for p in sorted(folder.iterdir()) if p.is_symlink()]
     problems = []
-    for p in paths:
+    for p in links:
         real = Path(os.path.realpath(p))
         if real != real_root and real_root not in real.parents:
             problems.append(
                 Problem(
-                    where or str(p),
-                    f"{p} leads out of {root} (a symbolic link to {real}): klsweep writes only inside it",
-                    f"a plain folder inside {root}: remove the link (move the folder there if it is yours)",
+                    str(p),
+                    f"leads out of {root} (a symbolic link to {real}): klsweep writes only inside it",
+                    f"a plain file or folder inside {root}: remove the link (move what it leads to there)",
                 )
             )
     return problems

@@ -336,6 +336,12 @@ def test_a_run_folder_linked_out_of_the_results_folder_is_refused(tmp_path, monk
         assert str(link) in err and "leads out of" in err and "Traceback" not in err, err
     assert list(elsewhere.iterdir()) == []  # nothing written there
     assert not (link.parent / store.SWEEP_FILE).exists() and link.is_symlink()  # nor anything else
+    link.unlink()  # a run folder of its own, whose checkpoints/ leads elsewhere
+    link.mkdir()
+    (link / store.CHECKPOINTS_DIR).symlink_to(elsewhere)
+    code, out, err = cli(["run", g, "--out", res, "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2 and str(link / store.CHECKPOINTS_DIR) in err and "leads out of" in err, err
+    assert list(elsewhere.iterdir()) == []
 
     # eval: a finished run moved out and linked back
     sweep = tmp_path / "sweep_tiny"

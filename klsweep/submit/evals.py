@@ -60,11 +60,11 @@ def submit_eval(
 
 def _check_inside(target: Path, request: evaluate.EvalRequest) -> None:
     """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
-    baselines') is a symbolic link out of the sweep folder (``TARGET``, or a run folder's sweep): klsweep
-    writes only inside it."""
+    baselines') or what is in it is a symbolic link out of the sweep folder (``TARGET``, or a run folder's
+    sweep): klsweep writes only inside it."""
     root = target.parent if (target / store.CONFIG_FILE).is_file() else target
-    paths = [target, *request.runs, *(Path(b[0]) / store.BASELINE_DIR for b in request.baselines)]
-    problems = store.outside([p for p in paths if p == target or p.is_symlink()], root)
+    baselines = [Path(b[0]) / store.BASELINE_DIR for b in request.baselines]
+    problems = store.links_out(root, [target, *request.runs, *baselines])
     if problems:
         raise UserError(problems, title="a folder outside the results folder")
 

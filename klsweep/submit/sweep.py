@@ -190,12 +190,10 @@ def submit(
 
 
 def _check_inside(plan: Any) -> None:
-    """``UserError`` (exit 2, before anything is written) when the sweep folder or a run folder is a symbolic
-    link out of the results folder (``--out``): klsweep writes only inside it."""
+    """``UserError`` (exit 2, before anything is written) when the sweep folder, a run folder or what is in them
+    is a symbolic link out of the results folder (``--out``): klsweep writes only inside it."""
     sweep_dir = Path(plan.sweep_dir)
-    root = sweep_dir.parent
-    paths = [sweep_dir, *(Path(r.run_dir) for r in plan.runs if Path(r.run_dir).is_symlink())]
-    problems = store.outside(paths, root)
+    problems = store.links_out(sweep_dir.parent, [sweep_dir, *(Path(r.run_dir) for r in plan.runs)])
     if problems:
         raise UserError(problems, title="a folder outside the results folder")
 

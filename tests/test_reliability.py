@@ -199,9 +199,11 @@ def test_a_run_whose_training_lock_is_held_is_live_and_never_trained_twice(tmp_p
         import submitit
 
         ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
-        ex.update_parameters(timeout_min=5)
+        ex.update_parameters(timeout_min=5, tasks_per_node=2)  # data-parallel: no rank trains, none hangs
+        dp_job = ex.submit(TrainJob(str(run_dir), metered_train))
         with pytest.raises(submitit.core.utils.FailedJobError, match="already being trained"):
-            ex.submit(TrainJob(str(run_dir), metered_train)).result()
+            dp_job.results()
+        assert dp_job.done() and not alive(int(dp_job.job_id))
         assert not (run_dir / store.METRICS_FILE).exists()
         assert store.read_status(run_dir)["state"] == "pending"  # the job did not mark the run failed
     finally:

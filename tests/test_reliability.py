@@ -127,11 +127,13 @@ def test_kill_9_of_the_supervisor_then_a_rerun_trains_and_evaluates_each_run_onc
 
 
 # ------------------------------------------------------------------------------------------------------------
-# 2. kill -9 of the job id `status` shows (submitit's local controller): its trainer dies with it
+# 2. kill -9 of the job id `status` shows (submitit's local controller): its trainer dies with it; of the trainer
 # ------------------------------------------------------------------------------------------------------------
 
 
-def test_kill_9_of_the_job_id_status_shows_leaves_no_orphan_trainer(tmp_path):
+@pytest.mark.parametrize("victim", ["controller", "worker"])
+def test_kill_9_of_the_job_id_status_shows_leaves_no_orphan_trainer(tmp_path, victim):
+    """The job id is submitit's controller; the worker is its child process, which trains."""
     sweep = tmp_path / "ctlkill"
     plan = jobs.make_plan(sweep, [0], **{"eval.suite": "tiny"})
     run_dir = plan.runs[0].run_dir
@@ -142,7 +144,7 @@ def test_kill_9_of_the_job_id_status_shows_leaves_no_orphan_trainer(tmp_path):
     controller = int(shown.job_id)
     trainers = children(controller)
     assert trainers
-    os.kill(controller, signal.SIGKILL)
+    os.kill(controller if victim == "controller" else trainers[0], signal.SIGKILL)
     wait_for(lambda: not any(alive(p) for p in trainers), "the trainer outlived its job (orphaned)", 3)
     assert store.trainer_of(run_dir) is None  # its training lock went with it
     (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=60)

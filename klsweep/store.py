@@ -21,6 +21,7 @@ Layout (one sweep)::
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
                                    (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
+            .train.lock            flock'd by the process training the run (``training``; its pid, host, job id)
         report/                    tables and plots (`klsweep report`)
 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the

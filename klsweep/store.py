@@ -390,8 +390,9 @@ def trainer_of(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     it cannot be read) while a process holds the lock, else None. Read-only: creates nothing."""
     import fcntl
 
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # no link followed, no wait on a FIFO planted there
     try:
-        fd = os.open(Path(run_dir) / TRAIN_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(Path(run_dir) / TRAIN_LOCK, flags)
     except OSError:
         return None
     try:

@@ -63,6 +63,7 @@ REPORT_DIR = "report"
 FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
 TRAIN_LOCK = ".train.lock"  # held (flock) by the process training the run; holds its pid, host, job id
 TRAIN_LOCK_WAIT_S = 30.0  # how long a trainer waits for the lock (a dying trainer releases it at its exit)
+TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
 
 
 class UnreadableFile(UserError):
@@ -444,15 +445,15 @@ def links_out(root: str | os.PathLike, folders: list[Path]) -> list[Problem]:
     return problems
 
 
-def drop_incomplete_checkpoints(run_dir: str | os.PathLike, marker: str) -> None:
-    """Remove the run's checkpoints whose save did not finish (no ``marker``, the file a save writes last; a
-    resume never reads them): after a failed save (a full disk), the space it took, so that the failure can be
+def drop_incomplete_checkpoints(run_dir: str | os.PathLike) -> None:
+    """Remove the run's checkpoints whose save did not finish (no ``TRAINER_STATE``, the file a save writes
+    last; a resume never reads them): after a failed save (a full disk), the space it took, so that the failure can be
     recorded."""
     import shutil
 
     d = Path(run_dir) / CHECKPOINTS_DIR
     for c in d.glob("checkpoint-*") if d.is_dir() else []:
-        if c.is_dir() and not (c / marker).exists():
+        if c.is_dir() and not (c / TRAINER_STATE).exists():
             shutil.rmtree(c, ignore_errors=True)
 
 

@@ -251,7 +251,7 @@ def test_a_full_disk_during_a_checkpoint_save_fails_the_run_with_its_reason(smal
     plan = jobs.make_plan(sweep, [0], **{**values, "train.keep_checkpoints": 1})
     run_dir = plan.runs[0].run_dir
     submit.submit(plan, "local")
-    first = run_dir / store.CHECKPOINTS_DIR / "checkpoint-6" / job.TRAINER_STATE
+    first = run_dir / store.CHECKPOINTS_DIR / "checkpoint-6" / store.TRAINER_STATE
     wait_for(first.exists, "the first checkpoint was never saved", 300)
     # room for the steps' files and part of the next checkpoint (1.8 MB), not all of it
     used = shutil.disk_usage(small_disk).used

@@ -202,6 +202,7 @@ def plan_command(
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
+    _require_cached(plan, grid, overrides)
     summary = planner.summary(plan)
     estimates = summary.pop("estimates")
     if as_json:
@@ -217,6 +218,57 @@ def plan_command(
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
+
+
+def _fetch_command(grid: Path, overrides: list[str] | None) -> str:
+    import shlex
+
+    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or [])])
+
+
+def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
+    """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load."""
+    from klsweep.fetch import require_cached
+
+    require_cached([r.config for r in plan.runs], _fetch_command(grid, overrides))
+
+
+# --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
+
+
+@app.command("fetch")
+def fetch_command(
+    grid: GridArg,
+    overrides: OverridesArg = None,
+    config_dir: ConfigDirOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="list what would be fetched and what is cached; download nothing")
+    ] = False,
+) -> None:
+    """Download every model, training set and eval set the grid's runs load into the local caches (HF_HOME,
+    HF_DATASETS_CACHE), for clusters whose nodes cannot reach the hub; what is cached is not fetched again."""
+    from klsweep import fetch
+    from klsweep import grid as grid_mod
+    from klsweep.console import fetch_table, table_width
+
+    plan = grid_mod.load_plan(grid, overrides, config_dirs=config_dir)
+    items = fetch.needs([r.config for r in plan.runs])
+    console = _console()
+    if not dry_run:
+        console.print(f"fetching into {fetch.hub_cache()} and {fetch.datasets_cache()}", highlight=False)
+    found = fetch.fetch(
+        items,
+        dry_run=dry_run,
+        on_item=None if dry_run else lambda f: console.print(f"{f.state}: {f.need.label}", highlight=False),
+    )
+    console.print(fetch_table(found, width=table_width(console)))
+    failed = [f for f in found if f.state == "failed"]
+    if failed:
+        from klsweep.errors import Problem
+
+        raise UserError(
+            [Problem(f"{f.need.kind} {f.need.label}", f.message) for f in failed], title="not fetched"
+        )
 
 
 @app.command("config")
@@ -345,6 +397,10 @@ def eval_command(
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
+    if path.is_dir():  # offline: the suite's datasets and the baselines' models must be cached
+        from klsweep.fetch import require_cached_for_eval
+
+        require_cached_for_eval(path, suite, backend, checkpoints)
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
     )
@@ -401,6 +457,7 @@ def run_command(
 
     plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
+    _require_cached(plan, grid, overrides)
     cluster = cluster or submit.default_cluster(plan)
     console = _console()
     res = submit.submit(

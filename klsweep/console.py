@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from klsweep.audit import AuditRow, GRPOAuditRow
+    from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
     from klsweep.submit import RunStatus
@@ -390,3 +391,19 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
                 t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
         out.append(t)
     return out
+
+
+def fetch_table(found: list[Found], width: int | None = None) -> Any:
+    """``klsweep fetch``'s table: one line per model or dataset, its state, commit and size."""
+    from klsweep.fetch import size_text
+    from klsweep.report.terminal import fitted_table
+
+    rows = [
+        [f.need.kind, f.need.label, f.state, (f.commit or "")[:8], size_text(f.size) if f.size else ""]
+        for f in found
+    ]
+    counts = ", ".join(f"{sum(f.state == s for f in found)} {s}" for s in dict.fromkeys(f.state for f in found))
+    return fitted_table(
+        "", ["kind", "what", "state", "commit", "size"], rows, width=width, right=["size"],
+        optional=["commit", "size"], caption=counts or "nothing to fetch",
+    )  # fmt: skip

@@ -51,7 +51,7 @@ from typing import Any
 
 from klsweep import store
 from klsweep.config import EvalSection, ModelSection, read_run_file
-from klsweep.errors import KLSweepError, Problem, UserError, describe
+from klsweep.errors import KLSweepError, Problem, UserError, describe, not_loaded
 
 CONF_DIR = Path(__file__).parent / "conf" / "eval"
 TASKS_DIR = Path(__file__).parent / "evaltasks"
@@ -307,13 +307,19 @@ class _Suite:
     def load(self) -> None:
         if not self.tasks:
             self.manager = _task_manager(self.cfg)
-            self.tasks = self.manager.load([*self.cfg.in_domain, *self.cfg.ood])["tasks"]
+            names = [*self.cfg.in_domain, *self.cfg.ood]
+            try:
+                self.tasks = self.manager.load(names)["tasks"]
+            except (OSError, ConnectionError, ValueError) as e:  # a dataset not cached offline, gated, ...
+                raise not_loaded(f"the data of eval task(s) {', '.join(names)}", e) from e
 
 
 def _make_lm(item: _Item, cfg: EvalSection) -> Any:
     from lm_eval.api.registry import get_model
 
     dtype = item.model.dtype
+    # a hub model's baseline at the commit its runs trained from (a checkpoint is a local folder)
+    pin = {"revision": item.model.revision} if item.model.revision and item.step == 0 else {}
     if cfg.backend == "vllm":
         gpus = max(1, item.model.resources.gpus_per_node)
         tp = cfg.tensor_parallel_size
@@ -323,6 +329,7 @@ def _make_lm(item: _Item, cfg: EvalSection) -> Any:
             "tensor_parallel_size": tp,
             "data_parallel_size": max(1, gpus // tp),
             "max_gen_toks": cfg.max_gen_toks,
+            **pin,
         }
         return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
     import torch
@@ -330,7 +337,7 @@ def _make_lm(item: _Item, cfg: EvalSection) -> Any:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
-    args = {"pretrained": item.model_path, "dtype": dtype}
+    args = {"pretrained": item.model_path, "dtype": dtype, **pin}
     return get_model("hf").create_from_arg_obj(args, {"batch_size": cfg.batch_size, "device": device})
 
 

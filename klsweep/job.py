@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import environment, store
 from klsweep.collapse import find_collapse
-from klsweep.errors import Problem, UserError, describe
+from klsweep.errors import Problem, UserError, describe, not_loaded
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -321,8 +321,12 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
     # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    pin = {"revision": config.model.revision} if config.model.revision else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute), **pin)
+        tokenizer = AutoTokenizer.from_pretrained(path, **pin)
+    except OSError as e:  # not in the cache offline, gated, no network: name it in the run's reason
+        raise not_loaded(f"model {path}" + (f" at {config.model.revision}" if pin else ""), e) from e
     own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,

@@ -304,8 +304,9 @@ def _resume(run_dir: Path, steps: int) -> None:
 
 
 def _eval(run_dir: Path, eval_cfg: dict[str, Any]) -> None:
-    from klsweep.evaluate import eval_run
+    from klsweep.evaluate import eval_run, include_dir
 
+    _check_prompt_fields(include_dir(eval_cfg["include_path"]), [*eval_cfg["in_domain"], *eval_cfg["ood"]])
     eval_run(run_dir, eval_cfg)
 
 
@@ -356,7 +357,6 @@ def rehearse(
                     target = folder / ".evaltasks" / f"t{len(tasks_dirs)}"
                     tasks_dirs[tk] = _rewire_tasks(include_dir(ev.get("include_path")), names, target)
                 tasks_dir = tasks_dirs[tk]
-                _check_prompt_fields(tasks_dir, names)
                 _check_chat(model_dir, run.config, tasks_dir, names)
             config, notes = rehearsal_config(run.config, model_dir, tasks_dir, gpus)
             rr.notes += notes

@@ -242,7 +242,8 @@ def fetch_command(
     overrides: OverridesArg = None,
     config_dir: ConfigDirOpt = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="list what would be fetched and what is cached; download nothing")
+        bool,
+        typer.Option("--dry-run", help="list what would be fetched and what is cached; download nothing"),
     ] = False,
 ) -> None:
     """Download every model, training set and eval set the grid's runs load into the local caches (HF_HOME,
@@ -275,9 +276,9 @@ def fetch_command(
 def rehearse_command(
     grid: GridArg,
     overrides: OverridesArg = None,
-    out: Annotated[Path, typer.Option(help="where rehearsals live: OUT/<name>/ (never a sweep's results)")] = Path(
-        "results/.rehearsal"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="where rehearsals live: OUT/<name>/ (never a sweep's results)")
+    ] = Path("results/.rehearsal"),
     cluster: Annotated[str, typer.Option(help="local (this process)")] = "local",
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture

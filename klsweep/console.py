@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.fetch import Found
-    from klsweep.rehearse import Rehearsal
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.rehearse import Rehearsal
     from klsweep.submit import RunStatus
 
 PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's default there would be 80)
@@ -403,7 +403,9 @@ def fetch_table(found: list[Found], width: int | None = None) -> Any:
         [f.need.kind, f.need.label, f.state, (f.commit or "")[:8], size_text(f.size) if f.size else ""]
         for f in found
     ]
-    counts = ", ".join(f"{sum(f.state == s for f in found)} {s}" for s in dict.fromkeys(f.state for f in found))
+    counts = ", ".join(
+        f"{sum(f.state == s for f in found)} {s}" for s in dict.fromkeys(f.state for f in found)
+    )
     return fitted_table(
         "", ["kind", "what", "state", "commit", "size"], rows, width=width, right=["size"],
         optional=["commit", "size"], caption=counts or "nothing to fetch",

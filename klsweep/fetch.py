@@ -198,7 +198,9 @@ def _complete_model(folder: Path) -> bool:
 
     if not (folder / "config.json").is_file():
         return False
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if not any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return False
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
@@ -239,7 +241,11 @@ def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
     missing = [f for f in check(needs(configs)) if not f.cached]
     if not missing:
         return
-    where = {"model": str(hub_cache()), "train data": str(datasets_cache()), "eval data": str(datasets_cache())}
+    where = {
+        "model": str(hub_cache()),
+        "train data": str(datasets_cache()),
+        "eval data": str(datasets_cache()),
+    }
     problems = [
         Problem(f"{f.need.kind} {f.need.label}", f"not in the cache {where[f.need.kind]} ({f.need.used_by})")
         for f in missing
@@ -260,9 +266,13 @@ def require_cached_for_eval(target: Path, suite: str | None, backend: str | None
 
     req = evaluate.eval_request(Path(target), suite, backend, checkpoints)
     configs = [{**cfg, "eval": req.eval_cfg} for _, cfg in req.baselines]
-    configs += [{"eval": req.eval_cfg, "cluster": evaluate.run_config(r).get("cluster", {})} for r in req.runs]
+    configs += [
+        {"eval": req.eval_cfg, "cluster": evaluate.run_config(r).get("cluster", {})} for r in req.runs
+    ]
     sweep = Path(target) if not (Path(target) / store.CONFIG_FILE).is_file() else Path(target).parent
-    require_cached(configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})")
+    require_cached(
+        configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})"
+    )
 
 
 def pin_revisions(configs: list[dict[str, Any]], run_dirs: list[Path] | None = None) -> list[dict[str, Any]]:
@@ -326,7 +336,7 @@ def _failure(need: Need, error: BaseException) -> str:
     if isinstance(error, RevisionNotFoundError):
         return f"no revision {need.revision!r} (model.revision): see {hub_page(need)}/tree/main"
     if isinstance(error, RepositoryNotFoundError) or "doesn't exist on the hub" in text.lower():
-        return f"no such repository on the hub, or a private one: check the id, or log in (`hf auth login`)"
+        return "no such repository on the hub, or a private one: check the id, or log in (`hf auth login`)"
     if isinstance(error, OfflineModeIsEnabled) or "offline" in text.lower():
         return "HF_HUB_OFFLINE is set here: run klsweep fetch where the hub can be reached, with the same HF_HOME"
     return describe(error)
@@ -389,7 +399,9 @@ def _download(need: Need) -> None:
     if need.kind == "model":
         from huggingface_hub import snapshot_download
 
-        snapshot_download(need.repo, revision=need.revision, ignore_patterns=IGNORED_FILES, cache_dir=hub_cache())
+        snapshot_download(
+            need.repo, revision=need.revision, ignore_patterns=IGNORED_FILES, cache_dir=hub_cache()
+        )
         return
     import datasets
 

@@ -121,7 +121,9 @@ def tiny_model(model: dict[str, Any], folder: Path) -> tuple[Path, list[str]]:
         model_type = json.loads(real_config.read_text()).get("model_type", model_type)
     if not model_type:
         raise UserError(
-            Problem("model.arch.model_type", f"unknown for {model['path']} (not cached)", "qwen2, llama, qwen3")
+            Problem(
+                "model.arch.model_type", f"unknown for {model['path']} (not cached)", "qwen2, llama, qwen3"
+            )
         )
     tokenizer, notes = None, []
     if cached.where:
@@ -156,7 +158,9 @@ def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
     from klsweep.fetch import _task_yaml
 
     if include is None:
-        raise UserError(Problem("eval.include_path", "lm-eval's own tasks have no shipped sample", "a task folder"))
+        raise UserError(
+            Problem("eval.include_path", "lm-eval's own tasks have no shipped sample", "a task folder")
+        )
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(include, target, ignore=shutil.ignore_patterns("__pycache__"))
@@ -172,10 +176,16 @@ def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
             continue
         sample = EVAL_SAMPLES.get(key)
         if sample is None:
-            problems.append(Problem(f"eval task {cfg['task']}", f"no shipped sample of {key[0]} {key[1] or ''}"))
+            problems.append(
+                Problem(f"eval task {cfg['task']}", f"no shipped sample of {key[0]} {key[1] or ''}")
+            )
             continue
         split = cfg.get("test_split") or "test"
-        lines = [ln for ln in path.read_text().splitlines() if not ln.startswith(("dataset_path:", "dataset_name:"))]
+        lines = [
+            ln
+            for ln in path.read_text().splitlines()
+            if not ln.startswith(("dataset_path:", "dataset_name:"))
+        ]
         lines += ["dataset_path: json", "dataset_name: null",
                   f"dataset_kwargs: {{data_files: {{{split}: {json.dumps(str(SAMPLES / sample))}}}}}"]  # fmt: skip
         path.write_text("\n".join(lines) + "\n")
@@ -203,7 +213,9 @@ def _check_prompt_fields(folder: Path, names: list[str]) -> None:
             jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(cfg["doc_to_text"]).render(**row)
         except jinja2.TemplateError as e:
             raise UserError(
-                Problem(f"eval task {cfg['task']} ({path.name}): doc_to_text", str(e), f"fields {sorted(row)}")
+                Problem(
+                    f"eval task {cfg['task']} ({path.name}): doc_to_text", str(e), f"fields {sorted(row)}"
+                )
             ) from e
 
 
@@ -217,14 +229,26 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
     tok = AutoTokenizer.from_pretrained(model_dir)
     problems = []
     if config["model"].get("chat_template") and not tok.chat_template:
-        problems.append(Problem("model.chat_template", f"true, but the tokenizer of {config['model']['path']} has no chat template", "false for a base model"))  # fmt: skip
+        problems.append(
+            Problem(
+                "model.chat_template",
+                f"true, but the tokenizer of {config['model']['path']} has no chat template",
+                "false for a base model",
+            )
+        )
     for path in sorted(folder.rglob("*.yaml")):
         cfg = _task_yaml(path)
         if cfg.get("task") not in names:
             continue
         until = (cfg.get("generation_kwargs") or {}).get("until") or []
         if tok.eos_token and until and tok.eos_token not in until:
-            problems.append(Problem(f"eval task {cfg['task']}: generation_kwargs.until", f"lacks the tokenizer's end token {tok.eos_token!r}: answers run on to max_gen_toks", f"add {tok.eos_token!r}"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"eval task {cfg['task']}: generation_kwargs.until",
+                    f"lacks the tokenizer's end token {tok.eos_token!r}: answers run on to max_gen_toks",
+                    f"add {tok.eos_token!r}",
+                )
+            )
     if problems:
         raise UserError(problems, title="chat template mismatch")
 
@@ -232,7 +256,9 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def rehearsal_config(config: dict[str, Any], model_dir: Path, tasks_dir: Path | None, gpus: int) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def rehearsal_config(
+    config: dict[str, Any], model_dir: Path, tasks_dir: Path | None, gpus: int
+) -> tuple[dict[str, Any], list[str]]:
     """The run's config, small: the tiny model, the samples, a few steps (the lag exercised), one process."""
     notes = []
     lag = int(config.get("offpolicy", {}).get("lag", 0))
@@ -240,20 +266,29 @@ def rehearsal_config(config: dict[str, Any], model_dir: Path, tasks_dir: Path | 
     train = {**config["train"], "steps": steps, "save_steps": max(1, steps // 2), "keep_checkpoints": None,
              "prompts_per_step": 2, "micro_batch_size": None, "max_completion_length": 16, "use_vllm": False}  # fmt: skip
     if train.get("sharding") != "none":
-        notes.append(f"sharding {train['sharding']} not exercised: one process" + ("" if gpus else ", no GPU here"))
+        notes.append(
+            f"sharding {train['sharding']} not exercised: one process" + ("" if gpus else ", no GPU here")
+        )
         train["sharding"] = "none"
     task = dict(config["task"])
     if task.get("name") == "math":
         dataset = task.get("dataset") or "DigitalLearningGmbH/MATH-lighteval"
         if dataset in TRAIN_SAMPLES:
             task["dataset"] = str(SAMPLES / TRAIN_SAMPLES[dataset])
-    resources = {**config["model"]["resources"], "gpus_per_node": min(gpus, 1), "tasks_per_node": 1, "nodes": 1}
+    resources = {
+        **config["model"]["resources"],
+        "gpus_per_node": min(gpus, 1),
+        "tasks_per_node": 1,
+        "nodes": 1,
+    }
     model = {**config["model"], "path": str(model_dir), "revision": None, "resources": resources}
     if not gpus:
         model["dtype"] = "auto"
     ev = dict(config.get("eval", {}))
     if tasks_dir is not None:
-        ev.update(include_path=str(tasks_dir), limit=4, max_gen_toks=16, num_samples=1, backend="hf", batch_size=8)
+        ev.update(
+            include_path=str(tasks_dir), limit=4, max_gen_toks=16, num_samples=1, backend="hf", batch_size=8
+        )
     out = {**config, "model": model, "train": train, "task": task, "eval": ev,
            "wandb": {**config.get("wandb", {}), "mode": "disabled"}}  # fmt: skip
     return out, notes

@@ -20,10 +20,20 @@ REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "sweeps" / "paper.yaml"
 MODELS = ["Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-4B-Instruct-2507"]
 DATASETS = [  # (repo, config, split, rows)
-    ("DigitalLearningGmbH/MATH-lighteval", "default", "train", [{"problem": "1+1?", "solution": "\\boxed{2}"}]),
+    (
+        "DigitalLearningGmbH/MATH-lighteval",
+        "default",
+        "train",
+        [{"problem": "1+1?", "solution": "\\boxed{2}"}],
+    ),
     ("HuggingFaceH4/MATH-500", "default", "test", [{"problem": "1+1?", "answer": "2"}]),
     *[
-        ("cais/mmlu", f"college_{s}", "test", [{"question": "?", "choices": ["a", "b", "c", "d"], "answer": 0}])
+        (
+            "cais/mmlu",
+            f"college_{s}",
+            "test",
+            [{"question": "?", "choices": ["a", "b", "c", "d"], "answer": 0}],
+        )
         for s in ("physics", "chemistry", "biology")
     ],
 ]
@@ -89,7 +99,9 @@ def populate(home: Path, model_dir: Path, tmp: Path) -> None:
 
 
 def test_python_m_klsweep():
-    out = subprocess.run([sys.executable, "-m", "klsweep", "--help"], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "klsweep", "--help"], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert "fetch" in out.stdout and "plan" in out.stdout
 
@@ -191,7 +203,9 @@ def test_gated_and_missing_repos_say_what_to_do(hf_home, monkeypatch):
     monkeypatch.setattr(fetch, "_download", download)
     found = fetch.fetch([fetch.Need("model", repo) for repo in errors])
     assert [f.state for f in found] == ["failed", "failed"]
-    assert "accepted the licence at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct" in found[0].message
+    assert (
+        "accepted the licence at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct" in found[0].message
+    )
     assert "hf auth login" in found[0].message
     assert "no such repository" in found[1].message
 

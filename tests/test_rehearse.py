@@ -53,7 +53,9 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
         (results,) = run_dir.glob("eval/*/*/results.json")
         scores = json.loads(results.read_text())["metrics"]
         assert set(scores["in_domain"]) == {"klsweep_math500"}
-        assert set(scores["ood"]) == {f"klsweep_mmlu_college_{s}" for s in ("physics", "chemistry", "biology")}
+        assert set(scores["ood"]) == {
+            f"klsweep_mmlu_college_{s}" for s in ("physics", "chemistry", "biology")
+        }
     assert classes == {"qwen2", "llama", "qwen3"}
     assert "byte-level stand-in tokenizer" in out
     assert (folder / "report").is_dir()
@@ -72,7 +74,9 @@ def test_prompts_that_cannot_fit_fail_training(tmp_path, monkeypatch, capsys):
     )
     assert code == 1
     line = _failed(out, "train")
-    assert "train.max_prompt_length" in line and "longer than 8 tokens" in line and "rehearse-train.log" in line
+    assert (
+        "train.max_prompt_length" in line and "longer than 8 tokens" in line and "rehearse-train.log" in line
+    )
 
 
 def test_an_eval_prompt_field_missing_from_the_data_fails_eval(tmp_path, monkeypatch, capsys):
@@ -81,7 +85,9 @@ def test_an_eval_prompt_field_missing_from_the_data_fails_eval(tmp_path, monkeyp
     math500 = tasks / "klsweep_math500.yaml"
     math500.write_text(math500.read_text().replace("{{problem}}", "{{question}}"))
     code, out, err = cli(
-        ["rehearse", PAPER, *ONE_RUN, f"eval.include_path={tasks}", "--out", tmp_path / "r"], monkeypatch, capsys
+        ["rehearse", PAPER, *ONE_RUN, f"eval.include_path={tasks}", "--out", tmp_path / "r"],
+        monkeypatch,
+        capsys,
     )
     assert code == 1
     line = _failed(out, "eval")

@@ -248,7 +248,10 @@ def _pinned(plan: Any) -> Any:
     from klsweep.fetch import pin_revisions
 
     configs = pin_revisions([r.config for r in plan.runs], [Path(r.run_dir) for r in plan.runs])
-    runs = [r if c is r.config else dataclasses.replace(r, config=c) for r, c in zip(plan.runs, configs, strict=True)]
+    runs = [
+        r if c is r.config else dataclasses.replace(r, config=c)
+        for r, c in zip(plan.runs, configs, strict=True)
+    ]
     return dataclasses.replace(plan, runs=runs)
 
 

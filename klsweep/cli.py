@@ -202,8 +202,8 @@ def plan_command(
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
-    _require_cached(plan, grid, overrides)
     summary = planner.summary(plan)
+    _require_cached(plan, grid, overrides)
     estimates = summary.pop("estimates")
     if as_json:
         import json

@@ -6,38 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from clitools import cli
+from hubcache import COMMIT, MODELS, cache_model, populate
 
 from klsweep import fetch
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "sweeps" / "paper.yaml"
-MODELS = ["Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-4B-Instruct-2507"]
-DATASETS = [  # (repo, config, split, rows)
-    (
-        "DigitalLearningGmbH/MATH-lighteval",
-        "default",
-        "train",
-        [{"problem": "1+1?", "solution": "\\boxed{2}"}],
-    ),
-    ("HuggingFaceH4/MATH-500", "default", "test", [{"problem": "1+1?", "answer": "2"}]),
-    *[
-        (
-            "cais/mmlu",
-            f"college_{s}",
-            "test",
-            [{"question": "?", "choices": ["a", "b", "c", "d"], "answer": 0}],
-        )
-        for s in ("physics", "chemistry", "biology")
-    ],
-]
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture
@@ -50,52 +30,11 @@ def hf_home(tmp_path, monkeypatch):
     return home
 
 
-def cache_model(home: Path, repo: str, model_dir: Path, commit: str = COMMIT) -> Path:
-    """A model in huggingface_hub's cache layout: refs/main -> snapshots/<commit>/ (files as blobs, linked)."""
-    root = home / "hub" / f"models--{repo.replace('/', '--')}"
-    snap = root / "snapshots" / commit
-    snap.mkdir(parents=True)
-    (root / "blobs").mkdir(exist_ok=True)
-    for f in model_dir.iterdir():
-        blob = root / "blobs" / f"{f.name}-{commit[:8]}"
-        shutil.copyfile(f, blob)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    (root / "refs").mkdir(exist_ok=True)
-    (root / "refs" / "main").write_text(commit)
-    return snap
-
-
-def cache_dataset(home: Path, repo: str, config: str, split: str, rows: list[dict], tmp: Path) -> None:
-    """A hub dataset prepared in datasets' Arrow cache as load_dataset leaves it (its json builder), under the
-    folder name load_dataset looks up offline (``<namespace>___<name>``)."""
-    from datasets.naming import camelcase_to_snakecase
-    from datasets.packaged_modules.json.json import Json
-
-    src = tmp / f"{repo.replace('/', '_')}-{config}.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ns, name = repo.split("/")
-    name = camelcase_to_snakecase(name)
-    cache = home / "datasets"
-    builder = Json(cache_dir=str(cache), dataset_name=name, config_name=config, config_id=config,
-                   data_files={split: str(src)}, hash=COMMIT)  # fmt: skip
-    builder.download_and_prepare()
-    target = cache / f"{ns}___{name}" / config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(cache / name / config), str(target))
-
-
 @pytest.fixture(scope="module")
 def tiny_hub_model(tmp_path_factory):
     from klsweep.tinymodel import random_tiny_model
 
     return random_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-def populate(home: Path, model_dir: Path, tmp: Path) -> None:
-    for repo in MODELS:
-        cache_model(home, repo, model_dir)
-    for repo, config, split, rows in DATASETS:
-        cache_dataset(home, repo, config, split, rows, tmp)
 
 
 def test_python_m_klsweep():

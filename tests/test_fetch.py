@@ -173,3 +173,18 @@ def test_jobs_of_an_offline_cluster_run_offline():
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
+
+
+def test_offline_eval_refuses_naming_the_suites_datasets(tmp_path, monkeypatch, capsys):
+    from klsweep import grid, store
+    from klsweep.job import write_run_config
+
+    plan = grid.load_plan(PAPER, ["model=qwen2.5-7b", "kl.beta=0.0", "seed=0"], out=tmp_path / "results")
+    run = plan.runs[0]
+    write_run_config(run.run_dir, run.config)
+    store.write_status(run.run_dir, "done")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    code, out, err = cli(["eval", plan.sweep_dir, "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2
+    assert "HuggingFaceH4/MATH-500" in err and "cais/mmlu college_biology" in err and "Qwen/Qwen2.5-7B" in err
+    assert "klsweep fetch" in err and "sweep.yaml" in err

@@ -279,22 +279,28 @@ def rehearse_command(
     out: Annotated[
         Path, typer.Option(help="where rehearsals live: OUT/<name>/ (never a sweep's results)")
     ] = Path("results/.rehearsal"),
-    cluster: Annotated[str, typer.Option(help="local (this process)")] = "local",
+    cluster: Annotated[
+        str, typer.Option(help="local (this process) | slurm (one short job on the grid's partition)")
+    ] = "local",
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
     report; exit 1 unless every stage passed."""
     from klsweep.console import rehearsal_notes, rehearsal_table, table_width
     from klsweep.errors import Problem
-    from klsweep.rehearse import rehearse
+    from klsweep.rehearse import rehearse, rehearse_on_slurm
 
-    if cluster != "local":
-        raise UserError(Problem("--cluster", f"{cluster!r}: rehearsals run in this process only", "local"))
+    if cluster not in ("local", "slurm"):
+        raise UserError(Problem("--cluster", f"{cluster!r}", "local, slurm"))
     console = _console()
-    result = rehearse(
-        grid, overrides, out=out,
-        on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
-    )  # fmt: skip
+    if cluster == "slurm":
+        result, log = rehearse_on_slurm(grid, overrides, out=out)
+        console.print(f"rehearsed on Slurm (log: {log})", highlight=False, soft_wrap=True)
+    else:
+        result = rehearse(
+            grid, overrides, out=out,
+            on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
+        )  # fmt: skip
     console.print(rehearsal_table(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)

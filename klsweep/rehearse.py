@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
-from klsweep.config import KL_ONLY_KEYS, NO_KL
+from klsweep.config import without_kl_when_off
 from klsweep.errors import Problem, UserError, describe
 
 SAMPLES = Path(__file__).parent / "rehearsal"
@@ -76,15 +76,11 @@ class Rehearsal:
 
 
 def _values(config: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key in COVERED:
-        node: Any = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        out[key] = node
-    if config.get("kl", {}).get("beta") == 0:
-        out.update({k: NO_KL for k in KL_ONLY_KEYS if k in out})
-    return out
+    """The covered keys' values of a resolved config, the KL-only ones ``no KL`` without KL."""
+    from klsweep.grid.schema import lookup
+
+    values = without_kl_when_off({key: lookup(config, key) for key in (*COVERED, "kl.beta")})
+    return {key: values[key] for key in COVERED}  # beta collapses
 
 
 def covering_runs(runs: list[Any]) -> list[Any]:
@@ -425,3 +421,35 @@ def rehearse(
         if on_run is not None:
             on_run(rr)
     return Rehearsal(plan.name, folder, rehearsed, time.time() - start)
+
+
+def rehearse_on_slurm(
+    grid_path: str | Path, overrides: list[str] | None = None, out: str | Path | None = None
+) -> tuple[Rehearsal, str]:
+    """``rehearse`` as one short Slurm job on the grid's partition (its cluster settings: partition, account,
+    qos, setup), with one GPU when the grid's models ask for GPUs; waits for it. Returns the rehearsal and the
+    job's log."""
+    import submitit
+
+    from klsweep import grid
+    from klsweep.submit.slurm import slurm_parameters
+
+    out = Path(out or DEFAULT_OUT).absolute()
+    plan = grid.load_plan(grid_path, overrides, out=out)
+    first = plan.runs[0].config
+    gpus = max(int(r.config["model"]["resources"].get("gpus_per_node", 0)) for r in plan.runs)
+    res = {**first["model"]["resources"], "nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(gpus, 1),
+           "timeout_min": 30, "mem_gb": min(int(first["model"]["resources"].get("mem_gb", 16)), 64)}  # fmt: skip
+    params = slurm_parameters(res, first.get("cluster", {}), f"{plan.name}-rehearsal", eval_job=False)
+    params.pop("array_parallelism", None)
+    ex = submitit.SlurmExecutor(folder=out / f".submitit-{plan.name}", max_num_timeout=0)
+    ex.update_parameters(**params)
+    try:
+        job = ex.submit(rehearse, Path(grid_path).absolute(), overrides, out)
+    except submitit.core.utils.FailedJobError as e:
+        where = ", ".join(f"{k}={v}" for k, v in params.items() if k in ("partition", "gpus_per_node", "mem"))
+        raise UserError(
+            Problem(f"--cluster slurm ({where})", f"sbatch refused the rehearsal job: {describe(e)}",
+                    "cluster.partition/account/qos of a partition with what the grid's models ask for"),
+        ) from e  # fmt: skip
+    return job.result(), str(job.paths.stdout)

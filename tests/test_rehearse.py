@@ -110,3 +110,19 @@ def test_a_chat_template_mismatch_fails(tmp_path, monkeypatch, capsys):
     assert code == 1
     line = _failed(out, "train")
     assert "model.chat_template" in line and "has no chat template" in line
+
+
+@pytest.mark.slurm
+def test_rehearse_on_slurm(tmp_path, monkeypatch, capsys):
+    """One short job on the grid's partition (the local test cluster's), the same table back."""
+    code, out, err = cli(
+        [
+            "rehearse", PAPER, *ONE_RUN, "cluster.partition=debug", "model.resources.gpus_per_node=0",
+            "model.resources.cpus_per_task=1", "model.resources.mem_gb=4",
+            "train.sharding=none", "--cluster", "slurm", "--out", tmp_path,
+        ],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, out + err
+    assert "rehearsed on Slurm (log: " in out
+    assert (tmp_path / "paper").is_dir() and any((tmp_path / "paper").glob("*/eval/*/*/results.json"))

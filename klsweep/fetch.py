@@ -260,19 +260,16 @@ def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
     raise UserError(problems, title="missing from the local caches")
 
 
-def require_cached_for_eval(target: Path, suite: str | None, backend: str | None, checkpoints: str) -> None:
-    """``require_cached`` for ``klsweep eval``: the suite's datasets and the step-0 baselines' models."""
+def require_cached_for_eval(request: Any, target: Path) -> None:
+    """``require_cached`` for ``klsweep eval``'s ``request`` (``klsweep.submit.evals.eval_request``): the suite's
+    datasets and the step-0 baselines' models."""
     from klsweep import evaluate, store
 
-    req = evaluate.eval_request(Path(target), suite, backend, checkpoints)
-    configs = [{**cfg, "eval": req.eval_cfg} for _, cfg in req.baselines]
-    configs += [
-        {"eval": req.eval_cfg, "cluster": evaluate.run_config(r).get("cluster", {})} for r in req.runs
-    ]
+    clusters = [dataclasses.asdict(evaluate.run_config(r).cluster) for r in request.runs]
+    configs = [{"eval": request.eval_cfg, "cluster": c} for c in clusters]
+    configs += [{"model": dataclasses.asdict(m), "eval": request.eval_cfg} for _, m in request.baselines]
     sweep = Path(target) if not (Path(target) / store.CONFIG_FILE).is_file() else Path(target).parent
-    require_cached(
-        configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})"
-    )
+    require_cached(configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})")
 
 
 def pin_revisions(configs: list[dict[str, Any]], run_dirs: list[Path] | None = None) -> list[dict[str, Any]]:

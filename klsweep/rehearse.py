@@ -392,9 +392,9 @@ def rehearse(
             config, notes = rehearsal_config(run.config, model_dir, tasks_dir, gpus)
             rr.notes += notes
             rr.run_dir.mkdir(parents=True, exist_ok=True)
-            from klsweep.job import write_run_config
+            from klsweep.config import write_run
 
-            write_run_config(rr.run_dir, config)
+            write_run(rr.run_dir, config)
             rr.config = config
 
         if _stage(rr, "train", lambda prepare=prepare, rr=rr: (prepare(), _train(rr.run_dir))):

@@ -177,11 +177,11 @@ def test_jobs_of_an_offline_cluster_run_offline():
 
 def test_offline_eval_refuses_naming_the_suites_datasets(tmp_path, monkeypatch, capsys):
     from klsweep import grid, store
-    from klsweep.job import write_run_config
+    from klsweep.config import write_run
 
     plan = grid.load_plan(PAPER, ["model=qwen2.5-7b", "kl.beta=0.0", "seed=0"], out=tmp_path / "results")
     run = plan.runs[0]
-    write_run_config(run.run_dir, run.config)
+    write_run(run.run_dir, run.config)
     store.write_status(run.run_dir, "done")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
     code, out, err = cli(["eval", plan.sweep_dir, "--cluster", "debug"], monkeypatch, capsys)

@@ -36,6 +36,7 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
     """Every paper model's architecture class (qwen2, llama, qwen3) trained, resumed and scored on every eval
     task of the suite; about 75 s on 2 cores."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # a fresh clone: nothing cached, each conf's arch
     start = time.time()
     code, out, err = cli(["rehearse", PAPER], monkeypatch, capsys, columns=80, terminal=True)
     elapsed = time.time() - start

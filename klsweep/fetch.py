@@ -238,7 +238,7 @@ def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
     the ``klsweep fetch`` command that gets them (``command``: the grid and overrides). A no-op online."""
     if not offline(configs):
         return
-    missing = [f for f in check(needs(configs)) if not f.cached]
+    missing = [f for f in check(n for n in needs(configs) if not n.local) if not f.cached]  # the hub's only
     if not missing:
         return
     where = {
@@ -269,7 +269,9 @@ def require_cached_for_eval(request: Any, target: Path) -> None:
     configs = [{"eval": request.eval_cfg, "cluster": c} for c in clusters]
     configs += [{"model": dataclasses.asdict(m), "eval": request.eval_cfg} for _, m in request.baselines]
     sweep = Path(target) if not (Path(target) / store.CONFIG_FILE).is_file() else Path(target).parent
-    require_cached(configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})")
+    require_cached(
+        configs, f"klsweep fetch GRID (the sweep's grid file: its text is in {sweep / store.SWEEP_FILE})"
+    )
 
 
 def pin_revisions(configs: list[dict[str, Any]], run_dirs: list[Path] | None = None) -> list[dict[str, Any]]:

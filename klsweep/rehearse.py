@@ -41,6 +41,7 @@ EVAL_SAMPLES = {  # (dataset_path, dataset_name) of an lm-eval task -> its shipp
 COVERED = ("model.name", "kl.estimator", "kl.placement", "kl.level", "kl.reward_mode", "offpolicy.lag")
 STAGES = ("train", "resume", "eval", "report")
 DEFAULT_OUT = Path("results") / ".rehearsal"
+MARKER = ".klsweep-rehearsal"  # in every rehearsal folder: a rerun replaces only a folder holding it
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)  # fmt: skip
 
@@ -359,9 +360,16 @@ def rehearse(
     plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT))
     planner.check(plan)
     folder = Path(plan.sweep_dir)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    if folder.exists() and any(folder.iterdir()):
+        if not (folder / MARKER).is_file():
+            raise UserError(
+                Problem(
+                    "--out", f"{folder} holds something else than a rehearsal (a sweep?)", "another --out"
+                )
+            )
+        shutil.rmtree(folder)  # the previous rehearsal
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text("a klsweep rehearsal: not a sweep's results\n")
     gpus = torch.cuda.device_count()
     chosen = covering_runs(plan.runs)
     models: dict[str, tuple[Path, list[str]]] = {}

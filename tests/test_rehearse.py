@@ -127,3 +127,11 @@ def test_rehearse_on_slurm(tmp_path, monkeypatch, capsys):
     assert code == 0, out + err
     assert "rehearsed on Slurm (log: " in out
     assert (tmp_path / "paper").is_dir() and any((tmp_path / "paper").glob("*/eval/*/*/results.json"))
+
+
+def test_a_sweeps_results_are_never_replaced(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "paper"
+    (sweep / "abc").mkdir(parents=True)
+    code, out, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", tmp_path], monkeypatch, capsys)
+    assert code == 2 and "holds something else than a rehearsal" in err
+    assert (sweep / "abc").is_dir()

@@ -35,6 +35,9 @@ def _check_study(res, out: Path) -> None:
         results = list(run_dir.glob("eval/*/checkpoint-3/results.json"))
         assert len(results) == 1, run_dir
         metrics = store.read_json(results[0])["metrics"]
+        # the grid's eval settings (eval.limit=8), not the suite file's defaults (64 problems)
+        assert store.read_json(results[0])["settings"]["limit"] == 8
+        assert len((results[0].parent / "samples_tiny_add.jsonl").read_text().splitlines()) == 8
         assert set(metrics["in_domain"]) == {"tiny_add"} and set(metrics["ood"]) == {"tiny_sub", "tiny_rev"}
         # the run's logs/: its training job's output and its part of the eval job's
         logs = {p.name.split("-")[0] + p.suffix for p in (run_dir / "logs").iterdir()}

@@ -101,3 +101,16 @@ def _one_line(error: BaseException, max_lines: int) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     message = " / ".join(lines[:max_lines]) + (" ..." if len(lines) > max_lines else "")
     return f"{name}: {message}" if message else name
+
+
+class NotLoaded(KLSweepError):
+    """A model or dataset that a job could not load (not in the cache offline, gated, no network)."""
+
+
+def not_loaded(what: str, error: BaseException) -> NotLoaded:
+    """The error of a job that could not load ``what`` (e.g. "model Qwen/Qwen2.5-7B"): it names it, says why
+    and what to do; raise it ``from error``."""
+    return NotLoaded(
+        f"{what} could not be loaded: run `klsweep fetch GRID` where the hub can be reached, into the jobs' "
+        f"HF_HOME ({describe(error, max_lines=1, max_chars=120)})"
+    )

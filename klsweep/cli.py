@@ -213,10 +213,14 @@ def plan_command(
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
+        from rich.text import Text
+
         out = _console()
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
+        for warning in summary["warnings"]:  # klsweep run refuses these (klsweep.engines)
+            out.print(Text(f"warning: {warning}", style="yellow"), width=width)
 
 
 @app.command("config")

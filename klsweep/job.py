@@ -48,8 +48,8 @@ resume finds every rank's buffers, and FSDP's collective save can run), then the
 
 Precision and sharding (``model.dtype``, ``train.sharding``): see ``klsweep.layout`` (float32 master weights of
 the policy, compute under autocast in ``model.dtype``, the reference in the compute dtype; DDP or FSDP). GPU:
-vLLM generation (TRL's colocate mode) when ``train.use_vllm`` and vllm is installed. On a CPU vllm is never
-imported.
+vLLM generation (TRL's colocate mode) when ``train.use_vllm``; without a GPU or without vllm the run fails with
+why (never HF generate in its place: ``klsweep.engines``). With it false, vllm is never imported.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import environment, store
+from klsweep import engines, environment, store
 from klsweep.collapse import find_collapse
 from klsweep.errors import Problem, UserError, describe
 
@@ -316,7 +316,11 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
-    use_vllm = train.use_vllm and gpu and importlib.util.find_spec("vllm") is not None
+    if train.use_vllm and not (gpu and importlib.util.find_spec("vllm") is not None):  # never HF generate instead
+        why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
+        raise UserError(
+            Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")
+        )
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
@@ -348,7 +352,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
         data_seed=config.seed,
         **layout.training_arguments(lay, gpu, world),  # precision, sharding, devices
         ddp_find_unused_parameters=False,
-        use_vllm=use_vllm,
+        use_vllm=train.use_vllm,
         vllm_mode="colocate",
         vllm_max_model_length=train.max_prompt_length + train.max_completion_length,
         report_to=["wandb"] if report_to_wandb else [],

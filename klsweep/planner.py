@@ -33,7 +33,9 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
   stream) and one layer's recomputed activations (SwiGLU MLP, attention with a fused kernel: no S_len**2 term;
   without GPUs there is no activation checkpointing and every layer's activations are held); the fused LM head
   never holds whole logits. HF generation holds the KV cache of the process's whole generation batch. With vLLM
-  (TRL's colocate mode) generation lives in vLLM's share of the GPU instead (``VLLM_SHARE``).
+  (TRL's colocate mode) generation lives in vLLM's share of the GPU instead (``train.trl.
+  vllm_gpu_memory_utilization``, TRL's default ``VLLM_SHARE``), on top of the training's working memory; with
+  ``train.trl.vllm_enable_sleep_mode`` vLLM frees it while the policy trains: the larger of the two counts.
 - the lag queue (``offpolicy.lag`` batches of ids, masks and log-probs);
 - ``FRAGMENTATION`` on top of the above (the caching allocator), then ``OVERHEAD_GB`` per process (CUDA
   context, NCCL and cuBLAS workspaces).
@@ -53,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep import engines
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 
@@ -263,12 +266,19 @@ def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> di
     # on GPUs activation checkpointing keeps every layer's input and recomputes one layer; on a CPU, every layer
     training = tokens * (layers * 4 * h + per_layer) if gpus else tokens * layers * per_layer
     training += tokens * 64  # per-token log-probs, advantages, masks of the loss
+    trl = train.get("trl") or {}
     if train.get("use_vllm") and gpus:
+        share = float(trl.get("vllm_gpu_memory_utilization", VLLM_SHARE))
         generation = 0.0
-        parts["vllm"] = VLLM_SHARE * float(res.get("gpu_memory_gb", 0)) * GIB
+        parts["vllm"] = share * float(res.get("gpu_memory_gb", 0)) * GIB
     else:
         generation = 2 * layers * arch.kv_dim * compute * shape.per_process * seq
         generation += shape.per_process * arch.vocab_size * 4  # the last position's logits
+    if "vllm" in parts and trl.get("vllm_enable_sleep_mode"):  # vLLM sleeps (its memory freed) while training
+        if training <= parts["vllm"]:
+            training = 0.0
+        else:
+            parts["vllm"] = 0.0
     parts["activations" if training >= generation else "kv cache"] = max(training, generation)
     lag = int(config.get("offpolicy", {}).get("lag", 0))
     if lag:
@@ -507,5 +517,6 @@ def summary(plan: Plan) -> dict[str, Any]:
             "of_gb": largest[1].gpu_memory_gb,
         },
         "resources": resources,
+        "warnings": [f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)],
         "estimates": estimates,
     }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import evaluate, store
+from klsweep import engines, evaluate, store
 from klsweep.errors import Problem
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
@@ -49,6 +49,8 @@ def submit_eval(
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = evaluate.eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    configs = [evaluate.run_config(r) for r in request.runs] + [c for _, c in request.baselines]
+    engines.require({**c, "eval": request.eval_cfg} for c in configs)  # the jobs run in this environment
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines

@@ -267,15 +267,15 @@ LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
 ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}}
 
 # Keys that change how a run is computed, not what it computes (generation engine, batching into passes,
-# sharding, checkpoints kept): hashed at this value whatever they hold, so that changing one resumes the same
-# runs. The value is their default, which the ids published before this rule hashed: those ids stay.
-# train.save_steps is not one (the committed tiny studies hashed 100, not the default 25: their ids would
-# change); eval, cluster and wandb are left out of the id whole (COSMETIC_KEYS). docs/DESIGN.md, "Run id".
+# checkpoints kept): hashed at this value whatever they hold, so that changing one resumes the same runs. The
+# value is their default, which the ids published before this rule hashed: those ids stay. Not one:
+# train.save_steps (the committed tiny studies hashed 100, not the default 25: their ids would change) and
+# train.sharding (a DDP run cannot resume an FSDP checkpoint); eval, cluster and wandb are left out of the id
+# whole (COSMETIC_KEYS). docs/DESIGN.md, "Run configuration".
 ID_HASHED_AT: dict[str, Any] = {
     "train.use_vllm": False,
     "train.micro_batch_size": None,
     "train.keep_checkpoints": 2,
-    "train.sharding": "none",
 }
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place

@@ -316,7 +316,9 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
-    if train.use_vllm and not (gpu and importlib.util.find_spec("vllm") is not None):  # never HF generate instead
+    if train.use_vllm and not (
+        gpu and importlib.util.find_spec("vllm") is not None
+    ):  # never HF generate instead
         why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
         raise UserError(
             Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")

@@ -517,6 +517,8 @@ def summary(plan: Plan) -> dict[str, Any]:
             "of_gb": largest[1].gpu_memory_gb,
         },
         "resources": resources,
-        "warnings": [f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)],
+        "warnings": [
+            f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)
+        ],
         "estimates": estimates,
     }

@@ -348,7 +348,9 @@ class KLGRPOTrainer(GRPOTrainer):
         self._lag_queue = deque(buffers["lag_queue"])
         self._buffered_inputs, self._step = self._relaid(buffers["buffered_inputs"], buffers["step"])
 
-    def _relaid(self, buffered: list[dict[str, Any]] | None, step: int) -> tuple[list[dict[str, Any]] | None, int]:
+    def _relaid(
+        self, buffered: list[dict[str, Any]] | None, step: int
+    ) -> tuple[list[dict[str, Any]] | None, int]:
         """TRL's generation buffer and micro-step counter laid out in this run's micro-batches: a resume may
         change ``train.micro_batch_size`` (not part of the run id), which splits the same generation batch into
         another number of micro-batches. A checkpoint is saved at an optimiser step's end."""

@@ -188,3 +188,41 @@ def test_canned_completions_score_by_the_rule_through_lm_eval(
             question = row["doc"].get("problem") or row["doc"]["question"]
             assert row["exact_match"] == by_question[question], (task, question, row["filtered_resps"])
             assert "Problem:" not in row["resps"][0][0] and "Question:" not in row["resps"][0][0]
+
+
+def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
+    """The MATH-500 task stops where the reward cuts (tasks.MATH_STOP_SEQUENCES); every task of the suite has
+    one filter chain at most, so that lm-eval's table has one score per task."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    found = ev.resolve_tasks(ev.load_suite("paper"))
+    for name, yaml_path in found.items():
+        task = load_yaml(yaml_path, resolve_func=False)
+        assert len(task.get("filter_list") or []) <= 1, name
+        until = task["generation_kwargs"]["until"]
+        if name == "klsweep_math500":
+            assert set(tasks.MATH_STOP_SEQUENCES) <= set(until)
+        else:
+            assert "Question:" in until
+
+
+@pytest.mark.parametrize(
+    ("completion", "letter"),
+    [
+        ("The answer is (B).", "B"),
+        ("\\boxed{\\textbf{D}}", "D"),
+        ("\\boxed{\\text{(C)}}", "C"),
+        ("the answer is: \\textbf{A}", "A"),
+        ("\\boxed{B} then the answer is (C)", "B"),  # the box comes first
+        ("The answer is a bit unclear", ""),
+        ("\\boxed{42}", ""),
+        ("no answer at all", ""),
+    ],
+)
+def test_mmlu_letter(completion: str, letter: str) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_utils", PAPER / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    assert utils.choice_letter(completion) == letter

@@ -83,7 +83,9 @@ def _without_cosmetic(prefix: str, value: Any) -> Any:
     the caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
-    inner = [(k[len(prefix) + 1 :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
+    inner = [
+        (k[len(prefix) + 1 :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")
+    ]
     inner += [
         (k[len(prefix) + 1 :], v, "omit-at")
         for k, v in config_mod.ID_OMITTED_AT.items()

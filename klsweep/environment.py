@@ -2,7 +2,8 @@
 report shows which machines and package versions its numbers come from (``report/``: the Environment section).
 
 ``record(run_dir)`` writes ``describe()``: Python and the versions of the packages that decide the numbers
-(``PACKAGES``), torch's intra-op threads and ``OMP_NUM_THREADS``, the CPU model (``/proc/cpuinfo``), the GPU
+(``PACKAGES``), torch's intra-op threads and ``OMP_NUM_THREADS``, the CPU model (``/proc/cpuinfo``) and the
+CPU kernels torch dispatches to (``klsweep.PORTABLE_CPU_KERNELS``), the GPU
 name (None without CUDA), klsweep's version and git commit (None when it is not installed from a git
 checkout), and the hostname. Every value is a string, an int or None.
 """
@@ -35,6 +36,7 @@ KEYS = (
     "torch threads",
     "OMP_NUM_THREADS",
     "cpu",
+    "cpu kernels",
     "gpu",
     "klsweep",
     "git commit",
@@ -86,6 +88,7 @@ def describe() -> dict[str, Any]:
         "torch threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "cpu": _cpu_model(),
+        "cpu kernels": torch.backends.cpu.get_cpu_capability(),
         "gpu": gpu,
         "klsweep": klsweep.__version__,
         "git commit": _git_commit(),

@@ -2,11 +2,15 @@
 on the tiny task mix (``klsweep.tasks``), built once and cached. No downloads: tests and the local demo study
 run offline on a CPU.
 
-- ``tiny_model_path()`` builds (or reuses) the warm-started model under ``$KLSWEEP_CACHE/tiny/<hash>/`` (default
-  ``~/.cache/klsweep``), where the hash covers the build spec, this module's and ``tasks.py``'s source and the
-  torch/transformers versions. A file lock serialises concurrent builders; the folder is built under a temporary
-  name and renamed into place, so a reader never sees half a model. ``build_info.json`` in it records the build
-  time and the greedy/sampled accuracy per skill.
+- ``tiny_model_path()`` is the model that ships with klsweep (``klsweep/assets/tiny-model/``: weights,
+  tokenizer, config, ``build_info.json``), its files checked against ``SHA256SUMS`` at first use, so every
+  machine starts from the same weights (the SFT's numbers differ between CPU kinds, so a model built here would
+  not). ``python -m klsweep.tinymodel DIR`` rebuilds it into DIR (``klsweep/assets/tiny-model`` to update what
+  ships); ``tests/test_tinymodel.py`` checks that the build reproduces the shipped files on a CPU of the kind
+  that built them. Other specs (``tiny_model_path(cache_dir, spec)``) are built once and cached under
+  ``$KLSWEEP_CACHE/tiny/<hash>/`` (default ``~/.cache/klsweep``; the hash covers the spec, this module's and
+  ``tasks.py``'s source and the torch/transformers versions; a file lock serialises concurrent builders, and a
+  folder is renamed into place whole).
 - ``resolve_model_path(model)`` maps ``model.path == "tiny"`` to that folder and leaves hub ids and paths alone.
 - ``random_tiny_model(folder)`` saves an untrained tiny model and tokenizer (for fast unit tests).
 
@@ -22,9 +26,11 @@ BPE is therefore trained with that same pre-tokeniser, so what it learns is what
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -73,6 +79,15 @@ class TinySpec:
     # Stop the SFT when greedy accuracy on the in-domain skill (training-pool problems), averaged over the last 2
     # checks, reaches this: ~300 steps, where the held-out accuracy is ~0.3-0.5 and still rising fast.
     target_accuracy: float = 0.35
+
+
+SHIPPED = Path(__file__).parent / "assets" / "tiny-model"
+CHECKSUMS = "SHA256SUMS"
+BUILD_INFO = "build_info.json"
+
+
+class TinyModelError(RuntimeError):
+    """The shipped tiny model's files do not match their checksums."""
 
 
 def default_cache_dir() -> Path:
@@ -307,9 +322,51 @@ def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any
     info["num_parameters"] = sum(p.numel() for p in model.parameters())
     info["build_seconds"] = round(time.time() - start, 2)
     info["build_cpu_seconds"] = round(time.process_time() - cpu_start, 2)
+    info["cpu_kernels"] = torch.backends.cpu.get_cpu_capability()
+    info["machine"] = platform.machine()
     _save(model, tokenizer, folder)
-    (folder / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    (folder / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_checksums(folder: Path) -> Path:
+    """Write ``folder/SHA256SUMS`` (``sha256sum``'s format) over every other file in ``folder``."""
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.name != CHECKSUMS)
+    path = Path(folder) / CHECKSUMS
+    path.write_text("".join(f"{_sha256(p)}  {p.name}\n" for p in files))
+    return path
+
+
+def read_checksums(folder: Path) -> dict[str, str]:
+    """``SHA256SUMS`` of ``folder`` as {file name: sha256}."""
+    rows = (line.split(maxsplit=1) for line in (Path(folder) / CHECKSUMS).read_text().splitlines() if line)
+    return {name.strip(): digest for digest, name in rows}
+
+
+def verified(folder: Path) -> Path:
+    """``folder``, after checking its files against its ``SHA256SUMS`` (``TinyModelError`` naming the files
+    that are missing or differ)."""
+    bad = [
+        name
+        for name, digest in read_checksums(folder).items()
+        if not (folder / name).is_file() or _sha256(folder / name) != digest
+    ]
+    if bad:
+        raise TinyModelError(
+            f"the tiny model in {folder} does not match its {CHECKSUMS} ({', '.join(bad)}): reinstall klsweep, "
+            f"or rebuild it with `python -m klsweep.tinymodel {folder}`"
+        )
+    return folder
+
+
+@functools.cache
+def shipped_model_path() -> Path:
+    """The tiny model that ships with klsweep, checked against its ``SHA256SUMS`` (once a process)."""
+    return verified(SHIPPED)
 
 
 def tiny_model_path(
@@ -317,11 +374,14 @@ def tiny_model_path(
     spec: TinySpec = TinySpec(),
     on_build: Callable[[Path], None] | None = None,
 ) -> Path:
-    """The folder of the warm-started tiny model (built on first use, then reused), loadable offline by
-    ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` and by lm-eval's ``hf`` model. ``on_build``
-    is called with that folder before a build (about 15 s on a CPU), to say what is happening."""
+    """The folder of the warm-started tiny model, loadable offline by ``AutoModelForCausalLM``/
+    ``AutoTokenizer.from_pretrained`` and by lm-eval's ``hf`` model: the shipped one for the default spec;
+    another spec's is built on first use, then reused. ``on_build`` is called with that folder before a build
+    (about 15 s on a CPU), to say what is happening."""
     from filelock import FileLock
 
+    if spec == TinySpec():
+        return shipped_model_path()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root = root / "tiny"
     final = root / _spec_hash(spec)
@@ -348,3 +408,23 @@ def resolve_model_path(model: ModelSection) -> str:
     """``model.path`` as ``from_pretrained`` takes it: "tiny" becomes the cached tiny model's folder; a hub id or
     a local path is returned unchanged."""
     return str(tiny_model_path()) if model.path == "tiny" else model.path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m klsweep.tinymodel DIR``: build the default tiny model into DIR with its ``SHA256SUMS``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m klsweep.tinymodel", description=main.__doc__)
+    parser.add_argument("folder", type=Path, help=f"where to build it ({SHIPPED} updates what ships)")
+    folder = parser.parse_args(argv).folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():
+        if old.is_file():
+            old.unlink()
+    info = build_tiny_model(folder)
+    write_checksums(folder)
+    print(f"built in {folder} ({info['sft_steps']} SFT steps, CPU kernels {info['cpu_kernels']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -150,3 +150,39 @@ def test_build_says_what_it_does_and_draws_no_stray_bar(tmp_path: Path, capfd: p
     assert said == [path]
     assert "Writing model shards" not in "".join(capfd.readouterr())
     assert tinymodel.tiny_model_path(tmp_path, QUICK, on_build=said.append) == path and said == [path]
+
+
+def test_the_shipped_model_is_checked_against_its_checksums(tmp_path: Path) -> None:
+    import shutil
+
+    assert tinymodel.tiny_model_path() == tinymodel.SHIPPED  # the default spec is the shipped model
+    copy = Path(shutil.copytree(tinymodel.SHIPPED, tmp_path / "copy"))
+    assert tinymodel.verified(copy) == copy
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(tinymodel.TinyModelError, match=r"model\.safetensors.*python -m klsweep\.tinymodel"):
+        tinymodel.verified(copy)
+
+
+def test_the_build_reproduces_the_shipped_model_on_its_kind_of_cpu(tmp_path: Path) -> None:
+    """``python -m klsweep.tinymodel DIR`` rebuilds what ships, byte for byte, wherever torch dispatches to the
+    CPU kernels that built it (``klsweep.PORTABLE_CPU_KERNELS``: AVX2 on any x86-64 CPU that has it)."""
+    import platform
+    import subprocess
+    import sys
+
+    import torch
+
+    shipped = json.loads((tinymodel.SHIPPED / tinymodel.BUILD_INFO).read_text())
+    here = (platform.machine(), torch.backends.cpu.get_cpu_capability())
+    if here != (shipped["machine"], shipped["cpu_kernels"]):
+        pytest.skip(f"built on {shipped['machine']}/{shipped['cpu_kernels']}, this is {here[0]}/{here[1]}")
+    out = tmp_path / "rebuilt"
+    subprocess.run([sys.executable, "-m", "klsweep.tinymodel", str(out)], check=True, capture_output=True)
+    rebuilt, ships = tinymodel.read_checksums(out), tinymodel.read_checksums(tinymodel.SHIPPED)
+    del rebuilt[tinymodel.BUILD_INFO], ships[tinymodel.BUILD_INFO]  # it records the build's time
+    assert rebuilt == ships
+    info = json.loads((out / tinymodel.BUILD_INFO).read_text())
+    assert info["accuracy"] == shipped["accuracy"] and info["sft_steps"] == shipped["sft_steps"]

@@ -316,9 +316,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path, report_to_wandb: bool 
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
-    if train.use_vllm and not (
-        gpu and importlib.util.find_spec("vllm") is not None
-    ):  # never HF generate instead
+    vllm_ready = gpu and importlib.util.find_spec("vllm") is not None
+    if train.use_vllm and not vllm_ready:  # never HF generate in its place
         why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
         raise UserError(
             Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")

@@ -82,7 +82,7 @@ def phases(run_dir: Path, spawned: float) -> dict[str, list[float]]:
     import trl  # noqa: F401
     import wandb
 
-    from klsweep import job, tasks
+    from klsweep import job, tasks, tracking
     from klsweep.trainer import KLGRPOTrainer
 
     totals["imports"] = [time.perf_counter() - wall, time.process_time() - cpu]
@@ -92,7 +92,7 @@ def phases(run_dir: Path, spawned: float) -> dict[str, list[float]]:
     tasks.load_train_dataset = _timer(totals, "dataset", tasks.load_train_dataset)
     tasks.drop_long_prompts = _timer(totals, "dataset", tasks.drop_long_prompts)
     KLGRPOTrainer.__init__ = _timer(totals, "trainer", KLGRPOTrainer.__init__)
-    job._init_wandb = _timer(totals, "wandb", job._init_wandb)
+    tracking.open_training_run = _timer(totals, "wandb", tracking.open_training_run)
     wandb.sdk.wandb_run.Run.finish = _timer(totals, "wandb", wandb.sdk.wandb_run.Run.finish)
     KLGRPOTrainer._save_checkpoint = _timer(totals, "saves", KLGRPOTrainer._save_checkpoint)
 
@@ -128,7 +128,7 @@ def phases(run_dir: Path, spawned: float) -> dict[str, list[float]]:
     totals["eval_imports"] = [time.perf_counter() - wall, time.process_time() - cpu]
     config = evaluate.run_config(run_dir)
     wall, cpu = time.perf_counter(), time.process_time()
-    evaluate.eval_run(run_dir, config["eval"])
+    evaluate.eval_run(run_dir, config.eval)
     totals["eval"] = [time.perf_counter() - wall, time.process_time() - cpu]
     return totals
 
@@ -196,11 +196,12 @@ def main() -> None:
 
     os.environ.setdefault("WANDB_SILENT", "true")
     root = Path(tempfile.mkdtemp(prefix="klsweep-bench-study-"))
-    from klsweep import job, store, tinymodel
+    from klsweep import store, tinymodel
+    from klsweep.config import write_run
 
     tinymodel.tiny_model_path()  # built (once, cached) here, not in the timed process
     plan = first_runs(args.grid, args.steps, 1, root / "phases")
-    job.write_run_config(plan.runs[0].run_dir, plan.runs[0].config)
+    write_run(plan.runs[0].run_dir, plan.runs[0].config)
     store.write_status(plan.runs[0].run_dir, "pending")
     spawned = time.time()
     child = subprocess.run(

@@ -120,12 +120,9 @@ def audit_command(
     """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
     with --grpo, the exact expected update of the trainer's whole GRPO objective."""
     from klsweep import audit
-    from klsweep import console as console_mod
+    from klsweep.console import print_audit
     from klsweep.errors import Problem
 
-    problems = []
-    if as_json and as_csv:
-        problems.append(Problem("--json, --csv", "both given", "at most one of them"))
     grpo_options = {
         "group_size": group_size,
         "groups": groups,
@@ -134,51 +131,27 @@ def audit_command(
         "reward_mode": reward_mode,
         "loss_type": loss_type,
     }
-    if grpo:
-        if behavior_shift != 0.0 or importance != "none":
-            problems.append(
-                Problem("--behavior-shift, --importance", "given with --grpo", "the GRPO audit is on-policy")
-            )
-    else:
-        given = [f"--{k.replace('_', '-')}" for k, v in grpo_options.items() if v is not None]
-        if given:
-            problems.append(Problem(", ".join(given), "given without --grpo", "add --grpo"))
+    given = {k: v for k, v in grpo_options.items() if v is not None}
+    problems = []
+    if as_json and as_csv:
+        problems.append(Problem("--json, --csv", "both given", "at most one of them"))
+    if grpo and (behavior_shift != 0.0 or importance != "none"):
+        problems.append(
+            Problem("--behavior-shift, --importance", "given with --grpo", "the GRPO audit is on-policy")
+        )
+    if given and not grpo:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        problems.append(Problem(flags, "given without --grpo", "add --grpo"))
     if problems:
         raise UserError(problems)
     if grpo:
-        options = {k: v for k, v in grpo_options.items() if v is not None}
         length = 2 if length is None else length
-        rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **options)
+        rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **given)
     else:
         length = 3 if length is None else length
         rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
-    if as_json:
-        import json
-
-        print(json.dumps(audit.rows_as_dicts(rows), indent=2))
-    elif as_csv:
-        import csv
-
-        dicts = audit.rows_as_dicts(rows)
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(dicts)
-    elif grpo:
-        r = rows[0]
-        console = _console()
-        console.print(
-            f"GRPO audit, on-policy: V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
-            f" seed {seed}, ref distance {ref_distance:g}",
-            markup=False,
-        )
-        console.print(*console_mod.grpo_audit_tables(rows))
-        console.print(console_mod.GRPO_LEGEND, markup=False, highlight=False)
-    else:
-        policy = "on-policy" if behavior_shift == 0 else f"off-policy, behaviour shift {behavior_shift}"
-        title = (
-            f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
-        )
-        _console().print(*console_mod.audit_tables(rows, title=title))
+    fmt = "json" if as_json else "csv" if as_csv else "table"
+    print_audit(_console(), rows, fmt, vocab, length, seed, ref_distance)
 
 
 # --- plan (klsweep/grid/, klsweep/planner.py) -------------------------------------------------------------
@@ -271,11 +244,12 @@ def train_command(
     ] = None,
 ) -> None:
     """Train one run in this process (resuming its folder if it has checkpoints); exit 1 if it failed."""
+    from klsweep import config as config_mod
     from klsweep import grid, job
 
     resolved = grid.compose_run_config(config, overrides or [])
     folder = run_dir or Path(grid.DEFAULT_OUT) / resolved["name"] / grid.run_id(resolved)
-    job.write_run_config(folder, resolved)
+    config_mod.write_run(folder, resolved)
     status = job.train_run(folder)
     _console().print(f"{folder}: {status['state']}", highlight=False, soft_wrap=True)
     if status.get("reason"):
@@ -285,7 +259,7 @@ def train_command(
         raise typer.Exit(1)
 
 
-# --- report (klsweep/report.py) --------------------------------------------------------------------------
+# --- report (klsweep/report/) ---------------------------------------------------------------------------
 
 
 @app.command("report")
@@ -300,34 +274,24 @@ def report_command(
         str | None, typer.Option(help="the eval settings to report (default: the newest present)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
-    no_wandb: Annotated[
-        bool, typer.Option("--no-wandb", help="do not log the report to W&B (it is when the runs were)")
-    ] = False,
+    wandb: Annotated[
+        bool | None,
+        typer.Option(
+            "--wandb/--no-wandb",
+            help="log the report to W&B (default: when the runs mirrored online; --wandb: offline too)",
+        ),
+    ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they were."""
-    from rich.markup import escape
+    from klsweep.console import print_report
+    from klsweep.report import build_report
 
-    from klsweep.report import build_report, rich_tables
-
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=not no_wandb)
-    console = _console()
-    if not quiet:
-        from klsweep.console import table_width
-
-        for table in rich_tables(report, width=table_width(console)):
-            console.print(table)
-    for line in report.set_aside:
-        _console(stderr=True).print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
-    for line in report.warnings:
-        _console(stderr=True).print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
-    for path in report.paths:
-        console.print(str(path), highlight=False, soft_wrap=True)
-    if report.wandb_run is not None:
-        console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)
+    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb)
+    print_report(_console(), _console(stderr=True), report, tables=not quiet)
 
 
-# --- eval (klsweep/evaluate.py, submitted by klsweep/submit/) --------------------------------------------
+# --- eval (klsweep/evaluate/, submitted by klsweep/submit/) --------------------------------------------
 
 
 @app.command("eval")
@@ -522,8 +486,7 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep import report
-    from klsweep.console import print_failures, status_table, table_width
+    from klsweep.console import print_failures, print_report, status_table, table_width
     from klsweep.study import run_study
 
     console = _console()
@@ -572,14 +535,7 @@ def study_command(
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
     print_failures(console, res.runs)
-    for table in report.rich_tables(res.report, width=width):
-        console.print(table)
-    for path in res.report.paths:
-        console.print(f"wrote {path}", highlight=False)
-    for line in res.report.warnings:
-        _console(stderr=True).print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
-    if res.report.wandb_run is not None:
-        console.print(f"W&B: {res.report.wandb_run}", highlight=False, soft_wrap=True)
+    print_report(console, _console(stderr=True), res.report)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
     if res.claim_changes is not None:
         n = len(res.report.claims)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.errors import Problem, UserError
 
 
 def key(default: Any, text: str) -> Any:
@@ -354,3 +355,50 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
         missing = ", ".join(sections[len(present) :])
         raise store.UnreadableFile(path, f"cut short (it stops before {missing})", CONFIG_TODO)
     return data
+
+
+def load_run(run_dir: str | os.PathLike) -> RunConfig:
+    """The RunConfig of a run folder: its ``config.yaml`` over the schema's defaults, a key the folder predates
+    read with ``LEGACY_VALUES``. The one reader of a run's config (train, eval, report, W&B).
+    ``UserError`` when the folder has no config.yaml, ``store.UnreadableFile`` when it cannot be read or does
+    not fit the schema."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / store.CONFIG_FILE
+    if not path.is_file():
+        raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
+    data = read_run_file(run_dir)
+    try:
+        loaded = OmegaConf.create(data)
+        for dotted, value in LEGACY_VALUES.items():  # a folder written before the key existed
+            if OmegaConf.select(loaded, dotted, default=None) is None:
+                OmegaConf.update(loaded, dotted, value, force_add=True)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
+    except Exception as e:  # omegaconf's validation errors
+        raise store.UnreadableFile(path, str(e).splitlines()[0], CONFIG_TODO) from e
+    return OmegaConf.to_object(merged)
+
+
+def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
+    """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a
+    different config is an error (its checkpoints belong to that one)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / store.CONFIG_FILE
+    if path.is_file():
+        read_run_file(run_dir)  # UnreadableFile when it was cut short
+        loaded = OmegaConf.load(path)
+        for dotted, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
+            if OmegaConf.select(loaded, dotted, default=None) is None:
+                OmegaConf.update(loaded, dotted, value, force_add=True)
+        if OmegaConf.to_container(loaded, resolve=True) != dict(config):
+            raise UserError(
+                Problem(
+                    str(path),
+                    "the run folder holds a different config",
+                    "another --run-dir, or the same config",
+                )
+            )
+        return path
+    store.atomic_write_text(path, run_file_text(config))
+    return path

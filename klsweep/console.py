@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.report import Report
     from klsweep.submit import RunStatus
 
 PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's default there would be 80)
@@ -396,3 +397,61 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
                 t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
         out.append(t)
     return out
+
+
+def print_audit(
+    console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
+) -> None:
+    """``klsweep audit``'s rows: ``json`` (a list) or ``csv`` on stdout, plain; else the rich tables under a
+    heading that names the settings (the GRPO audit's with their legend)."""
+    import sys
+
+    from klsweep.audit import GRPOAuditRow, rows_as_dicts
+
+    if fmt == "json":
+        import json
+
+        print(json.dumps(rows_as_dicts(rows), indent=2))
+    elif fmt == "csv":
+        import csv
+
+        dicts = rows_as_dicts(rows)
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(dicts)
+    elif isinstance(rows[0], GRPOAuditRow):
+        r = rows[0]
+        console.print(
+            f"GRPO audit, on-policy: V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            f" seed {seed}, ref distance {ref_distance:g}",
+            markup=False,
+        )
+        console.print(*grpo_audit_tables(rows))
+        console.print(GRPO_LEGEND, markup=False, highlight=False)
+    else:
+        shift = rows[0].behavior_shift
+        policy = "on-policy" if shift == 0 else f"off-policy, behaviour shift {shift}"
+        title = (
+            f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
+        )
+        console.print(*audit_tables(rows, title=title))
+
+
+def print_report(console: Console, err: Console, report: Report, tables: bool = True) -> None:
+    """A report as the CLI shows it: its rich tables (when ``tables``), what it set aside and its warnings (on
+    ``err``), the files written and its W&B run."""
+    from rich.markup import escape
+
+    from klsweep.report import rich_tables
+
+    if tables:
+        for table in rich_tables(report, width=table_width(console)):
+            console.print(table)
+    for line in report.set_aside:
+        err.print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
+    for line in report.warnings:
+        err.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
+    for path in report.paths:
+        console.print(str(path), highlight=False, soft_wrap=True)
+    if report.wandb_run is not None:
+        console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)

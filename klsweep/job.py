@@ -54,7 +54,6 @@ why (never HF generate in its place: ``klsweep.engines``). With it false, vllm i
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -64,8 +63,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import engines, environment, store
+from klsweep import engines, environment, store, tracking
 from klsweep.collapse import find_collapse
+from klsweep.config import load_run
 from klsweep.errors import Problem, UserError, describe
 
 if TYPE_CHECKING:
@@ -99,55 +99,6 @@ _deferred_signal: Callable[[], Any] | None = None  # a preemption handler waitin
 _live_monitor: _RunMonitor | None = None  # its monitor: the last step whose metrics row was written
 
 
-def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The RunConfig of a run folder (``config.yaml`` over the schema's defaults)."""
-    from omegaconf import OmegaConf
-
-    from klsweep.config import LEGACY_VALUES, RunConfig, read_run_file
-
-    path = Path(run_dir) / store.CONFIG_FILE
-    if not path.is_file():
-        raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
-    data = read_run_file(run_dir)
-    try:
-        loaded = OmegaConf.create(data)
-        for key, value in LEGACY_VALUES.items():  # a folder written before the key existed
-            if OmegaConf.select(loaded, key, default=None) is None:
-                OmegaConf.update(loaded, key, value, force_add=True)
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
-    except Exception as e:  # omegaconf's validation errors
-        raise UserError(Problem(str(path), str(e).splitlines()[0])) from e
-    return OmegaConf.to_object(merged)
-
-
-def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> Path:
-    """Write a resolved RunConfig (as a dict) to ``run_dir/config.yaml``. A folder that already holds a different
-    config is an error (its checkpoints belong to that one)."""
-    from omegaconf import OmegaConf
-
-    from klsweep.config import ID_OMITTED_AT, read_run_file, run_file_text
-
-    path = Path(run_dir) / store.CONFIG_FILE
-    if path.is_file():
-        read_run_file(run_dir)  # UnreadableFile when it was cut short
-        loaded = OmegaConf.load(path)
-        for key, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
-            if OmegaConf.select(loaded, key, default=None) is None:
-                OmegaConf.update(loaded, key, value, force_add=True)
-        existing = OmegaConf.to_container(loaded, resolve=True)
-        if existing != config:
-            raise UserError(
-                Problem(
-                    str(path),
-                    "the run folder holds a different config",
-                    "another --run-dir, or the same config",
-                )
-            )
-        return path
-    store.atomic_write_text(path, run_file_text(config))
-    return path
-
-
 def train_run(run_dir: str | Path) -> dict[str, Any]:
     """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
     global _live_trainer, _live_monitor, _deferred_signal
@@ -156,7 +107,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     status = store.read_status(run_dir)
     if status["state"] in ("done", "diverged"):
         return status
-    config = load_run_config(run_dir)
+    config = load_run(run_dir)
 
     # Resume from the newest checkpoint whose trainer state was written (the last file a save writes).
     found = [c for c in store.checkpoints(run_dir) if (c / TRAINER_STATE).exists()]
@@ -196,7 +147,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
     wandb_run = None
     try:
         if is_main:
-            wandb_run = _init_wandb(config, run_dir, monitor.warn)
+            wandb_run = tracking.open_training_run(config, run_dir, monitor.warn)
         # W&B through a guarded callback only: with report_to=["wandb"], TRL also calls wandb.log directly
         # (its profiling timings), unguarded
         trainer = build_trainer(config, run_dir)
@@ -204,7 +155,7 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         trainer.add_callback(monitor.callback())
         trainer.add_callback(_preemption_callback(trainer))
         if wandb_run is not None:
-            trainer.add_callback(_wandb_callback(monitor.warn))
+            trainer.add_callback(tracking.guarded_callback(monitor.warn))
         _live_trainer, _live_monitor = trainer, monitor
         try:
             trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -526,81 +477,6 @@ def _is_non_finite_sampling(error: RuntimeError) -> bool:
     return "probability tensor contains" in str(error)
 
 
-def _wandb_mode(mode: str) -> str:
-    """``auto``: online when W&B is configured on this machine (WANDB_API_KEY, or a netrc entry), else offline."""
-    if mode != "auto":
-        return mode
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    import netrc
-
-    try:
-        return "online" if netrc.netrc().authenticators("api.wandb.ai") else "offline"
-    except (OSError, netrc.NetrcParseError):
-        return "offline"
-
-
-def wandb_tags(config: RunConfig) -> list[str]:
-    """The configuration axes of a run, as W&B tags."""
-    return [
-        f"estimator={config.kl.estimator}",
-        f"placement={config.kl.placement}",
-        f"level={config.kl.level}",
-        f"beta={config.kl.beta:g}",
-        f"lag={config.offpolicy.lag}",
-        f"seed={config.seed}",
-        f"model={config.model.name}",
-    ]
-
-
-def _init_wandb(config: RunConfig, run_dir: Path, warn: Callable[[str], None]):
-    """A W&B run for this run folder (group = sweep name, tags = axes, name and id from ``klsweep.tracking``,
-    files under ``run_dir/wandb/``), or None. Online fails within ``wandb.init_timeout_s`` when W&B cannot be
-    reached (or the key is refused): then offline, with a warning; if even that fails, no W&B at all, with a
-    warning. Never raises."""
-    mode = _wandb_mode(config.wandb.mode)
-    if mode == "disabled":
-        return None
-    import dataclasses
-
-    import wandb
-
-    from klsweep import tracking
-
-    folder = run_dir / "wandb"
-    resolved = dataclasses.asdict(config)
-    kwargs: dict[str, Any] = dict(
-        project=config.wandb.project,
-        entity=config.wandb.entity,
-        group=config.name,
-        name=tracking.wandb_name(resolved, run_dir),
-        id=tracking.wandb_id(config.name, run_dir),
-        resume="allow",
-        tags=wandb_tags(config),
-        config=resolved,
-        dir=str(run_dir),  # W&B writes <run_dir>/wandb/offline-run-* (or run-*)
-    )
-    if mode == "online":
-        try:
-            settings = wandb.Settings(init_timeout=float(config.wandb.init_timeout_s))
-            return wandb.init(**kwargs, mode="online", settings=settings)
-        except Exception as e:
-            warn(
-                f"W&B online failed ({describe(e)}): mirroring offline to {folder} instead "
-                "(upload later with `wandb sync`); metrics.jsonl is complete"
-            )
-            with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
-                wandb.teardown()
-    try:
-        return wandb.init(**kwargs, mode="offline")
-    except Exception as e:
-        warn(f"W&B offline failed too ({describe(e)}): not mirrored; metrics.jsonl is complete")
-        return None
-
-
-_WANDB_EVENTS = ("setup", "on_train_begin", "on_train_end", "on_log", "on_save", "on_evaluate", "on_predict")
-
-
 def _exit_in_flight(error: BaseException) -> SystemExit | None:
     """The SystemExit that ``error`` was raised while handling, if any (submitit exits after requeueing a
     preempted job; cleanup code that then fails must not make the preemption a failure)."""
@@ -612,32 +488,3 @@ def _exit_in_flight(error: BaseException) -> SystemExit | None:
         seen.add(id(context))
         context = context.__context__
     return None
-
-
-def _wandb_callback(warn: Callable[[str], None]) -> Any:
-    """transformers' W&B callback, except that its first failure (W&B gone mid-run, e.g. its service process
-    killed by a preemption's SIGTERM) ends the mirroring with a warning instead of the run."""
-    from transformers.integrations import WandbCallback
-
-    class GuardedWandbCallback(WandbCallback):
-        broken = False
-
-    def guard(name: str) -> Callable[..., Any]:
-        method = getattr(WandbCallback, name)
-
-        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.broken:
-                return None
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as e:
-                self.broken = True
-                warn(f"W&B mirroring stopped ({describe(e)}); metrics.jsonl is complete")
-                return None
-
-        return guarded
-
-    for name in _WANDB_EVENTS:
-        if hasattr(WandbCallback, name):
-            setattr(GuardedWandbCallback, name, guard(name))
-    return GuardedWandbCallback()

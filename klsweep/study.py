@@ -9,6 +9,7 @@ Rerunning is cheap: done runs are skipped, evaluated checkpoints are not evaluat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,8 @@ def run_study(
     plan = grid.load_plan(grid_path, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
     kind = cluster or submit.default_cluster(plan)
-    suites = {r.config.get("eval", {}).get("suite", "none") for r in plan.runs}
+    sections = {json.dumps(r.config.get("eval", {}), sort_keys=True) for r in plan.runs}
+    suites = {json.loads(s).get("suite", "none") for s in sections}
     if suites == {"none"}:
         raise UserError(
             Problem(
@@ -58,9 +60,14 @@ def run_study(
             ),
             title="not a study",
         )
-    if len(suites) > 1:
+    if len(sections) > 1:
+        what = (
+            f"several eval suites {sorted(suites)}"
+            if len(suites) > 1
+            else "runs with different eval settings"
+        )
         raise UserError(
-            Problem(str(grid_path), f"several eval suites {sorted(suites)}", "one eval suite per study"),
+            Problem(str(grid_path), what, "one eval suite and its settings (eval.*) per study"),
             title="not a study",
         )
     on_stage(f"train: {len(plan.runs)} runs on {kind}")
@@ -70,7 +77,8 @@ def run_study(
     )  # fmt: skip
     runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
     on_stage("eval: every finished run and the step-0 baseline")
-    outcome = submit.submit_eval(plan.sweep_dir, suite=suites.pop(), cluster=kind, wait=True)
+    # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
+    outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)

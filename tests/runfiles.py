@@ -22,12 +22,11 @@ def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
     ``run_dir`` as ``klsweep train`` would read it."""
     from omegaconf import OmegaConf
 
-    from klsweep import job
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, write_run
 
     config = OmegaConf.structured(RunConfig)
     for key, value in {"name": "jobtest", "model.path": str(model_dir), **TRAIN, **values}.items():
         OmegaConf.update(config, key, value)
     resolved = OmegaConf.to_container(config)
-    job.write_run_config(run_dir, resolved)
+    write_run(run_dir, resolved)
     return resolved

@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 
 from klsweep import evaluate as ev
 from klsweep import store
+from klsweep.config import EvalSection, ModelSection
 from klsweep.errors import UserError
+from klsweep.evaluate import running
 from klsweep.submit import submit_eval
 
 CONTRACT_KEYS = {
@@ -42,7 +44,7 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ev.EvalSection:
+def tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> EvalSection:
     monkeypatch.chdir(tmp_path)  # the shipped task data must not depend on the working directory
     return replace(ev.load_suite("tiny"), limit=8)
 
@@ -59,7 +61,7 @@ def make_run(
     return run
 
 
-def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: EvalSection) -> None:
     run = make_run(tmp_path / "sweep", "run-a", random_model, steps=(5, 10))
     (path,) = ev.eval_run(run, tiny)
     h = ev.eval_hash(ev.eval_settings(tiny))
@@ -92,7 +94,7 @@ def test_results_follow_the_contract(tmp_path: Path, random_model: Path, tiny: e
 
 
 def test_chat_template_is_the_models_training_decision(
-    tmp_path: Path, random_model: Path, tiny: ev.EvalSection
+    tmp_path: Path, random_model: Path, tiny: EvalSection
 ) -> None:
     """The suite's apply_chat_template null: each model is evaluated as it was trained (model.chat_template)."""
     assert tiny.apply_chat_template is None
@@ -108,15 +110,15 @@ def test_chat_template_is_the_models_training_decision(
 
 
 def test_repeat_is_skipped_and_changed_settings_get_a_new_hash(
-    tmp_path: Path, random_model: Path, tiny: ev.EvalSection, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, random_model: Path, tiny: EvalSection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = make_run(tmp_path / "sweep", "run-a", random_model)
     (first,) = ev.eval_run(run, tiny)
     mtime = first.stat().st_mtime_ns
 
     calls = []
-    real = ev._evaluate_item
-    monkeypatch.setattr(ev, "_evaluate_item", lambda item, suite: calls.append(item) or real(item, suite))
+    real = running.evaluate_item
+    monkeypatch.setattr(running, "evaluate_item", lambda item, suite: calls.append(item) or real(item, suite))
     assert ev.eval_run(run, tiny) == [first]
     assert calls == [] and first.stat().st_mtime_ns == mtime
 
@@ -130,7 +132,7 @@ def test_repeat_is_skipped_and_changed_settings_get_a_new_hash(
 
 
 def test_broken_checkpoint_is_recorded_and_others_go_on(
-    tmp_path: Path, random_model: Path, tiny: ev.EvalSection
+    tmp_path: Path, random_model: Path, tiny: EvalSection
 ) -> None:
     sweep = tmp_path / "sweep"
     good = make_run(sweep, "good", random_model)
@@ -158,17 +160,17 @@ def test_broken_checkpoint_is_recorded_and_others_go_on(
     assert store.read_status(bad)["eval_error"] is None
 
 
-def test_baseline_is_step_0(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+def test_baseline_is_step_0(tmp_path: Path, random_model: Path, tiny: EvalSection) -> None:
     sweep = tmp_path / "sweep"
-    config = {"model": {"name": "tiny", "path": str(random_model)}}
-    path = ev.eval_baseline(sweep, config, tiny)
+    model = ModelSection(name="tiny", path=str(random_model))
+    path = ev.eval_baseline(sweep, model, tiny)
     h = ev.eval_hash(ev.eval_settings(tiny))
     assert path == sweep / "baseline" / "tiny" / "eval" / h / "step-0" / "results.json"
     res = json.loads(path.read_text())
     assert res["checkpoint"] == "step-0" and res["step"] == 0
     assert (sweep / "baseline" / "tiny" / "config.yaml").is_file()
     mtime = path.stat().st_mtime_ns
-    assert ev.eval_baseline(sweep, config, tiny) == path and path.stat().st_mtime_ns == mtime
+    assert ev.eval_baseline(sweep, model, tiny) == path and path.stat().st_mtime_ns == mtime
 
 
 def test_evaluate_a_sweep_in_process(
@@ -207,7 +209,7 @@ def test_cli_eval_one_run(tmp_path: Path, random_model: Path, monkeypatch: pytes
     assert bad.exit_code != 0 and isinstance(bad.exception, UserError)
 
 
-def test_sampled_pass_at_1(tmp_path: Path, random_model: Path, tiny: ev.EvalSection) -> None:
+def test_sampled_pass_at_1(tmp_path: Path, random_model: Path, tiny: EvalSection) -> None:
     run = make_run(tmp_path / "sweep", "run-a", random_model)
     cfg = replace(tiny, limit=4, temperature=1.0, num_samples=2)
     (path,) = ev.eval_run(run, cfg)

@@ -235,8 +235,8 @@ def test_report_counts_a_torn_metrics_line_and_keeps_the_rows_after_it(tmp_path)
 
 
 def test_truncated_status_sets_one_run_aside_in_status_report_and_eval(tmp_path, monkeypatch, capsys):
-    from klsweep import evaluate
     from klsweep.report import build_report
+    from klsweep.submit.evals import eval_request
 
     sweep = with_shipped_eval_tasks(fixture_copy(tmp_path))
     bad = sweep / "a1-k1rew-s0" / store.STATUS_FILE
@@ -255,15 +255,15 @@ def test_truncated_status_sets_one_run_aside_in_status_report_and_eval(tmp_path,
     code, out, err = cli(["report", sweep, "--out", tmp_path / "out2", "-q"], monkeypatch, capsys)
     assert code == 0 and "set aside" in err and "Traceback" not in err
 
-    request = evaluate.eval_request(sweep)
+    request = eval_request(sweep)
     why = request.skipped[str(sweep / "a1-k1rew-s0")]
     assert why.startswith("unreadable") and str(bad) in why
     assert sweep / "b1-k3loss-s0" in request.runs
 
 
 def test_truncated_config_is_named_not_reported_as_a_configuration(tmp_path):
-    from klsweep import evaluate
     from klsweep.report import build_report
+    from klsweep.submit.evals import eval_request
 
     sweep = with_shipped_eval_tasks(fixture_copy(tmp_path))
     bad = sweep / "a1-k1rew-s0" / store.CONFIG_FILE
@@ -272,7 +272,7 @@ def test_truncated_config_is_named_not_reported_as_a_configuration(tmp_path):
     assert "a1-k1rew-s0" not in set(rep.runs["run"])
     assert rep.runs["config"].nunique() == 3  # no fourth "—" configuration
     assert any(str(bad) in line for line in rep.set_aside)
-    request = evaluate.eval_request(sweep)  # not "the runs have different eval settings"
+    request = eval_request(sweep)  # not "the runs have different eval settings"
     assert str(bad) in request.skipped[str(sweep / "a1-k1rew-s0")]
     assert {r.run_id: r.state for r in submit.status(sweep)}["a1-k1rew-s0"] == "unreadable"
 

@@ -63,7 +63,7 @@ def test_wandb_run_is_named_by_its_axes_and_gets_the_eval_scores(tmp_path, model
     from omegaconf import OmegaConf
 
     from klsweep import tasks
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, write_run
 
     monkeypatch.setattr(
         tasks,
@@ -88,7 +88,7 @@ def test_wandb_run_is_named_by_its_axes_and_gets_the_eval_scores(tmp_path, model
         "wandb.mode": "offline",
     }.items():
         OmegaConf.update(config, key, value)
-    job.write_run_config(run, OmegaConf.to_container(config))
+    write_run(run, OmegaConf.to_container(config))
     # what `klsweep run` writes: the sweep's varying axes and each run's values of them
     params = {"kl.estimator": "k1", "kl.placement": "both", "offpolicy.lag": 0, "seed": 0}
     store.atomic_write_text(
@@ -229,7 +229,8 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys
     config = yaml.safe_load((first / store.CONFIG_FILE).read_text())
     _mirror_training_offline(first, config)
 
-    code, done, err = cli(["report", sweep, "--format", "md,html", "--quiet"], monkeypatch, capsys)
+    # runs mirrored offline: --wandb logs the report offline beside them (a plain report does not: below)
+    code, done, err = cli(["report", sweep, "--format", "md,html", "--quiet", "--wandb"], monkeypatch, capsys)
     assert code == 0 and not err, err
     (folder,) = (sweep / "report" / "wandb").glob("offline-run-*")
     assert f"W&B: {folder}" in done.splitlines()
@@ -260,14 +261,21 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys
     entries = {e.path for e in artifact.manifest.contents}
     assert {"report.md", "report.html", "curves.png", "curves.pdf", "eval_bars.png"} <= entries
 
-    # --no-wandb: nothing more logged
-    code, again, _ = cli(["report", sweep, "--quiet", "--no-wandb"], monkeypatch, capsys)
-    assert code == 0 and "W&B" not in again
+    # --no-wandb, or no flag (the runs mirrored offline only): nothing more logged
+    for flags in (["--no-wandb"], []):
+        code, again, _ = cli(["report", sweep, "--quiet", *flags], monkeypatch, capsys)
+        assert code == 0 and "W&B" not in again
     assert len(list((sweep / "report" / "wandb").glob("offline-run-*"))) == 1
+    code, _, _ = cli(["report", sweep, "--out", tmp_path / "plain", "--quiet"], monkeypatch, capsys)
+    assert (
+        code == 0
+        and (tmp_path / "plain" / "report.md").is_file()
+        and not (tmp_path / "plain" / "wandb").exists()
+    )
 
     # W&B cannot write its files (a file where its folder goes): a warning, and the report all the same
     out = tmp_path / "elsewhere"
     out.mkdir()
     (out / "wandb").write_text("not a folder")
-    code, _, err = cli(["report", sweep, "--out", out, "--quiet"], monkeypatch, capsys)
+    code, _, err = cli(["report", sweep, "--out", out, "--quiet", "--wandb"], monkeypatch, capsys)
     assert code == 0 and "warning: W&B" in err and (out / "report.md").is_file()

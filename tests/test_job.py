@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from runfiles import write_config  # tests/ is on sys.path under pytest
 
-from klsweep import environment, job, store
+from klsweep import config as config_mod
+from klsweep import environment, job, store, tracking
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +82,11 @@ def test_run_config_reward_mode_default_and_folders_written_before_it(tmp_path, 
 
     config = write_config(tmp_path / "new", model_dir)
     assert config["kl"]["reward_mode"] == "separate"
-    assert job.load_run_config(tmp_path / "new").kl.reward_mode == "separate"
+    assert config_mod.load_run(tmp_path / "new").kl.reward_mode == "separate"
     del config["kl"]["reward_mode"]  # a run folder written before the key existed trained shaped
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
-    assert job.load_run_config(tmp_path / "old").kl.reward_mode == "shaped"
+    assert config_mod.load_run(tmp_path / "old").kl.reward_mode == "shaped"
 
 
 def test_a_folder_written_before_train_trl_is_the_same_run(tmp_path, model_dir):
@@ -96,8 +97,8 @@ def test_a_folder_written_before_train_trl_is_the_same_run(tmp_path, model_dir):
     old = {**config, "train": {k: v for k, v in config["train"].items() if k != "trl"}}
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
-    assert job.load_run_config(tmp_path / "old").train.trl == {}
-    job.write_run_config(tmp_path / "old", config)  # not "a different config": its checkpoints are this run's
+    assert config_mod.load_run(tmp_path / "old").train.trl == {}
+    config_mod.write_run(tmp_path / "old", config)  # not "a different config": its checkpoints are this run's
 
 
 _KILLABLE = """
@@ -314,7 +315,7 @@ def test_bf16_compute_trains_float32_master_weights(tmp_path, model_dir, monkeyp
     monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
     run = tmp_path / "run"
     write_config(run, model_dir, **{"model.dtype": "bfloat16", "train.learning_rate": 1e-6, "train.steps": 1})
-    trainer = job.build_trainer(job.load_run_config(run), run)
+    trainer = job.build_trainer(config_mod.load_run(run), run)
     policy = trainer.model
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert {p.dtype for p in trainer.ref_model.parameters()} == {torch.bfloat16}
@@ -368,7 +369,7 @@ def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.sharding": "fsdp"})
     with pytest.raises(UserError, match="train.sharding: fsdp needs GPUs"):
-        job.build_trainer(job.load_run_config(run), run)
+        job.build_trainer(config_mod.load_run(run), run)
 
 
 def test_failure_is_recorded(tmp_path, model_dir):
@@ -385,11 +386,11 @@ def test_wandb_mode_and_tags(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert job._wandb_mode("auto") == "offline"
+    assert tracking.resolve_mode("auto") == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x")
-    assert job._wandb_mode("auto") == "online"
-    assert job._wandb_mode("disabled") == "disabled"
-    tags = job.wandb_tags(RunConfig())
+    assert tracking.resolve_mode("auto") == "online"
+    assert tracking.resolve_mode("disabled") == "disabled"
+    tags = tracking.tags(RunConfig())
     assert tags == [
         "estimator=k3",
         "placement=loss",
@@ -481,8 +482,8 @@ def test_train_trl_options_reach_the_trainers_grpo_config(tmp_path, model_dir):
     args = torch.load(run / "checkpoints" / "checkpoint-1" / "training_args.bin", weights_only=False)
     assert (args.top_k, args.repetition_penalty, args.weight_decay) == (3, 1.5, 0.25)
     assert (args.num_generations, args.temperature, args.beta) == (4, 1.0, 0.0)  # klsweep's own
-    assert job.load_run_config(run).train.trl == {"weight_decay": 0.25, "top_k": 3, "repetition_penalty": 1.5}
-    trainer = job.build_trainer(job.load_run_config(run), run)
+    assert config_mod.load_run(run).train.trl == {"weight_decay": 0.25, "top_k": 3, "repetition_penalty": 1.5}
+    trainer = job.build_trainer(config_mod.load_run(run), run)
     assert (trainer.generation_config.top_k, trainer.generation_config.repetition_penalty) == (3, 1.5)
 
     bad = CliRunner().invoke(

@@ -239,9 +239,9 @@ def test_config_prints_the_yaml_a_run_gets_and_it_round_trips_to_its_id(tmp_path
     written.write_text(out)
     assert grid.run_id(grid.compose_run_config(written, [])) == run.id
     # what a job writes as the run folder's config.yaml is this very text
-    from klsweep import job
+    from klsweep.config import write_run
 
-    job.write_run_config(tmp_path / "folder", run.config)
+    write_run(tmp_path / "folder", run.config)
     assert (tmp_path / "folder" / "config.yaml").read_text() == out
 
     code, _, err = cli(["config", g, "zzzz"], monkeypatch, capsys)

@@ -175,7 +175,7 @@ def test_audit_table_uses_each_runs_settings():
     off-policy verdict."""
     import pandas as pd
 
-    from klsweep.report.audit_table import _audit_table
+    from klsweep.report.audit_table import audit_table
 
     def run(config, **kw):
         base = {
@@ -206,7 +206,7 @@ def test_audit_table_uses_each_runs_settings():
             run(6, **{"train.group_size": 64}),
         ]
     )
-    a = _audit_table(runs)
+    a = audit_table(runs)
     by = {
         (r["reward mode"], r["G"], r["scale_rewards"], r["loss type"], r["sampling"]): r
         for _, r in a.iterrows()
@@ -399,7 +399,7 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
     from klsweep import evaluate, job, tasks
-    from klsweep.config import RunConfig
+    from klsweep.config import RunConfig, load_run, write_run
     from klsweep.tinymodel import random_tiny_model
 
     def length_reward(prompts, completions, answer, **kwargs) -> list[float]:
@@ -427,10 +427,10 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
         }.items():
             OmegaConf.update(config, key, value)
         resolved = OmegaConf.to_container(config)
-        job.write_run_config(sweep / name, resolved)
+        write_run(sweep / name, resolved)
         assert job.train_run(sweep / name)["state"] == "done"
         evaluate.eval_run(sweep / name, suite)
-    evaluate.eval_baseline(sweep, resolved, suite)
+    evaluate.eval_baseline(sweep, load_run(sweep / name).model, suite)
 
     # each run recorded the environment it trained in, at its training start
     import torch

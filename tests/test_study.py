@@ -35,6 +35,9 @@ def _check_study(res, out: Path) -> None:
         results = list(run_dir.glob("eval/*/checkpoint-3/results.json"))
         assert len(results) == 1, run_dir
         metrics = store.read_json(results[0])["metrics"]
+        # the grid's eval settings (eval.limit=8), not the suite file's defaults (64 problems)
+        assert store.read_json(results[0])["settings"]["limit"] == 8
+        assert len((results[0].parent / "samples_tiny_add.jsonl").read_text().splitlines()) == 8
         assert set(metrics["in_domain"]) == {"tiny_add"} and set(metrics["ood"]) == {"tiny_sub", "tiny_rev"}
         # the run's logs/: its training job's output and its part of the eval job's
         logs = {p.name.split("-")[0] + p.suffix for p in (run_dir / "logs").iterdir()}
@@ -47,8 +50,9 @@ def _check_study(res, out: Path) -> None:
     assert (sweep / "report" / "curves.png").stat().st_size > 10_000
     assert (sweep / "report" / "main.tex").exists()
     assert not res.eval.errors
-    # the runs mirrored to W&B (offline here): the report is logged beside them
-    assert res.report.wandb_run is not None and res.report.wandb_run.parent == sweep / "report" / "wandb"
+    # the runs mirrored to W&B offline: the report writes no offline W&B run unless asked (publish.py)
+    assert list(sweep.glob("*/wandb/offline-run-*"))
+    assert res.report.wandb_run is None and not (sweep / "report" / "wandb").exists()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from klsweep.config import NO_KL
-from klsweep.report.tables import DASH, _sort_key
+from klsweep.report.tables import DASH, sort_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,7 +29,7 @@ SETTINGS = {
 }
 
 
-def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
+def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per KL configuration in the sweep (the ``SETTINGS`` of its runs and whether they are on- or
     off-policy, with the importance weighting), with the GRPO audit of the trainer's expected update:
     ``effective scale`` (1: the KL part of the update is beta x grad KL(pi||ref) in the policy loss's units),
@@ -47,7 +47,7 @@ def _audit_table(runs: pd.DataFrame) -> pd.DataFrame:
         else {}
     )
     rows = []
-    for k in sorted(counts, key=_sort_key):
+    for k in sorted(counts, key=sort_key):
         *values, imp = k
         est, plc, lvl, mode, beta, g, scale, loss_type = values
         row: dict[str, Any] = dict(zip(SETTINGS.values(), values, strict=True))
@@ -108,10 +108,10 @@ def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
     ]
 
 
-def _run_unbiased(runs: pd.DataFrame, audit: pd.DataFrame) -> list[str]:
+def run_unbiased(runs: pd.DataFrame, audit: pd.DataFrame) -> list[str]:
     """Per run, the ``unbiased`` verdict of its audit row: "yes", "no", or DASH (no KL, not audited)."""
     keys = _keys(runs)
-    order = sorted(set(keys), key=_sort_key)  # the audit's rows, in the order ``_audit_table`` built them
+    order = sorted(set(keys), key=sort_key)  # the audit's rows, in the order ``audit_table`` built them
     verdicts = dict(zip(order, audit["unbiased"], strict=True)) if len(audit) == len(order) else {}
     return [verdicts.get(k, DASH) for k in keys]
 

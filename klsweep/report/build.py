@@ -10,15 +10,15 @@ from pathlib import Path
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
-from klsweep.report.audit_table import _audit_table
-from klsweep.report.claims import _claims_table, _comparisons_table
-from klsweep.report.data import ID_AVG, OOD_AVG, _attach_deltas, _attach_evals, _baseline, _load_runs
-from klsweep.report.figures import _plot_curves, _plot_eval
+from klsweep.report.audit_table import audit_table
+from klsweep.report.claims import claims_table, comparisons_table
+from klsweep.report.data import ID_AVG, OOD_AVG, attach_deltas, attach_evals, load_baseline, load_runs
+from klsweep.report.figures import plot_curves, plot_eval
 from klsweep.report.publish import log_report
-from klsweep.report.reference import REFERENCE_CSV, _reference_table
-from klsweep.report.render import _WRITERS, FORMATS
-from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, _attach_stability
-from klsweep.report.tables import Report, _environment_table, _label_configs, _main_table, _stability_table
+from klsweep.report.reference import REFERENCE_CSV, reference_table
+from klsweep.report.render import FORMATS, WRITERS
+from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, attach_stability
+from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
 
 def build_report(
@@ -29,11 +29,11 @@ def build_report(
     eval_hash: str | None = None,
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
-    wandb: bool = True,
+    wandb: bool | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
-    (default ``<sweep>/report/``) and, when the runs mirrored to W&B and ``wandb``, log it there
-    (``publish.py``; never a failure: ``Report.warnings``). ``window``: the smoothing of the curves and of the
+    (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
+    ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
     stability table (the collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
@@ -57,14 +57,14 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    runs, configs, axes, metrics = _load_runs(dirs, set_aside)
+    runs, configs, axes, metrics = load_runs(dirs, set_aside)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
             title="nothing to report",
         )
     out.mkdir(parents=True, exist_ok=True)
-    chosen, in_domain, ood = _attach_evals(sweep, runs, eval_hash, set_aside)
+    chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
     rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
         run: (
             int(c.get("train.collapse_window", WINDOW)),
@@ -72,11 +72,11 @@ def build_report(
         )
         for run, c in zip(runs["run"], configs, strict=True)
     }
-    _attach_stability(runs, metrics, window, rules)
-    baseline = _baseline(sweep, chosen, in_domain, ood, set_aside)
-    _attach_deltas(runs, baseline)
-    runs = _label_configs(runs, axes)
-    audit = _audit_table(runs)
+    attach_stability(runs, metrics, window, rules)
+    baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
+    attach_deltas(runs, baseline)
+    runs = label_configs(runs, axes)
+    audit = audit_table(runs)
     report = Report(
         sweep_dir=sweep,
         out_dir=out,
@@ -85,25 +85,25 @@ def build_report(
         in_domain=in_domain,
         ood=ood,
         runs=runs,
-        main=_main_table(runs, axes, in_domain, ood),
+        main=main_table(runs, axes, in_domain, ood),
         baseline=baseline,
-        stability=_stability_table(runs, axes),
+        stability=stability_table(runs, axes),
         audit=audit,
-        reference=_reference_table(runs, axes, in_domain + ood, reference_csv),
-        comparisons=_comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=_claims_table(runs, audit),
-        environment=_environment_table(runs),
+        reference=reference_table(runs, axes, in_domain + ood, reference_csv),
+        comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
+        claims=claims_table(runs, audit),
+        environment=environment_table(runs),
         window=window,
         collapse_rules=set(rules.values()),
         set_aside=set_aside,
     )
-    report.paths += _plot_curves(report, metrics, out / "curves.png")
-    report.paths += _plot_eval(report, out / "eval_bars.png")
+    report.paths += plot_curves(report, metrics, out / "curves.png")
+    report.paths += plot_eval(report, out / "eval_bars.png")
     for fmt in formats:
-        report.paths += _WRITERS[fmt](report)
-    if wandb:
+        report.paths += WRITERS[fmt](report)
+    if wandb is not False:
         readable = [d for d in dirs if d.name in set(runs["run"])]
-        report.wandb_run = log_report(report, readable, configs)
+        report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
 
 

@@ -1,33 +1,10 @@
 """The tests of a report: each configuration against its references, and the study's claims with a verdict.
 
-- Comparisons (``_comparisons_table``): every configuration's in-domain and OOD averages against two references
-  that share all its other axes (model, task, lag, ...): the no-KL baseline (beta = 0) and k1 in the reward
-  (at the same beta). Welch's two-sided t-test over seeds: the difference of the means with its 95% CI, t,
-  df, p, and the seeds on each side.
-- Claims (``_claims_table``): the claims of arXiv 2512.21852, each tested on this sweep's runs. Which KL
-  configuration is biased comes from the KL gradient audit (``audit_table.py``: unbiased = its expected KL
-  update is exact); a run is *unstable* when it diverged or its reward collapsed (``stability.py``); only
-  finished runs (done or diverged) count; on-policy = lag 0 and one iteration.
-
-  (a) biased configurations are unstable on-policy: the rate of unstable runs, biased > unbiased (Fisher's
-      exact test, one-sided);
-  (b) k1 in the loss behaves like no KL (on-policy): its peak KL (k3, smoothed) and in-domain average equal
-      no KL's within a margin (equivalence: two one-sided Welch tests, TOST; margins ``EQUIVALENCE``);
-  (c) unbiased configurations score higher than biased ones, in-domain and out of domain (Welch, one-sided,
-      over the runs of each group);
-  (d) KL stabilises off-policy training (lag > 0 or several iterations): the no-KL runs are unstable more
-      often than the KL runs (Fisher, one-sided) and reach a higher peak KL (Welch, one-sided).
-
-Decision rule (``statistics.RULE``, printed in the report), significance level ``ALPHA`` = 0.05:
-
-- *supported*: the one-sided test in the claim's direction has p < ALPHA (for (b): the TOST has p < ALPHA,
-  whatever the two-sided test says: a difference inside the margin is no difference that matters);
-- *not supported*: not significant although the test had the power to be (Fisher: the group sizes allow
-  p < ALPHA; Welch: power >= 0.8 at the smallest effect of interest, ``EFFECT``), or significant the other way
-  (for (b): a two-sided Welch p < ALPHA, a difference);
-- *inconclusive*: data missing (a group with no run; fewer than 2 values for a t-test; no spread at all), or
-  not significant with a test that could not have been (underpowered); for (b): neither equivalent nor
-  different.
+``comparisons_table``: each configuration against no KL and k1 in the reward (Welch over seeds).
+``claims_table``: the claims of arXiv 2512.21852 (a)-(d), each tested on this sweep's runs and given a verdict
+(supported, not supported, inconclusive) by ``statistics.RULE``; ``read_verdicts``/``verdict_changes``
+compare them with a committed ``claims.csv``. The claims, their tests and the decision rule:
+docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -38,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import Problem, UserError
-from klsweep.report.audit_table import _run_unbiased
-from klsweep.report.data import ID_AVG, OOD_AVG, _none
+from klsweep.report.audit_table import run_unbiased
+from klsweep.report.data import ID_AVG, OOD_AVG, nan_to_none
 from klsweep.report.statistics import (
     ALPHA,
     EFFECT,
@@ -53,7 +30,7 @@ from klsweep.report.statistics import (
     welch,
     welch_power,
 )
-from klsweep.report.tables import DASH, KL_KEYS, _fmt_value
+from klsweep.report.tables import DASH, KL_KEYS, fmt_value, kl_on
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,31 +45,27 @@ def _non_kl_axes(axes: list[str]) -> list[str]:
     return [a for a in axes if a not in (*KL_KEYS, "kl.reward_mode")]
 
 
-def _kl_on(runs: pd.DataFrame) -> pd.Series:
-    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0)
-
-
 def _is(runs: pd.DataFrame, estimator: str, placement: str) -> pd.Series:
-    return _kl_on(runs) & (runs["kl.estimator"] == estimator) & (runs["kl.placement"] == placement)
+    return kl_on(runs) & (runs["kl.estimator"] == estimator) & (runs["kl.placement"] == placement)
 
 
-def _comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str]) -> pd.DataFrame:
+def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str]) -> pd.DataFrame:
     """One row per configuration, reference (``REFERENCES``) and metric with data on both sides."""
     import pandas as pd
 
     shared = _non_kl_axes(axes)
     configs = runs.groupby("config", sort=True)
     first = configs.first()
-    kl_on = _kl_on(first)
+    with_kl = kl_on(first)
     k1_reward = _is(first, "k1", "reward")
 
     def same(i: int, j: int, keys: list[str]) -> bool:
-        return all(_fmt_value(first.at[i, a]) == _fmt_value(first.at[j, a]) for a in keys)
+        return all(fmt_value(first.at[i, a]) == fmt_value(first.at[j, a]) for a in keys)
 
     rows = []
     for i in first.index:
         for ref_name, is_ref, keys in zip(
-            REFERENCES, (~kl_on, k1_reward), (shared, [*shared, "kl.beta"]), strict=True
+            REFERENCES, (~with_kl, k1_reward), (shared, [*shared, "kl.beta"]), strict=True
         ):
             if is_ref[i]:
                 continue
@@ -133,8 +106,8 @@ def _unstable(runs: pd.DataFrame) -> pd.Series:
 
 
 def _on_policy(runs: pd.DataFrame) -> pd.Series:
-    lag = runs["offpolicy.lag"].map(lambda v: float(_none(v) or 0))
-    its = runs["offpolicy.num_iterations"].map(lambda v: float(_none(v) or 1))
+    lag = runs["offpolicy.lag"].map(lambda v: float(nan_to_none(v) or 0))
+    its = runs["offpolicy.num_iterations"].map(lambda v: float(nan_to_none(v) or 1))
     return (lag == 0) & (its <= 1)
 
 
@@ -231,13 +204,13 @@ def _num(v: float) -> str:
     return DASH if v is None or math.isnan(v) else f"{v:.3g}"
 
 
-def _claims_table(runs: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
+def claims_table(runs: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
     """One row per claim (see the module docstring): ``CLAIM_COLUMNS``."""
     import pandas as pd
 
-    r = runs.assign(unbiased=_run_unbiased(runs, audit))
+    r = runs.assign(unbiased=run_unbiased(runs, audit))
     done = r[_finished(r)]
-    kl, on = _kl_on(done), _on_policy(done)
+    kl, on = kl_on(done), _on_policy(done)
     biased, unbiased = done[kl & (done["unbiased"] == "no")], done[kl & (done["unbiased"] == "yes")]
     no_kl = done[~kl]
     acc, kl_eff = EFFECT["accuracy"], EFFECT["peak KL"]

@@ -1,32 +1,22 @@
 """What the report reads: every file it touches, and the per-run frame built from them.
 
-It reads only the files of the results store (``klsweep/store.py``, ``docs/DESIGN.md``): each run's
-``config.yaml``, ``status.json``, ``metrics.jsonl`` and ``eval/<eval-hash>/<checkpoint>/results.json``, and the
-sweep's step-0 baseline (``baseline/<model-key>/eval/<eval-hash>/step-0/results.json``). Owns:
-
-- the configuration axes: the dotted config keys whose values differ between runs, seeds excepted
-  (``_varying_axes``), with the KL fields of the beta = 0 runs shown as "no KL" (``config.without_kl_when_off``);
-- the runs frame (one row per run: config axes, status) and the metrics frame (``_load_runs``);
-- the eval results: one eval hash for the whole report (the one given, else the newest present), per run its
-  last evaluated checkpoint under that hash (and whether it is where the run ended, done or diverged), the
-  in-domain and OOD averages (``_attach_evals``);
-- each run's lm-eval stderr per task and per average (``<task> eval se``) and its recorded environment
-  (``env.json``: the ``env`` column, canonical JSON);
-- the step-0 baseline per model (``_baseline``) and each run's change (Δ) from it (``_attach_deltas``);
-- what it had to set aside: a run whose config.yaml or status.json cannot be read is left out, a results.json
-  that cannot be read is skipped, an unreadable metrics line is skipped; each is named in ``set_aside`` with
-  what to do, and the rest of the sweep is reported.
+Only the results store's files (docs/DESIGN.md): each run's config, status, metrics and eval results, and the
+sweep's step-0 baseline. ``load_runs`` (the configuration axes, the runs and metrics frames), ``attach_evals``
+(one eval hash per report, each run's last evaluated checkpoint), ``load_baseline`` and ``attach_deltas``
+(Δ from step 0). A file that cannot be read is set aside and named (``set_aside``), the rest is reported.
+Details: docs/REPORT.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, LEGACY_VALUES, read_run_file, without_kl_when_off
+from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, load_run, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -102,7 +92,7 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
     return len(pairs) == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
 
 
-def _load_runs(
+def load_runs(
     dirs: list[Path], set_aside: list[str]
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
     """One row per readable run (config, status) and all metrics rows (with a ``run`` column); the runs left
@@ -112,13 +102,11 @@ def _load_runs(
     rows, configs, metric_rows = [], [], []
     for d in dirs:
         try:
-            config = _flatten(read_run_file(d))
+            config = _flatten(dataclasses.asdict(load_run(d)))
             status = store.read_status(d)
         except store.UnreadableFile as e:
             set_aside.append(f"run {d.name} left out: {e.message}")
             continue
-        if any(k.startswith("kl.") for k in config):  # a folder written before a key existed: its value then
-            config = {**{k: _hashable(v) for k, v in LEGACY_VALUES.items()}, **config}
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(
@@ -185,7 +173,7 @@ def _results_files(root: Path) -> list[Path]:
     return list((root / store.EVAL_DIR).glob("*/*/results.json"))
 
 
-def _attach_evals(
+def attach_evals(
     sweep: Path, runs: pd.DataFrame, eval_hash: str | None, set_aside: list[str]
 ) -> tuple[str | None, list[str], list[str]]:
     """Pick the eval hash, and per run its last evaluated checkpoint: adds ``eval_checkpoint``, ``eval_step``
@@ -252,7 +240,7 @@ def _float(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
-def _baseline(
+def load_baseline(
     sweep: Path, eval_hash: str | None, in_domain: list[str], ood: list[str], set_aside: list[str]
 ) -> pd.DataFrame:
     """One row per baseline model folder: model name and path (from its config.yaml, else the folder name),
@@ -284,7 +272,7 @@ def _baseline(
     return df
 
 
-def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
+def attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
     """Δ columns: each run's averages minus those of the baseline of its model (matched by model.path, then
     by model.name or the baseline folder name)."""
     by_key: dict[tuple[str, Any], tuple[float, float]] = {}
@@ -297,7 +285,7 @@ def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
         strict=True,
     ):
         for key in (("path", path), ("name", folder), ("name", name)):
-            if _none(key[1]) is not None:
+            if nan_to_none(key[1]) is not None:
                 by_key.setdefault(key, (b_id, b_ood))
     base = [
         by_key.get(("path", path)) or by_key.get(("name", name)) or (math.nan, math.nan)
@@ -307,5 +295,5 @@ def _attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
     runs[D_OOD] = runs[OOD_AVG] - [b[1] for b in base]
 
 
-def _none(v: Any) -> Any:
+def nan_to_none(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v

@@ -1,18 +1,8 @@
-"""The figures of a report (matplotlib, Agg backend, imported when drawn), each saved as a PNG and, beside it, a
-vector PDF of the same figure (for a paper's ``\\includegraphics``):
+"""The figures of a report (matplotlib, Agg backend, imported when drawn), each a PNG with a vector PDF beside it.
 
-- ``curves.png`` / ``curves.pdf``: task reward, KL k1, KL k3 and entropy against step, as small multiples: one
-  row of panels per value of the faceted axes (placement, then lag, model, task, ... while a panel would
-  hold more than ``MAX_LINES`` configurations, up to ``MAX_PANELS`` rows), one column per metric, y shared per
-  column. In a panel, one line per configuration, the mean over seeds of the smoothed curve
-  (``stability.py``) with a min-max band over seeds (when the panel has at most ``MAX_BANDS`` lines); the
-  runs without KL (beta = 0) are drawn, grey and dashed, in every panel of their lag/model/...; colours are the
-  same configuration in every panel, and one legend names them above the panels;
-- ``eval_bars.png`` / ``eval_bars.pdf``: the in-domain and OOD averages per configuration (mean ± 95% CI over
-  seeds), the step-0 baseline of each model as a dashed line, the legend above the axes (never over a bar).
-
-Labels name only the axes that vary (``tables._labelled_axes``): a KL field that is the same in every run with
-KL (e.g. the level) is left out. Layout is matplotlib's constrained layout, so nothing is cut at the edges.
+``plot_curves``: ``curves.png``, reward, KL and entropy against step as small multiples; ``plot_eval``:
+``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline. Layout, facets
+and labels: docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -28,10 +18,10 @@ from klsweep.report.tables import (
     KL_KEYS,
     SHORT,
     Report,
-    _fmt_value,
-    _kl_on,
-    _labelled_axes,
-    _sort_key,
+    fmt_value,
+    kl_on,
+    labelled_axes,
+    sort_key,
 )
 
 if TYPE_CHECKING:
@@ -76,7 +66,7 @@ def _save(fig: Any, path: Path) -> list[Path]:
 
 
 def _key_text(axes: list[str], values: tuple[Any, ...], sep: str = ", ") -> str:
-    return sep.join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, values, strict=True))
+    return sep.join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, values, strict=True))
 
 
 def _facets(configs: pd.DataFrame, shown: list[str]) -> list[str]:
@@ -100,8 +90,8 @@ def _panels(configs: pd.DataFrame, facets: list[str]) -> list[tuple[Any, ...]]:
     """The panels: every combination of faceted values that some configuration with KL has (a run without KL
     has "no KL" for the KL fields: it belongs to every panel of its other values)."""
     on = configs[configs["kl_on"]] if configs["kl_on"].any() else configs
-    keys = {tuple(_fmt_value(v) for v in row) for row in on[facets].itertuples(index=False)}
-    return sorted(keys, key=_sort_key)
+    keys = {tuple(fmt_value(v) for v in row) for row in on[facets].itertuples(index=False)}
+    return sorted(keys, key=sort_key)
 
 
 def _in_panel(configs: pd.DataFrame, facets: list[str], panel: tuple[Any, ...]) -> pd.Series:
@@ -109,7 +99,7 @@ def _in_panel(configs: pd.DataFrame, facets: list[str], panel: tuple[Any, ...]) 
 
     mask = pd.Series(True, index=configs.index)
     for a, v in zip(facets, panel, strict=True):
-        values = configs[a].map(_fmt_value)
+        values = configs[a].map(fmt_value)
         wildcard = ~configs["kl_on"] if a in KL_KEYS else False
         mask &= (values == v) | wildcard
     return mask
@@ -127,8 +117,8 @@ def _styles(configs: pd.DataFrame, hues: list[str]) -> dict[tuple[Any, ...], tup
     keys: dict[tuple[Any, ...], bool] = {}
     for row in configs.to_dict("records"):
         keys[_hue_key(row, hues)] = bool(row["kl_on"])
-    with_kl = sorted((k for k, on in keys.items() if on), key=_sort_key)
-    without = sorted((k for k, on in keys.items() if not on), key=_sort_key)
+    with_kl = sorted((k for k, on in keys.items() if on), key=sort_key)
+    without = sorted((k for k, on in keys.items() if not on), key=sort_key)
     n = len(with_kl)
     cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"]
     styles = {}
@@ -143,25 +133,25 @@ def _styles(configs: pd.DataFrame, hues: list[str]) -> dict[tuple[Any, ...], tup
 
 
 def _hue_key(row: dict[str, Any], hues: list[str]) -> tuple[Any, ...]:
-    return tuple("none" if (a in KL_KEYS and not row["kl_on"]) else _fmt_value(row[a]) for a in hues)
+    return tuple("none" if (a in KL_KEYS and not row["kl_on"]) else fmt_value(row[a]) for a in hues)
 
 
 def _configs(report: Report) -> pd.DataFrame:
     """One row per configuration: ``config``, its axis values and ``kl_on``."""
     first = report.runs.drop_duplicates("config").set_index("config", drop=False)
     configs = first[["config", *report.axes]].copy()
-    configs["kl_on"] = _kl_on(first)
+    configs["kl_on"] = kl_on(first)
     return configs
 
 
-def _plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
+def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """The training curves as small multiples (see the module docstring); PNG and PDF."""
     import numpy as np
     from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
 
     configs = _configs(report)
-    shown = _labelled_axes(report.runs, report.axes)
+    shown = labelled_axes(report.runs, report.axes)
     facets = _facets(configs, shown)
     hues = [a for a in shown if a not in facets]
     panels = _panels(configs, facets) if facets else [()]
@@ -265,17 +255,17 @@ def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) 
                 ax.tick_params(labelbottom=False)
 
 
-def _plot_eval(report: Report, path: Path) -> list[Path]:
+def plot_eval(report: Report, path: Path) -> list[Path]:
     """In-domain and OOD averages per configuration (mean ± t-based 95% CI over seeds); the step-0 baseline
     dashed."""
     import numpy as np
 
     df = report.main
     n = len(df)
-    shown = _labelled_axes(report.runs, report.axes)
+    shown = labelled_axes(report.runs, report.axes)
     cfg_cols = [SHORT.get(a, a) for a in shown]
     ticks = (
-        [" / ".join(_fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
+        [" / ".join(fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
         if cfg_cols
         else ["all runs"] * n
     )

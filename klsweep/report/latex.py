@@ -1,18 +1,6 @@
-"""The LaTeX tables of a report: one ``<table>.tex`` per table, a ``table`` float ready to ``\\input`` in a paper
-(``\\usepackage{booktabs,graphicx}``), that fits the text width and loses no character.
-
-- Fewer columns than the other formats (``_paper_view``): the configuration axes that vary (a KL field that is
-  the same in every run with KL goes to the caption), and for the results the scores only: no status, no eval
-  step (both go to the caption), no Δ (the step-0 baseline row is in the table), no average over a single task.
-  Every column is in ``report.md`` and the CSV files.
-- Numbers right-aligned, each column in one format (so the decimal points line up); mean ± CI half-width as
-  ``0.512`` with a small ``±0.034`` after it; a significantly best mean in bold; in-domain and out-of-domain
-  scores under a spanning header.
-- ``\\small`` and, when a table is still wider than ``\\linewidth``, shrunk to it (graphicx's ``\\resizebox``
-  with the natural width as the bound): never an overfull box.
-- Every character is kept (``tex_escape``): LaTeX's specials escaped, accented letters as accent commands,
-  Greek letters and common symbols mapped, anything else written as its code point ``[U+XXXX]``; the file
-  itself is ASCII, so it compiles with pdflatex whatever the document's input encoding.
+r"""The LaTeX tables of a report: one ``<table>.tex`` per table, a ``table`` float ready to ``\input`` in a paper
+(``\usepackage{booktabs,graphicx}``), that fits the text width and loses no character (``tex_escape``).
+Which columns, alignment and escaping: docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -29,12 +17,12 @@ from klsweep.report.tables import (
     SHORT,
     TITLES,
     Report,
-    _captions,
-    _fixed_text,
-    _labelled_axes,
-    _numeric_columns,
-    _status_text,
-    _view,
+    captions,
+    fixed_text,
+    labelled_axes,
+    numeric_columns,
+    status_text,
+    view,
 )
 
 if TYPE_CHECKING:
@@ -204,20 +192,20 @@ def _cell(value: str, bold: bool) -> str:
 
 
 def _paper_view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The columns of ``_view`` a paper table keeps, and the caption sentences for what it leaves out."""
-    cells, bold = _view(report, table)
+    """The columns of ``view`` a paper table keeps, and the caption sentences for what it leaves out."""
+    cells, bold = view(report, table)
     notes: list[str] = []
     drop: list[str] = []
-    labelled = [SHORT.get(a, a) for a in _labelled_axes(report.runs, report.axes)]
+    labelled = [SHORT.get(a, a) for a in labelled_axes(report.runs, report.axes)]
     if table in ("main", "stability") and report.axes:
         drop += [SHORT.get(a, a) for a in report.axes if SHORT.get(a, a) not in labelled]
-        fixed = _fixed_text(report.runs, report.axes)
+        fixed = fixed_text(report.runs, report.axes)
         if fixed:
             notes.append(f"Not shown: {fixed}.")
     if table in ("main", "stability"):
         drop.append("status")
         states = list(report.runs["state"])
-        notes.append(f"Runs: {_status_text(states)}.")
+        notes.append(f"Runs: {status_text(states)}.")
     if table == "main":
         drop += [D_ID, D_OOD, f"{ID_AVG} {SE}", f"{OOD_AVG} {SE}"]
         notes.append("The mean per-run eval stderr of each configuration: report.md.")
@@ -258,7 +246,7 @@ def _groups(report: Report, table: str, columns: list[str]) -> list[tuple[str, i
 
 def _tabular(cells: pd.DataFrame, bold: pd.DataFrame, groups: list[tuple[str, int, int]]) -> list[str]:
     columns = list(cells.columns)
-    numeric = _numeric_columns(cells)
+    numeric = numeric_columns(cells)
     lines = [f"\\begin{{tabular}}{{{''.join('r' if n else 'l' for n in numeric)}}}", r"\toprule"]
     if groups:
         row, rules, col = [], [], 0
@@ -275,15 +263,15 @@ def _tabular(cells: pd.DataFrame, bold: pd.DataFrame, groups: list[tuple[str, in
     return lines
 
 
-def _sections(report: Report) -> list[str]:
+def latex_sections(report: Report) -> list[str]:
     return ["main", "stability", "audit"] + (["reference"] if len(report.reference) else [])
 
 
 def write_latex(report: Report) -> list[Path]:
     """One ``table`` float per table (``<table>.tex``); see the module docstring."""
-    caps = _captions(report)
+    caps = captions(report)
     paths = []
-    for t in _sections(report):
+    for t in latex_sections(report):
         cells, bold, notes = _paper_view(report, t)
         caption = " ".join([f"{TITLES[t]}. {caps[t]}", *notes])
         tex = [

@@ -1,19 +1,10 @@
-"""The report logged to W&B, beside the runs it reports (``log_report``).
+"""The report logged to W&B, beside the runs it reports (``log_report``): a run of ``job_type="report"``.
 
-When the sweep's runs mirrored their training to W&B (each run's ``<run>/wandb/``: ``klsweep.tracking``), the
-report goes there too: a W&B run of ``job_type="report"``, named ``report``, in the runs' project and entity,
-grouped with them (group = the sweep's name), in the mode they used (online when any run was online; offline
-otherwise, under ``<report folder>/wandb/offline-run-*``, uploaded later with ``wandb sync``). It holds
-
-- the main table, the stability table and the claims as ``wandb.Table`` (``main``, ``stability``, ``claims``):
-  the report's numbers, one row per configuration (per claim);
-- each figure as a ``wandb.Image`` (``curves``, ``eval_bars``);
-- every file the report wrote (report.md, report.html, the CSV and LaTeX tables, the figures) as the artifact
-  ``<sweep>-report`` of type ``report``; report.md and report.html also among the run's files.
-
-W&B never fails the report: online W&B that cannot start within the runs' ``wandb.init_timeout_s`` falls back
-to offline, and when W&B cannot log at all the report is written anyway; either way with a warning
-(``Report.warnings``). ``klsweep report --no-wandb`` logs nothing.
+When: the sweep's runs mirrored to W&B online (the report goes online, in their project and group); runs that
+mirrored offline only get an offline report (``<report folder>/wandb/``) when asked (``klsweep report --wandb``),
+so a plain report writes no W&B files. Opened with ``tracking.open_run`` (its one fallback rule). It holds the
+main, stability and claims tables, the figures, and every file written as the artifact ``<sweep>-report``.
+W&B never fails the report (``Report.warnings``). More: docs/DESIGN.md (W&B).
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import tracking
+from klsweep.config import load_run
 from klsweep.errors import describe
 
 if TYPE_CHECKING:
@@ -35,47 +27,34 @@ TABLES = ("main", "stability", "claims")
 FIGURES = ("curves", "eval_bars")
 
 
-def log_report(report: Report, run_dirs: Sequence[Path], configs: Sequence[dict[str, Any]]) -> Path | None:
-    """Log ``report`` to W&B when the sweep's runs did (see the module docstring); ``configs``: the runs' flat
-    configs (dotted keys). Returns the W&B run's folder, None when nothing was logged (a warning in
-    ``report.warnings`` says why, unless the runs never used W&B)."""
-    modes = {tracking.training_mode(d) for d in run_dirs} - {None}
-    if not modes:
-        return None
-    config = next(
-        (c for d, c in zip(run_dirs, configs, strict=True) if tracking.training_mode(d)), configs[0]
+def log_report(report: Report, run_dirs: Sequence[Path], offline: bool = False) -> Path | None:
+    """Log ``report`` to W&B when the runs in ``run_dirs`` mirrored online (or, with ``offline``, offline: see
+    the module docstring). Returns the W&B run's folder, None when nothing was logged (a warning in
+    ``report.warnings`` says why, unless there was nothing to log)."""
+    modes = {d: tracking.training_mode(d) for d in run_dirs}
+    mode = (
+        "online"
+        if "online" in modes.values()
+        else "offline"
+        if offline and "offline" in modes.values()
+        else None
     )
-    kwargs: dict[str, Any] = dict(
-        project=config.get("wandb.project") or "klsweep",
-        entity=config.get("wandb.entity"),
-        group=config.get("name") or report.sweep_dir.name,
-        job_type="report",
-        name="report",
-        dir=str(report.out_dir),  # W&B writes <out>/wandb/offline-run-* (or run-*)
-    )
-    try:
-        import wandb
-    except ImportError as e:
-        report.warnings.append(f"W&B: not logged ({describe(e)}); the report's files are complete")
+    if mode is None:
         return None
-    run = None
-    if "online" in modes:
-        try:
-            settings = wandb.Settings(init_timeout=float(config.get("wandb.init_timeout_s") or 30))
-            run = wandb.init(**kwargs, mode="online", settings=settings)
-        except Exception as e:
-            report.warnings.append(f"W&B online failed ({describe(e)}): logging the report offline instead")
-            with contextlib.suppress(Exception):
-                wandb.teardown()
+    config = load_run(next(d for d, m in modes.items() if m == mode))
+
+    def warn(text: str) -> None:
+        report.warnings.append(f"{text}; the report's files are complete")
+
+    run = tracking.open_run(config, report.out_dir, mode, warn, job_type="report", name="report")
+    if run is None:
+        return None
     try:
-        if run is None:
-            run = wandb.init(**kwargs, mode="offline")
         _log(run, report)
     except Exception as e:
-        report.warnings.append(f"W&B: the report was not logged ({describe(e)}); its files are complete")
-        if run is not None:
-            with contextlib.suppress(Exception):
-                run.finish(exit_code=1)
+        warn(f"W&B: the report was not logged ({describe(e)})")
+        with contextlib.suppress(Exception):
+            run.finish(exit_code=1)
         return None
     run.finish()
     return Path(run.dir).parent  # run.dir is the run's files/ folder

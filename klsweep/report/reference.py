@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 REFERENCE_CSV = Path(__file__).resolve().parent / "paper_reference.csv"
 
 
-def _reference_table(
+def reference_table(
     runs: pd.DataFrame, axes: list[str], tasks: list[str], reference_csv: str | Path | None
 ) -> pd.DataFrame:
     """The study's figures (one row per figure and matching configuration): model (a case-insensitive

@@ -1,4 +1,4 @@
-"""The files of a report, one writer per format (``_WRITERS``), each printing the views of ``tables.py``:
+"""The files of a report, one writer per format (``WRITERS``), each printing the views of ``tables.py``:
 
 - ``md``: ``report.md`` (summary, every table with its caption, the figures, the claims with their verdicts,
   the comparisons with the references, the environments, the runs);
@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.report.latex import _sections, write_latex
+from klsweep.report.latex import latex_sections, write_latex
 from klsweep.report.tables import (
     DASH,
     SHORT,
     TITLES,
     Report,
-    _captions,
-    _numeric_columns,
-    _runs_view,
-    _status_text,
-    _view,
+    captions,
+    numeric_columns,
+    runs_view,
+    status_text,
+    view,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _summary(report: Report) -> list[str]:
     r = report.runs
     lines = [
         f"Sweep `{_shown_path(report.sweep_dir)}`: {len(r)} runs in {r['config'].nunique()} configurations "
-        f"({_status_text(list(r['state']))}).",
+        f"({status_text(list(r['state']))}).",
         "Configuration axes: "
         + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")
         + ".",
@@ -99,10 +99,10 @@ def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
 
 
 def _write_md(report: Report) -> list[Path]:
-    caps = _captions(report)
+    caps = captions(report)
     parts = [f"# klsweep report: {report.sweep_dir.name}", "", *_summary(report), ""]
-    for t in _sections(report):
-        cells, bold = _view(report, t)
+    for t in latex_sections(report):
+        cells, bold = view(report, t)
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
         if t == "main":
             parts += ["![In-domain and OOD averages per configuration](eval_bars.png)", ""]
@@ -112,9 +112,9 @@ def _write_md(report: Report) -> list[Path]:
     if note is not None:
         parts += [f"## {TITLES['reference']}", "", note, ""]
     for t in EXTRA_SECTIONS:
-        cells, bold = _view(report, t)
+        cells, bold = view(report, t)
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold) if len(cells) else NONE[t], ""]
-    runs = _runs_view(report)
+    runs = runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
     if report.set_aside:
         parts += ["## Set aside (unreadable files)", "", *(f"- {line}" for line in report.set_aside), ""]
@@ -151,7 +151,7 @@ def _reference_note(report: Report) -> str | None:
 
 def _html_table(cells: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
     """A table's view as HTML: numeric columns right-aligned (class ``num``), best values bold."""
-    numeric = _numeric_columns(cells)
+    numeric = numeric_columns(cells)
     marks = bold.to_numpy() if bold is not None else [[False] * len(cells.columns)] * len(cells)
 
     def cls(num: bool) -> str:
@@ -180,18 +180,18 @@ def _data_uri(path: Path) -> str:
 
 def _write_html(report: Report) -> list[Path]:
     """``report.html``: the sections of ``report.md`` in one self-contained file (the figures embedded)."""
-    caps = _captions(report)
+    caps = captions(report)
     body = [f"<h1>klsweep report: {html.escape(report.sweep_dir.name)}</h1>"]
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report)]
     figures = {
         "main": ("eval_bars.png", "In-domain and OOD averages per configuration"),
         "stability": ("curves.png", "Training curves per configuration"),
     }
-    for t in _sections(report):
+    for t in latex_sections(report):
         body += [
             f"<h2>{html.escape(TITLES[t])}</h2>",
             f"<p>{html.escape(caps[t])}</p>",
-            _html_table(*_view(report, t)),
+            _html_table(*view(report, t)),
         ]
         if t in figures and (report.out_dir / figures[t][0]).is_file():
             name, alt = figures[t]
@@ -200,13 +200,13 @@ def _write_html(report: Report) -> list[Path]:
     if note is not None:
         body += [f"<h2>{html.escape(TITLES['reference'])}</h2>", f"<p>{html.escape(note)}</p>"]
     for t in EXTRA_SECTIONS:
-        cells, bold = _view(report, t)
+        cells, bold = view(report, t)
         body += [
             f"<h2>{html.escape(TITLES[t])}</h2>",
             f"<p>{html.escape(caps[t])}</p>",
             _html_table(cells, bold) if len(cells) else f"<p>{html.escape(NONE[t])}</p>",
         ]
-    body += ["<h2>Runs</h2>", _html_table(_runs_view(report))]
+    body += ["<h2>Runs</h2>", _html_table(runs_view(report))]
     doc = (
         '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report: '
         + html.escape(report.sweep_dir.name)
@@ -222,4 +222,4 @@ def _write_html(report: Report) -> list[Path]:
     return [path]
 
 
-_WRITERS = {"md": _write_md, "csv": _write_csv, "latex": write_latex, "html": _write_html}
+WRITERS = {"md": _write_md, "csv": _write_csv, "latex": write_latex, "html": _write_html}

@@ -1,5 +1,5 @@
 """Training stability of a run, from its logged curves: smoothing, collapse, and the per-run stability columns of
-the report (``_attach_stability``).
+the report (``attach_stability``).
 
 Definitions (also printed in the report: ``DEFINITIONS``):
 
@@ -82,7 +82,7 @@ def collapse_step(
     return None if found is None else found.step
 
 
-def _attach_stability(
+def attach_stability(
     runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, tuple[int, float]]
 ) -> None:
     """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy (smoothed over
@@ -123,11 +123,11 @@ def _attach_stability(
     for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)
-    runs["collapse_step"] = _object_series([collapse.get(r) for r in runs["run"]])
+    runs["collapse_step"] = object_series([collapse.get(r) for r in runs["run"]])
     runs["collapsed"] = runs["collapse_step"].notna()
 
 
-def _object_series(values: list[Any]) -> pd.Series:
+def object_series(values: list[Any]) -> pd.Series:
     import pandas as pd
 
     return pd.Series(values, dtype=object)

@@ -1,20 +1,8 @@
 """The statistics of a report: confidence intervals over seeds, tests between configurations, and their power.
 
-Owns the definitions the tables and the claims print (scipy's distributions and tests do the arithmetic):
-
-- ``t_interval``: the mean of a configuration's seeds and the half-width of its t-based ``LEVEL`` (95%)
-  confidence interval, ``t_{n-1, 0.975} * s / sqrt(n)``. Each seed's score already carries its own eval noise
-  (64 problems: a binomial stderr of ~0.06), so the spread between seeds, and with it this interval, includes
-  it; the mean per-run lm-eval stderr is shown beside it so a reader sees how much of the width the eval is.
-- ``welch``: Welch's unequal-variance t-test of two groups of per-seed values (two-sided, or one-sided with
-  ``alternative``), with the difference of the means and its CI; NaN where a group has fewer than 2 values or
-  both have no spread (the test is undefined).
-- ``welch_power``: the probability that the one-sided Welch test at ``ALPHA`` detects a true difference of
-  ``effect``, with the groups' observed spread and sizes (noncentral t): the test is *underpowered* when it is
-  below ``POWER`` (0.8).
-- ``tost``: two one-sided tests of equivalence within ``± margin`` (p < ALPHA: the difference lies inside).
-- ``rate_test``: Fisher's exact test that a rate (runs that collapsed or diverged) is higher in one group, and
-  the smallest p-value the group sizes allow (when that is not below ALPHA, no outcome could be significant).
+``t_interval`` (t-based 95% CI over seeds), ``welch`` (and ``welch_power``), ``tost`` (equivalence),
+``rate_test`` (Fisher's exact test); scipy does the arithmetic, this module owns the definitions the tables
+and the claims print, and the claims' decision rule (``RULE``). Definitions and reasoning: docs/REPORT.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The tables of a report, as numbers (``Report``) and as the formatted views every renderer prints.
 
-- Configurations: the runs grouped by the values of the configuration axes, numbered in sorted order and
-  labelled (``_label_configs``).
-- The main table (``main``): one row per configuration (its axes values), each in-domain and out-of-domain
-  metric as mean ± the half-width of its t-based 95% CI over the seeds evaluated (``statistics.py``), the mean
-  per-run eval stderr of each average, ``n`` = seeds evaluated / seeds, the in-domain and OOD
-  averages and their change (Δ) from the step-0 baseline of the same model.
-- The stability table (``stability``): final and peak task reward (``reward_mean``), peak KL (``kl_k1``,
-  ``kl_k3``, and the forward KL(ref||pi): ``kl_forward``), lowest entropy, divergence and collapse (``stability.py``), per configuration over seeds.
-- Views (``_view``, ``_runs_view``, ``TITLES``, ``_captions``): each table (the audit and reference tables too)
-  as string cells and a bold mask (the best mean of a main column, only when significantly better than every
-  other), with its title and caption; md, LaTeX,
-  HTML and the terminal all print these.
+``label_configs`` (configurations: runs grouped by the axes' values), ``main_table`` (scores with 95% CIs
+over seeds, Δ from the step-0 baseline), ``stability_table``, ``environment_table``; ``VIEWS``/``view``: each
+table as string cells and a bold mask (a best mean only when significantly better), with ``TITLES`` and
+``captions``, which md, LaTeX, HTML and the terminal all print. Columns and rules: docs/REPORT.md.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from klsweep import store
 from klsweep.collapse import MIN_PEAK
 from klsweep.config import NO_KL
-from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, _none
-from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, _object_series, rule_text
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
+from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series, rule_text
 from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
 
 if TYPE_CHECKING:
@@ -79,29 +71,29 @@ class Report:
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
 
 
-def _sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+def sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Configuration order: numbers before names, "no KL" after the KL configurations."""
     return tuple((v is None, v == NO_KL, isinstance(v, str), v if v is not None else 0) for v in values)
 
 
-def _label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+def label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     """Adds ``config`` (0.. in sorted axis order) and ``label`` ("estimator=k1, placement=reward, ...")."""
     keys = (
-        [tuple(_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
+        [tuple(nan_to_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
         if axes
         else [()] * len(runs)
     )
-    order = {k: i for i, k in enumerate(sorted(set(keys), key=_sort_key))}
+    order = {k: i for i, k in enumerate(sorted(set(keys), key=sort_key))}
     runs["config"] = [order[k] for k in keys]
     runs["label"] = [
-        ", ".join(f"{SHORT.get(a, a)}={_fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
+        ", ".join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
         for k in keys
     ]
     return runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
 
 
-def _fmt_value(v: Any) -> str:
-    v = _none(v)
+def fmt_value(v: Any) -> str:
+    v = nan_to_none(v)
     if v is None:
         return DASH
     if isinstance(v, float):
@@ -109,7 +101,7 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def _status_text(states: Sequence[str]) -> str:
+def status_text(states: Sequence[str]) -> str:
     counts = {s: 0 for s in store.STATES}
     for s in states:
         counts[s] = counts.get(s, 0) + 1
@@ -129,7 +121,7 @@ def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
         df["configuration"] = "all runs"
     df["label"] = first["label"]
     df["runs"] = g.size()
-    df["status"] = g["state"].agg(lambda s: _status_text(list(s)))
+    df["status"] = g["state"].agg(lambda s: status_text(list(s)))
     return df
 
 
@@ -144,7 +136,7 @@ def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
         df[f"{c} ci"] = g[c].agg(lambda s: t_interval(list(s))[1])
 
 
-def _main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
@@ -180,7 +172,7 @@ def _range_text(s: pd.Series) -> str:
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
-def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+def stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["with metrics"] = g["has_metrics"].sum()
@@ -188,17 +180,17 @@ def _stability_table(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     df["diverged"] = g["state"].agg(lambda s: int((s == "diverged").sum()))
     div = runs[runs["state"] == "diverged"]
     notes = [
-        f"step {_fmt_value(_int_or_none(step))}" + (f": {reason}" if _none(reason) else "")
+        f"step {fmt_value(_int_or_none(step))}" + (f": {reason}" if nan_to_none(reason) else "")
         for step, reason in zip(div["diverged_step"], div["reason"], strict=True)
     ]
-    df["diverged at"] = _object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
+    df["diverged at"] = object_series(notes).groupby(div["config"].to_numpy()).agg("; ".join)
     df["diverged at"] = df["diverged at"].fillna("")
     df["collapsed"] = g["collapsed"].sum().astype(int)
     df["collapsed at"] = g["collapse_step"].agg(lambda s: ", ".join(str(int(x)) for x in s.dropna()))
     return df.reset_index(drop=True)
 
 
-def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
+def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct environment the runs recorded (``env.json``; ``klsweep/environment.py``): its
     fields and how many runs trained in it ("runs"); the runs with none recorded are one row of "—"."""
     import json
@@ -220,7 +212,7 @@ def _environment_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _int_or_none(v: Any) -> int | None:
-    v = _none(v)
+    v = nan_to_none(v)
     return None if v is None else int(v)
 
 
@@ -236,166 +228,220 @@ def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, s
     return s
 
 
-def _view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells as strings, bold mask) of one table."""
+def _config_columns(report: Report) -> list[str]:
+    return [SHORT.get(a, a) for a in report.axes] or ["configuration"]
+
+
+def _no_bold(out: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
-    cfg_cols = [SHORT.get(a, a) for a in report.axes] or ["configuration"]
-    if table == "main":
-        df = report.main
-        metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
-        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
-        out["status"] = df["status"]
-        out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
-        out["step"] = df["eval step"]
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        for c in metric_cols:
-            out[c] = [
-                _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
-                for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
-            ]
-            bold[c] = _significant_best(report, c)
+    return pd.DataFrame(False, index=out.index, columns=out.columns)
+
+
+def _main_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The main table: per configuration, each eval task's score, the averages with their CIs and the Δ from
+    the step-0 baseline (whose rows come first); the significantly best values bold."""
+    import pandas as pd
+
+    cfg_cols = _config_columns(report)
+    df = report.main
+    metric_cols = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG, D_ID, D_OOD]
+    out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
+    out["status"] = df["status"]
+    out["n"] = [f"{e}/{r}" for e, r in zip(df["evaluated"], df["runs"], strict=True)]
+    out["step"] = df["eval step"]
+    bold = _no_bold(out)
+    for c in metric_cols:
+        out[c] = [
+            _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
+            for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
+        ]
+        bold[c] = _significant_best(report, c)
+    for c in (ID_AVG, OOD_AVG):
+        out[f"{c} {SE}"] = [_cell(v) for v in df[f"{c} {SE}"]]
+        bold[f"{c} {SE}"] = False
+    if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
+        base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
+        if "model" in base:
+            base["model"] = report.baseline["model.name"].map(fmt_value).to_numpy()
+        base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = "step-0 baseline"
+        base["status"] = "baseline"
+        for c in metric_cols[:-2]:
+            base[c] = [_cell(v) for v in report.baseline[c]]
         for c in (ID_AVG, OOD_AVG):
-            out[f"{c} {SE}"] = [_cell(v) for v in df[f"{c} {SE}"]]
-            bold[f"{c} {SE}"] = False
-        if len(report.baseline) and report.main[ID_AVG].notna().any() | report.main[OOD_AVG].notna().any():
-            base = pd.DataFrame({c: [DASH] * len(report.baseline) for c in out.columns})
-            if "model" in base:
-                base["model"] = report.baseline["model.name"].map(_fmt_value).to_numpy()
-            base[cfg_cols[0] if cfg_cols[0] != "model" or len(cfg_cols) == 1 else cfg_cols[1]] = (
-                "step-0 baseline"
-            )
-            base["status"] = "baseline"
-            for c in metric_cols[:-2]:
-                base[c] = [_cell(v) for v in report.baseline[c]]
-            for c in (ID_AVG, OOD_AVG):
-                base[f"{c} {SE}"] = DASH
-            out = pd.concat([base, out], ignore_index=True)
-            bold = pd.concat(
-                [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
-            )
-        return out, bold
-    if table == "stability":
-        df = report.stability
-        out = pd.DataFrame({c: df[c].map(_fmt_value) for c in cfg_cols})
-        out["status"] = df["status"]
-        for c in STABILITY_STATS:
-            out[c] = [
-                _cell(m, s, n, w)
-                for m, s, n, w in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["with metrics"], strict=True)
-            ]
-        out["diverged"] = [
-            f"{d}/{r}" + (f" ({a})" if a else "")
-            for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
-        ]
-        out["collapsed"] = [
-            f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
-            for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
-        ]
-        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
-    if table == "audit":
-        df = report.audit
-        out = df.astype(object)
-        for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
-            out[c] = [_cell(v) for v in df[c]]
-        for c in ("beta", "G"):
-            out[c] = df[c].map(_fmt_value)
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["unbiased"] = df["unbiased"] == "yes"
-        return out.astype(str), bold
-    if table == "reference":
-        df = report.reference
-        out = pd.DataFrame(
-            {
-                "model": df["model"],
-                "estimator": df["estimator"],
-                "placement": df["placement"],
-                "eval": df["eval"],
-                "paper": [f"{v:.3f}" for v in df["paper"]],
-                "ours": [
-                    _cell(m, s, n, n) + f" (n={n})"
-                    for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
-                ],
-                "our configuration": df["configuration"],
-                "our eval task": df["task"],
-            }
+            base[f"{c} {SE}"] = DASH
+        out = pd.concat([base, out], ignore_index=True)
+        bold = pd.concat(
+            [pd.DataFrame(False, index=base.index, columns=out.columns), bold], ignore_index=True
         )
-        return out.astype(str), pd.DataFrame(False, index=out.index, columns=out.columns)
-    if table == "comparisons":
-        df = report.comparisons
-        out = pd.DataFrame(
-            {
-                "configuration": df["configuration"],
-                "reference": df["reference"],
-                "metric": df["metric"],
-                "difference": [
-                    _cell(d, h, signed=True)
-                    for d, h in zip(df["difference"], df["difference ci"], strict=True)
-                ],
-                "t": [_cell(v) if v == v else DASH for v in df["t"]],
-                "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
-                "p": [_p(v) for v in df["p"]],
-                "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
-            }
-        )
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["p"] = df["p"] < ALPHA
-        return out.astype(str), bold
-    if table == "claims":
-        df = report.claims
-        out = pd.DataFrame(
-            {
-                "claim": df["claim"],
-                "verdict": df["verdict"],
-                "test": df["test"],
-                "statistic": [_cell(v) for v in df["statistic"]],
-                "p": [_p(v) for v in df["p_value"]],
-                "n": df["n"].astype(str),
-                "detail": df["detail"],
-            }
-        )
-        bold = pd.DataFrame(False, index=out.index, columns=out.columns)
-        bold["verdict"] = df["verdict"] == "supported"
-        return out.astype(str), bold
-    if table == "environment":
-        df = report.environment.astype(object)
-        out = pd.DataFrame({"field": [str(c) for c in df.columns]})
-        for i in range(len(df)):
-            out[f"environment {i + 1}"] = [_fmt_value(v) for v in df.iloc[i]]
-        return out, pd.DataFrame(False, index=out.index, columns=out.columns)
-    raise ValueError(table)
+    return out, bold
 
 
-def _p(v: float) -> str:
+def _stability_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The stability table: per configuration, each statistic with its CI, divergences and collapses."""
+    import pandas as pd
+
+    cfg_cols = _config_columns(report)
+    df = report.stability
+    out = pd.DataFrame({c: df[c].map(fmt_value) for c in cfg_cols})
+    out["status"] = df["status"]
+    for c in STABILITY_STATS:
+        out[c] = [
+            _cell(m, s, n, w)
+            for m, s, n, w in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["with metrics"], strict=True)
+        ]
+    out["diverged"] = [
+        f"{d}/{r}" + (f" ({a})" if a else "")
+        for d, r, a in zip(df["diverged"], df["runs"], df["diverged at"], strict=True)
+    ]
+    out["collapsed"] = [
+        f"{c}/{w}" + (f" (step {a})" if a else "") if w else DASH
+        for c, w, a in zip(df["collapsed"], df["with metrics"], df["collapsed at"], strict=True)
+    ]
+    return out, _no_bold(out)
+
+
+def _audit_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The KL gradient audit: unbiased configurations bold."""
+    df = report.audit
+    out = df.astype(object)
+    for c in ("effective scale", "cos reverse", "cos forward", "rel. err. reverse"):
+        out[c] = [_cell(v) for v in df[c]]
+    for c in ("beta", "G"):
+        out[c] = df[c].map(fmt_value)
+    bold = _no_bold(out)
+    bold["unbiased"] = df["unbiased"] == "yes"
+    return out.astype(str), bold
+
+
+def _reference_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study's reported numbers beside ours."""
+    import pandas as pd
+
+    df = report.reference
+    out = pd.DataFrame(
+        {
+            "model": df["model"],
+            "estimator": df["estimator"],
+            "placement": df["placement"],
+            "eval": df["eval"],
+            "paper": [f"{v:.3f}" for v in df["paper"]],
+            "ours": [
+                _cell(m, s, n, n) + f" (n={n})"
+                for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
+            ],
+            "our configuration": df["configuration"],
+            "our eval task": df["task"],
+        }
+    )
+    return out.astype(str), _no_bold(out)
+
+
+def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each configuration against its references: Welch's test; a significant p bold."""
+    import pandas as pd
+
+    df = report.comparisons
+    out = pd.DataFrame(
+        {
+            "configuration": df["configuration"],
+            "reference": df["reference"],
+            "metric": df["metric"],
+            "difference": [
+                _cell(d, h, signed=True) for d, h in zip(df["difference"], df["difference ci"], strict=True)
+            ],
+            "t": [_cell(v) if v == v else DASH for v in df["t"]],
+            "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
+            "p": [fmt_p(v) for v in df["p"]],
+            "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
+        }
+    )
+    bold = _no_bold(out)
+    bold["p"] = df["p"] < ALPHA
+    return out.astype(str), bold
+
+
+def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study's claims with their verdicts; a supported one bold."""
+    import pandas as pd
+
+    df = report.claims
+    out = pd.DataFrame(
+        {
+            "claim": df["claim"],
+            "verdict": df["verdict"],
+            "test": df["test"],
+            "statistic": [_cell(v) for v in df["statistic"]],
+            "p": [fmt_p(v) for v in df["p_value"]],
+            "n": df["n"].astype(str),
+            "detail": df["detail"],
+        }
+    )
+    bold = _no_bold(out)
+    bold["verdict"] = df["verdict"] == "supported"
+    return out.astype(str), bold
+
+
+def _environment_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The Environment table: one column per distinct environment the runs trained in."""
+    import pandas as pd
+
+    df = report.environment.astype(object)
+    out = pd.DataFrame({"field": [str(c) for c in df.columns]})
+    for i in range(len(df)):
+        out[f"environment {i + 1}"] = [fmt_value(v) for v in df.iloc[i]]
+    return out, _no_bold(out)
+
+
+# table name -> its view: (cells as strings, bold mask), what every renderer prints
+VIEWS: dict[str, Callable[[Report], tuple[pd.DataFrame, pd.DataFrame]]] = {
+    "main": _main_view,
+    "stability": _stability_view,
+    "audit": _audit_view,
+    "reference": _reference_view,
+    "comparisons": _comparisons_view,
+    "claims": _claims_view,
+    "environment": _environment_view,
+}
+
+
+def view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells as strings, bold mask) of one table."""
+    if table not in VIEWS:
+        raise ValueError(table)
+    return VIEWS[table](report)
+
+
+def fmt_p(v: float) -> str:
     """A p-value: three significant digits, "<0.001" below that, "—" when undefined."""
     if v is None or v != v:
         return DASH
     return "<0.001" if v < 0.001 else f"{v:.3f}"
 
 
-def _runs_view(report: Report) -> pd.DataFrame:
+def runs_view(report: Report) -> pd.DataFrame:
     import pandas as pd
 
     r = report.runs
     out = pd.DataFrame(
-        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(_fmt_value), "state": r["state"]}
+        {"run": r["run"], "configuration": r["label"], "seed": r["seed"].map(fmt_value), "state": r["state"]}
     )
     out["step"] = [
-        f"{_fmt_value(_int_or_none(s))}/{_fmt_value(_int_or_none(t))}"
+        f"{fmt_value(_int_or_none(s))}/{fmt_value(_int_or_none(t))}"
         for s, t in zip(r["step"], r["total_steps"], strict=True)
     ]
     out["eval"] = [  # which checkpoint each run's numbers come from
-        _fmt_value(c) + (" (diverged)" if f == "diverged" else "")
+        fmt_value(c) + (" (diverged)" if f == "diverged" else "")
         for c, f in zip(r["eval_checkpoint"], r["eval_final_state"], strict=True)
     ]
     out[ID_AVG] = [_cell(v) for v in r[ID_AVG]]
     out[OOD_AVG] = [_cell(v) for v in r[OOD_AVG]]
     out["final reward"] = [_cell(v) for v in r["final reward"]]
-    out["collapsed at"] = r["collapse_step"].map(lambda v: _fmt_value(_int_or_none(v)))
+    out["collapsed at"] = r["collapse_step"].map(lambda v: fmt_value(_int_or_none(v)))
     out["note"] = [
-        f"diverged at step {_fmt_value(_int_or_none(d))}: {_fmt_value(x)}"
+        f"diverged at step {fmt_value(_int_or_none(d))}: {fmt_value(x)}"
         if s == "diverged"
-        else (_fmt_value(x) if s == "failed" else "")
+        else (fmt_value(x) if s == "failed" else "")
         for s, d, x in zip(r["state"], r["diverged_step"], r["reason"], strict=True)
     ]
     return out
@@ -412,7 +458,7 @@ TITLES = {
 }
 
 
-def _captions(report: Report) -> dict[str, str]:
+def captions(report: Report) -> dict[str, str]:
     h = report.eval_hash or "none"
     return {
         "main": (
@@ -467,25 +513,25 @@ def _captions(report: Report) -> dict[str, str]:
 KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance")
 
 
-def _kl_on(runs: pd.DataFrame) -> pd.Series:
+def kl_on(runs: pd.DataFrame) -> pd.Series:
     """Per run: whether it trains with a KL term (beta > 0)."""
-    return runs["kl.beta"].map(lambda b: _none(b) is not None and float(b) != 0)
+    return runs["kl.beta"].map(lambda b: nan_to_none(b) is not None and float(b) != 0)
 
 
-def _labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
+def labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
     """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
     because the runs without KL (beta = 0) show it as "no KL" (e.g. level "token" for every KL run)."""
-    on = runs[_kl_on(runs)]
-    return [a for a in axes if a not in KL_KEYS or on[a].map(_fmt_value).nunique() > 1]
+    on = runs[kl_on(runs)]
+    return [a for a in axes if a not in KL_KEYS or on[a].map(fmt_value).nunique() > 1]
 
 
-def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
+def fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
     """What the labels leave out: "level = token, beta = 0.1 in every run with KL" (or "")."""
-    on = runs[_kl_on(runs)]
-    fixed = [a for a in axes if a not in _labelled_axes(runs, axes) and len(on)]
+    on = runs[kl_on(runs)]
+    fixed = [a for a in axes if a not in labelled_axes(runs, axes) and len(on)]
     if not fixed:
         return ""
-    values = ", ".join(f"{SHORT.get(a, a)} = {_fmt_value(on[a].iloc[0])}" for a in fixed)
+    values = ", ".join(f"{SHORT.get(a, a)} = {fmt_value(on[a].iloc[0])}" for a in fixed)
     return f"{values} in every run with KL"
 
 
@@ -493,7 +539,7 @@ def _fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
 _NUMERIC = re.compile(r"^[+\-−]?\d[\d.]*(e[+-]?\d+)?(/\d+|–\d+)?( ± [\d.]+)?( \(.*\))?$")
 
 
-def _numeric_columns(cells: pd.DataFrame) -> list[bool]:
+def numeric_columns(cells: pd.DataFrame) -> list[bool]:
     """Per column of a view: every cell a number (or "—"): the columns HTML and LaTeX right-align."""
     return [
         bool(len(cells))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, _p, _view
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
@@ -163,7 +163,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     significantly best mean in bold."""
     tables = []
     # results: the configuration rows of the main view (the step-0 baseline goes to the caption)
-    cells, bold = _view(report, "main")
+    cells, bold = view(report, "main")
     keep = (cells["status"] != "baseline").to_numpy()
     cells, bold = cells[keep].reset_index(drop=True), bold[keep].reset_index(drop=True)
     df = report.main.reset_index(drop=True)
@@ -197,7 +197,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         )
     )
     # stability
-    cells, _ = _view(report, "stability")
+    cells, _ = view(report, "stability")
     df = report.stability.reset_index(drop=True)
     cfg_cols, cfg_rows = _config_cells(report, cells)
     stats = [c for c in ("final reward", "peak reward", "peak KL k3") if c in df]
@@ -227,7 +227,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     )
     if len(report.claims):
         rows = [
-            [c.claim, c.verdict, _p(c.p_value)]
+            [c.claim, c.verdict, fmt_p(c.p_value)]
             for c in report.claims[["claim", "verdict", "p_value"]].itertuples()
         ]
         tables.append(

@@ -6,17 +6,8 @@
     submit_eval("results/tiny", cluster="slurm")   # klsweep eval: finished runs and step-0 baselines
 
 Two kinds of job: train a run, evaluate a run. What each runs lives below (``klsweep.job``,
-``klsweep.evaluate``); this package knows submitit and the schedulers:
-
-- ``jobs``: the job callables (``TrainJob``, checkpointable and requeued; ``EvalJob``) and what a run asks for
-- ``sweep``: what of a plan to submit, under the sweep's lock; the sweep's files
-- ``slurm``: the Slurm back end (arrays, parameters, dependencies)
-- ``local``: the local back end (a detached supervisor, ``python -m klsweep.submit``, and its worker
-  processes, each running queued jobs one after the other) and the debug one
-- ``scheduler``: the ``jobs.jsonl`` records and one batched scheduler query for their states; stopping jobs
-- ``state``: ``RunStatus`` of every run (status.json and the scheduler combined), waiting, cancelling
-- ``evals``: ``klsweep eval``'s jobs
-- ``joblogs``: each run's ``logs/``, the stdout/stderr of the jobs that worked on it
+``klsweep.evaluate``); this package knows submitit and the schedulers. Its modules (jobs, sweep, slurm, local,
+scheduler, state, evals, joblogs) and how they work: docs/DESIGN.md (Modules, Submission).
 """
 
 from klsweep.submit.evals import EvalSubmission, submit_eval

@@ -1,8 +1,8 @@
-"""Submitting ``klsweep eval``: the evaluation of finished runs (and a sweep's step-0 baselines) as jobs.
+"""Submitting ``klsweep eval``: what to evaluate (``eval_request``) and where (the evaluation jobs).
 
-``klsweep.evaluate`` decides what to evaluate (``eval_request``) and what a job runs (``eval_batch``); this
-module decides where: in this process (debug), one submitit local job for everything (lm-eval loaded once),
-or one Slurm job per run and per baseline. The jobs are recorded in the sweep's ``jobs.jsonl`` as ``eval``
+``eval_request`` checks the command's request (``TARGET``, ``--suite``, ``--backend``, ``--checkpoints``);
+each job runs ``klsweep.evaluate.eval_batch``: in this process (debug), one submitit local job for everything
+(lm-eval loaded once), or one Slurm job per run and per baseline. The jobs are recorded in the sweep's ``jobs.jsonl`` as ``eval``
 jobs, like the evals chained to training by ``klsweep.submit.submit``.
 """
 
@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import functools
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from klsweep import engines, evaluate, store
-from klsweep.errors import Problem
+from klsweep.config import EvalSection, ModelSection
+from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.sweep import CLUSTERS
+
+EVALUATED_STATES = ("done", "diverged")  # the run states klsweep eval evaluates
 
 
 @dataclass
@@ -39,7 +43,7 @@ def submit_eval(
     wait: bool = False,
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model); see ``klsweep.evaluate.eval_request`` for ``suite`` and ``backend``.
+    baselines (one per model); see ``eval_request`` for ``suite`` and ``backend``.
     ``cluster`` debug evaluates in this process; local submits one submitit job for everything (lm-eval
     loaded once); slurm one job per run and per baseline. ``wait``: wait for the jobs and collect their
     outcome."""
@@ -48,9 +52,10 @@ def submit_eval(
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
-    request = evaluate.eval_request(Path(target), suite, backend, checkpoints, problems=problems)
-    configs = [evaluate.run_config(r) for r in request.runs] + [c for _, c in request.baselines]
-    engines.require({**c, "eval": request.eval_cfg} for c in configs)  # the jobs run in this environment
+    request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    engines.require(  # the jobs run in this environment
+        {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
+    )
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
@@ -59,7 +64,97 @@ def submit_eval(
     return _submit(request, cluster, wait)
 
 
-def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
+@dataclass
+class EvalRequest:
+    """What ``klsweep eval`` evaluates, checked and resolved (``eval_request``)."""
+
+    runs: list[Path]  # a sweep's finished runs, or the one run folder
+    skipped: dict[str, str]  # run folder -> why it is left out (its state)
+    baselines: list[tuple[str, ModelSection]]  # (sweep folder, a run's model) per model of a sweep
+    eval_cfg: dict[str, Any]  # the EvalSection as a dict
+    checkpoints: str  # last | all
+
+
+def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
+    """(runs to evaluate, runs left out -> why, the sweep folder or None for a single run). A run whose
+    status.json or config.yaml cannot be read is left out, named with what to do; a single run raises."""
+    if (target / store.CONFIG_FILE).is_file():
+        evaluate.run_config(target)  # UnreadableFile
+        return [target], {}, None
+    runs = store.run_dirs(target)
+    if not runs:
+        raise UserError(
+            Problem(
+                "TARGET",
+                f"{target} is neither a run folder nor a sweep with runs",
+                "results/<sweep>[/<run-id>]",
+            )
+        )
+    chosen, skipped = [], {}
+    for run in runs:
+        try:
+            state = store.read_status(run).get("state", "pending")
+            evaluate.run_config(run)
+        except store.UnreadableFile as e:
+            skipped[str(run)] = f"unreadable: {e.message}"
+            continue
+        if state in EVALUATED_STATES:
+            chosen.append(run)
+        else:
+            skipped[str(run)] = state
+    return chosen, skipped, target
+
+
+def _suite_of_runs(runs: list[Path]) -> EvalSection:
+    if not runs:
+        raise UserError(
+            Problem("TARGET", "no readable run to take the eval settings from", "pass --suite NAME")
+        )
+    first, *others = [evaluate.run_config(r).eval for r in runs]
+    if any(other != first for other in others):
+        raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
+    return evaluate.as_eval_section(first)
+
+
+def eval_request(
+    target: Path,
+    suite: str | None = None,
+    backend: str | None = None,
+    checkpoints: str = "last",
+    *,
+    problems: Sequence[Problem] = (),
+) -> EvalRequest:
+    """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
+    baselines (one per model). ``suite`` names ``conf/eval/<suite>.yaml`` (default: the runs' own eval
+    settings); ``backend`` overrides the suite's. Unknown task names fail here, before anything is submitted.
+    ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
+    reported with these in one ``UserError``."""
+    target = Path(target)
+    problems = list(problems)
+    if checkpoints not in evaluate.CHECKPOINT_CHOICES:
+        problems.append(Problem("--checkpoints", f"{checkpoints!r}", ", ".join(evaluate.CHECKPOINT_CHOICES)))
+    if backend is not None and backend not in evaluate.BACKENDS:
+        problems.append(Problem("--backend", f"unknown backend {backend!r}", ", ".join(evaluate.BACKENDS)))
+    if not target.is_dir():
+        problems.append(Problem("TARGET", f"no such folder: {target}", "results/<sweep>[/<run-id>]"))
+    if problems:
+        raise UserError(problems, title="invalid eval request")
+    runs, skipped, sweep_dir = _targets(target)
+    readable = [r for r in store.run_dirs(target) if not skipped.get(str(r), "").startswith("unreadable")]
+    cfg = evaluate.load_suite(suite) if suite else _suite_of_runs(runs or readable)
+    if backend is not None:
+        cfg.backend = backend
+    cfg = evaluate.as_eval_section(cfg)
+    evaluate.resolve_tasks(cfg)
+    models: dict[str, ModelSection] = {}
+    for run in runs:
+        model = evaluate.run_config(run).model
+        models.setdefault(evaluate.model_key(model), model)
+    baselines = [(str(sweep_dir), m) for m in models.values()] if sweep_dir is not None else []
+    return EvalRequest(runs, skipped, baselines, asdict(cfg), checkpoints)
+
+
+def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
     """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl."""
     import submitit
     from filelock import FileLock
@@ -71,7 +166,7 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
     sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
     folder = submission_folder(sweep_dir)
     config = evaluate.run_config(runs[0])
-    res, cl = dict(config["model"].get("resources", {})), dict(config.get("cluster", {}))
+    res, cl = asdict(config.model.resources), asdict(config.cluster)
     calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
     # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)
     own_log = functools.partial(joblogs.kept, kind="eval")
@@ -82,7 +177,7 @@ def _submit(request: evaluate.EvalRequest, cluster: str, wait: bool) -> EvalSubm
         calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines, shared)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        ex.update_parameters(**slurm_parameters(res, cl, config.get("name", "run"), eval_job=True))
+        ex.update_parameters(**slurm_parameters(res, cl, config.name, eval_job=True))
         calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b], own_log)) for b in baselines]
         calls += [(r.name, ([str(r)], cfg, checkpoints, [], own_log)) for r in runs]
     jobs: list[Any] = []

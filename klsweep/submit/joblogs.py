@@ -1,20 +1,9 @@
 """Each run's own copy of the stdout/stderr of the jobs that worked on it: ``<run>/logs/`` (``kept``), and the
 log file to show for a run (``run_log``).
 
-``<run>/logs/<kind>-<job id>.out`` and ``.err`` (kind ``train`` or ``eval``; the tasks after the first of a
-data-parallel job add ``-task<k>``) hold what the job printed while it worked on the run, every attempt of a
-requeued job one after the other:
-
-- A job that works on one run (a Slurm training job, a chained Slurm eval job, a Slurm ``klsweep eval`` job)
-  hard-links submitit's log files (``submitit/<stamp>/<job id>_<task>_log.out|err``): one file under two names, written as
-  the job runs, each attempt of a requeued job appended to it (Slurm and submitit's local executor reopen it in
-  append mode under the same job id), and intact when the sweep folder moves or ``submitit/`` is deleted (a
-  symbolic link would break).
-- A job that works on several runs in turn (a local worker, ``klsweep.submit.local``, trains and evaluates
-  run after run; the local ``klsweep eval`` job evaluates every run in one process) copies into each run's
-  ``logs/`` the part of its log files written while it worked on that run, when it is done with it. So does a one-run job where a hard link cannot be made (a file system without them).
-
-Jobs of the debug cluster run in the caller's process, whose output is the terminal: they keep no log.
+``<run>/logs/<kind>-<job id>.out|.err``: a job of one run hard-links submitit's log files; a job of several
+runs (a local worker, the local ``klsweep eval`` job) copies each run its part. Debug jobs keep no log. Why and
+the details: docs/DESIGN.md (Submission), docs/FAULTS.md (where the logs are).
 """
 
 from __future__ import annotations

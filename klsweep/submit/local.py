@@ -1,29 +1,11 @@
 """The local and debug back ends.
 
-Local: ``submit_local`` writes the queue (the job callables, their dependencies and submitit parameters) and
-starts a detached supervisor process (``python -m klsweep.submit supervise QUEUE``, ``supervise`` below); the
-CLI returns at once. The supervisor starts at most ``cluster.max_local_jobs`` (default: the core count)
-submitit ``LocalExecutor`` **worker** jobs (``LocalWorker``). A worker claims the next job of the queue that
-can start (a training job, or the eval of a run whose training succeeded; first in queue order, so a run's
-eval follows its training), runs it in its own process, records it and claims the next, until nothing is left
-or it ran ``cluster.local_jobs_per_worker`` jobs (0: no limit; 1: a fresh process per job). torch, TRL and
-lm-eval are imported once per worker instead of once per job: the per-run fixed cost of a small run
-(``bench/bench_study.py``).
-
-Each job keeps what a job of its own would give it: ``klsweep.job.train_run`` seeds and sets the threads per
-run, and the worker resets accelerate's process-wide state between jobs, so a run trains bit for bit as in
-a fresh process. The pool's state is ``pool.json`` in the submission folder (per queued job: ``waiting``,
-``claimed`` by a worker's job id, ``ok``, ``failed``, ``skipped``), changed only under the sweep's lock, where
-every claim and every end is also recorded in ``jobs.jsonl`` (the worker's job id, ``worker: true``; the end
-with its ``state``). A job that fails is recorded and the worker goes on. A worker that dies (killed, out of
-memory, cancelled) leaves its job claimed: the supervisor records that job as failed (a cancelled run's as
-cancelled; ``klsweep status``: the process died without a word), copies the worker's log since the job began
-into the run's ``logs/``, and starts a new worker for what is left. A worker is checkpointable like a training job: on its
-time limit (the sum of the limits of the jobs in the queue) it saves the run it trains, puts it back in the
-queue and requeues itself. A training job of several processes (``model.resources.tasks_per_node > 1``) gets
-a worker of its own.
-
-Debug: ``submit_debug`` runs every job in this process with submitit's ``DebugExecutor`` (for pdb).
+Local: ``submit_local`` writes the queue and starts a detached supervisor (``python -m klsweep.submit
+supervise QUEUE``, ``supervise``); it keeps up to ``cluster.max_local_jobs`` submitit worker jobs
+(``LocalWorker``), each claiming queued jobs one after the other in one process (torch, TRL and lm-eval
+imported once per worker), under the sweep's lock (``pool.json``, ``jobs.jsonl``). A dead worker's job is
+recorded as failed and a new worker takes what is left. Debug: ``submit_debug`` runs every job in this process
+with submitit's ``DebugExecutor`` (for pdb). How the pool works: docs/DESIGN.md (Submission).
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 lock, the submitit folders), one batched query for the state of every recorded job (``sacct``/``squeue``
 on Slurm; the process table and submitit's result files locally), and stopping live jobs.
 
-A job record (``job_row``) is ``{run_id, kind: train|eval, cluster, job_id, folder, submitted_at}`` plus
-``supervisor`` (the local supervisor's pid, while the job waits in its queue) or ``state`` (the final state,
-known at once for debug jobs and for jobs the local supervisor skipped). A local worker (``klsweep.submit.local``)
-runs several jobs: each gets a row when the worker starts it (the worker's job id, ``worker: true``) and one
-when it ends (the same, with its ``state``). States are Slurm's words
-(``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``, ``TIMEOUT``, ``OUT_OF_MEMORY`` ...) for every
-cluster, plus ``LOST`` (a local supervisor gone), ``GONE`` (not in squeue) and ``UNKNOWN`` (not in sacct). A
-Slurm job that waits also has Slurm's reason (``Resources``, ``Priority``, ``Dependency``, ``JobHeldUser``,
-``PartitionConfig`` ...: squeue's ``%r``): ``job_states`` returns both as a ``JobState``.
+A job record is ``job_row``; states are Slurm's words for every cluster (plus ``LOST``, ``GONE``, ``UNKNOWN``)
+with Slurm's pending reason beside them (``JobState``). The record and the states: docs/DESIGN.md
+(Submission).
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from klsweep.submit.scheduler import (
     scheduler_states,
 )
 from klsweep.submit.slurm import SubmissionRefused, submit_slurm
-from klsweep.submit.state import wait_until_final
 
 CLUSTERS = ("local", "slurm", "debug")
 
@@ -90,7 +89,6 @@ def default_cluster(plan: Any) -> str:
 def submit(
     plan: Any,
     cluster_kind: str = "local",
-    wait: bool = False,
     retry_failed: bool = False,
     force: bool = False,
     *,
@@ -181,8 +179,6 @@ def submit(
         if not sweep_existed and not store.run_dirs(sweep_dir) and not refused.rows:
             shutil.rmtree(sweep_dir, ignore_errors=True)  # made by this call, for nothing
         raise refused
-    if wait and cluster_kind != "debug":
-        wait_until_final(sweep_dir)
     return result
 
 

@@ -1,0 +1,208 @@
+"""Running lm-eval on one model: ``evaluate_item`` writes its ``results.json`` and ``samples_<task>.jsonl``.
+
+Also lm-eval's own results file (``results_<date>.json``, via its ``EvaluationTracker``) for lm-eval's
+tooling. The results contract is in docs/DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klsweep import store
+from klsweep.config import EvalSection, ModelSection
+from klsweep.evaluate.suites import EvalError, Suite, lm_eval_version
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class Item:
+    """One model to evaluate and where its results go."""
+
+    model_path: str
+    model: ModelSection
+    out_dir: Path  # .../eval/<hash>/<checkpoint-name>
+    checkpoint: str
+    step: int
+    settings: dict[str, Any]
+
+
+def _make_lm(item: Item, cfg: EvalSection) -> Any:
+    from lm_eval.api.registry import get_model
+
+    dtype = item.model.dtype
+    if cfg.backend == "vllm":
+        gpus = max(1, item.model.resources.gpus_per_node)
+        tp = cfg.tensor_parallel_size
+        args = {
+            "pretrained": item.model_path,
+            "dtype": dtype,
+            "tensor_parallel_size": tp,
+            "data_parallel_size": max(1, gpus // tp),
+            "max_gen_toks": cfg.max_gen_toks,
+        }
+        return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    args = {"pretrained": item.model_path, "dtype": dtype}
+    return get_model("hf").create_from_arg_obj(args, {"batch_size": cfg.batch_size, "device": device})
+
+
+def _primary_key(result: dict[str, Any], task_config: dict[str, Any], metric: str) -> str:
+    """``"<metric>,<filter>"``: the task's first filter (lm-eval names an unfiltered result ``none``)."""
+    filters = [f["name"] for f in task_config.get("filter_list") or []] or ["none"]
+    for name in filters:
+        if f"{metric},{name}" in result:
+            return f"{metric},{name}"
+    raise EvalError(f"the task's results have no {metric!r}: {sorted(k for k in result if ',' in k)}")
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    return json.dumps(row, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def evaluate_item(item: Item, suite: Suite) -> Path:
+    """Run lm-eval on one model, write results.json and samples_<task>.jsonl; returns results.json."""
+    import lm_eval
+
+    cfg = suite.cfg
+    suite.load()
+    started = time.time()
+    lm = _make_lm(item, cfg)
+    per_sample: dict[str, list[float]] = {}
+    stderr_one: dict[str, float | None] = {}
+    keys: dict[str, str] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    chat = item.model.chat_template if cfg.apply_chat_template is None else cfg.apply_chat_template
+    gen = {"max_gen_toks": cfg.max_gen_toks, "temperature": cfg.temperature, "do_sample": cfg.temperature > 0}
+    lm_eval_files: list[str] = []
+    try:
+        for seed in range(cfg.num_samples):
+            tracker = _lm_eval_tracker(item)
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                model_args=f"pretrained={item.model_path}",  # what lm-eval's results file names the model by
+                tasks=list(suite.tasks.values()),
+                num_fewshot=cfg.num_fewshot,
+                limit=cfg.limit,
+                log_samples=True,
+                apply_chat_template=chat,
+                gen_kwargs=gen,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                task_manager=suite.manager,
+                evaluation_tracker=tracker,
+            )
+            lm_eval_files.append(_save_lm_eval_results(tracker, res, cfg.backend))
+            for task in suite.tasks:
+                result = res["results"][task]
+                keys[task] = key = _primary_key(result, res["configs"][task], cfg.metric)
+                per_sample.setdefault(task, []).append(float(result[key]))
+                err = result.get(key.replace(",", "_stderr,", 1))
+                stderr_one[task] = float(err) if isinstance(err, int | float) else None  # lm-eval: "N/A"
+                for row in res["samples"][task]:
+                    samples.setdefault(task, []).append(
+                        {"sample_index": seed, **row} if cfg.num_samples > 1 else row
+                    )
+    finally:
+        del lm
+        gc.collect()
+    values = {task: sum(v) / len(v) for task, v in per_sample.items()}
+    stderr = stderr_one if cfg.num_samples == 1 else _pass1_stderr(samples, keys, cfg.metric)
+    for task, rows in samples.items():
+        store.atomic_write_text(
+            item.out_dir / f"samples_{task}.jsonl", "".join(_json_line(r) + "\n" for r in rows)
+        )
+    results = {
+        "suite": cfg.suite,
+        "eval_hash": item.out_dir.parent.name,
+        "checkpoint": item.checkpoint,
+        "step": item.step,
+        "backend": cfg.backend,
+        "metric": cfg.metric,
+        "metrics": {
+            "in_domain": {t: values[t] for t in cfg.in_domain},
+            "ood": {t: values[t] for t in cfg.ood},
+        },
+        "stderr": stderr,
+        "settings": item.settings,
+        "lm_eval_version": lm_eval_version(),
+        "created_at": time.time(),
+        # Beyond the DESIGN.md contract: what each number is and what was evaluated.
+        "final_state": _final_state(Path(item.model_path)),
+        "metric_keys": keys,
+        "chat_template_applied": chat,
+        "num_problems": {
+            t: len([r for r in samples[t] if _is_primary(r, keys[t])]) // cfg.num_samples for t in samples
+        },
+        "model_path": item.model_path,
+        "elapsed_s": round(time.time() - started, 3),
+        "lm_eval_results": lm_eval_files,
+    }
+    path = item.out_dir / RESULTS_FILE
+    store.write_json(path, results)
+    return path
+
+
+def _final_state(checkpoint: Path) -> str | None:
+    """``done`` or ``diverged`` when ``checkpoint`` is where its run ended (``store.FINAL_MARKER``), else None
+    (an earlier checkpoint, or a model that is not a run's checkpoint)."""
+    marker = checkpoint / store.FINAL_MARKER
+    return store.read_json(marker).get("state") if marker.is_file() else None
+
+
+def _lm_eval_tracker(item: Item) -> Any:
+    """lm-eval's own ``EvaluationTracker``, writing to ``<out_dir>/results_<date>.json`` (as ``lm_eval
+    --output_path <out_dir>/results.json`` does)."""
+    from lm_eval.loggers import EvaluationTracker
+
+    return EvaluationTracker(output_path=str(item.out_dir / RESULTS_FILE))
+
+
+def _save_lm_eval_results(tracker: Any, res: dict[str, Any], backend: str) -> str:
+    """lm-eval's results file of one ``simple_evaluate`` (its schema: ``results``, ``configs``, ``versions``,
+    ``n-shot``, ``config``, ..., as lm-eval's CLI writes it; without the samples, which are klsweep's
+    ``samples_<task>.jsonl``), so that lm-eval's tooling (``lm_eval.utils.make_table``, its result loaders)
+    reads it. Returns the file's name."""
+    tracker.general_config_tracker.model_source = backend  # lm-eval records "CUSTOM" for a model object
+    tracker.save_results_aggregated(
+        results={k: v for k, v in res.items() if k != "samples"}, samples=res.get("samples")
+    )
+    name = f"results_{tracker.date_id}.json"
+    if not (Path(tracker.output_path).parent / name).is_file():  # lm-eval logs a failure and goes on
+        raise EvalError(
+            f"lm-eval did not write its results file {name} in {Path(tracker.output_path).parent}"
+        )
+    return name
+
+
+def _is_primary(row: dict[str, Any], key: str) -> bool:
+    return row.get("filter", "none") == key.split(",", 1)[1]
+
+
+def _pass1_stderr(
+    samples: dict[str, list[dict[str, Any]]], keys: dict[str, str], metric: str
+) -> dict[str, float | None]:
+    """Standard error over problems of the per-problem mean score across samples (pass@1 with n samples)."""
+    out = {}
+    for task, rows in samples.items():
+        by_doc: dict[Any, list[float]] = {}
+        for r in rows:
+            if _is_primary(r, keys[task]):
+                by_doc.setdefault(r["doc_id"], []).append(float(r[metric]))
+        means = [sum(v) / len(v) for v in by_doc.values()]
+        n = len(means)
+        mu = sum(means) / max(n, 1)
+        out[task] = math.sqrt(sum((m - mu) ** 2 for m in means) / (n - 1) / n) if n > 1 else None
+    return out

@@ -1,0 +1,228 @@
+"""Eval suites: ``klsweep/conf/eval/<suite>.yaml`` as an ``EvalSection``, their lm-eval tasks and the eval hash.
+
+``builtin:<name>`` task folders ship in ``klsweep/evaltasks/``; ``eval_settings``/``eval_hash`` name the
+``eval/<eval-hash>/`` folder (every setting that changes a score). See docs/DESIGN.md (evaluation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from klsweep.config import EvalSection
+from klsweep.errors import KLSweepError, Problem, UserError
+
+CONF_DIR = Path(__file__).parent.parent / "conf" / "eval"
+TASKS_DIR = Path(__file__).parent.parent / "evaltasks"
+BACKENDS = ("hf", "vllm")
+# EvalSection fields that do not change a score (left out of the eval hash).
+_UNHASHED = ("batch_size", "tensor_parallel_size")
+
+
+class EvalError(KLSweepError):
+    """A run could not be evaluated (missing or broken checkpoint, lm-eval failure); recorded in the run."""
+
+
+def _eval_section(data: Any) -> EvalSection:
+    """An ``EvalSection`` from a (possibly partial) dict or OmegaConf node, the schema's defaults filling the rest."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalSection), data))
+
+
+def load_suite(name: str) -> EvalSection:
+    """The suite ``klsweep/conf/eval/<name>.yaml`` as an ``EvalSection``."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+        raise UserError(Problem("--suite", f"no eval suite {name!r}", known))
+    return _eval_section(OmegaConf.load(path))
+
+
+def as_eval_section(eval_cfg: EvalSection | dict[str, Any]) -> EvalSection:
+    """An ``EvalSection`` from itself or from a (possibly partial) dict, validated."""
+    cfg = eval_cfg if isinstance(eval_cfg, EvalSection) else _eval_section(dict(eval_cfg))
+    problems = []
+    if cfg.suite == "none" or not (cfg.in_domain or cfg.ood):
+        problems.append(
+            Problem("eval", f"suite {cfg.suite!r} names no tasks", "a suite such as tiny or paper")
+        )
+    if cfg.backend not in BACKENDS:
+        problems.append(Problem("eval.backend", f"unknown backend {cfg.backend!r}", ", ".join(BACKENDS)))
+    if cfg.num_samples < 1:
+        problems.append(Problem("eval.num_samples", f"{cfg.num_samples}", "an integer >= 1"))
+    if cfg.num_samples > 1 and cfg.temperature <= 0:
+        problems.append(
+            Problem("eval.num_samples", "several samples of greedy decoding are identical", "temperature > 0")
+        )
+    overlap = sorted(set(cfg.in_domain) & set(cfg.ood))
+    if overlap:
+        problems.append(
+            Problem("eval.ood", f"task(s) {overlap} are also in eval.in_domain", "disjoint lists")
+        )
+    if problems:
+        raise UserError(problems, title="invalid eval settings")
+    return cfg
+
+
+def include_dir(include_path: str | None) -> Path | None:
+    """The folder of custom task YAMLs named by ``include_path`` (``builtin:<name>``: shipped with klsweep)."""
+    if not include_path:
+        return None
+    if include_path.startswith("builtin:"):
+        folder = TASKS_DIR / include_path.removeprefix("builtin:")
+        if not folder.is_dir():
+            known = ", ".join(f"builtin:{p.name}" for p in sorted(TASKS_DIR.iterdir()) if p.is_dir())
+            raise UserError(Problem("eval.include_path", f"no shipped task folder {include_path!r}", known))
+        return folder
+    folder = Path(include_path).expanduser()
+    if not folder.is_dir():
+        raise UserError(
+            Problem("eval.include_path", f"no such folder: {folder}", "builtin:<name> or a folder")
+        )
+    return folder
+
+
+def _task_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def _digest(folder: Path | None) -> str | None:
+    if folder is None:
+        return None
+    h = hashlib.sha256()
+    for p in _task_files(folder):
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _absolutise(data_files: Any, base: Path) -> Any:
+    if isinstance(data_files, str):
+        p = Path(data_files).expanduser()
+        return data_files if p.is_absolute() or "://" in data_files else str(base / p)
+    if isinstance(data_files, list):
+        return [_absolutise(x, base) for x in data_files]
+    if isinstance(data_files, dict):
+        return {k: _absolutise(v, base) for k, v in data_files.items()}
+    return data_files
+
+
+def materialise_tasks(folder: Path) -> Path:
+    """A copy of the task folder where each ``dataset_kwargs.data_files`` is absolute (datasets resolves
+    relative data files against the working directory, not the YAML). Cached in the temp folder by content and
+    by the folder's path (a copy made from another checkout points into that checkout)."""
+    import yaml
+
+    # keyed by content and by the folder's own path, which the copy's absolute data files point into
+    where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
+    target = Path(tempfile.gettempdir()) / f"klsweep-evaltasks-{folder.name}-{_digest(folder)}-{where}"
+    if target.is_dir():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for src in _task_files(folder):
+            dst = tmp / src.relative_to(folder)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            if not (src.name.endswith(".yaml") or src.name.endswith("_yaml")):
+                continue
+            try:
+                cfg = yaml.safe_load(src.read_text())
+            except yaml.YAMLError:  # lm-eval tags (!function): no data files to fix here
+                continue
+            files = cfg.get("dataset_kwargs", {}).get("data_files") if isinstance(cfg, dict) else None
+            if files is not None:
+                cfg["dataset_kwargs"]["data_files"] = _absolutise(files, src.parent)
+                dst.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        with contextlib.suppress(OSError):  # another process made it first
+            tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _task_manager(eval_cfg: EvalSection) -> Any:
+    """A TaskManager that knows every task of the suite; lm-eval's built-in tasks are indexed (~6 s) only when
+    the suite names one that the include folder lacks."""
+    from lm_eval.tasks import TaskManager
+
+    folder = include_dir(eval_cfg.include_path)
+    include = str(materialise_tasks(folder)) if folder is not None else None
+    names = [*eval_cfg.in_domain, *eval_cfg.ood]
+    if include is not None:
+        tm = TaskManager(include_path=include, include_defaults=False)
+        if all(n in tm.all_tasks for n in names):
+            return tm
+    tm = TaskManager(include_path=include, include_defaults=True)
+    missing = [n for n in names if n not in tm.all_tasks]
+    if missing:
+        raise UserError(
+            [
+                Problem("eval", f"no lm-eval task {n!r} (include_path={eval_cfg.include_path!r})")
+                for n in missing
+            ],
+            title=f"unknown tasks in suite {eval_cfg.suite!r}",
+        )
+    return tm
+
+
+def resolve_tasks(eval_cfg: EvalSection | dict[str, Any]) -> dict[str, str]:
+    """``{task name: its YAML}`` for every task of the suite, from lm-eval's task index alone (no download);
+    a ``UserError`` names each task that does not exist."""
+    cfg = as_eval_section(eval_cfg)
+    tm = _task_manager(cfg)
+    return {n: str(tm.task_index[n].yaml_path) for n in [*cfg.in_domain, *cfg.ood]}
+
+
+def lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def eval_settings(eval_cfg: EvalSection) -> dict[str, Any]:
+    """The settings that decide a score (what the eval hash covers): the suite's fields but the batch size and
+    the parallelism, and a digest of the custom task files. The same for every model of a sweep, so a sweep
+    has one hash per suite (``apply_chat_template``: null follows each model's ``model.chat_template``, the
+    decision its training used; results.json records what was done as ``chat_template_applied``)."""
+    settings = {k: v for k, v in asdict(eval_cfg).items() if k not in _UNHASHED}
+    settings["tasks_digest"] = _digest(include_dir(eval_cfg.include_path))
+    return settings
+
+
+def eval_hash(settings: dict[str, Any]) -> str:
+    """Short hash of the settings and lm-eval's version: the name of the ``eval/<eval-hash>/`` folder."""
+    blob = json.dumps({"settings": settings, "lm_eval": lm_eval_version()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+@dataclass
+class Suite:
+    """The suite's lm-eval tasks, loaded once (data included) and reused for every model."""
+
+    cfg: EvalSection
+    manager: Any = None  # lm-eval's TaskManager (simple_evaluate builds a full one, ~6 s, when given none)
+    tasks: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def settings(self) -> dict[str, Any]:
+        """``eval_settings`` of the suite (digests the task files), once per suite rather than per run."""
+        return eval_settings(self.cfg)
+
+    @functools.cached_property
+    def hash(self) -> str:
+        return eval_hash(self.settings)
+
+    def load(self) -> None:
+        if not self.tasks:
+            self.manager = _task_manager(self.cfg)
+            self.tasks = self.manager.load([*self.cfg.in_domain, *self.cfg.ood])["tasks"]

@@ -2,7 +2,7 @@
 
 For each size, a randomly initialised Qwen2-architecture model built from a config (Qwen2.5's shapes; the
 project's byte-level tokenizer built locally, ids past it decode to nothing) trains in the configuration
-``klsweep.job.build_trainer`` chooses on one GPU (fp32 master weights and optimiser state, bf16 compute, the
+``klsweep.trainer_factory.build_trainer`` chooses on one GPU (fp32 master weights and optimiser state, bf16 compute, the
 reference model on the GPU), with a parity reward on the completion ids so that every group has advantages:
 
 - step time of ``KLGRPOTrainer`` with the KL in the loss / reward / both against plain TRL ``GRPOTrainer``
@@ -115,7 +115,7 @@ def measure(variant: str, model_dir: Path, size: str, out: Path, args: argparse.
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
-    from klsweep import job
+    from klsweep import trainer_factory
 
     gpu = torch.cuda.is_available()
     if gpu:
@@ -123,7 +123,7 @@ def measure(variant: str, model_dir: Path, size: str, out: Path, args: argparse.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     config = run_config(model_dir, size, variant, args)
-    trainer = job.build_trainer(config, out)
+    trainer = trainer_factory.build_trainer(config, out)
     if VARIANTS[variant] is None:  # plain TRL, same arguments, its own k3 in the loss
         policy_dtype = next(trainer.model.parameters()).dtype
         trl_args = dataclasses.replace(  # generation_batch_size is derived again from steps_per_generation

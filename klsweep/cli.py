@@ -283,7 +283,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
-    logged to W&B beside the runs when they were."""
+    logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
     from klsweep.console import print_report
     from klsweep.report import build_report
 

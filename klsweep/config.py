@@ -5,6 +5,8 @@ the dotted keys of these dataclasses (``kl.estimator``, ``offpolicy.lag``, ``tra
 public vocabulary of grid files and command-line overrides. Each field carries its help (``key(default, help)``),
 the one description of the key that ``klsweep keys`` prints; two keys are open mappings, ``train.trl`` (TRL
 options passed through, ``klsweep.trlargs``) and ``cluster.additional_parameters`` (sbatch options).
+A run folder's ``config.yaml`` is read by ``load_run`` (typed; the one reader) and written by ``write_run``.
+More: docs/DESIGN.md (Run configuration).
 """
 
 from __future__ import annotations
@@ -260,7 +262,7 @@ class RunConfig:
 
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
-# config.yaml that lacks one is read with this value (klsweep.job, klsweep.report), not with today's default.
+# config.yaml that lacks one is read with this value (``load_run``), not with today's default.
 LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):

@@ -55,6 +55,7 @@ SWEEP_FILE = "sweep.yaml"
 BASELINE_DIR = "baseline"
 REPORT_DIR = "report"
 FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
+TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
 
 
 class UnreadableFile(UserError):

@@ -188,20 +188,20 @@ def train_keeping_weights(run_dir: Path) -> dict:
     trained to ``final_weights_rank<RANK>.pt`` in the run folder (to check data-parallel ranks agree)."""
     import torch
 
-    from klsweep import job
+    from klsweep import job, trainer_factory
 
     trainers = []
-    build = job.build_trainer
+    build = trainer_factory.build_trainer
 
     def build_and_keep(*args: Any, **kwargs: Any) -> Any:
         trainers.append(build(*args, **kwargs))
         return trainers[-1]
 
-    job.build_trainer = build_and_keep
+    trainer_factory.build_trainer = build_and_keep
     try:
         status = job.train_run(run_dir)
     finally:
-        job.build_trainer = build
+        trainer_factory.build_trainer = build
     (trainer,) = trainers
     model = trainer.accelerator.unwrap_model(trainer.model)
     weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

@@ -206,7 +206,7 @@ def test_resume_keeps_the_valid_rows_after_a_torn_line(tmp_path, model_dir):
     lines = (run / store.METRICS_FILE).read_text().splitlines(keepends=True)
     lines[1] = lines[1][:20] + "\n"  # step 2 torn
     (run / store.METRICS_FILE).write_text("".join(lines))
-    (run / "checkpoints" / "checkpoint-6" / job.TRAINER_STATE).unlink()  # resume from checkpoint-4
+    (run / "checkpoints" / "checkpoint-6" / store.TRAINER_STATE).unlink()  # resume from checkpoint-4
     store.write_status(run, "running")
     status = job.train_run(run)
     assert status["state"] == "done", status.get("error")

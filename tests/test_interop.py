@@ -196,6 +196,17 @@ def test_shipped_task_yamls_run_with_lm_eval_from_any_folder(tmp_path, model_dir
     assert json.loads(out.read_text())["n-samples"]["tiny_add"]["effective"] == 2
 
 
+def _written_records(path: Path, timeout_s: float = 30.0) -> list:
+    """The records of a W&B transaction log once W&B's service has written them: its writer may still be
+    flushing when ``finish()`` returns in this process (the file holds only its header then)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (records := wandb_records(path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return records
+
+
 def _mirror_training_offline(run: Path, config: dict) -> None:
     """What a run's training leaves when it mirrors to W&B offline (``klsweep.job``): its W&B run under
     ``<run>/wandb/offline-run-*``, with a metric."""
@@ -234,7 +245,7 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys
     assert code == 0 and not err, err
     (folder,) = (sweep / "report" / "wandb").glob("offline-run-*")
     assert f"W&B: {folder}" in done.splitlines()
-    records = wandb_records(next(folder.glob("run-*.wandb")))
+    records = _written_records(next(folder.glob("run-*.wandb")))
     (run_record,) = [r.run for r in records if r.HasField("run")]
     assert (run_record.job_type, run_record.run_group, run_record.display_name) == (
         "report",

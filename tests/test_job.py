@@ -15,7 +15,8 @@ import pytest
 from runfiles import write_config  # tests/ is on sys.path under pytest
 
 from klsweep import config as config_mod
-from klsweep import environment, job, store, tracking
+from klsweep import environment, job, store, tracking, trainer_factory
+from klsweep.monitor import ROW_KEYS, RunMonitor
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     rows = store.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
-        for key in ("step", "time", "elapsed_s", *job.ROW_KEYS):
+        for key in ("step", "time", "elapsed_s", *ROW_KEYS):
             assert key in row, key
         for key in (
             "reward_mean",
@@ -148,12 +149,12 @@ def test_a_checkpoint_without_trainer_state_is_not_resumed(tmp_path, model_dir):
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.steps": 4, "offpolicy.lag": 1})
     assert job.train_run(run)["state"] == "done"
-    (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).unlink()
+    (run / "checkpoints" / "checkpoint-4" / store.TRAINER_STATE).unlink()
     store.write_status(run, "running")
     status = job.train_run(run)
     assert status["state"] == "done", status.get("error")
     assert [r["step"] for r in store.read_metrics(run)] == [1, 2, 3, 4]  # steps 3-4 retrained, none twice
-    assert (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).is_file()
+    assert (run / "checkpoints" / "checkpoint-4" / store.TRAINER_STATE).is_file()
 
 
 def test_non_finite_weights_diverge(tmp_path, model_dir, monkeypatch):
@@ -195,7 +196,7 @@ def test_reward_collapse_diverges(tmp_path, model_dir, monkeypatch):
     assert status["final_checkpoint"] == "checkpoint-4"
     marker = store.read_json(run / "checkpoints" / "checkpoint-4" / store.FINAL_MARKER)
     assert marker == {"state": "diverged", "step": 4, "reason": status["reason"]}
-    assert (run / "checkpoints" / "checkpoint-4" / job.TRAINER_STATE).is_file()
+    assert (run / "checkpoints" / "checkpoint-4" / store.TRAINER_STATE).is_file()
     (results,) = evaluate.eval_run(run, replace(evaluate.load_suite("tiny"), limit=2))
     assert results.parent.name == "checkpoint-4"
     scored = store.read_json(results)
@@ -222,7 +223,7 @@ def test_nan_loss_stops_the_run(tmp_path, model_dir):
 
     from klsweep.config import RunConfig
 
-    monitor = job._RunMonitor(tmp_path, RunConfig(), [], 0.0, time.time(), is_main=True)
+    monitor = RunMonitor(tmp_path, RunConfig(), [], 0.0, time.time(), is_main=True)
     state, control = TrainerState(), TrainerControl()
     state.global_step = 1
     monitor.on_log(state, control, {"loss": 0.5, "grad_norm": 1.0, "task_reward/mean": 0.5})
@@ -315,7 +316,7 @@ def test_bf16_compute_trains_float32_master_weights(tmp_path, model_dir, monkeyp
     monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
     run = tmp_path / "run"
     write_config(run, model_dir, **{"model.dtype": "bfloat16", "train.learning_rate": 1e-6, "train.steps": 1})
-    trainer = job.build_trainer(config_mod.load_run(run), run)
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
     policy = trainer.model
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert {p.dtype for p in trainer.ref_model.parameters()} == {torch.bfloat16}
@@ -369,7 +370,7 @@ def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.sharding": "fsdp"})
     with pytest.raises(UserError, match="train.sharding: fsdp needs GPUs"):
-        job.build_trainer(config_mod.load_run(run), run)
+        trainer_factory.build_trainer(config_mod.load_run(run), run)
 
 
 def test_failure_is_recorded(tmp_path, model_dir):
@@ -483,7 +484,7 @@ def test_train_trl_options_reach_the_trainers_grpo_config(tmp_path, model_dir):
     assert (args.top_k, args.repetition_penalty, args.weight_decay) == (3, 1.5, 0.25)
     assert (args.num_generations, args.temperature, args.beta) == (4, 1.0, 0.0)  # klsweep's own
     assert config_mod.load_run(run).train.trl == {"weight_decay": 0.25, "top_k": 3, "repetition_penalty": 1.5}
-    trainer = job.build_trainer(config_mod.load_run(run), run)
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
     assert (trainer.generation_config.top_k, trainer.generation_config.repetition_penalty) == (3, 1.5)
 
     bad = CliRunner().invoke(

@@ -17,7 +17,7 @@ from klsweep.report.figures import plot_curves, plot_eval
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
-from klsweep.report.stability import COLLAPSE_FRACTION, WINDOW, attach_stability
+from klsweep.report.stability import WINDOW, attach_stability
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
 
@@ -66,10 +66,7 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
     rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
-        run: (
-            int(c.get("train.collapse_window", WINDOW)),
-            float(c.get("train.collapse_fraction", COLLAPSE_FRACTION)),
-        )
+        run: (int(c["train.collapse_window"]), float(c["train.collapse_fraction"]))  # config.load_run's
         for run, c in zip(runs["run"], configs, strict=True)
     }
     attach_stability(runs, metrics, window, rules)

@@ -18,13 +18,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from klsweep.collapse import find_collapse
+from klsweep.config import TrainSection
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-WINDOW = 10
-COLLAPSE_FRACTION = 0.5
+WINDOW = 10  # the report's smoothing of curves and stability columns (``--window``), not the collapse rule's
+# a run's collapse rule where none is known: RunConfig's defaults (``train.collapse_window``, ``collapse_fraction``)
+DEFAULT_RULE: tuple[int, float] = (TrainSection.collapse_window, TrainSection.collapse_fraction)
 CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
 SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forward KL (KL(ref||pi), a column)
 # Per run, then mean ± std per configuration in the stability table.
@@ -75,7 +77,10 @@ def smooth(
 
 
 def collapse_step(
-    steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW, fraction: float = COLLAPSE_FRACTION
+    steps: Sequence[int],
+    rewards: Sequence[float],
+    window: int = DEFAULT_RULE[0],
+    fraction: float = DEFAULT_RULE[1],
 ) -> int | None:
     """The step at which the run collapsed, or None (``klsweep.collapse.find_collapse``)."""
     found = find_collapse(steps, rewards, window, fraction)
@@ -118,7 +123,7 @@ def attach_stability(
         )
         steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean"].to_numpy(dtype=float)
         for name, idx in g.indices.items():
-            w, f = rules.get(name, (WINDOW, COLLAPSE_FRACTION))
+            w, f = rules.get(name, DEFAULT_RULE)
             collapse[name] = collapse_step(steps[idx].tolist(), rewards[idx].tolist(), w, f)
     for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan

@@ -1,8 +1,7 @@
 """The two kinds of job, train a run and evaluate a run: the submitit callables that run on the compute node
 (pickled by submitit), and what a planned run asks of its jobs (resources, cluster settings, a chained eval).
 
-Training jobs are ``TrainJob`` (submitit checkpointable: on preemption or timeout every rank saves a checkpoint at
-the end of the step in progress, then it requeues itself, at most ``cluster.max_requeues`` times);
+Training jobs are ``TrainJob`` (submitit checkpointable: requeued on preemption or timeout, docs/DESIGN.md);
 ``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
 in the run's ``logs/`` (``klsweep.submit.joblogs``).
 """
@@ -62,7 +61,7 @@ class TrainJob:
         from submitit.helpers import DelayedSubmission
 
         if self.fn is None:
-            from klsweep.job import save_on_preemption
+            from klsweep.preemption import save_on_preemption
 
             save_on_preemption()
         return DelayedSubmission(self)
@@ -90,13 +89,11 @@ class EvalJob:
 
 def _defer_preemption_to_step_end(env: Any) -> None:
     """In every task of a training job: submitit's preemption handler (``USR2`` by default) runs at the end of
-    the training step in progress instead of at once (``klsweep.job.defer_to_step_end``), after every rank saved
-    a checkpoint with its own lag buffers; right away when no trainer is training. submitit alone would save on
-    rank 0 only, in the middle of a step, and a collective save (FSDP) there would hang."""
+    the training step in progress (``klsweep.preemption``; why: docs/DESIGN.md, Preemption)."""
     import signal
     import threading
 
-    from klsweep.job import defer_to_step_end
+    from klsweep.preemption import defer_to_step_end
 
     signum = getattr(signal, "SIG" + env.USR_SIG, None)
     if signum is None or threading.current_thread() is not threading.main_thread():

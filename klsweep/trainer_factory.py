@@ -1,0 +1,102 @@
+"""The trainer of one run: ``build_trainer(config, run_dir)`` -> a ``KLGRPOTrainer`` ready to train.
+
+From a RunConfig: the model and tokenizer (``tinymodel.resolve_model_path``; loaded in the compute dtype,
+``layout``), TRL's ``GRPOConfig`` (klsweep's own settings, then ``train.trl``: ``trlargs``), the batch shape
+over the processes (``planner.batch_shape``), the training prompts (``tasks``; those longer than
+``train.max_prompt_length`` dropped and counted). It sits between the job and the trainer so that the trainer
+module stays TRL's class alone. Precision, sharding and vLLM: docs/DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from klsweep import engines
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from klsweep.config import RunConfig
+    from klsweep.trainer import KLGRPOTrainer
+
+
+def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
+    """The KLGRPOTrainer of ``config``, writing checkpoints under ``run_dir/checkpoints``."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from trl import GRPOConfig
+
+    from klsweep import layout, store, tasks, tinymodel, trlargs
+    from klsweep.kl import KLConfig
+    from klsweep.planner import batch_shape
+    from klsweep.trainer import KLGRPOTrainer
+
+    train = config.train
+    shape = batch_shape(vars(train), int(os.environ.get("WORLD_SIZE", "1")))
+    world = shape.processes
+    kl = KLConfig(**vars(config.kl))
+    gpu = torch.cuda.is_available()
+    lay = layout.layout(config.model.dtype, train.sharding, gpu)
+    vllm_ready = gpu and importlib.util.find_spec("vllm") is not None
+    if train.use_vllm and not vllm_ready:  # never HF generate in its place
+        why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
+        raise UserError(
+            Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")
+        )
+
+    set_seed(config.seed)
+    path = tinymodel.resolve_model_path(config.model)
+    # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
+        output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
+        max_steps=train.steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.warmup_ratio or train.warmup_steps,  # transformers: a float < 1 is a ratio
+        max_grad_norm=train.max_grad_norm,
+        per_device_train_batch_size=shape.per_device,  # completions per forward/backward (micro-batch)
+        gradient_accumulation_steps=shape.accumulation,
+        num_generations=train.group_size,
+        max_completion_length=train.max_completion_length,
+        temperature=train.temperature,
+        loss_type=train.loss_type,
+        epsilon=train.epsilon,
+        scale_rewards=train.scale_rewards,
+        beta=0.0,
+        num_iterations=config.offpolicy.num_iterations,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=train.save_steps,
+        save_total_limit=train.keep_checkpoints,
+        seed=config.seed,
+        data_seed=config.seed,
+        **layout.training_arguments(lay, gpu, world),  # precision, sharding, devices
+        ddp_find_unused_parameters=False,
+        use_vllm=train.use_vllm,
+        vllm_mode="colocate",
+        vllm_max_model_length=train.max_prompt_length + train.max_completion_length,
+        report_to=[],  # W&B through tracking.guarded_callback only (job.py)
+        run_name=Path(run_dir).name,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
+    dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
+    dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
+    trainer = KLGRPOTrainer(
+        model,
+        reward_funcs=tasks.reward_function(config.task),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        kl=kl,
+        lag=config.offpolicy.lag,
+    )
+    trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
+    return trainer

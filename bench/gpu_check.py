@@ -10,6 +10,9 @@ reference model on the GPU), with a parity reward on the completion ids so that 
   warm-up, the median of the rest is compared (targets: loss <= 1.05, reward and both <= 1.10);
 - peak GPU memory (``torch.cuda.max_memory_allocated``) of each variant against ``klsweep plan``'s estimate
   for the same run config (the ratio must stay within 0.75-1.25);
+- step time against ``klsweep plan``'s estimate (``klsweep.cost``, for the GPU found: A100/H100/H200) of the
+  same run config: ``est s`` and ``meas/est``; the calibration of the time model's constants (slurm/README.md,
+  "Time estimate", says which to change and how);
 - precision: with the paper's learning rate (1e-6), the fraction of the trained policy's master weights that
   the first optimiser step changes (fp32 master weights: nearly all; bf16 weights: ~2%).
 
@@ -76,7 +79,7 @@ def run_config(model_dir: Path, size: str, variant: str, args: argparse.Namespac
     resources = {"gpus_per_node": 0}  # the planner's CPU case
     if torch.cuda.is_available():
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30
-        resources = {"gpus_per_node": 1, "gpu_memory_gb": int(memory)}
+        resources = {"gpus_per_node": 1, "gpu_memory_gb": int(memory), "gpu": gpu_name() or "h100-80gb"}
     overrides = {
         "name": "gpu_check",
         "seed": 0,
@@ -95,14 +98,27 @@ def run_config(model_dir: Path, size: str, variant: str, args: argparse.Namespac
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), overrides))
 
 
-def planned_memory_gb(config: Any) -> float | None:
-    """``klsweep plan``'s per-device peak memory estimate for this run config."""
+def gpu_name() -> str | None:
+    """The ``model.resources.gpu`` of the GPU at hand (``klsweep.cost.GPUS``), None for another or none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().lower()
+    return next((k for k in ("a100-80gb", "h100-80gb", "h200") if k.split("-")[0] in name), None)
+
+
+def planned(config: Any) -> tuple[float | None, float | None]:
+    """``klsweep plan``'s per-device peak memory estimate and step-time estimate (None without a GPU of
+    ``klsweep.cost.GPUS``) for this run config."""
     from dataclasses import asdict
 
     from klsweep import planner
 
     estimate, _ = planner.run_problems(asdict(config))
-    return None if estimate is None else estimate.peak_gb
+    if estimate is None:
+        return None, None
+    return estimate.peak_gb, (estimate.cost.step.total if estimate.cost and gpu_name() else None)
 
 
 def measure(variant: str, model_dir: Path, size: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -205,13 +221,15 @@ def check(args: argparse.Namespace) -> list[dict[str, Any]]:
             base: float | None = None
             for variant in VARIANTS:
                 m = measure(variant, model_dir, size, Path(tmp) / f"{size}-{variant}", args)
-                est = planned_memory_gb(run_config(model_dir, size, variant, args))
+                est, est_s = planned(run_config(model_dir, size, variant, args))
                 base = m["step_s"] if variant == "trl" else base
                 row = {"size": size, "params_b": n_params / 1e9, "variant": variant, **m}
                 row["ratio_to_trl"] = m["step_s"] / base if base else None
                 row["target"] = TARGETS.get(variant)
                 row["estimate_gb"] = est
                 row["peak_over_estimate"] = m["peak_gb"] / est if m["peak_gb"] and est else None
+                row["estimate_step_s"] = est_s
+                row["step_over_estimate"] = m["step_s"] / est_s if est_s else None
                 rows.append(row)
                 print(_line(row), flush=True)
             last_size_s, last_params = time.perf_counter() - t0, n_params
@@ -225,7 +243,14 @@ def _param_count(cfg: Any) -> int:
     return v * h * (1 if cfg.tie_word_embeddings else 2) + layers * per_layer + h
 
 
-HEADER = f"{'size':<5} {'variant':<7} {'s/step':>7} {'vs TRL':>7} {'peak GB':>8} {'plan GB':>8} {'ratio':>6} {'changed':>8}"
+HEADER = (
+    f"{'size':<5} {'variant':<7} {'s/step':>7} {'vs TRL':>7} {'peak GB':>8} {'plan GB':>8} {'ratio':>6} "
+    f"{'changed':>8} {'est s':>6} {'meas/est':>8}"
+)
+CALIBRATE = """meas/est: the measured step time over klsweep plan's estimate (klsweep/cost.py). Off by more than a
+factor 1.5: on long completions (--length 1024) generation dominates, set HF_LAUNCH_S_PER_LAYER or
+HBM_EFFICIENCY so that its decode matches; on short ones training dominates, scale MFU by meas/est. Record the
+GPU, the sizes and the ratios in slurm/README.md ("Time estimate")."""
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -237,7 +262,8 @@ def _line(r: dict[str, Any]) -> str:
     return (
         f"{r['size']:<5} {r['variant']:<7} {r['step_s']:>7.3f} {ratio:>7} {_fmt(r['peak_gb'], '.1f'):>8} "
         f"{_fmt(r['estimate_gb'], '.1f'):>8} {_fmt(r['peak_over_estimate'], '.2f'):>6} "
-        f"{_fmt(r['changed_fraction'], '.1%'):>8}"
+        f"{_fmt(r['changed_fraction'], '.1%'):>8} {_fmt(r.get('estimate_step_s'), '.2f'):>6} "
+        f"{_fmt(r.get('step_over_estimate'), '.2f'):>8}"
     )
 
 
@@ -274,6 +300,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    print(CALIBRATE)
     print(f"written: {args.out}")
     return rows
 

@@ -181,19 +181,21 @@ def plan_command(
         import json
 
         runs = [
-            {"id": r.id, "params": r.params, "estimate": e.as_json() if (e := estimates.get(r.id)) else None}
+            {
+                "id": r.id,
+                "params": r.params,
+                "estimate": e.as_json() if (e := estimates.get(r.id)) else None,
+                "limit": e.limit_json() if e else None,
+            }
             for r in plan.runs
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
-        from rich.text import Text
-
         out = _console()
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
-        for warning in summary["warnings"]:  # klsweep run refuses these (klsweep.engines)
-            out.print(Text(f"warning: {warning}", style="yellow"), width=width)
+        console.print_time(out, summary, width=width)
 
 
 @app.command("config")

@@ -47,6 +47,11 @@ class Resources:
     gpu_memory_gb: float = key(
         80.0, "memory of one GPU: what klsweep plan checks each run's estimate against"
     )
+    gpu: str = key(
+        "h100-80gb",
+        "the GPU model, for klsweep plan's step-time and GPU-hour estimate (its data-sheet figures: "
+        "klsweep.cost, slurm/README.md); which nodes Slurm gives is cluster.constraint's business",
+    )
     timeout_min: int = key(
         60, "time limit of a training job (minutes); the job is requeued when it is reached"
     )
@@ -267,7 +272,7 @@ LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
 # a run that does not use them keeps the id it had (``grid.run_id``).
-ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}}
+ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}, "model.resources.gpu": "h100-80gb"}
 
 # Keys that change how a run is computed, not what it computes (generation engine, batching into passes,
 # checkpoints kept): hashed at this value whatever they hold, so that changing one resumes the same runs. The

@@ -173,12 +173,16 @@ def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
 
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.1f}"
+
+
 def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     """What the plan needs (``planner.summary``): one row per model and launch shape, the sweep's totals and
     its largest per-GPU memory estimate in the caption."""
     from klsweep.report.terminal import fitted_table
 
-    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "GPU-h", "storage"]
+    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "storage"]
     rows = []
     for row in counts["resources"]:
         mem = row["gpu_memory_gb"]
@@ -190,7 +194,6 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
                 row["sharding"],
                 "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
                 "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
-                f"{row['gpu_hours']:.0f}",
                 _size(row["storage_gb"]),
             ]
         )
@@ -202,19 +205,78 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         f"({largest['model']}, run {largest['run']})"
     )
     caption = (
-        f"at most {counts['gpu_hours_upper_bound']:g} GPU-hours to submit (upper bound: every job using its "
-        f"whole time limit); checkpoints kept {_size(counts['storage_gb'])}{peak}"
+        f"at most {_hours(counts['gpu_hours_upper_bound'])} GPU-hours to submit (upper bound: every try, 1 + "
+        f"cluster.max_requeues, of every job for its whole time limit, eval jobs included); checkpoints kept "
+        f"{_size(counts['storage_gb'])}{peak}"
     )
     return fitted_table(
         "resources (estimates: slurm/README.md)",
         header,
         rows,
         width=width,
-        right=["runs", "GPUs", "micro", "GiB/GPU", "GPU-h", "storage"],
+        right=["runs", "GPUs", "micro", "GiB/GPU", "storage"],
         whole=["model"],  # a model's name is never cut nor folded
         optional=["micro", "storage"],
         caption=caption,
     )
+
+
+def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None:
+    """The time estimate (``planner.summary``, ``klsweep.cost``) beside the limits, one row per model and
+    launch shape: the GPU, the slowest step (its generation part), training hours of a run against a job's
+    time limit, the jobs a run needs, the estimated GPU-hours and those at the limits; the totals (training
+    and eval) in the caption. None when no run has GPUs."""
+    from klsweep.report.terminal import fitted_table
+
+    shown = [r for r in counts["resources"] if r.get("step_seconds") is not None]
+    if not shown:
+        return None
+    header = ["model", "runs", "GPU", "s/step", "gen s", "h/run", "jobs", "GPU-h", "limit"]
+    rows = [
+        [
+            str(r["model"]),
+            str(r["runs"]),
+            str(r["gpu"]),
+            f"{r['step_seconds']:.0f}",
+            f"{r['generation_seconds']:.0f}",
+            f"{r['train_hours']:.1f}/{r['limit_hours']:g}",
+            str(r["jobs"]),
+            _hours(r["gpu_hours_estimate"]),
+            _hours(r["gpu_hours"]),
+        ]
+        for r in shown
+    ]
+    evals = (
+        f"~{_hours(counts['eval_gpu_hours_estimate'])}"
+        if counts["eval_estimated"]
+        else "not estimated (a task of unknown size)"
+    )
+    caption = (
+        f"~{_hours(counts['gpu_hours_estimate'])} GPU-hours estimated to submit (limit: at most "
+        f"{_hours(counts['gpu_hours_upper_bound'])}), of which eval {evals} (at most "
+        f"{_hours(counts['eval_gpu_hours_limit'])})"
+    )
+    return fitted_table(
+        "time (estimates: slurm/README.md)",
+        header,
+        rows,
+        width=width,
+        right=["runs", "s/step", "gen s", "h/run", "jobs", "GPU-h", "limit"],
+        whole=["model"],
+        optional=["GPU", "gen s", "jobs"],
+        caption=caption,
+    )
+
+
+def print_time(console: Console, counts: dict[str, Any], width: int | None = None) -> None:
+    """``klsweep plan``'s time table and its warnings (``planner.warnings``), each a ``warning:`` line."""
+    from rich.markup import escape
+
+    table = time_table(counts, width=width)
+    if table is not None:
+        console.print(table)
+    for line in counts["warnings"]:
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
 
 
 COLOUR = {

@@ -40,7 +40,10 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
 - ``FRAGMENTATION`` on top of the above (the caching allocator), then ``OVERHEAD_GB`` per process (CUDA
   context, NCCL and cuBLAS workspaces).
 
-GPU-hours: an upper bound, every job using its whole time limit. Storage: the checkpoints a run keeps
+Time and GPU-hours (``klsweep.cost``): each run's step time estimated from the GPU's data-sheet figures
+(``model.resources.gpu``), its GPU-hours (steps x step time x GPUs, plus its eval job) beside its limit (the
+time limit x GPUs x tries, 1 + ``cluster.max_requeues``, plus the eval job's limit). ``warnings`` flags runs that
+need requeues, memory within ``AT_RISK`` of the GPU and checkpoints past ``STORAGE_WARN_GB``. Storage: the checkpoints a run keeps
 (``train.keep_checkpoints`` of its ``ceil(steps / save_steps)`` saves), each fp32 weights and AdamW moments
 (12 bytes per parameter; 16 under FSDP, where accelerate also writes a full fp32 copy of the weights); one more
 exists briefly while a new one is written.
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import engines
+from klsweep import cost, engines
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 
@@ -73,6 +76,8 @@ VLLM_SHARE = 0.3  # TRL's vllm_gpu_memory_utilization (colocate mode), the GPU f
 CHECKPOINT_BYTES_PER_PARAM = {"none": 12, "fsdp": 16}
 _LAG_BYTES_PER_TOKEN = 24  # a queued batch per token: ids, masks, behaviour and reference log-probs
 _EXAMPLES = 3  # run ids named in a grouped problem
+AT_RISK = 0.10  # a peak within this fraction of the GPU's memory is flagged (slurm/README.md)
+STORAGE_WARN_GB = 10 * 1024  # checkpoints past 10 TiB are flagged
 
 
 # ---------------------------------------------------------------------------------------------- architecture
@@ -216,24 +221,66 @@ class Estimate:
     """What one run needs. ``parts``: GiB per component of the peak per device (``peak_gb`` is their total)."""
 
     peak_gb: float  # estimated peak memory of one process (of its GPU; of the host without GPUs)
-    gpu_hours: float
+    limit_gpu_hours: float  # every try of the training job and the eval job for their whole time limits
     storage_gb: float
     parts: dict[str, float] = field(default_factory=dict)
     gpus: int = 0  # per job
     gpu_memory_gb: float | None = None  # of one GPU (None without GPUs)
+    cost: cost.RunCost | None = None  # the time estimate (None without GPUs)
+    limit_hours: float = 0.0  # a training job's time limit
+    tries: int = 1  # 1 + cluster.max_requeues
+    eval_limit_gpu_hours: float = 0.0  # the eval job's GPUs for its whole time limit (0: no eval)
 
     @property
     def fits(self) -> bool:
         return self.gpu_memory_gb is None or self.peak_gb <= self.gpu_memory_gb
 
-    def as_json(self) -> dict[str, float | None]:
-        """``plan --json``'s per-run estimate (``gpu_memory_gb``: the estimated peak per GPU, null without
-        GPUs)."""
+    @property
+    def at_risk(self) -> bool:
+        """Fits, but within ``AT_RISK`` of the GPU's memory."""
+        return self.gpu_memory_gb is not None and self.peak_gb > (1 - AT_RISK) * self.gpu_memory_gb
+
+    @property
+    def gpu_hours(self) -> float:
+        """The estimate (0 without GPUs)."""
+        return self.cost.gpu_hours if self.cost else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """``plan --json``'s per-run estimate (``gpu_memory_gb``: the estimated peak per GPU; the time fields:
+        null without GPUs)."""
+        c = self.cost
         return {
             "gpu_memory_gb": round(self.peak_gb, 1) if self.gpus else None,
+            "memory_at_risk": self.at_risk,
+            "step_seconds": round(c.step.total, 1) if c else None,
+            "generation_seconds": round(c.step.generation, 1) if c else None,
+            "train_hours": round(c.train_hours, 2) if c else None,
+            "jobs": c.jobs if c else None,
+            "exceeds_time_limit": c.exceeds_limit if c else False,
+            "eval_gpu_hours": round(c.eval_gpu_hours, 2) if c and c.eval_seconds is not None else None,
             "gpu_hours": round(self.gpu_hours, 2),
             "storage_gb": round(self.storage_gb, 1),
         }
+
+    def limit_json(self) -> dict[str, Any]:
+        """``plan --json``'s per-run limits: a training job's hours, the tries (1 + ``cluster.max_requeues``),
+        the eval job's GPU-hours, all GPU-hours at the limits."""
+        return {
+            "hours": round(self.limit_hours, 2),
+            "tries": self.tries,
+            "eval_gpu_hours": round(self.eval_limit_gpu_hours, 2),
+            "gpu_hours": round(self.limit_gpu_hours, 2),
+        }
+
+
+def vllm_share(config: Mapping[str, Any]) -> float | None:
+    """The bytes of a GPU that TRL's colocate vLLM takes (``train.trl.vllm_gpu_memory_utilization``, TRL's
+    default ``VLLM_SHARE``); None without it."""
+    train, res = config["train"], config["model"]["resources"]
+    if not (train.get("use_vllm") and int(res.get("gpus_per_node", 0))):
+        return None
+    fraction = float((train.get("trl") or {}).get("vllm_gpu_memory_utilization", VLLM_SHARE))
+    return fraction * float(res.get("gpu_memory_gb", 0)) * GIB
 
 
 def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> dict[str, float]:
@@ -266,15 +313,14 @@ def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> di
     # on GPUs activation checkpointing keeps every layer's input and recomputes one layer; on a CPU, every layer
     training = tokens * (layers * 4 * h + per_layer) if gpus else tokens * layers * per_layer
     training += tokens * 64  # per-token log-probs, advantages, masks of the loss
-    trl = train.get("trl") or {}
-    if train.get("use_vllm") and gpus:
-        share = float(trl.get("vllm_gpu_memory_utilization", VLLM_SHARE))
+    share = vllm_share(config)
+    if share is not None:
         generation = 0.0
-        parts["vllm"] = share * float(res.get("gpu_memory_gb", 0)) * GIB
+        parts["vllm"] = share
     else:
         generation = 2 * layers * arch.kv_dim * compute * shape.per_process * seq
         generation += shape.per_process * arch.vocab_size * 4  # the last position's logits
-    if "vllm" in parts and trl.get("vllm_enable_sleep_mode"):  # vLLM sleeps (its memory freed) while training
+    if share is not None and (train.get("trl") or {}).get("vllm_enable_sleep_mode"):  # freed while training
         if training <= parts["vllm"]:
             training = 0.0
         else:
@@ -299,24 +345,42 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     saves = math.ceil(int(train["steps"]) / int(train["save_steps"]))
     keep = train.get("keep_checkpoints")
     kept = saves if keep is None else min(int(keep), saves)
+    # vLLM's KV cache: its share of the GPU less its bf16 copy of the weights
+    share = vllm_share(config)
+    kv_room = share - cost.COMPUTE_BYTES * arch.params if share is not None else None
+    train_limit, eval_limit = _limit_gpu_hours(config)
     return Estimate(
         peak_gb=sum(parts.values()),
-        gpu_hours=_job_gpu_hours(res),
+        limit_gpu_hours=train_limit + eval_limit,
         storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM[train.get("sharding", "none")] * arch.params / GIB,
         parts=parts,
         gpus=gpus,
         gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,
+        cost=cost.run_cost(config, arch, shape, kv_room),
+        limit_hours=int(res["timeout_min"]) / 60,
+        tries=_tries(config),
+        eval_limit_gpu_hours=eval_limit,
     )
 
 
-def _job_gpu_hours(res: Mapping[str, Any]) -> float:
-    """Upper bound of a training job's GPU-hours: its GPUs for its whole time limit."""
-    return int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1)) * int(res["timeout_min"]) / 60
+def _tries(config: Mapping[str, Any]) -> int:
+    """The jobs a run's training may use: 1 + ``cluster.max_requeues``."""
+    return 1 + int(config.get("cluster", {}).get("max_requeues", 0))
+
+
+def _limit_gpu_hours(config: Mapping[str, Any]) -> tuple[float, float]:
+    """GPU-hours of a run at its limits: every try of its training job for its whole time limit; its eval
+    job's (the node's GPUs; 0 without eval)."""
+    res = config["model"]["resources"]
+    evals = config.get("eval", {}).get("suite", "none") != "none"
+    per_node = int(res.get("gpus_per_node", 0))
+    train = per_node * int(res.get("nodes", 1)) * int(res["timeout_min"]) / 60 * _tries(config)
+    return train, per_node * int(res.get("eval_timeout_min", 60)) / 60 if evals else 0.0
 
 
 def gpu_hours(runs: list[PlannedRun]) -> float:
-    """Upper bound of the GPU-hours of ``runs``: every job using its whole time limit."""
-    return sum(_job_gpu_hours(run.config["model"]["resources"]) for run in runs)
+    """Upper bound of the GPU-hours of ``runs``: every try of every job using its whole time limit."""
+    return sum(sum(_limit_gpu_hours(run.config)) for run in runs)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -428,9 +492,8 @@ def check(plan: Plan) -> dict[str, Estimate]:
     for run in plan.runs:
         c = run.config
         ev = c.get("eval", {})
-        key = repr(
-            (c["model"], c["train"], c.get("offpolicy"), ev.get("suite"), ev.get("apply_chat_template"))
-        )
+        timing = (ev, c.get("cluster", {}).get("max_requeues"), cost.uses_behaviour_forward(c))
+        key = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
         if key not in seen:  # runs differing only in KL settings or seed have the same needs
             seen[key] = run_problems(c)
         est, found = seen[key]
@@ -495,6 +558,7 @@ def summary(plan: Plan) -> dict[str, Any]:
                 "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
                 "gpu_hours": gpu_hours(runs),
                 "storage_gb": sum(e.storage_gb for e in ests),
+                **_time_row(ests),
             }
         )
     on_gpu = [(rid, e) for rid, e in estimates.items() if e.gpus]
@@ -507,6 +571,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "done": len(plan.runs) - len(todo),
         "to_submit": len(todo),
         "gpu_hours_upper_bound": round(gpu_hours(todo), 1),
+        **_time_totals([estimates[r.id] for r in todo if r.id in estimates]),
         "storage_gb": round(sum(e.storage_gb for e in estimates.values()), 1),
         "largest_gpu_memory": None
         if largest is None
@@ -517,8 +582,92 @@ def summary(plan: Plan) -> dict[str, Any]:
             "of_gb": largest[1].gpu_memory_gb,
         },
         "resources": resources,
-        "warnings": [
-            f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)
-        ],
+        "warnings": warnings(plan, estimates),
         "estimates": estimates,
     }
+
+
+def _time_row(ests: list[Estimate]) -> dict[str, Any]:
+    """A resources row's time: the GPU, the longest step and training, the limit, the estimated GPU-hours."""
+    costs = [e.cost for e in ests if e.cost]
+    if not costs:
+        return {"gpu": None, "step_seconds": None, "train_hours": None, "limit_hours": None,
+                "jobs": None, "gpu_hours_estimate": None}  # fmt: skip
+    slowest = max(costs, key=lambda c: c.step.total)
+    return {
+        "gpu": slowest.gpu,
+        "step_seconds": round(slowest.step.total, 1),
+        "generation_seconds": round(slowest.step.generation, 1),
+        "train_hours": round(max(c.train_hours for c in costs), 2),
+        "limit_hours": slowest.limit_hours,
+        "jobs": max(c.jobs for c in costs),
+        "gpu_hours_estimate": round(sum(e.gpu_hours for e in ests), 1),
+    }
+
+
+def _time_totals(todo: list[Estimate]) -> dict[str, Any]:
+    """The estimated GPU-hours of the runs to submit (training and eval) and the eval jobs' at their limits."""
+    costs = [e.cost for e in todo if e.cost]
+    return {
+        "gpu_hours_estimate": round(sum(e.gpu_hours for e in todo), 1),
+        "eval_gpu_hours_estimate": round(sum(c.eval_gpu_hours for c in costs), 1),
+        "eval_gpu_hours_limit": round(sum(e.eval_limit_gpu_hours for e in todo), 1),
+        "eval_estimated": all(
+            e.cost.eval_seconds is not None for e in todo if e.cost and e.eval_limit_gpu_hours
+        ),
+    }
+
+
+def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
+    """What the plan should say before anything is submitted, runs of one model together: a
+    ``gpu_memory_gb`` larger than the GPU of ``model.resources.gpu`` has, training longer than its time limit
+    (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of the GPU,
+    checkpoints past ``STORAGE_WARN_GB``, and an engine the jobs cannot import (``engines.missing``)."""
+    slow: dict[str, list[Estimate]] = {}
+    tight: dict[str, list[Estimate]] = {}
+    oversold: set[str] = set()  # models whose gpu_memory_gb is more than their GPU has
+    out: list[str] = []
+    for run in plan.runs:
+        e = estimates.get(run.id)
+        if e is None:
+            continue
+        model = str(run.config["model"].get("name"))
+        if e.cost and e.cost.exceeds_limit:
+            slow.setdefault(model, []).append(e)
+        if e.at_risk:
+            tight.setdefault(model, []).append(e)
+        gpu = cost.GPUS[e.cost.gpu] if e.cost else None
+        if gpu and (e.gpu_memory_gb or 0) > gpu.memory_gb and model not in oversold:
+            oversold.add(model)
+            out.append(
+                f"runs ({model}): model.resources.gpu_memory_gb {e.gpu_memory_gb:g} is more than an "
+                f"{e.cost.gpu} has ({gpu.memory_gb:g} GB); the memory check trusts gpu_memory_gb"
+            )
+    for model, ests in slow.items():
+        worst = max((e.cost for e in ests if e.cost), key=lambda c: c.jobs)
+        out.append(
+            f"{len(ests)} runs ({model}) need ~{worst.train_hours:.1f} h of training against a "
+            f"{worst.limit_hours:g} h time limit: {worst.jobs} jobs each ({worst.jobs - 1} requeue{'s' if worst.jobs > 2 else ''})"
+            + (
+                f", more than cluster.max_requeues {worst.tries - 1} allows: raise it or "
+                "model.resources.timeout_min"
+                if worst.jobs > worst.tries
+                else f", within cluster.max_requeues {worst.tries - 1}"
+            )
+        )
+    for model, ests in tight.items():
+        worst = max(ests, key=lambda e: e.peak_gb)
+        out.append(
+            f"{len(ests)} runs ({model}) need ~{worst.peak_gb:.1f} of {worst.gpu_memory_gb:g} GiB per GPU: "
+            f"within {AT_RISK:.0%} of the GPU, at risk (slurm/README.md); a smaller train.micro_batch_size "
+            "leaves room"
+        )
+    storage = sum(e.storage_gb for e in estimates.values())
+    if storage > STORAGE_WARN_GB:
+        out.append(
+            f"checkpoints kept: {storage / 1024:.1f} TiB, past {STORAGE_WARN_GB / 1024:g} TiB: check the "
+            "results folder's quota (train.keep_checkpoints: how many each run keeps)"
+        )
+    # an engine the jobs' environment cannot import: klsweep run and klsweep eval refuse it (klsweep.engines)
+    out += [f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)]
+    return out

@@ -172,3 +172,25 @@ def test_help_flags_and_version():
     assert max(len(line) for line in help_text.splitlines()) <= 80
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and re.fullmatch(r"klsweep \d+\.\d+\.\d+\S*\n", version.output)
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_time_table_reads_at_80_columns_and_piped(tmp_path, width):
+    """The paper plan's time table (klsweep.cost's estimates): every model whole, the estimate beside the limit
+    at 80 columns (optional columns dropped first); every column on a pipe."""
+    from klsweep import grid, planner
+
+    plan = grid.load_plan(Path(__file__).resolve().parents[1] / "sweeps" / "paper.yaml", out=tmp_path)
+    counts = planner.summary(plan)
+    text = render(con.time_table(counts, width=width), width=width)
+    lines = text.splitlines()
+    header = next(line.split() for line in lines if line.split()[:1] == ["model"])
+    assert {"s/step", "gen", "h/run", "GPU-h", "limit"} <= set(header)  # the GPU's name goes first at 80
+    for model in ("qwen2.5-7b", "llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"):
+        row = next(line.split() for line in lines if line.split()[:1] == [model])
+        assert any(cell.endswith("/24" if "qwen3" not in model else "/16") for cell in row)  # h/run of limit
+    if width:
+        assert max(len(line) for line in lines) <= 80
+    else:
+        assert {"GPU", "jobs"} <= set(header) and "h100-80gb" in text
+    assert "…" not in text

@@ -31,7 +31,8 @@ def test_gpu_check_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
         assert row["changed_fraction"] > 0.9, (name, row["changed_fraction"])  # lr 1e-6 is not rounded away
         assert row["peak_gb"] is None  # no GPU: nothing to measure, no ratio made up
         assert name == "trl" or row["ratio_to_trl"] > 0
-    assert "vs TRL" in proc.stdout and "written:" in proc.stdout
+        assert row["estimate_step_s"] is None and row["step_over_estimate"] is None  # no GPU: no time model
+    assert "vs TRL" in proc.stdout and "meas/est" in proc.stdout and "written:" in proc.stdout
 
 
 def test_gpu_check_refuses_unknown_sizes() -> None:

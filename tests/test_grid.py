@@ -322,7 +322,7 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
     assert code == 0
     data = json.loads(stdout)
     assert data["name"] == "tiny" and len(data["runs"]) == 60
-    assert set(data["runs"][0]) == {"id", "params", "estimate"}
+    assert set(data["runs"][0]) == {"id", "params", "estimate", "limit"}
     assert set(data["runs"][0]["params"]) == {
         "kl.estimator",
         "kl.placement",
@@ -346,7 +346,11 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
 
 def test_gpu_hours_upper_bound(tmp_path):
     plan = grid.load_plan(write(tmp_path, "name: m\ngrid:\n  model: qwen2.5-7b,qwen3-4b-instruct-2507\n"))
-    assert planner.gpu_hours(plan.runs) == pytest.approx(8 * 1440 / 60 + 4 * 960 / 60)
+    tries = (
+        1 + plan.runs[0].config["cluster"]["max_requeues"]
+    )  # every requeue of a job at its whole time limit
+    assert tries == 4
+    assert planner.gpu_hours(plan.runs) == pytest.approx(tries * (8 * 1440 / 60 + 4 * 960 / 60))
 
 
 # --------------------------------------------------------------------------------------------------------

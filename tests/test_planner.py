@@ -142,8 +142,18 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
     data = json.loads(out)
     assert len(data["runs"]) == 300
     for run in data["runs"]:
-        assert set(run["estimate"]) == {"gpu_memory_gb", "gpu_hours", "storage_gb"}
-        assert 10 < run["estimate"]["gpu_memory_gb"] < 80
+        est, limit = run["estimate"], run["limit"]
+        assert {"gpu_memory_gb", "gpu_hours", "storage_gb", "step_seconds", "memory_at_risk"} <= set(est)
+        assert 10 < est["gpu_memory_gb"] < 80
+        assert 0 < est["gpu_hours"] <= limit["gpu_hours"]
+        assert est["exceeds_time_limit"] == (est["jobs"] > 1) == (est["train_hours"] > limit["hours"])
+        assert est["memory_at_risk"] == (est["gpu_memory_gb"] > 72)
+        assert limit["tries"] == 4  # 1 + cluster.max_requeues
+        gpus = 8 if limit["hours"] == 24 else 4  # 7-8B: 8 GPUs, 24 h; 4B: 4 GPUs, 16 h
+        assert limit["gpu_hours"] == pytest.approx(
+            limit["hours"] * gpus * 4 + limit["eval_gpu_hours"], abs=0.02
+        )
+        assert est["gpu_hours"] == pytest.approx(est["train_hours"] * gpus + est["eval_gpu_hours"], abs=0.05)
     plan = grid.load_plan(PAPER, out=tmp_path / "r")
     by_id = {r.id: r for r in plan.runs}
     for run in data["runs"]:  # 2 checkpoints kept (of 10 saves), 16 bytes per parameter each under FSDP
@@ -152,9 +162,16 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
     assert data["storage_gb"] == pytest.approx(
         sum(r["estimate"]["storage_gb"] for r in data["runs"]), rel=1e-3
     )
-    assert data["gpu_hours_upper_bound"] == pytest.approx(
-        sum(r["estimate"]["gpu_hours"] for r in data["runs"])
+    # the issue's figures: 38,400 GPU-hours of training at one try, ~6,600 of eval at their limits
+    assert data["gpu_hours_upper_bound"] == pytest.approx(sum(r["limit"]["gpu_hours"] for r in data["runs"]))
+    assert data["gpu_hours_upper_bound"] == pytest.approx(4 * 38_400 + 6_600)
+    assert data["eval_gpu_hours_limit"] == pytest.approx(6_600)
+    assert data["gpu_hours_estimate"] == pytest.approx(
+        sum(r["estimate"]["gpu_hours"] for r in data["runs"]), rel=1e-3
     )
+    assert 0 < data["eval_gpu_hours_estimate"] < data["eval_gpu_hours_limit"]
+    assert data["warnings"] == [w for w in data["warnings"] if "TiB" in w]  # only the checkpoints'
+    assert "51.7 TiB, past 10 TiB" in data["warnings"][0]
     assert data["largest_gpu_memory"]["of_gb"] == 80
     assert not (tmp_path / "r").exists()
 
@@ -164,7 +181,9 @@ def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
     flat = " ".join(out.split())
-    for s in ("GPU-hours", "checkpoints kept", "TiB", "largest per GPU", "of 80 GiB", "fsdp", "/80"):
+    for s in ("GPU-hours", "checkpoints kept", "TiB", "largest per GPU", "of 80 GiB", "fsdp", "/80", "s/step",
+              "h/run", "/24", "/16", "at most 160,200 GPU-hours", "(at most 6,600)", "estimated to submit",
+              "warning: checkpoints kept: 51.7 TiB, past 10 TiB"):  # fmt: skip
         assert s in flat, s
     lines = out.splitlines()
     for model in ("qwen2.5-7b", "llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"):  # never cut nor folded
@@ -339,3 +358,164 @@ def test_fsdp_without_gpus_is_refused(tmp_path):
     config = grid.compose_run_config(None, ["train.sharding=fsdp"])
     _, problems = planner.run_problems(config)
     assert [p[0] for p in problems] == ["train.sharding"]
+
+
+# ------------------------------------------------------------------------------------------------ time
+
+
+def test_decode_step_is_the_slowest_of_bytes_over_bandwidth_flops_and_gathers():
+    """Hand-computed: an H100 reads 3.35 TB/s x 0.8, receives 450 GB/s x 0.8 over NVLink in an all-gather,
+    computes 989 TFLOP/s x MFU."""
+    from klsweep import cost
+
+    h100 = cost.GPUS["h100-80gb"]
+    assert cost.decode_step_s(h100, 2.68e9, 0) == pytest.approx(1e-3)  # 2.68 GB / 2.68 TB/s
+    assert cost.decode_step_s(h100, 2.68e9, 0, gathered_bytes=3.6e9) == pytest.approx(
+        10e-3
+    )  # 3.6 GB / 360 GB/s
+    assert cost.decode_step_s(h100, 0, 989e12 * cost.MFU) == pytest.approx(1.0)
+    assert cost.decode_step_s(h100, 0, 0, launch_s=0.5) == 0.5
+    assert cost.gather_s(h100, 8 * 3.6e9, 8) == pytest.approx(7 * 10e-3)  # each GPU receives 7/8 of it
+    assert cost.gather_s(h100, 1e12, 1) == 0
+    a100, h200 = cost.GPUS["a100-80gb"], cost.GPUS["h200"]
+    assert cost.decode_step_s(a100, 2.039e12 * 0.8, 0) == pytest.approx(1.0)
+    assert cost.decode_step_s(h200, 4.8e12 * 0.8, 0) == pytest.approx(1.0)
+
+
+def _step(*overrides: str):
+    from klsweep import cost
+
+    config = one_run("model=qwen2.5-7b", "train.prompts_per_step=64", "train.group_size=5",
+                     "train.max_completion_length=1024", "train.micro_batch_size=8", "kl.beta=0.1", *overrides)  # fmt: skip
+    arch = planner.architecture(config["model"])
+    shape = planner.batch_shape(config["train"], planner.processes(config))
+    gpu = cost.GPUS[config["model"]["resources"]["gpu"]]
+    return cost.step_time(config, arch, shape, gpu), arch, config
+
+
+def test_step_time_by_hand_for_hf_generate_under_fsdp():
+    """Qwen2.5-7B on 8 H100s under FSDP, HF generate: every decode step gathers 7/8 of the bf16 weights over
+    NVLink (the slowest part); training is 12 FLOPs a parameter a token (6 fwd+bwd, 2 recompute, 2 reference,
+    2 behaviour forward: KL in the reward) at MFU 0.4, plus attention."""
+    from klsweep import cost
+
+    step, arch, _ = _step("kl.placement=reward")
+    p = arch.params
+    link = 450e9 * cost.NVLINK_EFFICIENCY
+    assert step.decode == pytest.approx(1024 * 2 * p * 7 / 8 / link)
+    tokens = 40 * (512 + 1024)
+    per_token = p + 2 * arch.num_hidden_layers * arch.q_dim * (512 + 1024) / 2
+    assert step.train == pytest.approx(12 * per_token * tokens / (989e12 * cost.MFU))
+    loss, _, _ = _step("kl.placement=loss")  # no behaviour forward on-policy with the KL in the loss
+    assert loss.train == pytest.approx(step.train * 10 / 12)
+
+
+def test_paper_generation_matches_the_issue_figures():
+    """The issue's first-principles figures for 7B: 40-60 s of generation a step with HF generate under FSDP,
+    10-20 s with vLLM colocate (this model's vLLM decode is HBM-bound: ~7 s, under that band's top)."""
+    hf, _, _ = _step("train.sharding=fsdp")
+    vllm, _, _ = _step("train.sharding=fsdp", "train.use_vllm=true")
+    assert 35 < hf.generation < 60
+    assert vllm.generation < 20 and hf.generation > 3 * vllm.generation
+    a100, _, _ = _step("train.sharding=fsdp", "model.resources.gpu=a100-80gb")
+    h200, _, _ = _step("train.sharding=fsdp", "model.resources.gpu=h200")
+    assert a100.total > hf.total >= h200.total
+
+
+def test_runs_past_their_time_limit_and_at_risk_memory_are_flagged(tmp_path, monkeypatch, capsys):
+    base = ["plan", PAPER, "model=qwen2.5-7b", "kl.estimator=k1", "kl.placement=loss", "kl.beta=0.1",
+            "--out", tmp_path / "r"]  # fmt: skip
+    code, out, err = cli([*base, "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["warnings"] == []  # 6 runs: 1 TiB of checkpoints, 8 h of 24, ~50 of 80 GiB
+    code, out, err = cli([*base, "--json", "train.steps=2000"], monkeypatch, capsys)
+    est = json.loads(out)["runs"][0]["estimate"]
+    assert est["exceeds_time_limit"] and est["jobs"] == 2
+    assert any("runs (qwen2.5-7b)" in w and "2 jobs each (1 requeue), within cluster.max_requeues 3" in w
+               for w in json.loads(out)["warnings"])  # fmt: skip
+    code, out, err = cli([*base, "train.steps=20000"], monkeypatch, capsys, columns=80, terminal=True)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "more than cluster.max_requeues 3 allows" in flat
+    assert max(len(line) for line in out.splitlines()) <= 80
+    # memory: a GPU with 5% more than the estimate is within 10% of it
+    gib = est["gpu_memory_gb"] / 0.95
+    code, out, err = cli([*base, f"model.resources.gpu_memory_gb={gib:.1f}", "--json"], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert all(r["estimate"]["memory_at_risk"] for r in data["runs"])
+    assert any("within 10% of the GPU, at risk" in w for w in data["warnings"])
+
+
+def test_unknown_gpu_is_refused_with_the_table(tmp_path, monkeypatch, capsys):
+    code, _, err = cli(["plan", PAPER, "model.resources.gpu=v100", "--out", tmp_path], monkeypatch, capsys)
+    assert code == 2
+    assert "model.resources.gpu" in err and "a100-80gb, h100-80gb, h200" in err
+
+
+def test_gpu_memory_beyond_the_named_gpu_is_flagged(tmp_path, monkeypatch, capsys):
+    base = ["plan", PAPER, "model=qwen2.5-7b", "seed=0", "--out", tmp_path, "--json"]
+    code, out, err = cli([*base, "model.resources.gpu_memory_gb=141"], monkeypatch, capsys)
+    assert code == 0, err
+    assert any(
+        "gpu_memory_gb 141 is more than an h100-80gb has (80 GB)" in w for w in json.loads(out)["warnings"]
+    )
+    code, out, err = cli(
+        [*base, "model.resources.gpu_memory_gb=141", "model.resources.gpu=h200"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert not any("gpu_memory_gb" in w for w in json.loads(out)["warnings"])
+
+
+def test_vllm_decodes_in_waves_when_its_kv_cache_is_full():
+    """vLLM colocate holds as many sequences as its KV room takes: a batch whose cache is twice that decodes in
+    two waves of half the batch, each reading the weights again (Qwen3-4B in the paper sweep: 80 completions
+    a process, 18 GB of cache against ~16 GiB of room)."""
+    from klsweep import cost
+
+    _, arch, config = _step("train.use_vllm=true")
+    shape = planner.batch_shape(config["train"], planner.processes(config))
+    h100 = cost.GPUS["h100-80gb"]
+    kv = 2 * arch.num_hidden_layers * arch.kv_dim * 2
+    need = 40 * (512 + 1024) * kv
+    context = 512 + 1024 / 2
+    one = cost.step_time(config, arch, shape, h100, kv_room=need)
+    two = cost.step_time(config, arch, shape, h100, kv_room=need / 2)
+    half = cost.decode_step_s(
+        h100, 2 * arch.params + 20 * context * kv, 20 * cost.forward_flops(arch, context)
+    )
+    assert one.decode == pytest.approx(1024 * cost.decode_step_s(h100, 2 * arch.params + 40 * context * kv,
+                                                                 40 * cost.forward_flops(arch, context)))  # fmt: skip
+    assert two.decode == pytest.approx(2 * 1024 * half) and two.decode > one.decode
+    qwen3 = one_run("model=qwen3-4b-instruct-2507", "train.prompts_per_step=64", "train.group_size=5",
+                    "train.max_completion_length=1024", "train.micro_batch_size=8", "train.use_vllm=true")  # fmt: skip
+    est, _ = planner.run_problems(qwen3)
+    q_arch = planner.architecture(qwen3["model"])
+    q_shape = planner.batch_shape(qwen3["train"], planner.processes(qwen3))
+    room = est.parts["vllm"] * planner.GIB - 2 * q_arch.params
+    assert room < 80 * 1536 * 2 * 36 * 1024 * 2  # two waves
+    assert est.cost.step.decode == pytest.approx(cost.step_time(qwen3, q_arch, q_shape, h100, room).decode)
+    # HBM-bound: the second wave reads the weights once more a token, the cache is read once either way
+    extra = 1024 * 2 * q_arch.params / (3.35e12 * cost.HBM_EFFICIENCY)
+    assert est.cost.step.decode == pytest.approx(cost.step_time(qwen3, q_arch, q_shape, h100).decode + extra)
+
+
+def test_a_run_folder_written_before_the_gpu_key_is_the_same_run(tmp_path):
+    """model.resources.gpu is new: a run folder whose config.yaml lacks it resumes (no "different config")."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from klsweep import config as config_mod
+    from klsweep import store
+
+    config = one_run("model=qwen2.5-7b")
+    assert config["model"]["resources"]["gpu"] == "h100-80gb"
+    old = copy.deepcopy(config)
+    del old["model"]["resources"]["gpu"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
+    assert config_mod.load_run(tmp_path / "old").model.resources.gpu == "h100-80gb"
+    config_mod.write_run(tmp_path / "old", config)
+    assert grid.run_id(config) == grid.run_id(one_run("model=qwen2.5-7b", "model.resources.gpu=a100-80gb"))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klsweep import config as config_mod
-from klsweep import layout
+from klsweep import cost, layout
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 
@@ -48,6 +48,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "train.lr_scheduler_type": (lambda v: v in LR_SCHEDULERS, ", ".join(LR_SCHEDULERS)),
     "train.micro_batch_size": (lambda v: v is None or v > 0, "null (all completions at once) or > 0"),
     "train.save_steps": _POSITIVE,
+    "model.resources.gpu": (lambda v: v in cost.GPUS, ", ".join(cost.GPUS)),
     "train.keep_checkpoints": (lambda v: v is None or v > 0, "null or > 0"),
     "train.collapse_window": _POSITIVE,
     "train.collapse_fraction": (lambda v: 0 <= v <= 1, "between 0 and 1"),

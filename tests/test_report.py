@@ -123,23 +123,34 @@ def test_stability_table(rep):
     assert k1["peak KL k1"] > 0 and k1["min entropy"] < 2.0
     md = (rep.out_dir / "report.md").read_text()
     assert "1/3 (step 30: non-finite loss (nan))" in md and f"1/2 (step {collapse})" in md
-    assert "50% of that peak" in md  # the definition is stated in the report
+    # the rule is stated in the report, with its false-collapse rate at the sweep's batch (16 completions)
+    assert "window 10 steps, fraction 0.5, z 5.5, 16 completions a step: 0 of 700 simulated" in md
 
 
 def test_collapse_on_crafted_curves():
-    steps = list(range(1, 26))
+    """Deterministic curves (every completion of a step scored alike: no spread): the fraction decides."""
+    from klsweep.collapse import Rule
+
+    def step(rewards, window=10, fraction=0.5, stds=0.0):
+        rule = Rule(window, fraction, 5.5, 16)
+        return rp.collapse_step(range(1, len(rewards) + 1), rewards, [stds] * len(rewards), rule)
+
     up_down = [0.1] * 5 + [0.8] * 10 + [0.1] * 10
-    assert rp.collapse_step(steps, up_down, window=1) == 16  # first step below 0.4, to the end
+    assert step(up_down, window=1) == 16  # first step below 0.4, to the end
     # window 3: step 16 averages (0.8, 0.8, 0.1) = 0.57, step 17 (0.8, 0.1, 0.1) = 0.33 < 0.4
-    assert rp.collapse_step(steps, up_down, window=3) == 17
-    assert rp.collapse_step(steps, [0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
-    # the trainer's rule: the first step below, where the trainer stops the run (a dip is a collapse)
-    assert rp.collapse_step(steps, up_down[:20] + [0.8] * 5, window=1) == 16
-    assert rp.collapse_step(steps, [0.0] * 25) is None  # no peak to fall from
-    assert rp.collapse_step(steps, [0.05] * 5 + [0.0] * 20) is None  # a peak below klsweep.collapse.MIN_PEAK
+    assert step(up_down, window=3) == 17
+    assert step([0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
+    assert step(up_down[:20] + [0.8] * 5, window=1) == 16  # the first step below, where the trainer stops
+    assert step([0.0] * 25) is None  # no peak to fall from
     # inside the first window: 0.19 then 0 from step 2; means 0.19, 0.095, 0.063 < 0.5 x 0.19 at step 3
-    assert rp.collapse_step(steps, [0.19] + [0.0] * 24, window=10) == 3
-    assert rp.collapse_step(steps, up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
+    assert step([0.19] + [0.0] * 24) == 3
+    assert step(up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
+    # the same fall with a Bernoulli spread (16 completions a step at a mean of 0.19): noise, not a collapse
+    assert step([0.19] + [0.0] * 24, stds=0.4) is None
+    # no logged spread (metrics without reward_std): the step-to-step changes are the noise
+    assert rp.collapse_step(range(1, 26), [0.8] * 15 + [0.0] * 10) == 21
+    swinging = [0.6, 0.0] * 10 + [0.0] * 5  # step means that swing by 0.6: five zeros are within that noise
+    assert rp.collapse_step(range(1, 26), swinging) is None
     assert rp.collapse_step([], []) is None
 
 
@@ -169,6 +180,27 @@ def test_audit_table(rep):
     assert list(a["runs"]) == [3, 2, 3]
 
 
+def audit_run(config: int, **kw) -> dict:
+    """A run's row as the audit table reads it: k1 in the reward, separate, on-policy, then ``kw``."""
+    base = {
+        "kl.estimator": "k1",
+        "kl.placement": "reward",
+        "kl.level": "token",
+        "kl.beta": 0.1,
+        "kl.importance": "none",
+        "kl.reward_mode": "separate",
+        "kl.reward_logp": "current",
+        "kl.importance_cap": 0.0,
+        "train.group_size": 4,
+        "train.scale_rewards": "group",
+        "train.loss_type": "dapo",
+        "offpolicy.lag": 0,
+        "offpolicy.num_iterations": 1,
+        "config": config,
+    }
+    return base | kw
+
+
 def test_audit_table_uses_each_runs_settings():
     """One row per distinct setting: the GRPO audit with the runs' G, reward scaling, reward mode, loss type and
     beta; no-KL runs and settings the audit cannot enumerate are said so; off-policy rows add the estimator's
@@ -177,33 +209,16 @@ def test_audit_table_uses_each_runs_settings():
 
     from klsweep.report.audit_table import audit_table
 
-    def run(config, **kw):
-        base = {
-            "kl.estimator": "k1",
-            "kl.placement": "reward",
-            "kl.level": "token",
-            "kl.beta": 0.1,
-            "kl.importance": "none",
-            "kl.reward_mode": "separate",
-            "train.group_size": 4,
-            "train.scale_rewards": "group",
-            "train.loss_type": "dapo",
-            "offpolicy.lag": 0,
-            "offpolicy.num_iterations": 1,
-            "config": config,
-        }
-        return base | kw
-
     runs = pd.DataFrame(
         [
-            run(0),
-            run(0),
-            run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
-            run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
-            run(3, **{"train.loss_type": "vespo"}),
-            run(4, **{"kl.beta": 0.0}),
-            run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
-            run(6, **{"train.group_size": 64}),
+            audit_run(0),
+            audit_run(0),
+            audit_run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
+            audit_run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
+            audit_run(3, **{"train.loss_type": "vespo"}),
+            audit_run(4, **{"kl.beta": 0.0}),
+            audit_run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
+            audit_run(6, **{"train.group_size": 64}),
         ]
     )
     a = audit_table(runs)
@@ -220,9 +235,45 @@ def test_audit_table_uses_each_runs_settings():
     assert by["separate", 4, "group", "vespo", "on-policy"]["verdict"].startswith("not audited: loss_type")
     assert "at most" in by["separate", 64, "group", "dapo", "on-policy"]["verdict"]
     assert a[a["estimator"] == "no KL"]["verdict"].tolist() == ["no KL term (beta = 0)"]
-    off = by["separate", 4, "group", "dapo", "off-policy, importance=sequence"]
+    off = by[
+        "separate", 4, "group", "dapo", "off-policy, importance=sequence, current log-probs in the reward"
+    ]
     assert off["unbiased"] == "yes" and off["off-policy estimator verdict"] == "unbiased reverse KL"
     assert exact["off-policy estimator verdict"] == "—"
+
+
+def test_audit_verdict_is_each_runs_own_sampling():
+    """A lag-16 run gets the off-policy audit's verdict, not its on-policy twin's: k1 in both is exact at lag 0,
+    not at lag 16 with the behaviour's log-probs or without weights, exact again with the current log-probs and
+    sequence weights (and not once they are capped); the claims count the runs accordingly."""
+    import pandas as pd
+
+    from klsweep.report.audit_table import audit_table, run_unbiased
+
+    def run(config, **kw):
+        return audit_run(config, **{"kl.placement": "both", **kw})
+
+    lag = {"offpolicy.lag": 16}
+    runs = pd.DataFrame(
+        [
+            run(0),
+            run(0, **{"kl.reward_logp": "behavior"}),  # on-policy: the same computation, the same row
+            run(1, **lag, **{"kl.reward_logp": "behavior"}),
+            run(2, **lag),
+            run(3, **lag, **{"kl.importance": "sequence"}),
+            run(4, **lag, **{"kl.importance": "sequence", "kl.reward_logp": "behavior"}),
+            run(5, **lag, **{"kl.importance": "sequence", "kl.importance_cap": 2.0}),
+            run(6, **{"offpolicy.num_iterations": 2, "kl.importance": "sequence"}),
+        ]
+    )
+    audit = audit_table(runs)
+    assert run_unbiased(runs, audit) == ["yes", "yes", "no", "no", "yes", "no", "no", "yes"]
+    on = audit[audit["sampling"] == "on-policy"]
+    assert len(on) == 1 and on["runs"].item() == 2 and on["verdict"].item() == "exact"
+    capped = audit[audit["sampling"].str.contains("capped at 2")]
+    assert capped["verdict"].item() == "biased" and capped["unbiased"].item() == "no"
+    today = audit[audit["sampling"] == "off-policy, no importance weights, behavior log-probs in the reward"]
+    assert today["verdict"].item() != "exact" and today["effective scale"].item() < 0.9
 
 
 def test_csv_tables(rep):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
+from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import ID_AVG, OOD_AVG, attach_deltas, attach_evals, load_baseline, load_runs
@@ -17,7 +18,7 @@ from klsweep.report.figures import plot_curves, plot_eval
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
-from klsweep.report.stability import WINDOW, attach_stability
+from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
 
@@ -30,17 +31,20 @@ def build_report(
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
     wandb: bool | None = None,
+    claims: str | Path | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
     ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
-    stability table (the collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
+    stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
+    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
     formats = _check_formats(formats)
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
+    tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
     dirs = store.run_dirs(sweep)
     if not dirs:
         raise UserError(
@@ -65,10 +69,9 @@ def build_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
-    rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
-        run: (int(c["train.collapse_window"]), float(c["train.collapse_fraction"]))  # config.load_run's
-        for run, c in zip(runs["run"], configs, strict=True)
-    }
+    # each run's own collapse rule (klsweep.collapse), as the trainer applied it
+    rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
+    run_configs = dict(zip(runs["run"], configs, strict=True))
     attach_stability(runs, metrics, window, rules)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
@@ -88,10 +91,10 @@ def build_report(
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
         comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=claims_table(runs, audit),
+        claims=claims_table(runs, audit, tested, run_configs),
         environment=environment_table(runs),
         window=window,
-        collapse_rules=set(rules.values()),
+        collapse_rule=rule_text(configs),
         set_aside=set_aside,
     )
     report.paths += plot_curves(report, metrics, out / "curves.png")
@@ -102,6 +105,18 @@ def build_report(
         readable = [d for d in dirs if d.name in set(runs["run"])]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
+
+
+def _sweep_claims(sweep: Path) -> list[Claim]:
+    """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((sweep / store.SWEEP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # no readable sweep.yaml: the runs, without claims
+        return []
+    text = data.get("grid") if isinstance(data, dict) else None
+    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

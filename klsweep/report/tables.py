@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.collapse import MIN_PEAK
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
-from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series, rule_text
+from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
 from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class Report:
     claims: pd.DataFrame  # the study's claims, tested (claims.py)
     environment: pd.DataFrame  # one row per distinct recorded environment, with its run count
     window: int = WINDOW
-    collapse_rules: set[tuple[int, float]] = field(default_factory=set)  # (window, fraction) of the runs
+    collapse_rule: str = ""  # the runs' collapse rules and their false-collapse rates (stability.rule_text)
     set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
     paths: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
@@ -373,6 +372,7 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],
+            "p holm": [fmt_p(v) for v in df["p_holm"]],
             "n": df["n"].astype(str),
             "detail": df["detail"],
         }
@@ -471,20 +471,21 @@ def captions(report: Report) -> dict[str, str]:
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
             f"over seeds, p < {ALPHA:g}); no bold where the best is within noise."
         ),
-        "stability": DEFINITIONS.format(
-            window=report.window, rule=rule_text(report.collapse_rules), min_peak=MIN_PEAK
-        )
+        "stability": DEFINITIONS.format(window=report.window, rule=report.collapse_rule)
         + f" Values: mean ± half-width of the t-based {LEVEL:.0%} CI over the runs with metrics; "
         "diverged counts all runs, collapsed the runs with metrics.",
         "audit": (
             "What the trainer's KL update is with the runs' settings (klsweep audit --grpo: exact enumeration of "
             "every step of G completions of a tabular policy, vocabulary 3, length 2; the trainer's own "
-            "advantages, reward mode and loss aggregation), on-policy. Effective scale: the effective KL "
+            "advantages, reward mode and loss aggregation); each row with its runs' sampling: off-policy rows "
+            "(lag > 0 or several iterations) are audited off-policy, samples from a behaviour policy shifted "
+            "from pi (shift 0.5), with the runs' reward log-probs, importance weighting and cap, and TRL's "
+            "clipped ratio. Effective scale: the effective KL "
             "gradient (E[grad L(beta)] - E[grad L(0)]) / beta projected on grad KL(pi||ref), in units of the "
             "loss type's aggregation; cos: its cosine with grad KL(pi||ref) (reverse) and grad KL(ref||pi) "
             "(forward). Unbiased = exact: the expected KL update is beta x grad KL(pi||ref) (scale 1, cosine 1). "
-            "Off-policy rows add the bare estimator's audit with a behaviour policy shifted from pi (shift 0.5) "
-            "and the runs' importance weighting. See docs/KL.md."
+            "Off-policy rows add the bare estimator's audit with that behaviour policy and the runs' importance "
+            "weighting. See docs/KL.md."
         ),
         "comparisons": (
             "In-domain and OOD averages of each configuration against the no-KL baseline (beta = 0) and k1 in "

@@ -53,6 +53,7 @@ def submit_eval(
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    _check_inside(Path(target), request)
     engines.require(  # the jobs run in this environment
         {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
     )
@@ -152,6 +153,17 @@ def eval_request(
         models.setdefault(evaluate.model_key(model), model)
     baselines = [(str(sweep_dir), m) for m in models.values()] if sweep_dir is not None else []
     return EvalRequest(runs, skipped, baselines, asdict(cfg), checkpoints)
+
+
+def _check_inside(target: Path, request: EvalRequest) -> None:
+    """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
+    baselines') or what is in it is a symbolic link out of the sweep folder (``TARGET``, or a run folder's
+    sweep): klsweep writes only inside it."""
+    root = target.parent if (target / store.CONFIG_FILE).is_file() else target
+    baselines = [Path(b[0]) / store.BASELINE_DIR for b in request.baselines]
+    problems = store.links_out(root, [target, *request.runs, *baselines])
+    if problems:
+        raise UserError(problems, title="a folder outside the results folder")
 
 
 def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:

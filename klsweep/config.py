@@ -78,6 +78,9 @@ class Architecture:
     num_key_value_heads: int | None = key(None, "key/value heads (grouped-query attention)")
     head_dim: int | None = key(None, "width of a head; null: hidden_size // num_attention_heads")
     tie_word_embeddings: bool = key(False, "whether the output layer shares the input embedding")
+    model_type: str | None = key(
+        None, "its config.json's model_type (qwen2, llama, qwen3): the class klsweep rehearse builds tiny"
+    )
 
 
 @dataclass
@@ -88,6 +91,11 @@ class ModelSection:
     path: str = key(
         "tiny",
         "tiny: the project's own warm-started tiny model (built once, cached); else a hub id or a path",
+    )
+    revision: str | None = key(
+        None,
+        "a hub id's commit (or branch, tag); null: the commit `klsweep fetch` put in the cache, recorded in "
+        "each run's config.yaml when the sweep is submitted, so every run loads the same weights",
     )
     dtype: str = key(
         "auto",
@@ -255,6 +263,12 @@ class ClusterSection:
         {}, "any other sbatch option, verbatim (e.g. +cluster.additional_parameters.exclude=node13)"
     )
     setup: list[str] = key([], "shell lines run before each job (module load ...)")
+    offline: bool = key(
+        False,
+        "compute nodes without internet (also implied by HF_HUB_OFFLINE=1 where klsweep runs): plan, run and "
+        "eval refuse while a model or dataset is missing from the caches (klsweep fetch), and jobs run with "
+        "HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1",
+    )
 
 
 @dataclass
@@ -372,6 +386,9 @@ COSMETIC_KEYS: tuple[str, ...] = (
     "cluster",
     "wandb",
     "model.name",
+    # the pinned commit of a hub id, recorded when a sweep's runs are written (klsweep.fetch): a sweep's runs keep
+    # their ids when the pin is recorded; every run of a sweep holds the same one
+    "model.revision",
     "model.resources",
     "model.arch",
     "train.trl.vllm_enable_sleep_mode",

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from klsweep.audit import AuditRow, GRPOAuditRow
+    from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.rehearse import Rehearsal
     from klsweep.report import Report
     from klsweep.submit import RunStatus
 
@@ -468,6 +470,48 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
                 t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
         out.append(t)
     return out
+
+
+def fetch_table(found: list[Found], width: int | None = None) -> Any:
+    """``klsweep fetch``'s table: one line per model or dataset, its state, commit and size."""
+    from klsweep.fetch import size_text
+    from klsweep.report.terminal import fitted_table
+
+    rows = [
+        [f.need.kind, f.need.label, f.state, (f.commit or "")[:8], size_text(f.size) if f.size else ""]
+        for f in found
+    ]
+    counts = ", ".join(
+        f"{sum(f.state == s for f in found)} {s}" for s in dict.fromkeys(f.state for f in found)
+    )
+    return fitted_table(
+        "", ["kind", "what", "state", "commit", "size"], rows, width=width, right=["size"],
+        optional=["commit", "size"], caption=counts or "nothing to fetch",
+    )  # fmt: skip
+
+
+def rehearsal_table(rehearsal: Rehearsal, width: int | None = None) -> Any:
+    """``klsweep rehearse``'s table: one line per rehearsed run, one column per stage (passed, failed,
+    skipped), the covered values; the failures' reasons and logs are printed below it (``rehearsal_notes``)."""
+    from klsweep.rehearse import STAGES
+    from klsweep.report.terminal import fitted_table
+
+    rows = [[r.run_id, *(r.stages.get(s, "") for s in STAGES), r.label] for r in rehearsal.runs]
+    return fitted_table(
+        f"rehearsal of {rehearsal.name}: {len(rehearsal.runs)} runs, {rehearsal.elapsed_s:.0f} s",
+        ["run", *STAGES, "model estimator placement level reward-mode lag"], rows, width=width,
+        whole=["run"],
+    )  # fmt: skip
+
+
+def rehearsal_notes(rehearsal: Rehearsal) -> list[str]:
+    """One line per failure (run, stage, reason, log) and per note (what was swapped or not exercised)."""
+    lines = []
+    for r in rehearsal.runs:
+        for stage, reason in r.reasons.items():
+            lines.append(f"{r.run_id} {stage} failed: {reason} (log: {r.logs.get(stage, '-')})")
+        lines += [f"{r.run_id}: {note}" for note in dict.fromkeys(r.notes)]
+    return lines
 
 
 def print_audit(

@@ -52,3 +52,16 @@ def describe(error: BaseException, max_lines: int = 3, max_chars: int = 300) -> 
     message = " / ".join(lines[:max_lines]) + (" ..." if len(lines) > max_lines else "")
     text = f"{name}: {message}" if message else name
     return text if len(text) <= max_chars else text[: max_chars - 3].rstrip() + "..."
+
+
+class NotLoaded(KLSweepError):
+    """A model or dataset that a job could not load (not in the cache offline, gated, no network)."""
+
+
+def not_loaded(what: str, error: BaseException) -> NotLoaded:
+    """The error of a job that could not load ``what`` (e.g. "model Qwen/Qwen2.5-7B"): it names it, says why
+    and what to do; raise it ``from error``."""
+    return NotLoaded(
+        f"{what} could not be loaded: run `klsweep fetch GRID` where the hub can be reached, into the jobs' "
+        f"HF_HOME ({describe(error, max_lines=1, max_chars=120)})"
+    )

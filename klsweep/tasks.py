@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem, UserError, not_loaded
 
 if TYPE_CHECKING:
     import datasets
@@ -254,10 +254,17 @@ def _load_math_raw(dataset: str, split: str) -> datasets.Dataset:
                 Problem("task.dataset", f"unsupported file type {suffix!r}", ".jsonl, .json, .parquet")
             )
         return datasets.load_dataset(builders[suffix], data_files=str(path), split="train")
-    if dataset == _HENDRYCKS:
-        parts = [datasets.load_dataset(dataset, subject, split=split) for subject in _HENDRYCKS_SUBJECTS]
-        return datasets.concatenate_datasets(parts)
-    return datasets.load_dataset(dataset, split=split)
+    try:
+        parts = [datasets.load_dataset(dataset, sub, split=split) for sub in math_configs(dataset)]
+    except Exception as e:  # not cached offline, no network, gated: name the dataset in the run's reason
+        raise not_loaded(f"training set {dataset} (split {split})", e) from e
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def math_configs(dataset: str) -> list[str | None]:
+    """The hub configs of a MATH training set that are read (concatenated): Hendrycks' seven subjects, or the
+    default one."""
+    return list(_HENDRYCKS_SUBJECTS) if dataset == _HENDRYCKS else [None]
 
 
 def _math_dataset(task: TaskSection, chat_template: bool) -> datasets.Dataset:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from klsweep import engines
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem, UserError, not_loaded
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -51,8 +51,12 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
     # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    pin = {"revision": config.model.revision} if config.model.revision else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute), **pin)
+        tokenizer = AutoTokenizer.from_pretrained(path, **pin)
+    except OSError as e:  # not in the cache offline, gated, no network: name it in the run's reason
+        raise not_loaded(f"model {path}" + (f" at {config.model.revision}" if pin else ""), e) from e
     own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,

@@ -323,6 +323,8 @@ def test_the_suggested_change_fits(tmp_path):
 
 
 def test_hub_model_without_architecture_is_refused_on_gpus(tmp_path, monkeypatch, capsys):
+    # online: the model is not in the tests' HF cache (offline refusals: test_fetch.py)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     conf = tmp_path / "conf" / "model"
     conf.mkdir(parents=True)
     (conf / "mine.yaml").write_text("name: mine\npath: org/some-model\nresources:\n  gpus_per_node: 2\n")

@@ -119,6 +119,7 @@ def submit(
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _prepare_models(plan, on_build)
+    plan = _pinned(plan)
     result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
     undo = _Undo(sweep_dir)
     refused: SubmissionRefused | None = None
@@ -263,6 +264,18 @@ def _prepare_models(plan: Any, on_build: Callable[[Path], None] | None = None) -
         from klsweep import tinymodel
 
         tinymodel.tiny_model_path(on_build=on_build)
+
+
+def _pinned(plan: Any) -> Any:
+    """The plan with each hub model's commit recorded in its runs' configs (``klsweep.fetch.pin_revisions``)."""
+    from klsweep.fetch import pin_revisions
+
+    configs = pin_revisions([r.config for r in plan.runs], [Path(r.run_dir) for r in plan.runs])
+    runs = [
+        r if c is r.config else dataclasses.replace(r, config=c)
+        for r, c in zip(plan.runs, configs, strict=True)
+    ]
+    return dataclasses.replace(plan, runs=runs)
 
 
 def _without_eval(run: Any) -> Any:

@@ -159,7 +159,11 @@ class TrainSection:
     )
     save_steps: int = key(25, "a checkpoint every this many steps (and at the end)")
     keep_checkpoints: int | None = key(2, "the newest kept (TRL's save_total_limit); null keeps every one")
-    use_vllm: bool = key(False, "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])")
+    use_vllm: bool = key(
+        False,
+        "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm]: run refuses it when vllm cannot be "
+        "imported; sleep mode: train.trl.vllm_enable_sleep_mode); the run id is the same either way",
+    )
     collapse_window: int = key(
         10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
     )
@@ -350,6 +354,18 @@ def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**ID_OMITTED_AT, "kl.reward_logp": own if changes_nothing else "behavior"}
 
 
+# Keys that change how a run is computed, not what it computes (generation engine, batching into passes,
+# checkpoints kept): hashed at this value whatever they hold, so that changing one resumes the same runs. The
+# value is their default, which the ids published before this rule hashed: those ids stay. Not one:
+# train.save_steps (the committed tiny studies hashed 100, not the default 25: their ids would change) and
+# train.sharding (a DDP run cannot resume an FSDP checkpoint); eval, cluster and wandb are left out of the id
+# whole (COSMETIC_KEYS). docs/DESIGN.md, "Run configuration".
+ID_HASHED_AT: dict[str, Any] = {
+    "train.use_vllm": False,
+    "train.micro_batch_size": None,
+    "train.keep_checkpoints": 2,
+}
+
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
 NO_KL = "no KL"
@@ -376,7 +392,8 @@ def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
+# Top-level sections (and model keys, and the TRL options of vLLM's memory) that do not change what a run
+# computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = (
     "name",
     "eval",
@@ -388,6 +405,8 @@ COSMETIC_KEYS: tuple[str, ...] = (
     "model.revision",
     "model.resources",
     "model.arch",
+    "train.trl.vllm_enable_sleep_mode",
+    "train.trl.vllm_gpu_memory_utilization",
 )
 
 

@@ -147,13 +147,19 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
     values allowed."""
     import json
 
+    from rich.markup import escape
+
     from klsweep.report.terminal import fitted_table
 
     def default(v: Any) -> str:
         return (v or "''") if isinstance(v, str) else json.dumps(v)
 
-    rows = [
-        [d.key, default(d.default), f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"]
+    rows = [  # text, not rich markup: "klsweep[vllm]" and "[bool]" are shown as written
+        [
+            escape(d.key),
+            escape(default(d.default)),
+            escape(f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"),
+        ]
         for d in docs
     ]
     caption = (

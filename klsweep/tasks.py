@@ -28,8 +28,14 @@ Training prompts longer than ``train.max_prompt_length`` tokens (as the model se
 MATH. ``load_train_dataset`` reads the MATH training set from the hub (``DigitalLearningGmbH/MATH-lighteval``
 by default, or ``EleutherAI/hendrycks_math``, whose seven subject configs are concatenated) or from a local
 ``.jsonl``/``.json``/``.parquet`` file with the columns ``problem`` and ``solution`` (``level`` and ``type``
-are kept when present). The reward is math-verify's equivalence of the completion's final (boxed) answer with
-the solution's last ``\\boxed{}``.
+are kept when present). The reward is ``math_correct``, the one check the MATH-500 eval task calls too.
+
+The final answer (the one rule of training and eval): the completion is cut at the first stop sequence
+(``MATH_STOP_SEQUENCES``: the end of the answer for a base model, which goes on with an invented next problem;
+the eval task's ``until`` holds them, and the reward cuts TRL's completions the same way), and its last
+``\\boxed{}`` is the answer. No box, no credit: "so far 2+2=4 and then" scores 0 against 4. A percent sign is
+dropped from both answers before math-verify compares them (math-verify matches ``10\\%`` only to itself): gold
+``10\\%`` accepts 10 and ``10\\%``, not 0.1 (MATH writes percentages as percent numbers).
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ _HENDRYCKS_SUBJECTS = (
     "precalculus",
 )
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# Where a MATH answer ends for a base model (plain-text prompts), as in lm-eval's minerva_math500: the model goes
+# on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/test_scores.py checks it).
+MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
 
 
 # ---------------------------------------------------------------------------------------------- tiny tasks
@@ -192,14 +201,33 @@ def _math_verify_kwargs() -> dict[str, Any]:
     }
 
 
+def final_answer(completion: str, stops: tuple[str, ...] = MATH_STOP_SEQUENCES) -> str | None:
+    """The completion's final answer: the content of its last ``\\boxed{}`` once cut at the first of ``stops``;
+    None when it has none (the rule in this module's docstring)."""
+    for stop in stops:
+        completion = completion.split(stop, 1)[0]
+    return last_boxed(completion)
+
+
+def _without_percent(answer: str) -> str:
+    text = answer.strip()
+    for sign in ("\\%", "%"):
+        if text.endswith(sign):
+            return text[: -len(sign)].strip()
+    return text
+
+
 def math_correct(completion: str, answer: str) -> bool:
-    """Whether math-verify finds the completion's final answer equivalent to the gold ``answer`` (the content
-    of the solution's last box, e.g. ``\\frac{1}{2}``)."""
+    """Whether the completion's final answer (``final_answer``) is equivalent to the gold ``answer`` (the content
+    of the solution's last box, e.g. ``\\frac{1}{2}``) by math-verify: the MATH reward and the MATH-500 score."""
     from math_verify import parse, verify
 
+    boxed = final_answer(completion)
+    if boxed is None:
+        return False
     kw = _math_verify_kwargs()
-    gold = parse(f"\\boxed{{{answer}}}", **kw["parse"])
-    pred = parse(completion, **kw["parse"])
+    gold = parse(f"\\boxed{{{_without_percent(answer)}}}", **kw["parse"])
+    pred = parse(f"\\boxed{{{_without_percent(boxed)}}}", **kw["parse"])
     if not gold or not pred:
         return False
     return bool(verify(gold, pred, **kw["verify"]))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import evaluate, store
+from klsweep import engines, evaluate, store
 from klsweep.config import EvalSection, ModelSection
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
@@ -54,6 +54,9 @@ def submit_eval(
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
     _check_inside(Path(target), request)
+    engines.require(  # the jobs run in this environment
+        {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
+    )
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines

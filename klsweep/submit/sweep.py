@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import store
+from klsweep import engines, store
 from klsweep.config import run_file_text
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import has_eval_results, wants_eval
@@ -111,6 +111,8 @@ def submit(
 
     if cluster_kind not in CLUSTERS:
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
+    # before anything is written (the eval too when it is not chained: klsweep study evaluates afterwards)
+    engines.require(r.config for r in plan.runs)
     sweep_dir = Path(plan.sweep_dir)
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
     _check_inside(plan)

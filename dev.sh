@@ -4,6 +4,8 @@
 #   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine and
 #                    compare its claims' verdicts with the committed ones (results/tiny/report/claims.csv)
 #   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
+#   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
+#                    lm-eval, no Slurm: about a minute)
 #   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
 #   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
 #
@@ -82,6 +84,14 @@ system_packages() {
     fi
 }
 
+checks() {
+    log "ruff"
+    "$VENV/bin/ruff" check klsweep tests bench
+    "$VENV/bin/ruff" format --check klsweep tests bench
+    log "import layers (lint-imports: no import points up the path of a run, no cycle)"
+    "$VENV/bin/lint-imports" --no-cache
+}
+
 cmd=${1:-}
 case "$cmd" in
 setup)
@@ -101,6 +111,12 @@ study)
         "$VENV/bin/klsweep" study sweeps/tiny.yaml "$@"
     fi
     ;;
+quick)
+    setup
+    checks
+    log "pytest tests/unit"
+    "$VENV/bin/pytest" -q tests/unit
+    ;;
 test)
     setup
     system_packages
@@ -112,16 +128,12 @@ test)
         source "$slurm_dir/env.sh"
         trap 'bash slurm/stop.sh "$slurm_dir" >/dev/null 2>&1 || true' EXIT
     fi
-    log "ruff"
-    "$VENV/bin/ruff" check klsweep tests bench
-    "$VENV/bin/ruff" format --check klsweep tests bench
-    log "import layers (lint-imports: no import points up the path of a run, no cycle)"
-    "$VENV/bin/lint-imports" --no-cache
-    log "pytest"
-    "$VENV/bin/pytest" -q -ra --durations=15
+    checks
+    log "pytest (tests/unit, then tests/integration: real TRL, lm-eval, submitit and Slurm)"
+    "$VENV/bin/pytest" -q -ra --durations=15 tests/unit tests/integration
     ;;
 *)
-    sed -n '2,11p' "$0"
+    sed -n '2,13p' "$0"
     exit 2
     ;;
 esac

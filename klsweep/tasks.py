@@ -75,7 +75,7 @@ _HENDRYCKS_SUBJECTS = (
 )
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 # Where a MATH answer ends for a base model (plain-text prompts), as in lm-eval's minerva_math500: the model goes
-# on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/test_scores.py checks it).
+# on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/integration/test_scores.py checks it).
 MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
 
 

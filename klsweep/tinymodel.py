@@ -6,7 +6,7 @@ run offline on a CPU.
   tokenizer, config, ``build_info.json``), its files checked against ``SHA256SUMS`` at first use, so every
   machine starts from the same weights (the SFT's numbers differ between CPU kinds, so a model built here would
   not). ``python -m klsweep.tinymodel DIR`` rebuilds it into DIR (``klsweep/assets/tiny-model`` to update what
-  ships); ``tests/test_tinymodel.py`` checks that the build reproduces the shipped files on a CPU of the kind
+  ships); ``tests/integration/test_tinymodel.py`` checks that the build reproduces the shipped files on a CPU of the kind
   that built them. Other specs (``tiny_model_path(cache_dir, spec)``) are built once and cached under
   ``$KLSWEEP_CACHE/tiny/<hash>/`` (default ``~/.cache/klsweep``; the hash covers the spec, this module's and
   ``tasks.py``'s source and the torch/transformers versions; a file lock serialises concurrent builders, and a

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# tests/unit/ and tests/integration/ import the shared helpers beside this file (clitools, runfiles, ...)
+sys.path.insert(0, str(Path(__file__).parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -11,7 +11,7 @@ from klsweep import tasks
 from klsweep.config import TaskSection
 from klsweep.errors import UserError
 
-FIXTURE = Path(__file__).parent / "fixtures" / "math_train.jsonl"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "math_train.jsonl"
 
 
 @pytest.mark.parametrize("skill", tasks.SKILLS)

@@ -39,7 +39,7 @@ KL_MD = {
     ("k3", "both", "sequence"): "unbiased reverse KL",
 }
 UNBIASED = {k for k, v in KL_MD.items() if v == "unbiased reverse KL"}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIZES = [(3, 3, 0), (2, 4, 1), (4, 2, 2), (2, 2, 3), (3, 4, 4)]
 
 
@@ -227,7 +227,7 @@ def test_cli_bad_options_raise_user_error(args, needle):
 def test_cli_exit_code_2_without_traceback():
     def klsweep_audit(*args):
         cmd = [sys.executable, "-m", "klsweep.cli", "audit", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
 
     out = klsweep_audit("--vocab", "1", "--importance", "some")
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -13,7 +13,7 @@ from clitools import cli
 
 from klsweep import grid, planner
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "sweeps" / "paper.yaml"
 
 
@@ -137,7 +137,7 @@ def test_memory_grows_with_the_micro_batch_and_shrinks_with_sharding():
 
 
 def _sizing_warnings(plan: dict) -> list[str]:
-    """The plan's warnings but those of an engine this environment lacks (vLLM: tests/test_engines.py)."""
+    """The plan's warnings but those of an engine this environment lacks (vLLM: tests/integration/test_engines.py)."""
     return [w for w in plan["warnings"] if "klsweep[vllm]" not in w]
 
 

@@ -10,7 +10,7 @@ import pytest
 from klsweep import store
 from klsweep.study import run_study
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "sweeps" / "tiny.yaml"
 # k1 in the reward, the loss and both, plus the no-KL baseline: 4 runs of 3 steps, 8 eval problems per task
 # (on-policy: the lag arm's k1 runs, without their importance weights, are the on-policy arm's).

@@ -16,7 +16,7 @@ from hubcache import COMMIT, MODELS, cache_model, populate
 
 from klsweep import fetch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "sweeps" / "paper.yaml"
 
 

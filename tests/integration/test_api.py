@@ -46,7 +46,7 @@ def test_the_readmes_own_trl_script_runs_as_written(tmp_path, monkeypatch) -> No
     model, as it says): KLGRPOTrainer trains with the KLConfig given and logs the KL."""
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("### From your own TRL script", 1)[1].split("\n### ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     monkeypatch.chdir(tmp_path)  # output_dir="out"

@@ -16,7 +16,7 @@ from klsweep import report as rp
 from klsweep.cli import app
 from klsweep.submit import RunStatus
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -180,7 +180,7 @@ def test_time_table_reads_at_80_columns_and_piped(tmp_path, width):
     at 80 columns (optional columns dropped first); every column on a pipe."""
     from klsweep import grid, planner
 
-    plan = grid.load_plan(Path(__file__).resolve().parents[1] / "sweeps" / "paper.yaml", out=tmp_path)
+    plan = grid.load_plan(Path(__file__).resolve().parents[2] / "sweeps" / "paper.yaml", out=tmp_path)
     counts = planner.summary(plan)
     text = render(con.time_table(counts, width=width), width=width)
     lines = text.splitlines()

@@ -10,7 +10,7 @@ import pytest
 from klsweep import grid, planner
 from klsweep.grid.claims import read_claims_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
 
@@ -32,7 +32,7 @@ def test_shipped_sweep_plans(path, tmp_path):
 
 
 def test_paper_sweep_is_the_study(tmp_path):
-    plan = grid.load_plan(Path(__file__).parent.parent / "sweeps" / "paper.yaml", out=tmp_path)
+    plan = grid.load_plan(Path(__file__).parents[2] / "sweeps" / "paper.yaml", out=tmp_path)
     runs = [r.config for r in plan.runs]
     assert {c["task"]["name"] for c in runs} == {"math"}
     assert {c["eval"]["suite"] for c in runs} == {"paper"}

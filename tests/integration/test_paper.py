@@ -21,8 +21,8 @@ import sweepgen
 from klsweep import report as rp
 from klsweep.report import figures
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
+REPO = Path(__file__).resolve().parents[2]
 CI = os.environ.get("CI") == "true"
 
 

@@ -17,7 +17,7 @@ import yaml
 from klsweep import report as rp
 from klsweep.report import statistics as st
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 import sweepgen  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def clear_grid() -> list[dict]:
     ]
 
 
-TINY = Path(__file__).parents[1] / "sweeps" / "tiny.yaml"
+TINY = Path(__file__).parents[2] / "sweeps" / "tiny.yaml"
 
 
 def paper_claims(folder: Path) -> Path:
@@ -309,10 +309,10 @@ def test_power_table_of_the_shipped_design():
     """bench/power.py (the README's "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
     committed runs' spread; more seeds detect smaller effects, and the sizes it prints are where the power is
     0.8 (Welch) or where p first drops below 0.05/m (Fisher)."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     import power
 
-    runs_csv = Path(__file__).parents[1] / "results" / "tiny" / "report" / "runs.csv"
+    runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
     rows = power.power_table(TINY, runs_csv, [5, 8])
     assert len(rows) == 22 and {r["N"] for r in rows} == {5, 8}
     welch_rows = [r for r in rows if r["detects"].startswith("difference ") and "margin" not in r["detects"]]

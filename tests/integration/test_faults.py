@@ -26,7 +26,7 @@ from runfiles import TRAIN, write_config
 from klsweep import grid, job, store, submit
 from klsweep.errors import UserError
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 
 
 @pytest.fixture(scope="module")
@@ -409,7 +409,7 @@ def test_bad_files_names_and_folders_are_located_exit_2(tmp_path, monkeypatch, c
         assert code == 2 and "--out" in err and "is a file, not a folder" in err, err
 
     # a study told to compare its claims with a file that is not a claims.csv stops before anything runs
-    tiny = Path(__file__).resolve().parent.parent / "sweeps" / "tiny.yaml"
+    tiny = Path(__file__).resolve().parents[2] / "sweeps" / "tiny.yaml"
     for expected in (binary, tmp_path / "missing.csv"):
         code, out, err = cli(
             ["study", tiny, "--expect-claims", expected, "--out", tmp_path / "res"], monkeypatch, capsys

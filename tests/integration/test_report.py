@@ -22,8 +22,8 @@ from klsweep import report as rp
 from klsweep.errors import UserError
 from klsweep.report import data as rp_data
 
-FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

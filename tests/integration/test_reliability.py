@@ -27,7 +27,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the job functions
 
 STEPS = 12
 STEP_S = 0.5
-FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 
 
 def metered_train(run_dir: Path) -> dict:

@@ -15,7 +15,7 @@ from clitools import cli
 from klsweep import grid, rehearse
 from klsweep.config import NO_KL
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "sweeps" / "paper.yaml"
 ONE_RUN = ["model=qwen2.5-7b", "kl.estimator=k1", "kl.placement=loss", "kl.beta=0.1", "seed=0"]
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, load_run, without_kl_when_off
+from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -154,10 +155,9 @@ def _load_configs(dirs: list[Path]) -> list[tuple[dict[str, Any], str | None]]:
     """``_load_config`` of each run, in order. Validating a config against the schema costs some 20x parsing
     it: from ``PARALLEL_FROM`` runs, spread over this process's cores by forked workers."""
     import multiprocessing
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if len(dirs) < PARALLEL_FROM or cores < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_load_config(d) for d in dirs]
     first = _load_config(dirs[0])  # builds the schema once, before the workers fork (they inherit it)

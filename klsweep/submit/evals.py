@@ -10,7 +10,6 @@ jobs, like the evals chained to training by ``klsweep.submit.submit``.
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 from klsweep import evaluate, store
 from klsweep.config import EvalSection, ModelSection
+from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
@@ -156,8 +156,7 @@ def eval_request(
 
 def local_eval_jobs(runs: int, jobs: int | None = None) -> int:
     """How many local eval jobs: ``jobs``, else one per core this process may use; never more than runs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(jobs or cores, runs))
+    return max(1, min(jobs or usable_cores(), runs))
 
 
 def _submit(request: EvalRequest, cluster: str, wait: bool, n_jobs: int | None = None) -> EvalSubmission:

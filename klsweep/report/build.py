@@ -13,7 +13,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import ID_AVG, OOD_AVG, attach_deltas, attach_evals, load_baseline, load_runs
-from klsweep.report.figures import plot_curves, plot_eval
+from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
@@ -94,8 +94,7 @@ def build_report(
         collapse_rules=set(rules.values()),
         set_aside=set_aside,
     )
-    report.paths += plot_curves(report, metrics, out / "curves.png")
-    report.paths += plot_eval(report, out / "eval_bars.png")
+    report.paths += draw_figures(report, metrics, out)
     for fmt in formats:
         report.paths += WRITERS[fmt](report)
     if wandb is not False:

@@ -1,7 +1,8 @@
 """The figures of a report (matplotlib, Agg backend, imported when drawn), each a PNG with a vector PDF beside it.
 
 ``plot_curves``: ``curves.png``, reward, KL and entropy against step as small multiples; ``plot_eval``:
-``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline. A figure is
+``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline; ``draw_figures``:
+both, side by side in two processes. A figure is
 drawn only when its inputs changed (a content hash of its data, ``.<name>.sha256``, beside it), with a fixed
 layout computed from its size. Layout, facets and labels: docs/REPORT.md.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.environment import usable_cores
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.stability import CURVES
 from klsweep.report.tables import (
@@ -201,6 +203,7 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     import numpy as np
     from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator as ticks
 
     configs = _configs(report)
     shown = labelled_axes(report.runs, report.axes)
@@ -273,6 +276,8 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
                 for i, style in lines:
                     ax.fill_between(steps[i], lo[i], hi[i], color=style["color"], alpha=0.15, lw=0)
             ax.autoscale_view()
+            ax.xaxis.set_major_locator(ticks(4))  # every tick is several artists: few ticks, cheap draws
+            ax.yaxis.set_major_locator(ticks(4))
             ax.grid(alpha=0.3)
             if rows == 1 or r == 0:
                 ax.set_title(title, fontsize=10)
@@ -296,6 +301,25 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
         title_fontsize=8,
     )
     return _save(fig, path, digest)
+
+
+def draw_figures(report: Report, metrics: pd.DataFrame, out: Path) -> list[Path]:
+    """``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``: with two cores or more, the curves in a
+    forked process while this one draws the bars (an error there: drawn again here, where it is raised)."""
+    import multiprocessing
+
+    curves, bars = out / "curves.png", out / "eval_bars.png"
+    if usable_cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return plot_curves(report, metrics, curves) + plot_eval(report, bars)
+    child = multiprocessing.get_context("fork").Process(target=plot_curves, args=(report, metrics, curves))
+    child.start()
+    try:
+        drawn = plot_eval(report, bars)
+    finally:
+        child.join()
+    if child.exitcode != 0:
+        return plot_curves(report, metrics, curves) + drawn
+    return [curves, curves.with_suffix(f".{VECTOR_FORMAT}"), *drawn]
 
 
 def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) -> None:

@@ -1,65 +1,132 @@
 """The reward-collapse rule: the one definition used by the training job (``klsweep.job`` stops a run at the
 step it collapses and marks it diverged) and by the report (``klsweep.report.stability`` counts collapsed runs),
-each driven by the run's own ``train.collapse_window`` and ``train.collapse_fraction``.
+each with the run's own ``Rule`` (``train.collapse_window``, ``collapse_fraction``, ``collapse_z`` and the
+completions a step). Statement, derivation and measured false-collapse rates: docs/COLLAPSE.md.
 
-With ``r_t`` the mean task reward logged at step ``t`` (a missing or non-finite value is ignored):
-
-- ``s_t``, the smoothed reward: the mean of the finite ``r`` over the last ``window`` logged steps, over fewer
-  at the start (step 1 counts on its own), so that a collapse inside the first window is caught;
-- ``p_t``, the peak so far: the largest ``s_u`` for ``u <= t``;
-- the run collapses at the first step ``t`` where ``p_t >= MIN_PEAK`` and ``s_t < fraction * p_t``.
-
-A reward that falls from 0.19 to 0 at step 2 (window 10, fraction 0.5) collapses at step 3: ``s`` = 0.19,
-0.095, 0.063. The first steps average fewer values, so a lucky first step weighs more: ``MIN_PEAK`` and the
-fraction keep a run whose reward merely wobbles from collapsing.
-
-Pure Python, one pass: the job calls it after every step.
+In short: the window of the last ``window`` logged steps (fewer at the start) has a mean task reward ``m``; the
+variance of a step's mean is the window's logged ``reward_std``^2 / ``completions``, scaled up by how much more
+the run's step means change from step to step than that says (or, without ``reward_std``, that change alone).
+The peak window is the one with the best ``m - z se`` so far. The run collapses at the first step whose window's
+mean is below ``fraction`` x the peak's and below it by more than ``z`` pooled standard errors. Pure Python, one
+pass; ``false_collapses`` simulates the rule's false-collapse rate on a stationary reward.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MIN_PEAK = 0.1  # a collapse needs a smoothed task reward at least this high to fall from
+MEANS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the stationary rewards of ``false_collapses``
+REASON = "reward collapse"  # how a collapse's reason starts (status.json, the report, klsweep status)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A run's collapse settings: its ``train.collapse_*`` keys and the completions of one step."""
+
+    window: int  # steps in a window
+    fraction: float  # of the peak window's mean
+    z: float  # standard errors between the two windows' means
+    completions: int  # per step: train.prompts_per_step x train.group_size
+
+    def text(self) -> str:
+        return f"window {self.window} steps, fraction {self.fraction:g}, z {self.z:g}"
 
 
 @dataclass(frozen=True)
 class Collapse:
     """Where and how a run's reward collapsed."""
 
-    step: int  # the first step below the threshold
-    smoothed: float  # s_t at that step
-    peak: float  # p_t at that step
-    window: int
-    fraction: float
+    step: int  # the first step where the rule holds
+    mean: float  # the mean task reward of the window ending there
+    peak: float  # the peak window's mean
+    peak_step: int  # the last step of the peak window
+    se: float  # the standard error of peak - mean
+    rule: Rule
 
     @property
     def reason(self) -> str:
         return (
-            f"reward collapse: mean task reward over the last {self.window} steps {self.smoothed:.4g} "
-            f"< {self.fraction:g} x peak {self.peak:.4g}"
+            f"{REASON}: mean task reward over the last {self.rule.window} steps {self.mean:.4g} < "
+            f"{self.rule.fraction:g} x peak {self.peak:.4g} (the window to step {self.peak_step}), "
+            f"{(self.peak - self.mean) / self.se if self.se > 0 else math.inf:.3g} standard errors below it "
+            f"(z {self.rule.z:g})"
         )
 
 
+def _number(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else None
+
+
 def find_collapse(
-    steps: Sequence[int], rewards: Sequence[float | None], window: int, fraction: float
+    steps: Sequence[int],
+    rewards: Sequence[float | None],
+    stds: Sequence[float | None],
+    rule: Rule,
 ) -> Collapse | None:
-    """The collapse of a run whose step ``steps[i]`` logged ``rewards[i]``, or None (see the module docstring)."""
-    if window < 1:
+    """The collapse of a run whose step ``steps[i]`` logged the mean task reward ``rewards[i]`` and its standard
+    deviation over the step's completions ``stds[i]`` (a missing or non-finite value is ignored), or None."""
+    if rule.window < 1:
         return None
-    finite = [r if isinstance(r, int | float) and math.isfinite(r) else None for r in rewards]
-    total, count, peak = 0.0, 0, -math.inf
-    for i, r in enumerate(finite):
-        if r is not None:
-            total, count = total + r, count + 1
-        if i >= window and finite[i - window] is not None:
-            total, count = total - finite[i - window], count - 1
+    window, n, z = rule.window, max(rule.completions, 1), rule.z
+    r = [_number(x) for x in rewards]
+    v = [None if x is None or (s := _number(d)) is None else s * s / n for x, d in zip(r, stds, strict=True)]
+    total = count = var_total = var_count = 0.0  # the window's
+    run_var = run_var_count = diff2 = diff_count = 0.0  # the run's: sum of v, of squared step-to-step changes
+    last: float | None = None
+    peak: tuple[float, float, float, float, int] | None = None  # m - z se, m, count, var, step
+    for i, x in enumerate(r):
+        if x is not None:
+            total, count = total + x, count + 1
+            if v[i] is not None:
+                var_total, var_count = var_total + v[i], var_count + 1
+                run_var, run_var_count = run_var + v[i], run_var_count + 1
+            if last is not None:
+                diff2, diff_count = diff2 + (x - last) ** 2, diff_count + 1
+            last = x
+        if i >= window and (old := r[i - window]) is not None:
+            total, count = total - old, count - 1
+            if v[i - window] is not None:
+                var_total, var_count = var_total - v[i - window], var_count - 1
         if count == 0:
             continue
-        s = total / count
-        peak = max(peak, s)
-        if peak >= MIN_PEAK and s < fraction * peak:
-            return Collapse(int(steps[i]), s, peak, window, fraction)
+        m = total / count
+        # the variance of one step's mean: the window's logged spread over the completions, scaled up by how much
+        # more the run's step means change from step to step than that spread says (prompt groups) ...
+        spread = max(var_total, 0.0) / var_count if var_count else None
+        steady = diff2 / diff_count / 2 if diff_count else 0.0
+        if spread is not None and run_var > 0:
+            var = spread * max(1.0, steady / (run_var / run_var_count))
+        else:  # ... or, without a logged spread, the step-to-step change alone
+            var = spread if spread is not None else steady
+        if peak is not None and peak[1] > 0 and m < rule.fraction * peak[1]:
+            _, pm, pc, pv, pstep = peak
+            se = math.sqrt((pv * pc + var * count) / (pc + count) * (1 / pc + 1 / count))
+            if pm - m > z * se:
+                return Collapse(int(steps[i]), m, pm, pstep, se, rule)
+        lower = m - z * math.sqrt(var / count)
+        if peak is None or lower > peak[0]:
+            peak = (lower, m, count, var, int(steps[i]))
     return None
+
+
+@functools.lru_cache(maxsize=32)
+def false_collapses(
+    rule: Rule, steps: int, runs_per_mean: int = 100, seed: int = 0, means: tuple[float, ...] = MEANS
+) -> tuple[int, int]:
+    """How many of ``runs_per_mean`` simulated runs at each of ``means`` collapse under ``rule``, and how many runs
+    there were: a stationary reward of ``steps`` steps, each step's ``rule.completions`` rewards independent
+    Bernoulli draws (their mean and sample standard deviation logged, as the trainer does). Seeded."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n, fired = max(rule.completions, 1), 0
+    for p in means:
+        hits = rng.binomial(n, p, size=(runs_per_mean, steps))
+        rewards = hits / n
+        stds = np.sqrt(hits * (n - hits) / (n * (n - 1))) if n > 1 else np.zeros_like(rewards)
+        for m, sd in zip(rewards.tolist(), stds.tolist(), strict=True):
+            fired += find_collapse(range(1, steps + 1), m, sd, rule) is not None
+    return fired, runs_per_mean * len(means)

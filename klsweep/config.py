@@ -115,6 +115,9 @@ class TaskSection:
     system_prompt: str | None = key(None, "a system message before each prompt (null: none)")
 
 
+COLLAPSE_Z = 5.5  # train.collapse_z's default: its false-collapse rates are in docs/COLLAPSE.md
+
+
 @dataclass
 class TrainSection:
     """GRPO training (TRL's GRPOTrainer): steps, batch, optimiser, checkpoints, divergence."""
@@ -150,10 +153,15 @@ class TrainSection:
     keep_checkpoints: int | None = key(2, "the newest kept (TRL's save_total_limit); null keeps every one")
     use_vllm: bool = key(False, "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])")
     collapse_window: int = key(
-        10, "divergence: the task reward is smoothed over this many steps (klsweep.collapse)"
+        10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
     )
     collapse_fraction: float = key(
-        0.5, "divergence: the run stops when the smoothed reward falls below this fraction of its peak"
+        0.5, "divergence: the run stops when a window's mean reward falls below this fraction of the peak's"
+    )
+    collapse_z: float = key(
+        COLLAPSE_Z,
+        "divergence: ... and only when it is also more than this many standard errors below the peak's (from "
+        "the logged reward_std over the completions a step): sets the false-collapse rate (docs/COLLAPSE.md)",
     )
     trl: dict[str, Any] = key(
         {},
@@ -269,7 +277,11 @@ LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
 # a run that does not use them keeps the id it had (``grid.run_id``).
-ID_OMITTED_AT: dict[str, Any] = {"train.trl": {}, "model.resources.gpu": "h100-80gb"}
+ID_OMITTED_AT: dict[str, Any] = {
+    "train.trl": {},
+    "model.resources.gpu": "h100-80gb",
+    "train.collapse_z": COLLAPSE_Z,
+}
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.

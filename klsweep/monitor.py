@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.collapse import find_collapse
+from klsweep.collapse import Rule, find_collapse
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -64,6 +64,7 @@ class RunMonitor:
         self.config = config
         self.steps = [row.get("step", 0) for row in kept]
         self.rewards = [row.get("reward_mean") for row in kept]
+        self.stds = [row.get("reward_std") for row in kept]
         self.last_step = kept[-1]["step"] if kept else 0
         self.base_elapsed = base_elapsed
         self.started = started
@@ -111,6 +112,7 @@ class RunMonitor:
                 row[key] = _number(value)
         self.steps.append(step)
         self.rewards.append(row["reward_mean"])
+        self.stds.append(row["reward_std"])
 
         reason = None
         for key in ("loss", "grad_norm"):
@@ -120,7 +122,9 @@ class RunMonitor:
                 break
         if reason is None:
             train = self.config.train
-            collapse = find_collapse(self.steps, self.rewards, train.collapse_window, train.collapse_fraction)
+            completions = train.prompts_per_step * train.group_size
+            rule = Rule(train.collapse_window, train.collapse_fraction, train.collapse_z, completions)
+            collapse = find_collapse(self.steps, self.rewards, self.stds, rule)
             reason = collapse.reason if collapse is not None else None
         if reason is not None:
             self.diverged = (step, reason)

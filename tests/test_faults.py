@@ -468,7 +468,8 @@ def test_a_collapse_at_step_2_is_caught_and_reads_collapsed_everywhere(tmp_path,
     sweep = tmp_path / "collapse"
     run = sweep / "r1"
     config = write_config(run, model_dir, **{"train.steps": 8})
-    assert (config["train"]["collapse_window"], config["train"]["collapse_fraction"]) == (10, 0.5)  # defaults
+    defaults = (10, 0.5, 5.5)  # each step's completions all score alike: no spread, the fraction decides
+    assert tuple(config["train"][f"collapse_{k}"] for k in ("window", "fraction", "z")) == defaults
     status = job.train_run(run)
     assert status["state"] == "diverged", status  # the 10-step mean of old never existed: it ended 'done'
     assert status["diverged_step"] == 3 and status["reason"].startswith("reward collapse")

@@ -204,18 +204,22 @@ def test_reward_collapse_diverges(tmp_path, model_dir, monkeypatch):
 
 
 def test_reward_collapse_rule():
-    from klsweep.collapse import find_collapse
+    from klsweep.collapse import REASON, Rule, find_collapse
 
-    def collapse(rewards, window):
-        found = find_collapse(range(1, len(rewards) + 1), rewards, window, 0.5)
+    def collapse(rewards, window, stds=0.0):
+        n = len(rewards)
+        found = find_collapse(range(1, n + 1), rewards, [stds] * n, Rule(window, 0.5, 5.5, 16))
         return found and found.step
 
     assert collapse([1.0, 1.0, 0.4], window=1) == 3
     assert collapse([1.0, 1.0, 0.6], window=1) is None
-    assert collapse([0.05, 0.0], window=1) is None  # peak below the minimum
+    assert collapse([0.0, 0.0, 0.0], window=1) is None  # no peak to fall from
     assert collapse([1.0, None, math.nan, 0.0, 0.0], window=2) == 4  # missing rewards are skipped
     assert collapse([1.0], window=2) is None
     assert collapse([0.19, 0.0, 0.0], window=10) == 3  # inside the first window
+    assert collapse([0.19, 0.0, 0.0], window=10, stds=0.4) is None  # 16 completions: within the noise
+    found = find_collapse(range(1, 4), [1.0, 1.0, 0.4], [0.0] * 3, Rule(1, 0.5, 5.5, 16))
+    assert found.reason.startswith(REASON) and "0.5 x peak 1" in found.reason
 
 
 def test_nan_loss_stops_the_run(tmp_path, model_dir):

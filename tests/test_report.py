@@ -123,23 +123,34 @@ def test_stability_table(rep):
     assert k1["peak KL k1"] > 0 and k1["min entropy"] < 2.0
     md = (rep.out_dir / "report.md").read_text()
     assert "1/3 (step 30: non-finite loss (nan))" in md and f"1/2 (step {collapse})" in md
-    assert "50% of that peak" in md  # the definition is stated in the report
+    # the rule is stated in the report, with its false-collapse rate at the sweep's batch (16 completions)
+    assert "window 10 steps, fraction 0.5, z 5.5, 16 completions a step: 0 of 700 simulated" in md
 
 
 def test_collapse_on_crafted_curves():
-    steps = list(range(1, 26))
+    """Deterministic curves (every completion of a step scored alike: no spread): the fraction decides."""
+    from klsweep.collapse import Rule
+
+    def step(rewards, window=10, fraction=0.5, stds=0.0):
+        rule = Rule(window, fraction, 5.5, 16)
+        return rp.collapse_step(range(1, len(rewards) + 1), rewards, [stds] * len(rewards), rule)
+
     up_down = [0.1] * 5 + [0.8] * 10 + [0.1] * 10
-    assert rp.collapse_step(steps, up_down, window=1) == 16  # first step below 0.4, to the end
+    assert step(up_down, window=1) == 16  # first step below 0.4, to the end
     # window 3: step 16 averages (0.8, 0.8, 0.1) = 0.57, step 17 (0.8, 0.1, 0.1) = 0.33 < 0.4
-    assert rp.collapse_step(steps, up_down, window=3) == 17
-    assert rp.collapse_step(steps, [0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
-    # the trainer's rule: the first step below, where the trainer stops the run (a dip is a collapse)
-    assert rp.collapse_step(steps, up_down[:20] + [0.8] * 5, window=1) == 16
-    assert rp.collapse_step(steps, [0.0] * 25) is None  # no peak to fall from
-    assert rp.collapse_step(steps, [0.05] * 5 + [0.0] * 20) is None  # a peak below klsweep.collapse.MIN_PEAK
+    assert step(up_down, window=3) == 17
+    assert step([0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
+    assert step(up_down[:20] + [0.8] * 5, window=1) == 16  # the first step below, where the trainer stops
+    assert step([0.0] * 25) is None  # no peak to fall from
     # inside the first window: 0.19 then 0 from step 2; means 0.19, 0.095, 0.063 < 0.5 x 0.19 at step 3
-    assert rp.collapse_step(steps, [0.19] + [0.0] * 24, window=10) == 3
-    assert rp.collapse_step(steps, up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
+    assert step([0.19] + [0.0] * 24) == 3
+    assert step(up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
+    # the same fall with a Bernoulli spread (16 completions a step at a mean of 0.19): noise, not a collapse
+    assert step([0.19] + [0.0] * 24, stds=0.4) is None
+    # no logged spread (metrics without reward_std): the step-to-step changes are the noise
+    assert rp.collapse_step(range(1, 26), [0.8] * 15 + [0.0] * 10) == 21
+    swinging = [0.6, 0.0] * 10 + [0.0] * 5  # step means that swing by 0.6: five zeros are within that noise
+    assert rp.collapse_step(range(1, 26), swinging) is None
     assert rp.collapse_step([], []) is None
 
 

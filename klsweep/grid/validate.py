@@ -52,6 +52,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "train.keep_checkpoints": (lambda v: v is None or v > 0, "null or > 0"),
     "train.collapse_window": _POSITIVE,
     "train.collapse_fraction": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "train.collapse_z": _NON_NEGATIVE,
     "offpolicy.lag": _NON_NEGATIVE,
     "offpolicy.num_iterations": (lambda v: v >= 1, ">= 1"),
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),

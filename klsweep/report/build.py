@@ -17,7 +17,7 @@ from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
-from klsweep.report.stability import WINDOW, attach_stability
+from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
 
@@ -65,10 +65,8 @@ def build_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
-    rules = {  # each run's own collapse rule (klsweep.collapse), as the trainer applied it
-        run: (int(c["train.collapse_window"]), float(c["train.collapse_fraction"]))  # config.load_run's
-        for run, c in zip(runs["run"], configs, strict=True)
-    }
+    # each run's own collapse rule (klsweep.collapse), as the trainer applied it
+    rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     attach_stability(runs, metrics, window, rules)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
@@ -91,7 +89,7 @@ def build_report(
         claims=claims_table(runs, audit),
         environment=environment_table(runs),
         window=window,
-        collapse_rules=set(rules.values()),
+        collapse_rule=rule_text(configs),
         set_aside=set_aside,
     )
     report.paths += draw_figures(report, metrics, out)

@@ -4,9 +4,9 @@ the report (``attach_stability``).
 Definitions (also printed in the report: ``DEFINITIONS``):
 
 - Smoothing: every curve is a trailing mean over ``window`` steps (default 10), for the curves and the table.
-- Collapse: the trainer's rule, ``klsweep.collapse.find_collapse``, applied to each run with its own
-  ``train.collapse_window`` and ``train.collapse_fraction`` (so a run the trainer stopped for a collapse is
-  collapsed here, at the same step).
+- Collapse: the trainer's rule, ``klsweep.collapse.find_collapse``, applied to each run with its own rule
+  (``run_rule``: its ``train.collapse_*`` keys and batch), so a run the trainer stopped for a collapse is
+  collapsed here, at the same step (one stopped by an earlier version's rule: at the step it was stopped).
 - Divergence: what the trainer recorded: ``status.json`` state ``diverged`` with ``diverged_step`` and ``reason``.
 
 ``smooth`` needs numpy only, imported when called: no pandas or matplotlib here.
@@ -14,10 +14,10 @@ Definitions (also printed in the report: ``DEFINITIONS``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from klsweep.collapse import find_collapse
+from klsweep.collapse import REASON, Rule, false_collapses, find_collapse
 from klsweep.config import TrainSection
 
 if TYPE_CHECKING:
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 WINDOW = 10  # the report's smoothing of curves and stability columns (``--window``), not the collapse rule's
-# a run's collapse rule where none is known: RunConfig's defaults (``train.collapse_window``, ``collapse_fraction``)
-DEFAULT_RULE: tuple[int, float] = (TrainSection.collapse_window, TrainSection.collapse_fraction)
 CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
 SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forward KL (KL(ref||pi), a column)
 # Per run, then mean ± std per configuration in the stability table.
@@ -41,20 +39,48 @@ STABILITY_STATS = (
 
 DEFINITIONS = (
     "Curves are smoothed by a trailing mean over {window} steps. "
-    "Collapse (the trainer's rule, with each run's train.collapse_window and collapse_fraction: {rule}): "
-    "the task reward averaged over the last window steps (fewer at the start) falls below that fraction of its "
-    "peak so far (a peak of at least {min_peak:g}); collapse step = the first such step, where the trainer "
-    "stops the run. "
+    "Collapse (the trainer's rule, with each run's train.collapse_* keys; docs/COLLAPSE.md): the mean task "
+    "reward over the last window steps falls below that fraction of the peak window's mean and below it by "
+    "more than z standard errors (from the logged per-step reward spread over the completions of a step, "
+    "scaled up when the step means vary more than that); collapse step = the first such step, where the "
+    "trainer stops the run. {rule} "
     "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown."
 )
 
 
-def rule_text(rules: set[tuple[int, float]]) -> str:
-    """The collapse settings of a report's runs, for ``DEFINITIONS``."""
-    if len(rules) == 1:
-        ((window, fraction),) = rules
-        return f"here {window} steps and {100 * fraction:g}% of that peak"
-    return "they differ between runs" if rules else "no run"
+def run_rule(config: Mapping[str, Any]) -> Rule:
+    """A run's collapse rule from its flattened config (``train.collapse_*``, its completions a step); a key it
+    lacks (a run written before the key existed) reads as today's default."""
+    default = TrainSection()
+
+    def get(key: str) -> Any:
+        value = config.get(f"train.{key}")
+        return getattr(default, key) if value is None else value
+
+    completions = int(get("prompts_per_step")) * int(get("group_size"))
+    return Rule(
+        int(get("collapse_window")), float(get("collapse_fraction")), float(get("collapse_z")), completions
+    )
+
+
+def rule_text(configs: Sequence[Mapping[str, Any]]) -> str:
+    """The collapse rules of a report's runs (flattened configs) and, for each, its false-collapse rate on a
+    stationary reward as long as its longest run (``klsweep.collapse.false_collapses``), for ``DEFINITIONS``."""
+    rules: dict[Rule, int] = {}
+    for c in configs:
+        rule = run_rule(c)
+        rules[rule] = max(rules.get(rule, 0), int(c.get("train.steps") or TrainSection().steps))
+    if not rules:
+        return "No run has a collapse rule."
+    parts = []
+    for rule, steps in sorted(rules.items(), key=lambda kv: (kv[0].window, kv[0].fraction, kv[0].z)):
+        fired, runs = false_collapses(rule, steps)
+        parts.append(
+            f"{rule.text()}, {rule.completions} completions a step: {fired} of {runs} simulated {steps}-step "
+            f"runs of a stationary reward (Bernoulli, means 0.05-0.9) collapsed ({100 * fired / runs:.2g}%)"
+        )
+    head = "Here: " if len(parts) == 1 else "The runs' rules differ: "
+    return head + "; ".join(parts) + "."
 
 
 def smooth(
@@ -79,20 +105,22 @@ def smooth(
 def collapse_step(
     steps: Sequence[int],
     rewards: Sequence[float],
-    window: int = DEFAULT_RULE[0],
-    fraction: float = DEFAULT_RULE[1],
+    stds: Sequence[float | None] | None = None,
+    rule: Rule | None = None,
 ) -> int | None:
-    """The step at which the run collapsed, or None (``klsweep.collapse.find_collapse``)."""
-    found = find_collapse(steps, rewards, window, fraction)
+    """The step at which the run collapsed, or None (``klsweep.collapse.find_collapse``; ``stds``: the logged
+    ``reward_std``, none by default; ``rule``: the default settings and batch by default)."""
+    found = find_collapse(
+        steps, rewards, [None] * len(rewards) if stds is None else stds, rule or run_rule({})
+    )
     return None if found is None else found.step
 
 
-def attach_stability(
-    runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, tuple[int, float]]
-) -> None:
+def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, Rule]) -> None:
     """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy (smoothed over
-    ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> (collapse window,
-    fraction)). Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run and step)."""
+    ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> its ``Rule``), or the
+    step the trainer stopped it for a collapse. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run
+    and step)."""
     import numpy as np
 
     names = list(SMOOTHED)
@@ -122,9 +150,20 @@ def attach_stability(
             }
         )
         steps, rewards = metrics["step"].to_numpy(), metrics["reward_mean"].to_numpy(dtype=float)
+        stds = (
+            metrics["reward_std"].to_numpy(dtype=float)
+            if "reward_std" in metrics
+            else np.full(len(steps), np.nan)
+        )
         for name, idx in g.indices.items():
-            w, f = rules.get(name, DEFAULT_RULE)
-            collapse[name] = collapse_step(steps[idx].tolist(), rewards[idx].tolist(), w, f)
+            rule = rules.get(name) or run_rule({})
+            collapse[name] = collapse_step(
+                steps[idx].tolist(), rewards[idx].tolist(), stds[idx].tolist(), rule
+            )
+    stopped = (runs["state"] == "diverged") & runs["reason"].fillna("").astype(str).str.startswith(REASON)
+    for name, step in zip(runs["run"][stopped], runs["diverged_step"][stopped], strict=True):
+        if name in collapse and collapse[name] is None and step is not None and step == step:
+            collapse[name] = int(step)  # stopped by the trainer's rule of its time (an earlier version's)
     for col in (*STABILITY_STATS, "last logged step"):
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
     runs["has_metrics"] = runs["run"].isin(collapse)

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.collapse import MIN_PEAK
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
-from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series, rule_text
+from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
 from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_half_width, welch
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class Report:
     claims: pd.DataFrame  # the study's claims, tested (claims.py)
     environment: pd.DataFrame  # one row per distinct recorded environment, with its run count
     window: int = WINDOW
-    collapse_rules: set[tuple[int, float]] = field(default_factory=set)  # (window, fraction) of the runs
+    collapse_rule: str = ""  # the runs' collapse rules and their false-collapse rates (stability.rule_text)
     set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
     paths: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
@@ -471,9 +470,7 @@ def captions(report: Report) -> dict[str, str]:
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
             f"over seeds, p < {ALPHA:g}); no bold where the best is within noise."
         ),
-        "stability": DEFINITIONS.format(
-            window=report.window, rule=rule_text(report.collapse_rules), min_peak=MIN_PEAK
-        )
+        "stability": DEFINITIONS.format(window=report.window, rule=report.collapse_rule)
         + f" Values: mean ± half-width of the t-based {LEVEL:.0%} CI over the runs with metrics; "
         "diverged counts all runs, collapsed the runs with metrics.",
         "audit": (

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.collapse import REASON
 from klsweep.config import read_run_file
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
@@ -75,7 +76,7 @@ class RunStatus:
     @property
     def collapsed(self) -> bool:
         """Diverged because its reward collapsed (``klsweep.collapse``): the report calls it collapsed too."""
-        return self.state == "diverged" and (self.reason or "").startswith("reward collapse")
+        return self.state == "diverged" and (self.reason or "").startswith(REASON)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

@@ -90,8 +90,19 @@ def audit_command(
         float, typer.Option(help="> 0: off-policy, samples from logits + this x noise (a stale policy)")
     ] = 0.0,
     importance: Annotated[
-        str, typer.Option(help="off-policy weighting pi/mu: none | token | sequence | all")
-    ] = "none",
+        str | None,
+        typer.Option(
+            help="off-policy weighting pi/mu: none | token | sequence | all [default: none; --grpo "
+            "off-policy: all]"
+        ),
+    ] = None,
+    reward_logp: Annotated[
+        str | None,
+        typer.Option(help="--grpo off-policy: current | behavior | all [default: all]"),
+    ] = None,
+    importance_cap: Annotated[
+        float | None, typer.Option(help="--grpo: cap of the importance weights, 0: none [default: 0]")
+    ] = None,
     grpo: Annotated[
         bool,
         typer.Option(
@@ -130,15 +141,15 @@ def audit_command(
         "scale_rewards": scale_rewards,
         "reward_mode": reward_mode,
         "loss_type": loss_type,
+        "reward_logp": reward_logp,
+        "importance_cap": importance_cap,
     }
+    if grpo:
+        grpo_options |= {"behavior_shift": behavior_shift, "importance": importance}
     given = {k: v for k, v in grpo_options.items() if v is not None}
     problems = []
     if as_json and as_csv:
         problems.append(Problem("--json, --csv", "both given", "at most one of them"))
-    if grpo and (behavior_shift != 0.0 or importance != "none"):
-        problems.append(
-            Problem("--behavior-shift, --importance", "given with --grpo", "the GRPO audit is on-policy")
-        )
     if given and not grpo:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         problems.append(Problem(flags, "given without --grpo", "add --grpo"))
@@ -149,6 +160,7 @@ def audit_command(
         rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **given)
     else:
         length = 3 if length is None else length
+        importance = "none" if importance is None else importance
         rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
     fmt = "json" if as_json else "csv" if as_csv else "table"
     print_audit(_console(), rows, fmt, vocab, length, seed, ref_distance)
@@ -283,13 +295,21 @@ def report_command(
             help="log the report to W&B (default: when the runs mirrored online; --wandb: offline too)",
         ),
     ] = None,
+    claims: Annotated[
+        Path | None,
+        typer.Option(
+            help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"
+        ),
+    ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
     from klsweep.console import print_report
     from klsweep.report import build_report
 
-    report = build_report(sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb)
+    report = build_report(
+        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims
+    )
     print_report(_console(), _console(stderr=True), report, tables=not quiet)
 
 

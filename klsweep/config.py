@@ -178,7 +178,18 @@ class KLSection:
     placement: str = key("loss", "where the penalty enters: the reward, the loss, or both")
     level: str = key("token", "token: per-token penalty; sequence: summed over the completion")
     beta: float = key(0.0, "the KL coefficient (0: no KL)")
-    importance: str = key("none", "pi_theta/mu weighting of the KL term off-policy: none, token, sequence")
+    importance: str = key(
+        "none",
+        "pi_theta/mu weighting of the KL term off-policy: none, token, sequence (the loss half; the reward half "
+        "too with reward_logp current)",
+    )
+    importance_cap: float = key(0.0, "the importance weights are min(w, this); 0: no cap (a cap adds bias)")
+    reward_logp: str = key(
+        "current",
+        "whose log-ratio the reward-placed KL uses, separate mode (docs/KL.md). current: the training forward "
+        "pass's (detached), the reward half its own importance-weighted term outside the clipped ratio; "
+        "behavior: the generating policy's, inside the advantage (runs before this key). The same on-policy",
+    )
     reward_mode: str = key(
         "separate",
         "how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md). separate: its own "
@@ -273,15 +284,44 @@ class RunConfig:
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
 # config.yaml that lacks one is read with this value (``load_run``), not with today's default.
-LEGACY_VALUES: dict[str, Any] = {"kl.reward_mode": "shaped", "train.trl": {}}
+LEGACY_VALUES: dict[str, Any] = {
+    "kl.reward_mode": "shaped",
+    "kl.reward_logp": "behavior",
+    "kl.importance_cap": 0.0,
+    "train.trl": {},
+}
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
-# a run that does not use them keeps the id it had (``grid.run_id``).
+# a run that does not use them keeps the id it had (``grid.run_id``). ``id_omitted_at`` adds kl.reward_logp.
 ID_OMITTED_AT: dict[str, Any] = {
     "train.trl": {},
+    "kl.importance_cap": 0.0,
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
 }
+
+
+def on_policy(config: Mapping[str, Any]) -> bool:
+    """Whether a resolved RunConfig (nested plain data) trains on-policy: lag 0 and one update per batch."""
+    off = config.get("offpolicy") or {}
+    return off.get("lag", 0) == 0 and off.get("num_iterations", 1) == 1
+
+
+def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``ID_OMITTED_AT`` for this run (a resolved RunConfig, nested plain data), plus ``kl.reward_logp``: left
+    out of the id wherever both values are the same computation (on-policy, shaped mode, no KL in the reward;
+    whatever it holds: the ids of runs written before the key existed stand), and otherwise while it holds
+    ``behavior``, what those runs trained with; so it is in the id only where ``current`` changes the run."""
+    kl = config.get("kl") or {}
+    changes_nothing = (
+        on_policy(config)
+        or kl.get("reward_mode") == "shaped"
+        or kl.get("placement") == "loss"
+        or not kl.get("beta")
+    )
+    own = kl.get("reward_logp", "behavior")
+    return {**ID_OMITTED_AT, "kl.reward_logp": own if changes_nothing else "behavior"}
+
 
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
@@ -291,7 +331,9 @@ KL_ONLY_KEYS: tuple[str, ...] = (
     "kl.placement",
     "kl.level",
     "kl.importance",
+    "kl.importance_cap",
     "kl.reward_mode",
+    "kl.reward_logp",
 )
 
 
@@ -397,7 +439,8 @@ def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
     if path.is_file():
         read_run_file(run_dir)  # UnreadableFile when it was cut short
         loaded = OmegaConf.load(path)
-        for dotted, value in ID_OMITTED_AT.items():  # a folder written before the key existed: the same run
+        omitted = id_omitted_at(config)  # a folder written before these keys existed: the same run
+        for dotted, value in omitted.items():
             if OmegaConf.select(loaded, dotted, default=None) is None:
                 OmegaConf.update(loaded, dotted, value, force_add=True)
         if OmegaConf.to_container(loaded, resolve=True) != dict(config):

@@ -427,16 +427,25 @@ err rev: its relative error against grad KL(pi||ref) (exact: below 1e-6;
 
 
 def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
-    """The rows as rich Tables, one per reward mode and reward scaling, narrow enough for 80 columns:
+    """The rows as rich Tables, one per reward mode and reward scaling (off-policy: and per reward_logp and
+    importance), narrow enough for 80 columns:
     ``scale`` is ``effective_scale``, ``cos rev``/``cos fwd`` the cosines with grad KL(pi||ref) and
     grad KL(ref||pi), ``err rev`` the relative error of effective / unit against grad KL(pi||ref)."""
     from rich import box
     from rich.table import Table
 
     out = []
-    for mode, scaling in dict.fromkeys((r.reward_mode, r.scale_rewards) for r in rows):
+
+    def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
+        sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
+        return (r.reward_mode, r.scale_rewards, *sampling)
+
+    for key in dict.fromkeys(map(table_of, rows)):
+        title = f"reward_mode {key[0]}, scale_rewards {key[1]}"
+        if len(key) > 2:
+            title += f",\nreward_logp {key[2]}, importance {key[3]}"
         t = Table(
-            title=f"reward_mode {mode}, scale_rewards {scaling}",
+            title=title,
             box=box.SIMPLE_HEAD,
             padding=0,
             pad_edge=False,
@@ -447,7 +456,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
             t.add_column(name, justify="right", no_wrap=True)
         t.add_column("verdict", no_wrap=True)
         for r in rows:
-            if (r.reward_mode, r.scale_rewards) == (mode, scaling):
+            if table_of(r) == key:
                 verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
                 numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
                 t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
@@ -477,8 +486,11 @@ def print_audit(
         writer.writerows(dicts)
     elif isinstance(rows[0], GRPOAuditRow):
         r = rows[0]
+        off = (
+            f"off-policy (behaviour shift {r.behavior_shift:g})\n" if r.behavior_shift > 0 else "on-policy: "
+        )
         console.print(
-            f"GRPO audit, on-policy: V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            f"GRPO audit, {off}V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
             f" seed {seed}, ref distance {ref_distance:g}",
             markup=False,
         )

@@ -92,13 +92,20 @@ def leave_one_out(values: Tensor, group_size: int) -> Tensor:
     E[x_i grad log pi(y_i)] exactly (an inclusive group mean would give (1 - 1/G) times that)."""
     import torch
 
+    return torch.nan_to_num(values - leave_one_out_baseline(values, group_size), nan=0.0)
+
+
+def leave_one_out_baseline(values: Tensor, group_size: int) -> Tensor:
+    """``mean_{j != i} x_j`` over the other valid (not NaN) completions of i's group, for values ``[..., N]``;
+    0 where i has no other valid one."""
+    import torch
+
     grouped = values.unflatten(-1, (-1, group_size))
     valid = ~torch.isnan(grouped)
     filled = torch.where(valid, grouped, torch.zeros((), dtype=grouped.dtype, device=grouped.device))
     others = valid.sum(-1, keepdim=True) - valid.to(torch.long)
     baseline = (filled.sum(-1, keepdim=True) - filled) / others.clamp(min=1)
-    baseline = torch.where(others > 0, baseline, torch.zeros_like(baseline))
-    return torch.nan_to_num(grouped - baseline, nan=0.0).flatten(-2)
+    return torch.where(others > 0, baseline, torch.zeros_like(baseline)).flatten(-2)
 
 
 def advantages(
@@ -180,6 +187,50 @@ def kl_loss(
         terms = klmath.token_terms(logp, ref_logp, mask, config, behavior_logp=behavior_logp)
         return aggregation(terms, mask)
     return aggregation.sequences(klmath.surrogate(logp, ref_logp, mask, config, behavior_logp=behavior_logp))
+
+
+def kl_reward_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    config: klmath.KLConfig,
+    aggregation: Aggregation,
+    baseline: Tensor,
+    behavior_logp: Tensor | None = None,
+) -> Tensor:
+    """The reward half as its own term (``config.reward_term``: separate mode, the current policy's
+    log-probs), before beta: ``aggregation(stopgrad(w (KL_hat - b)) log pi)``, outside the clipped ratio.
+    ``KL_hat`` is ``kl.estimate`` of the detached ``logp`` (the training forward pass), ``b`` [..., B] the
+    leave-one-out baseline of each completion (the mean of the other completions' penalties in its group,
+    whatever their log-probs: independent of y_i, so it adds no bias wherever E[w grad log pi] = 0), ``w``
+    ``kl.importance_weights`` against ``behavior_logp``. On-policy (w = 1, ratio 1) its gradient is the
+    gradient of the separate-mode penalty advantage through ``policy_loss``."""
+    penalty = klmath.estimate(logp.detach(), ref_logp, mask, config.estimator, config.level)
+    weights = klmath.importance_weights(logp, behavior_logp, mask, config)
+    scores = (weights * (penalty - baseline).unsqueeze(-1)).detach()
+    return aggregation(scores * logp, mask)
+
+
+def clipped_policy_loss(
+    advantages: Tensor,
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    aggregation: Aggregation,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+) -> Tensor:
+    """TRL's policy loss of grpo, bnpo, dr_grpo, dapo and luspo off-policy (token-level ratio, no ``delta``):
+    ``aggregation(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A))`` with ``r = exp(log pi - old_logp)``.
+    At ``old_logp = log pi`` its gradient is ``policy_loss``'s."""
+    import torch
+
+    if advantages.dim() == logp.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.detach()
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return aggregation(-torch.min(ratio * advantages, clipped * advantages), mask)
 
 
 def policy_loss(advantages: Tensor, logp: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:

@@ -11,6 +11,7 @@ docs/DESIGN.md; the faults a run survives: docs/FAULTS.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -33,7 +34,15 @@ MAX_WARNINGS = 20  # warnings of earlier attempts kept in status.json
 
 
 def train_run(run_dir: str | Path) -> dict[str, Any]:
-    """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status."""
+    """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status. Rank 0
+    holds the run's training lock throughout (``store.training``): ``store.AlreadyTraining`` when another
+    process trains it."""
+    lock = store.training(run_dir) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
+    with lock:
+        return _train_run(run_dir)
+
+
+def _train_run(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     status = store.read_status(run_dir)
@@ -104,10 +113,15 @@ def train_run(run_dir: str | Path) -> dict[str, Any]:
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error
             raise exiting from None
         state = "failed"
+        reason = describe(e)
+        if store.disk_full(run_dir, e) and "No space left" not in reason:
+            reason = f"OSError: No space left on device in {run_dir} ({reason})"
+        if is_main:  # a save cut short (a full disk): its space, for the status and the log
+            store.drop_incomplete_checkpoints(run_dir)
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # the whole traceback in the job's log (and the run's logs/)
         lines = text.rstrip().splitlines()
-        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=describe(e))
+        fields.update(error="\n".join(lines[-ERROR_LINES:]), reason=reason)
     finally:
         # a signal after the last step: the run is final anyway
         PREEMPTION.attach(None)

@@ -9,7 +9,8 @@ The trainer uses these functions as they are for the loss half (``placement`` lo
 both). For the reward half it uses ``estimate`` (the detached penalty) and GRPO's advantages
 (``klsweep.grpo``): with ``reward_mode="separate"`` the expected update of the KL part is exactly beta times
 the expectation of ``surrogate``'s reward term (aggregated like the policy loss); with ``reward_mode="shaped"``
-it is not (the penalty is normalised with the task reward: see docs/KL.md, "beta in the reward").
+it is not (the penalty is normalised with the task reward: see docs/KL.md, "beta in the reward"). Off-policy,
+``reward_logp`` says whose log-ratio the reward half uses (``KLConfig.reward_term``; docs/KL.md, "Off-policy").
 
 Notation (see docs/KL.md): for a sampled completion y, per unmasked token t,
 ``delta_t = log pi_theta(y_t | y_<t) - log pi_ref(y_t | y_<t)``; ``k1 = delta``, ``k2 = delta**2 / 2``,
@@ -36,6 +37,8 @@ the weights are always detached, so they reweight the gradient without adding te
   distribution of each token given its prefix, but not the distribution of the prefix itself, so it is exact
   only for length-1 completions; ``klsweep audit --behavior-shift`` shows what it leaves biased.
 
+``importance_cap`` > 0 truncates the weights at the cap (``importance_weights``): a bias where w > cap.
+
 Masked positions (``mask`` false) never affect a value or a gradient, whatever they hold (nan and inf
 included): they are removed with ``torch.where``, never by multiplication.
 """
@@ -57,6 +60,7 @@ PLACEMENTS = ("reward", "loss", "both")
 LEVELS = ("token", "sequence")
 IMPORTANCE = ("none", "token", "sequence")
 REWARD_MODES = ("separate", "shaped")  # how a penalty in the reward enters GRPO's advantage (klsweep.grpo)
+REWARD_LOGPS = ("current", "behavior")  # whose log-ratio the reward-placed penalty uses (separate mode)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,23 @@ class KLConfig:
     # beta x E[stopgrad(KL_hat) grad log pi]; shaped: added to the task reward and normalised with it (TRL
     # reward functions, verl's use_kl_in_reward).
     reward_mode: str = "separate"
+    # current | behavior: whose log-probs the reward-placed penalty is evaluated with, in separate mode.
+    # current: the detached log-probs of the training forward pass, the reward half its own term
+    # beta * stopgrad(w (KL_hat - b)) log pi outside the clipped ratio, weighted by ``importance``;
+    # behavior: the sampling policy's, inside the advantage (and so the clipped ratio), no weight.
+    # On-policy the two are the same computation. Shaped mode always uses the behaviour's.
+    reward_logp: str = "current"
+    importance_cap: float = 0.0  # > 0: the importance weights are min(w, cap) (biased where w > cap)
+
+    @property
+    def reward_term(self) -> bool:
+        """Whether the reward half is its own loss term (``grpo.kl_reward_loss``) rather than part of the
+        advantage: separate mode with the current policy's log-probs."""
+        return (
+            self.placement in ("reward", "both")
+            and self.reward_mode == "separate"
+            and self.reward_logp == "current"
+        )
 
     def __post_init__(self) -> None:
         problems = [
@@ -83,6 +104,7 @@ class KLConfig:
                 ("level", self.level, LEVELS),
                 ("importance", self.importance, IMPORTANCE),
                 ("reward_mode", self.reward_mode, REWARD_MODES),
+                ("reward_logp", self.reward_logp, REWARD_LOGPS),
             )
             if value not in allowed
         ]
@@ -94,6 +116,11 @@ class KLConfig:
             or beta < 0
         ):
             problems.append(Problem("beta", f"{beta!r} is not valid", "a finite number >= 0"))
+        cap = self.importance_cap
+        if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+            problems.append(
+                Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)")
+            )
         if problems:
             raise UserError(problems, title="invalid KL configuration")
 
@@ -163,13 +190,26 @@ def token_terms(
             terms = terms + kl_hat.unsqueeze(-1) / n
 
     if config.importance != "none":
-        if behavior_logp is None:
-            raise ValueError(f"importance={config.importance!r} needs behavior_logp (the sampling policy's)")
-        log_ratio = (lp - _masked(behavior_logp, mask)).detach()
-        if config.importance == "sequence":
-            log_ratio = log_ratio.sum(-1, keepdim=True)
-        terms = terms * torch.exp(log_ratio)
+        terms = terms * importance_weights(lp, behavior_logp, mask, config)
     return _masked(terms, mask)
+
+
+def importance_weights(logp: Tensor, behavior_logp: Tensor | None, mask: Tensor, config: KLConfig) -> Tensor:
+    """The detached weights of ``config.importance``: per token ``pi_theta(y_t|y_<t) / mu(y_t|y_<t)`` [B, T]
+    (``token``), the sequence's ``pi_theta(y) / mu(y)`` [B, 1] (``sequence``) or 1 (``none``), capped at
+    ``config.importance_cap`` when it is > 0 (a truncation: less variance, and a bias where w > cap)."""
+    import torch
+
+    if config.importance == "none":
+        return torch.ones((), dtype=logp.dtype, device=logp.device)
+    if behavior_logp is None:
+        raise ValueError(f"importance={config.importance!r} needs behavior_logp (the sampling policy's)")
+    mask = mask.bool()
+    log_ratio = (_masked(logp, mask) - _masked(behavior_logp, mask)).detach()
+    if config.importance == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    weights = torch.exp(log_ratio)
+    return weights.clamp(max=config.importance_cap) if config.importance_cap > 0 else weights
 
 
 def surrogate(

@@ -21,6 +21,7 @@ Layout (one sweep)::
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
                                    (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
+            .train.lock            flock'd by the process training the run (``training``; its pid, host, job id)
         report/                    tables and plots (`klsweep report`)
 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the
@@ -32,10 +33,15 @@ to do, so that callers can set that one run aside and carry on with the others.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import socket
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +61,8 @@ SWEEP_FILE = "sweep.yaml"
 BASELINE_DIR = "baseline"
 REPORT_DIR = "report"
 FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
+TRAIN_LOCK = ".train.lock"  # held (flock) by the process training the run; holds its pid, host, job id
+TRAIN_LOCK_WAIT_S = 30.0  # how long a trainer waits for the lock (a dying trainer releases it at its exit)
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
 
 
@@ -71,6 +79,23 @@ class UnreadableFile(UserError):
     def message(self) -> str:
         """One line: the file, what is wrong with it, what to do."""
         return f"{self.path}: {self.what}; {self.todo}"
+
+
+class AlreadyTraining(UserError):
+    """The run is being trained by another process (it holds the run's training lock): this one does not
+    train it."""
+
+    def __init__(self, run_dir: str | os.PathLike, holder: dict[str, Any]):
+        self.run_dir = Path(run_dir)
+        self.holder = holder
+        super().__init__(
+            Problem(
+                str(run_dir),
+                f"already being trained by {describe_trainer(holder)}",
+                "wait for it to end, or stop that process; `klsweep status` shows the run running",
+            ),
+            title="run already being trained",
+        )
 
 
 STATUS_TODO = "delete it and rerun `klsweep run`: the run resumes from its last checkpoint"
@@ -297,3 +322,153 @@ def check_writable(folder: str | os.PathLike, where: str, todo: str) -> None:
 def cache_dir() -> Path:
     """klsweep's cache of derived, rebuildable files: ``$KLSWEEP_CACHE``, default ``~/.cache/klsweep``."""
     return Path(os.environ.get("KLSWEEP_CACHE", "~/.cache/klsweep")).expanduser()
+
+
+# --- the training lock: one process trains a run at a time ----------------------------------------------------
+
+_held: set[str] = set()  # run folders whose training lock this process holds
+
+
+def describe_trainer(holder: dict[str, Any]) -> str:
+    """``pid 123 on host (job 45)``, from a training lock's record (parts missing when it could not be read)."""
+    text = f"pid {holder['pid']}" if holder.get("pid") else "another process"
+    if holder.get("host"):
+        text += f" on {holder['host']}"
+    return text + (f" (job {holder['job_id']})" if holder.get("job_id") else "")
+
+
+@contextlib.contextmanager
+def training(run_dir: str | os.PathLike, wait_s: float | None = None) -> Iterator[None]:
+    """Hold the run's training lock while the body trains it: an exclusive ``flock`` on ``<run>/.train.lock``,
+    which the kernel releases when this process ends, however it ends (kill -9, out of memory). Waits up to
+    ``wait_s`` (default ``TRAIN_LOCK_WAIT_S``) for another holder to let go, then raises ``AlreadyTraining``
+    naming it. Reentrant in one process. On a file system without ``flock`` (Lustre mounted without it, some
+    NFS setups) it trains unlocked, with a line on stderr: there the scheduler's one job per run is the
+    guarantee."""
+    import fcntl
+
+    run_dir = Path(run_dir)
+    key = os.path.realpath(run_dir)
+    if key in _held:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / TRAIN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        deadline = time.time() + (TRAIN_LOCK_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() >= deadline:
+                    raise AlreadyTraining(run_dir, _lock_record(fd)) from None
+                time.sleep(0.2)
+            except OSError as e:
+                print(f"klsweep warning: {run_dir / TRAIN_LOCK}: no lock ({e}); training unlocked",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                break
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+            "since": time.time(),
+        }
+        with contextlib.suppress(OSError):  # in place (a rename would replace the locked file); a full disk
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        _held.add(key)
+        try:
+            yield
+        finally:
+            _held.discard(key)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def trainer_of(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """Who trains the run now: its training lock's record (``pid``, ``host``, ``job_id``, ``since``; {} when
+    it cannot be read) while a process holds the lock, else None. Read-only: creates nothing."""
+    import fcntl
+
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # no link followed, no wait on a FIFO planted there
+    try:
+        fd = os.open(Path(run_dir) / TRAIN_LOCK, flags)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _lock_record(fd)
+        except OSError:  # no flock on this file system: nothing to tell
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _lock_record(fd: int) -> dict[str, Any]:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+# --- the results root: klsweep writes only inside it ----------------------------------------------------------
+
+
+def links_out(root: str | os.PathLike, folders: list[Path]) -> list[Problem]:
+    """A problem for each symbolic link that leads out of ``root`` among ``folders`` and the files and folders
+    directly in them (a run folder, its checkpoints/, its metrics.jsonl ...): klsweep writes only inside the
+    results folder."""
+    real_root = Path(os.path.realpath(root))
+    links = []
+    for folder in folders:
+        if folder.is_symlink():
+            links.append(folder)
+        if folder.is_dir():
+            links += [p for p in sorted(folder.iterdir()) if p.is_symlink()]
+    problems = []
+    for p in links:
+        real = Path(os.path.realpath(p))
+        if real != real_root and real_root not in real.parents:
+            problems.append(
+                Problem(
+                    str(p),
+                    f"leads out of {root} (a symbolic link to {real}): klsweep writes only inside it",
+                    f"a plain file or folder inside {root}: remove the link (move what it leads to there)",
+                )
+            )
+    return problems
+
+
+def drop_incomplete_checkpoints(run_dir: str | os.PathLike) -> None:
+    """Remove the run's checkpoints whose save did not finish (no ``TRAINER_STATE``, the file a save writes
+    last; a resume never reads them): after a failed save (a full disk), the space it took, so that the failure can be
+    recorded."""
+    import shutil
+
+    d = Path(run_dir) / CHECKPOINTS_DIR
+    for c in d.glob("checkpoint-*") if d.is_dir() else []:
+        if c.is_dir() and not (c / TRAINER_STATE).exists():
+            shutil.rmtree(c, ignore_errors=True)
+
+
+def disk_full(path: str | os.PathLike, error: BaseException) -> bool:
+    """Whether ``error`` came from a full disk where ``path`` is: an ENOSPC/EDQUOT ``OSError`` in its chain, or
+    less than 1 MiB left there (torch's writers say only "file write failed" / "unexpected pos")."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20

@@ -173,6 +173,9 @@ class KLGRPOTrainer(GRPOTrainer):
             )
             penalty = self.accelerator.gather(penalty.float())
             g = self.num_generations if mode == "train" else self.num_generations_eval
+            if self.kl.reward_term:  # its own term at training time (_compute_loss): the baseline goes along
+                out["kl_baseline"] = grpo.leave_one_out_baseline(penalty, g)[local]
+                penalty = None
             advantages = grpo.advantages(
                 task_reward, penalty, self.kl.beta, g, self.scale_rewards, self.kl.reward_mode
             )
@@ -210,6 +213,11 @@ class KLGRPOTrainer(GRPOTrainer):
             weights_from = sampled if self.kl.importance != "none" else None
             kl_loss = grpo.kl_loss(logps, ref, mask, self.kl, self._aggregation(inputs), weights_from)
             loss = loss + self.kl.beta * kl_loss
+        if self.kl.beta > 0 and self.kl.reward_term:
+            reward_loss = grpo.kl_reward_loss(
+                logps, ref, mask, self.kl, self._aggregation(inputs), inputs["kl_baseline"], sampled
+            )
+            loss = loss + self.kl.beta * reward_loss
 
         with torch.no_grad():
             values = {
@@ -220,6 +228,10 @@ class KLGRPOTrainer(GRPOTrainer):
                 "completion_length": mask.sum(-1).float(),
                 "policy_lag": (self.state.global_step - inputs["policy_version"]).float(),
             }
+            if self.kl.beta > 0 and self.kl.placement in ("reward", "both"):
+                used = logps.detach() if self.kl.reward_term else sampled  # the reward half's log-probs
+                penalty = klmath.estimate(used, ref, mask, self.kl.estimator, self.kl.level)
+                values["kl/reward_penalty"] = penalty
             for name, value in values.items():
                 self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
             task_reward = self.accelerator.gather(inputs["task_reward"])

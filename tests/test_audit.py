@@ -435,13 +435,25 @@ def test_cli_grpo_table_fits_80_columns_piped_and_in_a_terminal():
         assert "reward_mode separate, scale_rewards group" in text
         assert "reward_mode shaped, scale_rewards group" in text
         assert "E[grad L(beta)]" in text  # not eaten as markup
+    off = subprocess.run(
+        [*cmd, "--behavior-shift", "0.5"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert off.returncode == 0, off.stderr
+    assert max(len(line) for line in off.stdout.splitlines()) <= 80
+    assert "off-policy (behaviour shift 0.5)" in off.stdout
+    assert "reward_logp current, importance sequence" in off.stdout
 
 
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
         (["--beta", "0.1"], ["--beta", "without --grpo"]),
-        (["--grpo", "--importance", "token"], ["--importance", "on-policy"]),
+        (["--grpo", "--importance", "tokens"], ["importance", "none, token, sequence, all"]),
+        (
+            ["--grpo", "--behavior-shift", "0.5", "--loss-type", "cispo"],
+            ["loss_type", "not audited off-policy"],
+        ),
+        (["--reward-logp", "current"], ["--reward-logp", "without --grpo"]),
         (["--grpo", "--reward-mode", "normalised", "--group-size", "1"], ["reward_mode", "group_size"]),
     ],
 )
@@ -451,3 +463,151 @@ def test_cli_grpo_bad_options_exit_2(args, needles):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     for needle in needles:
         assert needle in out.stderr
+
+
+# --- the GRPO audit off-policy ----------------------------------------------------------------------------
+
+OFF_POLICY_EXACT = {("k1", "reward"), ("k1", "both"), ("k3", "both")}  # with current + sequence weights
+
+
+def test_cli_grpo_off_policy_json_has_every_reward_logp_and_importance_and_only_current_sequence_is_exact():
+    """The issue's "done when": token-level separate rows for k1/k3 x reward/loss/both x reward_logp x
+    importance; current + sequence exact (scale 1, cosine 1 to 1e-6) for k1 in the reward, k1 in both, k3 in
+    both; behaviour + none visibly not."""
+    out = run_cli("--grpo", "--behavior-shift", "0.5", "--json")
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    for key in ("reward_logp", "importance", "behavior_shift", "estimator", "placement", "level"):
+        assert all(key in r for r in rows), key
+    table = {
+        (r["estimator"], r["placement"], r["reward_logp"], r["importance"]): r
+        for r in rows
+        if r["level"] == "token" and r["reward_mode"] == "separate" and r["estimator"] in ("k1", "k3")
+    }
+    assert set(table) == {
+        (e, p, lp, imp)
+        for e in ("k1", "k3")
+        for p in kl.PLACEMENTS
+        for lp in kl.REWARD_LOGPS
+        for imp in kl.IMPORTANCE
+    }
+    assert {r["behavior_shift"] for r in rows} == {0.5}
+    for estimator, placement in OFF_POLICY_EXACT:
+        exact = table[estimator, placement, "current", "sequence"]
+        assert abs(exact["effective_scale"] - 1) < 1e-6 and exact["cos_reverse"] > 1 - 1e-6
+        assert exact["verdict"] == "exact"
+        today = table[estimator, placement, "behavior", "none"]
+        assert today["rel_err_reverse"] > 0.1 and today["verdict"] != "exact"
+        # no weight, or token weights: not exact either
+        for imp in ("none", "token"):
+            assert table[estimator, placement, "current", imp]["rel_err_reverse"] > 1e-3
+    assert audit.rows_as_dicts(audit.grpo_audit(behavior_shift=0.5)) == rows
+
+
+def test_grpo_audit_reward_logp_and_importance_change_nothing_on_policy():
+    base = audit.grpo_audit(scale_rewards="none", reward_mode="separate")
+    assert {(r.reward_logp, r.importance, r.behavior_shift) for r in base} == {("current", "none", 0.0)}
+    for reward_logp in kl.REWARD_LOGPS:
+        for importance in kl.IMPORTANCE:
+            rows = audit.grpo_audit(
+                scale_rewards="none", reward_mode="separate", reward_logp=reward_logp, importance=importance
+            )
+            for a, b in zip(rows, base, strict=True):
+                assert a.effective_scale == pytest.approx(b.effective_scale, abs=1e-12)
+                assert a.verdict == b.verdict
+
+
+def test_grpo_audit_off_policy_sequence_weights_give_the_on_policy_table():
+    """Sequence weights outside the clipped ratio restore every configuration's on-policy expected update."""
+    on = {(r.estimator, r.placement, r.level): r for r in audit.grpo_audit(reward_mode="separate", seed=1)}
+    off = audit.grpo_audit(
+        reward_mode="separate", seed=1, behavior_shift=1.0, reward_logp="current", importance="sequence"
+    )
+    for r in off:
+        want = on[r.estimator, r.placement, r.level]
+        assert r.effective_scale == pytest.approx(want.effective_scale, abs=1e-9)
+        assert r.verdict == want.verdict
+
+
+def test_grpo_audit_capped_weights_bring_bias_back():
+    def k1_reward(cap: float) -> audit.GRPOAuditRow:
+        rows = audit.grpo_audit(
+            reward_mode="separate",
+            behavior_shift=0.5,
+            reward_logp="current",
+            importance="sequence",
+            importance_cap=cap,
+        )
+        return next(r for r in rows if (r.estimator, r.placement, r.level) == ("k1", "reward", "token"))
+
+    assert k1_reward(1e6).verdict == "exact"  # a cap no weight reaches
+    capped = k1_reward(2.0)
+    assert capped.importance_cap == 2.0 and capped.verdict != "exact" and capped.rel_err_reverse > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("estimator", "placement", "reward_logp", "importance"),
+    [
+        ("k1", "reward", "current", "sequence"),
+        ("k3", "both", "behavior", "none"),
+        ("k3", "both", "current", "token"),
+    ],
+)
+def test_grpo_audit_off_policy_agrees_with_monte_carlo(estimator, placement, reward_logp, importance):
+    """Steps sampled from the behaviour policy, each one's update by the same objective (clipped ratio
+    against mu), averaged: the exact expectation lies within a few standard errors."""
+    policy = audit.TabularPolicy.random(3, 2, 1, 1.0, 0.5)
+    reward = audit.task_reward_table(9, 1)
+    mu = policy.token_logp(policy.behavior).sum(-1).exp()
+    g = 4
+    config = kl.KLConfig(estimator, placement, beta=0.2, reward_logp=reward_logp, importance=importance)
+    zero = kl.KLConfig(estimator, placement, beta=0.0)
+    seqs, p = audit.enumerate_steps(mu, g)
+
+    def kl_part(steps, weights=None):
+        args = (policy, reward, steps)
+        beta = audit.grpo_gradients(*args, config, g, "group", "dapo", weights, None, True)
+        return (beta - audit.grpo_gradients(*args, zero, g, "group", "dapo", weights, None, True)) / 0.2
+
+    exact = kl_part(seqs, p)
+    n = 20_000
+    gen = torch.Generator().manual_seed(0)
+    sampled = torch.multinomial(mu, n * g, replacement=True, generator=gen).view(n, g)
+    mc = kl_part(sampled)
+    mean, se = mc.mean(0), mc.std(0) / n**0.5
+    z = (mean - exact).abs() / se.clamp(min=1e-12)
+    assert z.max() < 4.5, z
+    assert (mean - exact).norm() < 0.1 * exact.norm()
+
+
+def test_kl_md_off_policy_table_is_the_audits():
+    """docs/KL.md's off-policy table, regenerated from `klsweep audit --grpo --behavior-shift 0.5`."""
+    options = {"behavior_shift": 0.5, "reward_mode": "separate"}
+    rows = {
+        (r.estimator, r.placement, r.level, r.reward_logp, r.importance): r
+        for r in audit.grpo_audit(**options)
+    }
+    capped = audit.grpo_audit(**options, reward_logp="current", importance="sequence", importance_cap=2.0)
+    capped = {(r.estimator, r.placement, r.level): r for r in capped}
+    columns = [("behavior", "none"), ("behavior", "sequence"), *(("current", i) for i in kl.IMPORTANCE)]
+
+    def cell(r: audit.GRPOAuditRow, err: bool = False) -> str:
+        if r.rel_norm < audit.TOL:
+            return "0"
+        if r.verdict == "exact":
+            return "**1.000 (1.000)**"
+        return f"{r.effective_scale:.3f} ({r.cos_reverse:.3f})" + (
+            f", err {r.rel_err_reverse:.3f}" if err else ""
+        )
+
+    text = (REPO / "docs" / "KL.md").read_text()
+    for level in kl.LEVELS:
+        for estimator in ("k1", "k3"):
+            for placement in kl.PLACEMENTS:
+                if level == "sequence" and placement == "loss":
+                    continue
+                name = f"{estimator} in both" if placement == "both" else f"{estimator} in the {placement}"
+                name += ", sequence" if level == "sequence" else ""
+                cells = [cell(rows[estimator, placement, level, *c]) for c in columns]
+                cells.append(cell(capped[estimator, placement, level], err=True))
+                assert f"| {name} | {' | '.join(cells)} |" in text, name

@@ -67,7 +67,9 @@ def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
         "level": "token",
         "beta": 0.05,
         "importance": "none",
+        "importance_cap": 0.0,
         "reward_mode": "separate",
+        "reward_logp": "current",
     }
     json.dumps(c)  # JSON-able
     assert len({r.id for r in plan.runs}) == len(plan.runs)
@@ -94,6 +96,44 @@ def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):
     changed["kl"]["beta"] = 0.5
     assert grid.run_id(changed) != grid.run_id(config)
     assert "model.resources" in COSMETIC_KEYS
+
+
+def test_reward_logp_is_in_the_id_only_off_policy_with_current(tmp_path):
+    """Ids published before kl.reward_logp and kl.importance_cap existed stand: where the key changes nothing
+    (on-policy, shaped, KL in the loss) and with behavior (what those runs trained with) it is left out;
+    off-policy with current (the new default) a run gets an id of its own."""
+    config = grid.load_plan(write(tmp_path, TINY)).runs[0].config
+
+    def before_the_keys(c):
+        c = json.loads(json.dumps(c))
+        del c["kl"]["reward_logp"], c["kl"]["importance_cap"]
+        return c
+
+    def with_(c, lag=0, iterations=1, **kl):
+        c = json.loads(json.dumps(c))
+        c["offpolicy"] |= {"lag": lag, "num_iterations": iterations}
+        c["kl"] |= kl
+        return c
+
+    for logp in ("current", "behavior"):
+        on = with_(config, reward_logp=logp)
+        assert grid.run_id(on) == grid.run_id(before_the_keys(on))
+    stale = with_(config, lag=16, reward_logp="behavior")
+    assert grid.run_id(stale) == grid.run_id(before_the_keys(stale))
+    for lag, iterations in ((16, 1), (0, 2)):
+        new = with_(config, lag, iterations, reward_logp="current")
+        assert grid.run_id(new) != grid.run_id(before_the_keys(new))
+        assert grid.run_id(new) != grid.run_id(with_(config, lag, iterations, reward_logp="behavior"))
+    for nothing in ({"reward_mode": "shaped"}, {"placement": "loss"}):  # where the key changes nothing
+        ids = {
+            grid.run_id(with_(config, 16, reward_logp=logp, **nothing)) for logp in ("current", "behavior")
+        }
+        assert len(ids) == 1
+    assert grid.run_id(with_(config, importance_cap=2.0)) != grid.run_id(config)
+    # one plan's memo of shared sections does not carry an omission from one run to another
+    memo: dict = {}
+    ids = [grid.run_id(c, memo) for c in (with_(config, reward_logp="current"), with_(config, 16))]
+    assert ids == [grid.run_id(with_(config, reward_logp="current")), grid.run_id(with_(config, 16))]
 
 
 def test_reward_mode_is_a_kl_key_in_the_id_and_the_plan(tmp_path, monkeypatch, capsys):
@@ -186,7 +226,9 @@ def test_presets_as_an_axis_set_kl(tmp_path):
         "level": "token",
         "beta": 0.04,
         "importance": "token",
+        "importance_cap": 0.0,
         "reward_mode": "shaped",
+        "reward_logp": "current",
     }
     assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
     assert by["openrlhf"]["estimator"] == "k1" and by["openrlhf"]["placement"] == "reward"
@@ -489,3 +531,35 @@ grid:
 def test_missing_grid_file(tmp_path, monkeypatch, capsys):
     code, _, err = cli(["plan", tmp_path / "nope.yaml"], monkeypatch, capsys)
     assert code == 2 and "cannot read the grid file" in err
+
+
+def test_claims_are_validated_up_front(tmp_path):
+    """A grid's ``claims:`` are checked with the rest of the grid: every bad claim located, all at once."""
+    base = "name: c\nbase: {model: tiny, task: tiny}\ngrid: {seed: range(2)}\n"
+    good = write(
+        tmp_path,
+        base + "claims:\n  - {name: k3 wins, metric: in_domain, test: welch, direction: greater,\n"
+        "     a: {kl.estimator: k3, unbiased: true}, b: {kl.beta: [0, 0.1]}}\n",
+    )
+    assert len(grid.load_plan(good, out=tmp_path / "r").runs) == 2
+    bad = write(
+        tmp_path,
+        base + "claims:\n"
+        "  - {name: a, metric: ood, test: welsh, direction: greater, a: {kl.estimatr: k3}, b: {kl.beta: 0}}\n"
+        "  - {name: a, metric: unstable, test: fisher, direction: equivalent, a: {seed: 0}}\n"
+        "  - {name: t, metric: ood, test: tost, direction: equivalent, a: {seed: 0}, b: {seed: 1}, size: 3}\n",
+        "bad.yaml",
+    )
+    with pytest.raises(grid.UserError) as e:
+        grid.load_plan(bad, out=tmp_path / "r")
+    text = str(e.value)
+    for where, what in [
+        ("claims[0] (a).test", "did you mean 'welch'"),
+        ("claims[0] (a).a.kl.estimatr", "did you mean 'kl.estimator'"),
+        ("claims[1].name", "'a' twice"),
+        ("claims[1] (a).direction", "fisher tests a direction"),
+        ("claims[1] (a).b", "missing"),
+        ("claims[2] (t).size", "unknown claim key"),
+        ("claims[2] (t).margin", "missing"),
+    ]:
+        assert f"{where}: {what}" in text or (where in text and what in text), (where, text)

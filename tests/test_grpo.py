@@ -1,5 +1,6 @@
 """klsweep.grpo: TRL's advantages and aggregations bit for bit (against the trainer's code before the module
-existed, and TRL's nanstd), the leave-one-out baseline, the reward modes, leading batch dimensions."""
+existed, and TRL's nanstd), the leave-one-out baseline, the reward modes, the reward half as its own term (its
+identity on-policy), the clipped policy loss, leading batch dimensions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from pre_grpo import old_aggregate, old_group_advantages  # tests/ is on sys.path under pytest
 
-from klsweep import grpo
+from klsweep import grpo, kl
 
 
 def rewards_with_every_case(dtype=torch.float32) -> torch.Tensor:
@@ -125,3 +126,54 @@ def test_policy_loss_gradient_is_minus_advantage_times_score():
     adv = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
     grpo.policy_loss(adv, logp, mask, grpo.Aggregation("luspo")).backward()
     torch.testing.assert_close(logp.grad, -adv[:, None].expand(4, 3) / 4)
+
+
+def test_leave_one_out_baseline_by_hand():
+    x = torch.tensor([1.0, 2.0, 3.0, 6.0, torch.nan, 4.0])
+    got = grpo.leave_one_out_baseline(x, 3)
+    torch.testing.assert_close(got, torch.tensor([2.5, 2.0, 1.5, 4.0, 5.0, 6.0]))
+    torch.testing.assert_close(grpo.leave_one_out(x, 3), torch.nan_to_num(x - got, nan=0.0))
+
+
+@pytest.mark.parametrize("importance", ["none", "token", "sequence"])
+@pytest.mark.parametrize(
+    ("estimator", "placement", "level"), [("k1", "reward", "token"), ("k3", "both", "sequence")]
+)
+def test_reward_half_as_its_own_term_is_the_advantage_path_on_policy(estimator, placement, level, importance):
+    """On-policy (behaviour = current log-probs: weights 1, ratio 1) the reward half as its own term
+    beta * stopgrad(w (KL_hat - b)) log pi has the gradient of the separate-mode penalty advantage through the
+    policy loss (clipped or not): the same update, whatever the importance weighting."""
+    torch.manual_seed(0)
+    n, t, g, beta = 8, 5, 4, 0.3
+    logp = (-torch.rand(n, t, dtype=torch.float64) * 2).requires_grad_()
+    ref = -torch.rand(n, t, dtype=torch.float64) * 2
+    mask = torch.rand(n, t) > 0.2
+    task = torch.randint(0, 2, (n,)).to(torch.float64)
+    config = kl.KLConfig(estimator, placement, level, beta=beta, importance=importance)
+    aggregation = grpo.Aggregation("dapo", tokens=mask.sum())
+    penalty = kl.estimate(logp.detach(), ref, mask, estimator, level)
+
+    old = grpo.policy_loss(
+        grpo.advantages(task, penalty, beta, g, "group", "separate"), logp, mask, aggregation
+    )
+    (old_grad,) = torch.autograd.grad(old, logp)
+    task_only = grpo.advantages(task, None, beta, g, "group", "separate")
+    baseline = grpo.leave_one_out_baseline(penalty, g)
+    own = beta * grpo.kl_reward_loss(logp, ref, mask, config, aggregation, baseline, logp.detach())
+    for policy in (
+        grpo.policy_loss(task_only, logp, mask, aggregation),
+        grpo.clipped_policy_loss(task_only, logp, logp.detach(), mask, aggregation),
+    ):
+        (new_grad,) = torch.autograd.grad(policy + own, logp, retain_graph=True)
+        torch.testing.assert_close(new_grad, old_grad, rtol=1e-12, atol=1e-14)
+
+
+def test_clipped_policy_loss_clips_like_ppo():
+    logp = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64)).requires_grad_()
+    old = torch.log(torch.tensor([[0.25, 0.5]], dtype=torch.float64))  # ratios 2 and 1
+    mask = torch.ones(1, 2)
+    agg = grpo.Aggregation("luspo")
+    (up,) = torch.autograd.grad(grpo.clipped_policy_loss(torch.tensor([1.0]), logp, old, mask, agg), logp)
+    torch.testing.assert_close(up, torch.tensor([[0.0, -1.0]], dtype=torch.float64))  # ratio 2 > 1.2: clipped
+    (down,) = torch.autograd.grad(grpo.clipped_policy_loss(torch.tensor([-1.0]), logp, old, mask, agg), logp)
+    torch.testing.assert_close(down, torch.tensor([[2.0, 1.0]], dtype=torch.float64))  # A < 0: min keeps r A

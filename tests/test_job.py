@@ -90,6 +90,31 @@ def test_run_config_reward_mode_default_and_folders_written_before_it(tmp_path, 
     assert config_mod.load_run(tmp_path / "old").kl.reward_mode == "shaped"
 
 
+def test_a_folder_written_before_reward_logp_is_the_same_run_only_where_its_id_is(tmp_path, model_dir):
+    """Such a folder trained with the behaviour's log-probs: off-policy it is the run of reward_logp behavior,
+    not of current (the default, another id); on-policy, where the two are the same computation, of both."""
+    from omegaconf import OmegaConf
+
+    from klsweep.errors import UserError
+
+    config = write_config(tmp_path / "new", model_dir, **{"kl.placement": "reward", "kl.beta": 0.1})
+    assert config["kl"]["reward_logp"] == "current" and config["kl"]["importance_cap"] == 0.0
+    for lag, same in ((0, {"current", "behavior"}), (4, {"behavior"})):
+        new = {**config, "offpolicy": {**config["offpolicy"], "lag": lag}}
+        kl_before = {k: v for k, v in config["kl"].items() if k not in ("reward_logp", "importance_cap")}
+        folder = tmp_path / f"old-{lag}"
+        folder.mkdir()
+        (folder / store.CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create({**new, "kl": kl_before})))
+        assert config_mod.load_run(folder).kl.reward_logp == "behavior"
+        for logp in ("current", "behavior"):
+            run = {**new, "kl": {**new["kl"], "reward_logp": logp}}
+            if logp in same:
+                config_mod.write_run(folder, run)  # the same run: its folder is left as it is
+            else:
+                with pytest.raises(UserError, match="different config"):
+                    config_mod.write_run(folder, run)
+
+
 def test_a_folder_written_before_train_trl_is_the_same_run(tmp_path, model_dir):
     from omegaconf import OmegaConf
 

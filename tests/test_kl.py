@@ -267,3 +267,35 @@ def test_config_accepts_valid_values():
     assert kl.KLConfig("k1", "reward", reward_mode="shaped").reward_mode == "shaped"
     with pytest.raises(AttributeError):
         c.beta = 1.0  # frozen
+
+
+def test_reward_logp_and_importance_cap_are_validated_and_say_when_the_reward_half_is_its_own_term():
+    with pytest.raises(UserError) as info:
+        kl.KLConfig("k1", "reward", reward_logp="stale", importance_cap=-1.0)
+    assert {p.where for p in info.value.problems} == {"reward_logp", "importance_cap"}
+    assert kl.KLConfig("k1", "reward").reward_logp == "current"  # the default (docs/KL.md says why)
+    assert kl.KLConfig("k1", "reward").reward_term
+    assert kl.KLConfig("k1", "both").reward_term
+    assert not kl.KLConfig("k1", "loss").reward_term
+    assert not kl.KLConfig("k1", "reward", reward_logp="behavior").reward_term
+    assert not kl.KLConfig("k1", "reward", reward_mode="shaped").reward_term  # shaped: behaviour's, in A
+
+
+def test_importance_weights_token_sequence_and_cap():
+    logp = torch.tensor([[-1.0, -2.0, 0.0]], dtype=torch.float64)
+    behavior = torch.tensor([[-2.0, -1.0, 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False]])
+    token = kl.importance_weights(logp, behavior, mask, kl.KLConfig("k1", "loss", importance="token"))
+    torch.testing.assert_close(token, torch.tensor([[math.e, 1 / math.e, 1.0]], dtype=torch.float64))
+    seq = kl.importance_weights(logp, behavior, mask, kl.KLConfig("k1", "loss", importance="sequence"))
+    torch.testing.assert_close(seq, torch.ones(1, 1, dtype=torch.float64))
+    capped = kl.KLConfig("k1", "loss", importance="token", importance_cap=2.0)
+    torch.testing.assert_close(
+        kl.importance_weights(logp, behavior, mask, capped),
+        torch.tensor([[2.0, 1 / math.e, 1.0]], dtype=torch.float64),
+    )
+    assert kl.importance_weights(logp, None, mask, kl.KLConfig("k1", "loss")).item() == 1.0
+    # the cap applies to the loss half's weights too
+    ref = torch.zeros_like(logp)
+    terms = kl.token_terms(logp, ref, mask, capped, behavior)
+    torch.testing.assert_close(terms, torch.tensor([[-2.0, -2 / math.e, 0.0]], dtype=torch.float64))

@@ -20,8 +20,13 @@ ONE = "name: one\nbase:\n  kl.beta: 0.1\ngrid:\n  kl.estimator: k1,k3\n"
 
 
 def test_ids_without_train_trl_are_unchanged(tmp_path):
+    # TINY's last runs are off-policy (lag 10, k3 in both): with kl.reward_logp's default, current, they train
+    # otherwise than before the key and have new ids; with behavior, what they trained with, their old ones.
+    old = grid.load_plan(write(tmp_path, TINY), ["kl.reward_logp=behavior"])
+    assert ([r.id for r in old.runs[:2]], [r.id for r in old.runs[-2:]]) == TINY_IDS
     plan = grid.load_plan(write(tmp_path, TINY))
-    assert ([r.id for r in plan.runs[:2]], [r.id for r in plan.runs[-2:]]) == TINY_IDS
+    assert [r.id for r in plan.runs[:2]] == TINY_IDS[0]  # on-policy: the same computation, the same id
+    assert not {r.id for r in plan.runs[-2:]} & set(TINY_IDS[1])
     config = plan.runs[0].config
     assert config["train"]["trl"] == {}
     without = json.loads(json.dumps(config))

@@ -180,6 +180,27 @@ def test_audit_table(rep):
     assert list(a["runs"]) == [3, 2, 3]
 
 
+def audit_run(config: int, **kw) -> dict:
+    """A run's row as the audit table reads it: k1 in the reward, separate, on-policy, then ``kw``."""
+    base = {
+        "kl.estimator": "k1",
+        "kl.placement": "reward",
+        "kl.level": "token",
+        "kl.beta": 0.1,
+        "kl.importance": "none",
+        "kl.reward_mode": "separate",
+        "kl.reward_logp": "current",
+        "kl.importance_cap": 0.0,
+        "train.group_size": 4,
+        "train.scale_rewards": "group",
+        "train.loss_type": "dapo",
+        "offpolicy.lag": 0,
+        "offpolicy.num_iterations": 1,
+        "config": config,
+    }
+    return base | kw
+
+
 def test_audit_table_uses_each_runs_settings():
     """One row per distinct setting: the GRPO audit with the runs' G, reward scaling, reward mode, loss type and
     beta; no-KL runs and settings the audit cannot enumerate are said so; off-policy rows add the estimator's
@@ -188,33 +209,16 @@ def test_audit_table_uses_each_runs_settings():
 
     from klsweep.report.audit_table import audit_table
 
-    def run(config, **kw):
-        base = {
-            "kl.estimator": "k1",
-            "kl.placement": "reward",
-            "kl.level": "token",
-            "kl.beta": 0.1,
-            "kl.importance": "none",
-            "kl.reward_mode": "separate",
-            "train.group_size": 4,
-            "train.scale_rewards": "group",
-            "train.loss_type": "dapo",
-            "offpolicy.lag": 0,
-            "offpolicy.num_iterations": 1,
-            "config": config,
-        }
-        return base | kw
-
     runs = pd.DataFrame(
         [
-            run(0),
-            run(0),
-            run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
-            run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
-            run(3, **{"train.loss_type": "vespo"}),
-            run(4, **{"kl.beta": 0.0}),
-            run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
-            run(6, **{"train.group_size": 64}),
+            audit_run(0),
+            audit_run(0),
+            audit_run(1, **{"kl.reward_mode": "shaped", "train.scale_rewards": "none"}),
+            audit_run(2, **{"kl.reward_mode": "shaped", "train.group_size": 5}),
+            audit_run(3, **{"train.loss_type": "vespo"}),
+            audit_run(4, **{"kl.beta": 0.0}),
+            audit_run(5, **{"offpolicy.lag": 4, "kl.importance": "sequence"}),
+            audit_run(6, **{"train.group_size": 64}),
         ]
     )
     a = audit_table(runs)
@@ -231,9 +235,45 @@ def test_audit_table_uses_each_runs_settings():
     assert by["separate", 4, "group", "vespo", "on-policy"]["verdict"].startswith("not audited: loss_type")
     assert "at most" in by["separate", 64, "group", "dapo", "on-policy"]["verdict"]
     assert a[a["estimator"] == "no KL"]["verdict"].tolist() == ["no KL term (beta = 0)"]
-    off = by["separate", 4, "group", "dapo", "off-policy, importance=sequence"]
+    off = by[
+        "separate", 4, "group", "dapo", "off-policy, importance=sequence, current log-probs in the reward"
+    ]
     assert off["unbiased"] == "yes" and off["off-policy estimator verdict"] == "unbiased reverse KL"
     assert exact["off-policy estimator verdict"] == "—"
+
+
+def test_audit_verdict_is_each_runs_own_sampling():
+    """A lag-16 run gets the off-policy audit's verdict, not its on-policy twin's: k1 in both is exact at lag 0,
+    not at lag 16 with the behaviour's log-probs or without weights, exact again with the current log-probs and
+    sequence weights (and not once they are capped); the claims count the runs accordingly."""
+    import pandas as pd
+
+    from klsweep.report.audit_table import audit_table, run_unbiased
+
+    def run(config, **kw):
+        return audit_run(config, **{"kl.placement": "both", **kw})
+
+    lag = {"offpolicy.lag": 16}
+    runs = pd.DataFrame(
+        [
+            run(0),
+            run(0, **{"kl.reward_logp": "behavior"}),  # on-policy: the same computation, the same row
+            run(1, **lag, **{"kl.reward_logp": "behavior"}),
+            run(2, **lag),
+            run(3, **lag, **{"kl.importance": "sequence"}),
+            run(4, **lag, **{"kl.importance": "sequence", "kl.reward_logp": "behavior"}),
+            run(5, **lag, **{"kl.importance": "sequence", "kl.importance_cap": 2.0}),
+            run(6, **{"offpolicy.num_iterations": 2, "kl.importance": "sequence"}),
+        ]
+    )
+    audit = audit_table(runs)
+    assert run_unbiased(runs, audit) == ["yes", "yes", "no", "no", "yes", "no", "no", "yes"]
+    on = audit[audit["sampling"] == "on-policy"]
+    assert len(on) == 1 and on["runs"].item() == 2 and on["verdict"].item() == "exact"
+    capped = audit[audit["sampling"].str.contains("capped at 2")]
+    assert capped["verdict"].item() == "biased" and capped["unbiased"].item() == "no"
+    today = audit[audit["sampling"] == "off-policy, no importance weights, behavior log-probs in the reward"]
+    assert today["verdict"].item() != "exact" and today["effective scale"].item() < 0.9
 
 
 def test_csv_tables(rep):

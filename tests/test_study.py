@@ -12,11 +12,13 @@ from klsweep.study import run_study
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "sweeps" / "tiny.yaml"
-# k1 in the reward, the loss and both, plus the no-KL baseline: 4 runs of 3 steps, 8 eval problems per task.
+# k1 in the reward, the loss and both, plus the no-KL baseline: 4 runs of 3 steps, 8 eval problems per task
+# (on-policy: the lag arm's k1 runs, without their importance weights, are the on-policy arm's).
 SHORT = [
     "seed=0",
     "offpolicy.lag=0",
     "kl.estimator=k1",
+    "kl.importance=none",
     "train.steps=3",
     "train.save_steps=3",
     "eval.limit=8",

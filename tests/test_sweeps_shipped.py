@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from klsweep import grid, planner
+from klsweep.grid.claims import read_claims_file
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -61,12 +62,22 @@ def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
     (same run ids, so a full reproduction reuses them) and adds beta 0.3."""
     main = grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path)
     full = grid.load_plan(REPO / "sweeps" / "tiny-full.yaml", out=tmp_path)
-    assert len(main.runs) == 70 and len(full.runs) == 130
+    assert len(main.runs) == 66 and len(full.runs) == 156
     assert {r.id for r in main.runs} < {r.id for r in full.runs}
+    # study v3's lag arm: what the off-policy audit calls exact at lag 16, plus no KL
+    lagged = {
+        (c["kl"]["estimator"], c["kl"]["placement"], c["kl"]["reward_logp"], c["kl"]["importance"])
+        for c in (r.config for r in main.runs)
+        if c["offpolicy"]["lag"] and c["kl"]["beta"]
+    }
+    assert lagged == {
+        (e, p, "current", "sequence") for e, p in (("k1", "reward"), ("k1", "both"), ("k3", "both"))
+    }
     for plan in (main, full):
         assert {r.config["model"]["path"] for r in plan.runs} == {"tiny"}
         assert {r.config["offpolicy"]["lag"] for r in plan.runs} == {0, 16}
-        assert {r.config["seed"] for r in plan.runs} == set(range(5))
+        assert {r.config["seed"] for r in plan.runs} == set(range(6))
+        assert {r.config["eval"]["limit"] for r in plan.runs} == {100}
         assert {r.config["kl"]["reward_mode"] for r in plan.runs} == {"separate"}
         assert any(r.config["kl"]["beta"] == 0 for r in plan.runs)
         assert planner.gpu_hours(plan.runs) == 0
@@ -76,6 +87,13 @@ def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
         "both",
     }
     assert {r.config["kl"]["beta"] for r in full.runs} == {0.0, 0.3, 1.0}
+    # the same claims in both, the paper's (a)-(d) with (d) an any-of group per configuration
+    claims = [read_claims_file(REPO / "sweeps" / f"{n}.yaml") for n in ("tiny", "tiny-full")]
+    assert claims[0] == claims[1] and len(claims[0]) == 11
+    assert {c.group for c in claims[0] if c.name.startswith("(d)")} == {
+        "(d) KL regularisation can help stabilise off-policy training"
+    }
+    assert len(read_claims_file(REPO / "sweeps" / "paper.yaml")) == 17
 
 
 def test_example_run_config_composes() -> None:

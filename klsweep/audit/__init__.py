@@ -24,7 +24,7 @@ Run it: ``klsweep audit`` (``--behavior-shift 0.5 --importance all`` for the off
 ``klsweep.audit.audit(vocab=3, length=3)`` from Python. CPU, well under a second.
 
 The GRPO audit (``grpo_audit``, ``klsweep audit --grpo``) asks what the trainer really does with a
-configuration, on-policy: it enumerates every optimiser step of G completions of the tabular policy (as
+configuration: it enumerates every optimiser step of G completions of the tabular policy (as
 multisets, with their multinomial probabilities), with a random 0/1 task reward per sequence, and computes the
 expected gradient of the trainer's objective with the trainer's own functions (``klsweep.grpo``: advantages
 per ``scale_rewards`` and ``kl.reward_mode``, the policy loss and the KL loss aggregated per loss type), at beta
@@ -32,7 +32,8 @@ and at 0. The effective KL gradient ``(E[grad L(beta)] - E[grad L(0)]) / beta`` 
 gradients of KL(pi||ref) and KL(ref||pi), in units of the loss type's aggregation: ``effective_scale`` 1 and
 ``cos_reverse`` 1 mean beta means what it says (``separate`` k1 in the reward: exactly, at any beta;
 ``shaped``: not, see docs/KL.md). Default V=3, L=2, G=4: ~0.5 s per scaling, ~15 s with batch scaling
-(2 groups a step).
+(2 groups a step). With ``behavior_shift > 0`` it is off-policy: steps sampled from the behaviour policy, TRL's
+clipped ratio, rows for each ``kl.reward_logp`` and ``kl.importance`` (~8 s).
 
 Modules: ``exact`` (the tabular policy and the estimator audit), ``objective`` (the GRPO audit), ``cache``
 (both kept on disk). Their tables are rendered by ``klsweep.console``.
@@ -58,6 +59,7 @@ from klsweep.audit.objective import (
     GRPO_LOSS_TYPES,
     GRPO_VERDICTS,
     MAX_STEPS,
+    OFF_POLICY_LOSS_TYPES,
     GRPOAuditRow,
     enumerate_steps,
     grpo_audit,
@@ -73,6 +75,7 @@ __all__ = [
     "GRPO_VERDICTS",
     "MAX_SEQUENCES",
     "MAX_STEPS",
+    "OFF_POLICY_LOSS_TYPES",
     "TOL",
     "TabularPolicy",
     "VERDICTS",

@@ -5,6 +5,7 @@ package docstring."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
@@ -23,6 +24,8 @@ from klsweep.audit.exact import CONFIGS, MAX_SEQUENCES, TOL, TabularPolicy, exac
 
 GRPO_LOSS_TYPES = tuple(t for t in grpo.LOSS_TYPES if t != "vespo")  # on-policy gradient -A grad log pi
 MAX_STEPS = 300_000  # enumerated optimiser steps (multisets of completions)
+# Off-policy the audit models TRL's two-sided clipped ratio (grpo.clipped_policy_loss): these loss types use it.
+OFF_POLICY_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 GRPO_VERDICTS = ("exact", "rescaled", "forward KL", "zero in expectation", "biased")
 
 
@@ -43,6 +46,10 @@ class GRPOAuditRow:
     group_size: int
     groups: int  # prompts (groups) per step: only batch scaling depends on it
     beta: float
+    behavior_shift: float  # 0: on-policy; else mu = pi + this x noise (logits) samples, TRL's clipped loss
+    reward_logp: str  # whose log-ratio the reward-placed penalty uses (kl.reward_logp)
+    importance: str  # kl.importance
+    importance_cap: float  # kl.importance_cap (0: no cap)
     effective_scale: float
     cos_reverse: float  # cosine between the effective KL gradient and grad KL(pi||ref)
     cos_forward: float  # ... and grad KL(ref||pi)
@@ -90,9 +97,28 @@ def _validate_grpo(options: dict[str, Any]) -> None:
         ("scale_rewards", (*grpo.SCALE_REWARDS, "all")),
         ("reward_mode", (*kl.REWARD_MODES, "all")),
         ("loss_type", GRPO_LOSS_TYPES),
+        ("reward_logp", (*kl.REWARD_LOGPS, "all", None)),
+        ("importance", (*kl.IMPORTANCE, "all", None)),
     ):
         if options[name] not in allowed:
-            problems.append(Problem(name, f"{options[name]!r} is not valid", ", ".join(allowed)))
+            shown = ", ".join(a for a in allowed if a is not None)
+            problems.append(Problem(name, f"{options[name]!r} is not valid", shown))
+    shift = options["behavior_shift"]
+    if not is_real(shift) or shift < 0:
+        problems.append(Problem("behavior_shift", f"{shift!r} is not valid", "a finite number >= 0"))
+    elif shift > 0 and options["loss_type"] not in OFF_POLICY_LOSS_TYPES:
+        problems.append(
+            Problem(
+                "loss_type",
+                f"{options['loss_type']!r} is not audited off-policy",
+                ", ".join(OFF_POLICY_LOSS_TYPES),
+            )
+        )
+    cap = options["importance_cap"]
+    if not is_real(cap) or cap < 0:
+        problems.append(
+            Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)")
+        )
     if not problems:
         vocab, length, g, groups = (options[k] for k in ("vocab", "length", "group_size", "groups"))
         batch = options["scale_rewards"] in ("batch", "all")
@@ -148,12 +174,13 @@ def enumerate_steps(probs: Tensor, group_size: int, groups: int = 1) -> tuple[Te
 def _objective_gradient(
     policy: TabularPolicy,
     seqs: Tensor,
-    loss_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+    loss_of: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
     weights: Tensor | None,
     jac: Tensor | None,
 ) -> Tensor:
-    """The gradient with respect to pi's logits of ``loss_of(logp, ref_logp, mask)`` [S] (one loss per
-    optimiser step, a row of ``seqs``; per-token log-probs [S, n, T]): per step [S, P], or with ``weights`` [S]
+    """The gradient with respect to pi's logits of ``loss_of(logp, ref_logp, mask, behavior_logp)`` [S] (one
+    loss per optimiser step, a row of ``seqs``; per-token log-probs [S, n, T]): per step [S, P], or with
+    ``weights`` [S]
     the weighted sum [P]. The derivatives with respect to the per-token log-probs are summed per sequence,
     then taken through the Jacobian of the log-probs."""
     import torch
@@ -161,7 +188,8 @@ def _objective_gradient(
     n_seqs, length = policy.seqs.shape
     logp = policy.token_logp(policy.theta).detach()[seqs].requires_grad_()  # [S, n, T]
     ref = policy.token_logp(policy.ref)[seqs]
-    loss = loss_of(logp, ref, torch.ones_like(logp, dtype=torch.bool))
+    behavior = policy.token_logp(policy.behavior)[seqs]
+    loss = loss_of(logp, ref, torch.ones_like(logp, dtype=torch.bool), behavior)
     jac = policy.token_logp_jacobian() if jac is None else jac
     if weights is not None:
         (d_logp,) = torch.autograd.grad(loss @ weights, logp)
@@ -190,24 +218,39 @@ def grpo_gradients(
     loss_type: str,
     weights: Tensor | None = None,
     jac: Tensor | None = None,
+    off_policy: bool = False,
 ) -> Tensor:
-    """The gradient with respect to pi's logits of the trainer's on-policy objective for each optimiser step
-    (a row of ``seqs``: indices of its completions, group after group) [S, P], or with ``weights`` [S] their
-    weighted sum [P]. The objective is the trainer's own functions: ``grpo.policy_loss`` of the advantages
-    ``grpo.advantages`` (task reward, the detached penalty ``kl.estimate`` when the KL is in the reward,
-    ``config.reward_mode``, ``scale_rewards``), plus ``config.beta`` times ``grpo.kl_loss`` when it is in the
-    loss, aggregated per ``loss_type`` (``_aggregation``)."""
+    """The gradient with respect to pi's logits of the trainer's objective for each optimiser step (a row of
+    ``seqs``: indices of its completions, group after group, sampled from the behaviour policy) [S, P], or
+    with ``weights`` [S] their weighted sum [P]. The objective is the trainer's own functions, as
+    ``KLGRPOTrainer`` calls them: the policy loss of the advantages ``grpo.advantages`` (task reward; the
+    behaviour policy's detached penalty ``kl.estimate`` when the KL is in the reward and not its own term,
+    per ``config.reward_mode`` and ``scale_rewards``), ``grpo.policy_loss`` on-policy or TRL's clipped loss
+    ``grpo.clipped_policy_loss`` against the behaviour log-probs when ``off_policy``; plus ``config.beta``
+    times ``grpo.kl_reward_loss`` (``config.reward_term``: the current penalty less the leave-one-out mean of
+    the others' behaviour penalties, importance-weighted) and ``grpo.kl_loss`` when the KL is in the loss;
+    all aggregated per ``loss_type`` (``_aggregation``)."""
     in_reward = config.beta > 0 and config.placement in ("reward", "both")
     in_loss = config.beta > 0 and config.placement in ("loss", "both")
+    own_term = in_reward and config.reward_term
     aggregation = _aggregation(loss_type, seqs, policy.seqs.size(1))
     rewards = task_reward[seqs]
 
-    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor) -> Tensor:
-        penalty = kl.estimate(logp.detach(), ref, mask, config.estimator, config.level) if in_reward else None
+    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor, behavior: Tensor) -> Tensor:
+        sampled = kl.estimate(behavior, ref, mask, config.estimator, config.level) if in_reward else None
+        penalty = None if own_term else sampled
         adv = grpo.advantages(rewards, penalty, config.beta, group_size, scale_rewards, config.reward_mode)
-        loss = grpo.policy_loss(adv, logp, mask, aggregation)
+        if off_policy:
+            loss = grpo.clipped_policy_loss(adv, logp, behavior, mask, aggregation)
+        else:
+            loss = grpo.policy_loss(adv, logp, mask, aggregation)
+        if own_term:
+            baseline = grpo.leave_one_out_baseline(sampled, group_size)
+            reward_loss = grpo.kl_reward_loss(logp, ref, mask, config, aggregation, baseline, behavior)
+            loss = loss + config.beta * reward_loss
         if in_loss:
-            loss = loss + config.beta * grpo.kl_loss(logp, ref, mask, config, aggregation)
+            weights_from = behavior if config.importance != "none" else None
+            loss = loss + config.beta * grpo.kl_loss(logp, ref, mask, config, aggregation, weights_from)
         return loss
 
     return _objective_gradient(policy, seqs, loss_of, weights, jac)
@@ -224,6 +267,10 @@ def grpo_audit(
     scale_rewards: str = "group",
     reward_mode: str = "all",
     loss_type: str = "dapo",
+    behavior_shift: float = 0.0,
+    reward_logp: str | None = None,
+    importance: str | None = None,
+    importance_cap: float = 0.0,
 ) -> list[GRPOAuditRow]:
     """Per configuration (estimator x placement x level, for each reward mode and reward scaling: ``all`` for
     every one), the exact expected update of the trainer's objective on a random tabular policy (vocabulary
@@ -231,51 +278,96 @@ def grpo_audit(
     (with ``scale_rewards="batch"``, of ``groups`` groups, which its statistic spans; group and none do not
     depend on the number of groups and enumerate one). The task reward is ``task_reward_table``; the
     effective KL gradient ``(E[grad L(beta)] - E[grad L(0)]) / beta`` is compared with grad KL(pi||ref) and
-    grad KL(ref||pi), in the units of the loss type's aggregation (``GRPOAuditRow``)."""
+    grad KL(ref||pi), in the units of the loss type's aggregation (``GRPOAuditRow``).
+
+    Off-policy (``behavior_shift > 0``) the completions are sampled from the behaviour policy mu of
+    ``TabularPolicy.random`` and the policy loss is TRL's clipped one against mu's log-probs; rows for each
+    ``reward_logp`` and ``importance`` (``None``: every value off-policy; on-policy ``current`` and ``none``,
+    the others being the same computation)."""
     _validate_grpo(dict(locals()))
-    policy = TabularPolicy.random(vocab, length, seed, ref_distance, 0.0)
+    off_policy = behavior_shift > 0
+    policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
     g_reverse, g_forward = exact_kl_gradients(policy)
     jac = policy.token_logp_jacobian()
     reward = task_reward_table(len(policy.seqs), seed)
-    probs = policy.token_logp(policy.theta).sum(-1).exp()
+    pi_probs = policy.token_logp(policy.theta).sum(-1).exp()
+    probs = policy.token_logp(policy.behavior).sum(-1).exp()  # the sampling policy (pi on-policy)
     modes = kl.REWARD_MODES if reward_mode == "all" else (reward_mode,)
     scalings = grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,)
 
+    def every(value: str | None, values: tuple[str, ...], on_policy: str) -> tuple[str, ...]:
+        if value is None:
+            return values if off_policy else (on_policy,)
+        return values if value == "all" else (value,)
+
+    samplings = list(
+        itertools.product(
+            every(reward_logp, kl.REWARD_LOGPS, "current"), every(importance, kl.IMPORTANCE, "none")
+        )
+    )
     rows = []
     for scaling in scalings:
         n_groups = groups if scaling == "batch" else 1
         seqs, p = enumerate_steps(probs, group_size, n_groups)
-        unit = _unit(policy, seqs, p, loss_type, g_reverse, jac)
-        no_kl = kl.KLConfig("k1", "reward", beta=0.0)
-        g_zero = grpo_gradients(policy, reward, seqs, no_kl, group_size, scaling, loss_type, p, jac)
-        loss_rows: dict[tuple[str, str], dict[str, float]] = {}  # the KL in the loss ignores the reward mode
-        for mode in modes:
-            for estimator, placement, level in CONFIGS:
-                if placement == "loss" and (estimator, level) in loss_rows:
-                    values = loss_rows[estimator, level]
-                else:
-                    config = kl.KLConfig(estimator, placement, level, beta=beta, reward_mode=mode)
-                    g_beta = grpo_gradients(
-                        policy, reward, seqs, config, group_size, scaling, loss_type, p, jac
+        unit = _unit(
+            policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac
+        )
+
+        gradient = functools.partial(
+            grpo_gradients,
+            policy,
+            reward,
+            seqs,
+            group_size=group_size,
+            scale_rewards=scaling,
+            loss_type=loss_type,
+            weights=p,
+            jac=jac,
+            off_policy=off_policy,
+        )
+
+        g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
+        # The KL in the loss ignores the reward mode and reward_logp: computed once per importance.
+        loss_rows: dict[tuple[str, str, str], dict[str, float]] = {}
+        for logp_from, weighting in samplings:
+            for mode in modes:
+                for estimator, placement, level in CONFIGS:
+                    key = (estimator, level, weighting)
+                    if placement == "loss" and key in loss_rows:
+                        values = loss_rows[key]
+                    else:
+                        config = kl.KLConfig(
+                            estimator,
+                            placement,
+                            level,
+                            beta=beta,
+                            importance=weighting,
+                            reward_mode=mode,
+                            reward_logp=logp_from,
+                            importance_cap=importance_cap,
+                        )
+                        values = _effective(((gradient(config) - g_zero) / beta) / unit, g_reverse, g_forward)
+                        if placement == "loss":
+                            loss_rows[key] = values
+                    rows.append(
+                        GRPOAuditRow(
+                            estimator=estimator,
+                            placement=placement,
+                            level=level,
+                            reward_mode=mode,
+                            scale_rewards=scaling,
+                            loss_type=loss_type,
+                            group_size=group_size,
+                            groups=n_groups,
+                            beta=float(beta),
+                            behavior_shift=float(behavior_shift),
+                            reward_logp=logp_from,
+                            importance=weighting,
+                            importance_cap=importance_cap,
+                            **values,
+                            verdict=_grpo_verdict(values),
+                        )
                     )
-                    values = _effective(((g_beta - g_zero) / beta) / unit, g_reverse, g_forward)
-                    if placement == "loss":
-                        loss_rows[estimator, level] = values
-                rows.append(
-                    GRPOAuditRow(
-                        estimator=estimator,
-                        placement=placement,
-                        level=level,
-                        reward_mode=mode,
-                        scale_rewards=scaling,
-                        loss_type=loss_type,
-                        group_size=group_size,
-                        groups=n_groups,
-                        beta=float(beta),
-                        **values,
-                        verdict=_grpo_verdict(values),
-                    )
-                )
     return rows
 
 
@@ -288,7 +380,7 @@ def _unit(
     aggregation = _aggregation(loss_type, seqs, policy.seqs.size(1))
     plain = kl.KLConfig("k1", "reward", "token")
 
-    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor) -> Tensor:
+    def loss_of(logp: Tensor, ref: Tensor, mask: Tensor, behavior: Tensor) -> Tensor:
         return aggregation(kl.token_terms(logp, ref, mask, plain), mask)
 
     g_plain = _objective_gradient(policy, seqs, loss_of, p, jac)

@@ -13,6 +13,9 @@ A grid file (see ``sweeps/*.yaml``)::
       seed: range(3)
     exclude:                    # partial assignments of axis values; the runs matching one are dropped
       - {kl.estimator: k1, kl.beta: 0.1}
+    claims:                     # optional: hypotheses the report tests (claims.py; docs/REPORT.md)
+      - {name: k3 beats k1, metric: in_domain, test: welch, direction: greater,
+         a: {kl.estimator: k3}, b: {kl.estimator: k1}}
 
 ``grid:`` may also be a list of such mappings: the plan is the union of their products, deduplicated by run
 id (e.g. the full product plus a no-KL baseline ``{kl.beta: 0, seed: range(3)}``). Precedence, lowest first:
@@ -38,6 +41,7 @@ One question per module:
     validate.py   which values are valid: bounds and choices, types, KL values, group options
     overrides.py  how values are written: Hydra's override grammar, axes, base mappings, the command line
     compose.py    how a run's config is made: Hydra composition once per group choice, values set on top
+    claims.py     the ``claims:`` a report tests: read and checked up front (``Claim``)
     expand.py     which runs: each sub-grid's product minus excludes, deduplicated by id; the varying axes
     keys.py       every key described (``klsweep keys``): default, type, values allowed, help
 

@@ -42,7 +42,7 @@ def expand(
     matched = [0] * len(excludes)
     excluded = 0
     effective: dict[str, list[Any]] = {}
-    memo: dict[tuple[str, int], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
+    memo: dict[tuple[str, int, str], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
     for axes in products:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):

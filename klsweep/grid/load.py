@@ -16,7 +16,7 @@ from typing import Any
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
-from klsweep.grid import expand, parse
+from klsweep.grid import claims, expand, parse
 from klsweep.grid.compose import RESET, Composer
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
@@ -89,6 +89,7 @@ def load_plan(
     # the keys the command line sets or removes (a removed section: every axis inside it)
     cmd_keys = set(cmd_single) | set(cmd_sweep) | removed | {k for k in file_axes if under(k, removed)}
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
+    claims.parse_claims(data.get("claims"), f"{where}: claims", b.reader.schema, problems)
     if problems:
         raise UserError(problems, title="invalid grid")
 

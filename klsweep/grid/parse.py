@@ -1,5 +1,5 @@
 """The file as written: YAML text -> data (with duplicate keys reported), and the shape of a grid file's
-top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids) and ``exclude``. The keys and values
+top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids), ``exclude`` and ``claims`` (``claims.py``). The keys and values
 inside them are read by ``overrides`` and checked by ``schema`` and ``validate``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import did_you_mean, unknown
 from klsweep.grid.validate import NAME_ALLOWED, hashable, name_problem
 
-TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude")
+TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims")
 MAX_YAML_VALUES = 1_000_000  # values a YAML file may hold once its aliases are expanded (an alias bomb: more)
 
 

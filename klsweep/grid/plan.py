@@ -49,25 +49,32 @@ class Plan:
         raise UserError(Problem(which, what, allowed), title="no such run")
 
 
-def run_id(config: dict, memo: dict[tuple[str, int], tuple[Any, str]] | None = None) -> str:
+def run_id(config: dict, memo: dict[tuple[str, int, str], tuple[Any, str]] | None = None) -> str:
     """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``, and
-    without the keys of ``config.ID_OMITTED_AT`` that hold that value (``train.trl: {}``: a run that passes
-    nothing to TRL keeps the id it had before the key existed).
+    without the keys of ``config.id_omitted_at(config)`` that hold that value (``train.trl: {}``: a run that
+    passes nothing to TRL keeps the id it had before the key existed; ``kl.reward_logp`` on-policy).
     ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
     (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
     the whole."""
     parts = []
+    omitted = config_mod.id_omitted_at(config)
     for key in sorted(config):
         if key in config_mod.COSMETIC_KEYS:
             continue
         value = config[key]
-        hit = memo.get((key, id(value))) if memo is not None else None
+        # what is omitted from a section may depend on the others (kl.reward_logp on offpolicy.lag)
+        memo_key = (
+            key,
+            id(value),
+            repr(sorted((k, v) for k, v in omitted.items() if k.startswith(key + "."))),
+        )
+        hit = memo.get(memo_key) if memo is not None else None
         if hit is not None and hit[0] is value:
             text = hit[1]
         else:
-            text = _canonical(_without_cosmetic(key, value))
+            text = _canonical(_without_cosmetic(key, value, omitted))
             if memo is not None and isinstance(value, dict | list):
-                memo[(key, id(value))] = (value, text)
+                memo[memo_key] = (value, text)
         parts.append(f"{json.dumps(key)}:{text}")
     return hashlib.sha256(("{" + ",".join(parts) + "}").encode()).hexdigest()[:10]
 
@@ -76,15 +83,13 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _without_cosmetic(prefix: str, value: Any) -> Any:
+def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any]) -> Any:
     """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
     ``ID_OMITTED_AT`` that hold that value, copied on the way down: the caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
     inner = [(k[len(prefix) + 1 :], None) for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
-    inner += [
-        (k[len(prefix) + 1 :], v) for k, v in config_mod.ID_OMITTED_AT.items() if k.startswith(prefix + ".")
-    ]
+    inner += [(k[len(prefix) + 1 :], v) for k, v in omitted.items() if k.startswith(prefix + ".")]
     if not inner:
         return value
     kept = dict(value)

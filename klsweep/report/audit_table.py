@@ -1,8 +1,10 @@
 """The KL gradient audit table: for each KL configuration in the sweep, what the trainer's expected KL update is
 with the sweep's real settings, from the exact enumeration of ``klsweep.audit.grpo_audit`` (the GRPO audit:
-estimator, placement, level, reward mode, beta, group size G, ``scale_rewards`` and loss type of the runs), and
-for off-policy runs also the off-policy audit of the bare estimator with the runs' importance weighting. Audits
-are cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process."""
+estimator, placement, level, reward mode, beta, group size G, ``scale_rewards`` and loss type of the runs). Each
+run gets the verdict of its own sampling: on-policy runs the on-policy audit; off-policy runs (lag > 0 or
+several iterations) the off-policy audit (behaviour shift ``OFF_POLICY_SHIFT``) with their ``kl.reward_logp``,
+``kl.importance`` and ``kl.importance_cap``, and also the off-policy audit of the bare estimator. Audits are
+cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process."""
 
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ from klsweep.report.tables import DASH, sort_key
 if TYPE_CHECKING:
     import pandas as pd
 
-# The run settings a row is keyed by, after the sampling: dotted config key -> column.
+OFF_POLICY_SHIFT = 0.5  # the behaviour policy of the off-policy audits: mu = pi + this x noise (logits)
+# Off-policy runs are also keyed by these (on-policy they change nothing): dotted config key -> column.
+SAMPLING = {"kl.importance": "importance", "kl.reward_logp": "reward logp", "kl.importance_cap": "cap"}
+
+# The run settings a row is keyed by, before the sampling: dotted config key -> column.
 SETTINGS = {
     "kl.estimator": "estimator",
     "kl.placement": "placement",
@@ -33,8 +39,9 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per KL configuration in the sweep (the ``SETTINGS`` of its runs and whether they are on- or
     off-policy, with the importance weighting), with the GRPO audit of the trainer's expected update:
     ``effective scale`` (1: the KL part of the update is beta x grad KL(pi||ref) in the policy loss's units),
-    the cosines with grad KL(pi||ref) and grad KL(ref||pi), the relative error against the former, the verdict;
-    ``unbiased`` = the verdict is exact. Off-policy rows add the bare estimator's off-policy verdict."""
+    the cosines with grad KL(pi||ref) and grad KL(ref||pi), the relative error against the former, the verdict
+    (off-policy rows: of the off-policy audit with their reward log-probs, weighting and cap); ``unbiased`` =
+    the verdict is exact. Off-policy rows add the bare estimator's off-policy verdict."""
     import pandas as pd
 
     keys = _keys(runs)
@@ -42,25 +49,23 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     for k, c in zip(keys, runs["config"], strict=True):
         counts.setdefault(k, []).append(c)
     off_policy = (
-        {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(0.5, "all")}
-        if any(k[-1] != "on-policy" and k[0] != NO_KL for k in counts)
+        {(r.estimator, r.placement, r.level, r.importance): r for r in _audit(OFF_POLICY_SHIFT, "all")}
+        if any(k[len(SETTINGS)] != "on-policy" and k[0] != NO_KL for k in counts)
         else {}
     )
     rows = []
     for k in sorted(counts, key=sort_key):
-        *values, imp = k
+        values, (imp, logp, cap) = k[: len(SETTINGS)], k[len(SETTINGS) :]
         est, plc, lvl, mode, beta, g, scale, loss_type = values
         row: dict[str, Any] = dict(zip(SETTINGS.values(), values, strict=True))
+        off = est != NO_KL and imp != "on-policy"
         row |= {
-            "sampling": {"on-policy": "on-policy", "none": "off-policy, no importance weights"}.get(
-                imp, f"off-policy, importance={imp}"
-            )
-            if est != NO_KL
-            else DASH,
+            "sampling": (_sampling(imp, logp, cap) if off else "on-policy" if est != NO_KL else DASH),
             "configurations": len(set(counts[k])),
             "runs": len(counts[k]),
         }
-        audited = None if est == NO_KL else _grpo(g, scale, mode, loss_type, beta)
+        sampling = (OFF_POLICY_SHIFT, logp, imp, cap) if off else (0.0, None, None, 0.0)
+        audited = None if est == NO_KL else _grpo(g, scale, mode, loss_type, beta, *sampling)
         a = audited.get((est, plc, lvl)) if isinstance(audited, dict) else None
         if a is None:
             verdict = (
@@ -93,18 +98,30 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _sampling(importance: str, reward_logp: str, cap: Any) -> str:
+    """How an off-policy row's runs weigh their samples, in words."""
+    weights = "no importance weights" if importance == "none" else f"importance={importance}"
+    capped = f" capped at {cap:g}" if isinstance(cap, int | float) and cap > 0 else ""
+    return f"off-policy, {weights}{capped}, {reward_logp} log-probs in the reward"
+
+
 def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
-    """Per run: the audit row it belongs to (its ``SETTINGS`` values and sampling)."""
+    """Per run: the audit row it belongs to (its ``SETTINGS`` values, then "on-policy" and two dashes, or its
+    ``SAMPLING`` values)."""
     off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
         runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
     )
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
     settings = runs[list(SETTINGS)].astype(object).to_numpy()
+    sampling = runs[list(SAMPLING)].astype(object).to_numpy()
     return [
-        ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL,))
+        ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL, DASH, DASH))
         if nk
-        else (*(_plain(v) for v in values), imp if o else "on-policy")
-        for nk, o, values, imp in zip(no_kl, off, settings, runs["kl.importance"], strict=True)
+        else (
+            *(_plain(v) for v in values),
+            *((_plain(v) for v in how) if o else ("on-policy", DASH, DASH)),
+        )
+        for nk, o, values, how in zip(no_kl, off, settings, sampling, strict=True)
     ]
 
 
@@ -124,10 +141,20 @@ def _plain(v: Any) -> Any:
 
 
 @functools.cache
-def _grpo(group_size: Any, scale_rewards: Any, reward_mode: Any, loss_type: Any, beta: Any) -> dict | str:
+def _grpo(
+    group_size: Any,
+    scale_rewards: Any,
+    reward_mode: Any,
+    loss_type: Any,
+    beta: Any,
+    behavior_shift: float = 0.0,
+    reward_logp: Any = None,
+    importance: Any = None,
+    importance_cap: Any = 0.0,
+) -> dict | str:
     """{(estimator, placement, level): GRPOAuditRow} of ``klsweep.audit.grpo_audit`` with these settings and
-    its default policy, or why it cannot be audited (settings it rejects, e.g. a group too large to
-    enumerate, a loss type it does not model)."""
+    its default policy (off-policy: ``behavior_shift`` > 0, one reward_logp and importance), or why it cannot
+    be audited (settings it rejects, e.g. a group too large to enumerate, a loss type it does not model)."""
     from klsweep import audit
     from klsweep.errors import UserError
 
@@ -138,6 +165,10 @@ def _grpo(group_size: Any, scale_rewards: Any, reward_mode: Any, loss_type: Any,
             reward_mode=reward_mode,
             loss_type=loss_type,
             beta=float(beta),
+            behavior_shift=behavior_shift,
+            reward_logp=reward_logp,
+            importance=importance,
+            importance_cap=float(importance_cap),
         )
     except (UserError, TypeError, ValueError) as e:
         problems = getattr(e, "problems", None)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
+from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import ID_AVG, OOD_AVG, attach_deltas, attach_evals, load_baseline, load_runs
@@ -30,17 +31,20 @@ def build_report(
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
     wandb: bool | None = None,
+    claims: str | Path | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
     ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
-    stability table (the collapse rule is each run's own). UserError when the sweep does not exist or has no readable run, a format
+    stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
+    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
     formats = _check_formats(formats)
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
+    tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
     dirs = store.run_dirs(sweep)
     if not dirs:
         raise UserError(
@@ -67,6 +71,7 @@ def build_report(
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
+    run_configs = dict(zip(runs["run"], configs, strict=True))
     attach_stability(runs, metrics, window, rules)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
@@ -86,7 +91,7 @@ def build_report(
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
         comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=claims_table(runs, audit),
+        claims=claims_table(runs, audit, tested, run_configs),
         environment=environment_table(runs),
         window=window,
         collapse_rule=rule_text(configs),
@@ -99,6 +104,18 @@ def build_report(
         readable = [d for d in dirs if d.name in set(runs["run"])]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
+
+
+def _sweep_claims(sweep: Path) -> list[Claim]:
+    """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((sweep / store.SWEEP_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # no readable sweep.yaml: the runs, without claims
+        return []
+    text = data.get("grid") if isinstance(data, dict) else None
+    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

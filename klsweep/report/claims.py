@@ -1,10 +1,10 @@
 """The tests of a report: each configuration against its references, and the study's claims with a verdict.
 
 ``comparisons_table``: each configuration against no KL and k1 in the reward (Welch over seeds).
-``claims_table``: the claims of arXiv 2512.21852 (a)-(d), each tested on this sweep's runs and given a verdict
-(supported, not supported, inconclusive) by ``statistics.RULE``; ``read_verdicts``/``verdict_changes``
-compare them with a committed ``claims.csv``. The claims, their tests and the decision rule:
-docs/REPORT.md.
+``claims_table``: the claims of a grid file or a claims file (``klsweep.grid.claims``: data, e.g. the paper's
+(a)-(d) in sweeps/tiny.yaml), each tested on this sweep's runs, Holm-adjusted over the table and given a
+verdict (supported, not supported, inconclusive) by ``statistics.RULE``; ``read_verdicts``/``verdict_changes``
+compare them with a committed ``claims.csv``. The claims, their tests and the decision rule: docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import Problem, UserError
+from klsweep.grid.claims import UNBIASED, Claim
 from klsweep.report.audit_table import run_unbiased
 from klsweep.report.data import ID_AVG, OOD_AVG, nan_to_none
 from klsweep.report.statistics import (
     ALPHA,
     EFFECT,
-    EQUIVALENCE,
     INCONCLUSIVE,
     NOT_SUPPORTED,
     POWER,
     SUPPORTED,
+    holm,
     rate_test,
     tost,
     welch,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 PEAK_KL = "peak KL k3"
 REFERENCES = ("no KL", "k1 in reward")
-CLAIM_COLUMNS = ["claim", "verdict", "test", "statistic", "p_value", "n", "detail"]
+CLAIM_COLUMNS = ["claim", "group", "verdict", "test", "statistic", "p_value", "p_holm", "n", "detail"]
 MISSING = "missing"
 
 
@@ -97,102 +98,208 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
     return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference"])
 
 
-def _finished(runs: pd.DataFrame) -> pd.Series:
+def finished(runs: pd.DataFrame) -> pd.Series:
     return runs["state"].isin(["done", "diverged"])
 
 
-def _unstable(runs: pd.DataFrame) -> pd.Series:
+def unstable(runs: pd.DataFrame) -> pd.Series:
     return (runs["state"] == "diverged") | runs["collapsed"].astype(bool)
 
 
-def _on_policy(runs: pd.DataFrame) -> pd.Series:
-    lag = runs["offpolicy.lag"].map(lambda v: float(nan_to_none(v) or 0))
-    its = runs["offpolicy.num_iterations"].map(lambda v: float(nan_to_none(v) or 1))
-    return (lag == 0) & (its <= 1)
+METRIC_COLUMNS = {"in_domain": ID_AVG, "ood": OOD_AVG, "peak_kl": PEAK_KL}
+DEFAULT_EFFECT = {ID_AVG: (EFFECT["accuracy"], False), OOD_AVG: (EFFECT["accuracy"], False)}
+DEFAULT_EFFECT[PEAK_KL] = (EFFECT["peak KL"], True)
 
 
-def _rate_claim(claim: str, a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> dict[str, Any]:
-    """Fisher's exact test that group a is unstable more often than group b."""
-    ua, ub = int(_unstable(a).sum()), int(_unstable(b).sum())
-    p, best = rate_test(ua, len(a), ub, len(b))
-    detail = f"unstable: {names[0]} {ua}/{len(a)}, {names[1]} {ub}/{len(b)}"
-    if math.isnan(p):
-        verdict, why = INCONCLUSIVE, "a group has no finished run"
-    elif p < ALPHA:
-        verdict, why = SUPPORTED, ""
-    elif not best < ALPHA:
-        verdict, why = INCONCLUSIVE, f"underpowered: no outcome with these group sizes gives p < {ALPHA:g}"
-    else:
-        verdict, why = NOT_SUPPORTED, ""
-    diff = ua / len(a) - ub / len(b) if len(a) and len(b) else math.nan
-    return {
-        "claim": claim,
-        "verdict": verdict,
-        "test": "Fisher's exact test, one-sided; statistic: difference of unstable rates",
-        "statistic": diff,
-        "p_value": p,
-        "n": len(a) + len(b),
-        "detail": detail + (f"; {why}" if why else ""),
-    }
+def _same(v: Any, wanted: Any) -> bool:
+    """A run's value against a filter's (YAML) value: numbers by value, the rest as text."""
+    v = nan_to_none(v)
+    if isinstance(wanted, bool) or isinstance(v, bool):
+        return str(v).lower() == str(wanted).lower()
+    if isinstance(wanted, int | float) and not isinstance(v, str | type(None)):
+        try:
+            return float(v) == float(wanted)
+        except (TypeError, ValueError):
+            return False
+    return fmt_value(v) == fmt_value(wanted)
 
 
-def _welch_claim(
-    claim: str, a: pd.Series, b: pd.Series, names: tuple[str, str], effect: float, what: str
-) -> dict[str, Any]:
-    """Welch's one-sided test that mean(a) > mean(b); power at ``effect``."""
-    w = welch(list(a.dropna()), list(b.dropna()), alternative="greater")
-    detail = (
-        f"{what}: {names[0]} {_num(w.diff + _mean(b))} (n={w.n_a}) vs {names[1]} {_num(_mean(b))} (n={w.n_b}); "
-        f"difference {_num(w.diff)} ± {_num(w.half_width)}"
-    )
-    power = welch_power(w, effect)
-    if math.isnan(w.p):
-        verdict, why = INCONCLUSIVE, "fewer than 2 values in a group, or no spread"
-    elif w.p < ALPHA:
-        verdict, why = SUPPORTED, ""
-    elif w.p > 1 - ALPHA:
-        verdict, why = NOT_SUPPORTED, "significant in the other direction"
-    elif power >= POWER:
-        verdict, why = NOT_SUPPORTED, f"power {power:.2f} at an effect of {_num(effect)}"
-    else:
-        verdict, why = INCONCLUSIVE, f"underpowered: power {power:.2f} at an effect of {_num(effect)}"
-    return {
-        "claim": claim,
-        "verdict": verdict,
-        "test": "Welch's t-test, one-sided; statistic: t",
+def claim_side(runs: pd.DataFrame, configs: dict[str, dict], filters: dict[str, list[Any]]) -> pd.DataFrame:
+    """The finished runs matching every filter (a key: one of its values); keys not in runs.csv are read from
+    the runs' configs; ``unbiased``: the audit's verdict at the run's own lag."""
+    keep = []
+    for _, r in runs.iterrows():
+        ok = True
+        for key, values in filters.items():
+            if key == UNBIASED:
+                v: Any = {"yes": True, "no": False}.get(r["unbiased"])
+            else:
+                v = r[key] if key in runs.columns else configs.get(r["run"], {}).get(key)
+            ok = ok and any(_same(v, w) for w in values)
+        keep.append(ok)
+    return runs[keep]
+
+
+def _describe(filters: dict[str, list[Any]]) -> str:
+    return ", ".join(f"{k}={'|'.join(fmt_value(v) for v in vs)}" for k, vs in filters.items())
+
+
+def claim_size(size: tuple[float, bool] | None, b: pd.Series) -> float:
+    if size is None:
+        return math.nan
+    value, relative = size
+    return value * abs(_mean(b)) if relative else value
+
+
+def _events(side: pd.DataFrame, metric: str) -> int:
+    """How many runs of a side have the event a Fisher claim counts: unstable, or a yes/no column true."""
+    if metric == "unstable":
+        return int(unstable(side).sum())
+    return int(side[metric].map(lambda v: str(v).lower() in ("true", "1", "1.0", "yes")).sum())
+
+
+def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
+    """The claim's test on its two sides: the row of ``claims_table`` before Holm (``verdict`` then decided
+    by ``_verdict`` from ``p_value`` and the private ``_*`` entries)."""
+    import pandas as pd
+
+    row: dict[str, Any] = {"claim": c.name, "group": c.group or ""}
+    if c.test == "fisher":
+        first, second = (a, b) if c.direction == "greater" else (b, a)
+        ua, ub = _events(a, c.metric), _events(b, c.metric)
+        ea, eb = (ua, ub) if c.direction == "greater" else (ub, ua)
+        p, best = rate_test(ea, len(first), eb, len(second))
+        row |= {
+            "test": f"Fisher's exact test, one-sided ({c.direction}); statistic: difference of {c.metric} rates",
+            "statistic": ua / len(a) - ub / len(b) if len(a) and len(b) else math.nan,
+            "p_value": p,
+            "n": len(a) + len(b),
+            "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
+            "_best": best,
+        }
+        return row
+    column = METRIC_COLUMNS.get(c.metric, c.metric)
+    xa, xb = (pd.to_numeric(side[column], errors="coerce").dropna() for side in (a, b))
+    what = f"{c.metric}: a {_num(_mean(xa))} (n={len(xa)}) vs b {_num(_mean(xb))} (n={len(xb)})"
+    if c.test == "tost":
+        margin = claim_size(c.margin, xb)
+        p, w = tost(list(xa), list(xb), margin)
+        row |= {
+            "test": "equivalence: two one-sided Welch tests (TOST); statistic: difference of means",
+            "statistic": w.diff,
+            "p_value": p,
+            "n": w.n_a + w.n_b,
+            "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}, margin ±{_num(margin)}",
+            "_two_sided": w.p,
+        }
+        return row
+    w = welch(list(xa), list(xb), alternative=c.direction)
+    effect = claim_size(c.effect or DEFAULT_EFFECT.get(column), xb)
+    row |= {
+        "test": f"Welch's t-test, one-sided ({c.direction}); statistic: t",
         "statistic": w.t,
         "p_value": w.p,
         "n": w.n_a + w.n_b,
-        "detail": detail + (f"; {why}" if why else ""),
+        "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}",
+        "_welch": w,
+        "_effect": effect,
     }
+    return row
 
 
-def _equivalence_claim(
-    claim: str, a: pd.Series, b: pd.Series, names: tuple[str, str], margin: float, what: str
-) -> dict[str, Any]:
-    """TOST: mean(a) equals mean(b) within ± margin."""
-    p, w = tost(list(a.dropna()), list(b.dropna()), margin)
-    detail = (
-        f"{what}: {names[0]} {_num(w.diff + _mean(b))} (n={w.n_a}) vs {names[1]} {_num(_mean(b))} (n={w.n_b}); "
-        f"difference {_num(w.diff)} ± {_num(w.half_width)}, margin ±{_num(margin)}"
-    )
-    if math.isnan(p) or math.isnan(margin):
-        verdict, why = INCONCLUSIVE, "fewer than 2 values in a group, or no spread"
-    elif p < ALPHA:
-        verdict, why = SUPPORTED, "equivalent within the margin"
-    elif w.p < ALPHA:
-        verdict, why = NOT_SUPPORTED, f"they differ (two-sided Welch p = {w.p:.3g})"
+def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
+    """(verdict, why) of a tested claim from its Holm-adjusted p (``RULE``); ``m``: the claims tested."""
+    p, adj = row["p_value"], row["p_holm"]
+    if math.isnan(p):
+        return INCONCLUSIVE, "a group has no finished run, fewer than 2 values or no spread"
+    if adj < ALPHA:
+        return SUPPORTED, "equivalent within the margin" if test == "tost" else ""
+    if test == "fisher":
+        if not row["_best"] * m < ALPHA:
+            return INCONCLUSIVE, f"underpowered: no outcome with these group sizes gives p_holm < {ALPHA:g}"
+        return NOT_SUPPORTED, ""
+    if test == "tost":
+        if row["_two_sided"] < ALPHA:
+            return NOT_SUPPORTED, f"they differ (two-sided Welch p = {row['_two_sided']:.3g})"
+        return INCONCLUSIVE, "not different, but not shown equivalent (underpowered)"
+    if p > 1 - ALPHA:
+        return NOT_SUPPORTED, "significant in the other direction"
+    effect = row["_effect"]
+    power = welch_power(row["_welch"], effect, ALPHA / m) if not math.isnan(effect) else math.nan
+    if math.isnan(power):
+        return INCONCLUSIVE, "no smallest effect of interest for this metric (effect:)"
+    at = f"power {power:.2f} at an effect of {_num(effect)} (level {ALPHA:g}/{m})"
+    return (NOT_SUPPORTED, at) if power >= POWER else (INCONCLUSIVE, f"underpowered: {at}")
+
+
+def _group_row(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
+    """An "any of" claim: supported when a member is, not supported when every member is not, else
+    inconclusive; its p_holm the smallest of its members'."""
+    verdicts = [r["verdict"] for r in members]
+    if SUPPORTED in verdicts:
+        verdict = SUPPORTED
+    elif all(v == NOT_SUPPORTED for v in verdicts):
+        verdict = NOT_SUPPORTED
     else:
-        verdict, why = INCONCLUSIVE, "not different, but not shown equivalent (underpowered)"
+        verdict = INCONCLUSIVE
+    n_sup = verdicts.count(SUPPORTED)
+    adjusted = [r["p_holm"] for r in members if not math.isnan(r["p_holm"])]
     return {
-        "claim": claim,
+        "claim": name,
+        "group": name,
         "verdict": verdict,
-        "test": "equivalence: two one-sided Welch tests (TOST); statistic: difference of means",
-        "statistic": w.diff,
-        "p_value": p,
-        "n": w.n_a + w.n_b,
-        "detail": detail + f"; {why}",
+        "test": f"any of {len(members)} claims (supported when at least one member is, after Holm)",
+        "statistic": math.nan,
+        "p_value": math.nan,
+        "p_holm": min(adjusted) if adjusted else math.nan,
+        "n": max(r["n"] for r in members),
+        "detail": f"{n_sup} of {len(members)} members supported",
     }
+
+
+def claims_table(
+    runs: pd.DataFrame, audit: pd.DataFrame, claims: Sequence[Claim], configs: dict[str, dict] | None = None
+) -> pd.DataFrame:
+    """One row per claim (``klsweep.grid.claims``), tested on the finished runs, then one per group of claims
+    ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``.
+    ``configs``: run -> its flattened config, for filters on keys runs.csv does not hold. UserError when a
+    claim's metric or filter key is neither a column of the runs nor a config key."""
+    import pandas as pd
+
+    if not claims:
+        return pd.DataFrame(columns=CLAIM_COLUMNS)
+    configs = configs or {}
+    r = runs.assign(unbiased=run_unbiased(runs, audit))
+    done = r[finished(r)]
+    known = set(r.columns) | {k for c in configs.values() for k in c}
+    problems = [
+        Problem(f"claim {c.name!r}: metric", f"{c.metric!r} is not a column of runs.csv",
+                f"{', '.join(METRIC_COLUMNS)}, unstable, or a column of runs.csv")
+        for c in claims
+        if c.metric != "unstable" and METRIC_COLUMNS.get(c.metric, c.metric) not in r.columns
+    ] + [
+        Problem(f"claim {c.name!r}: {side}.{k}", f"no run of this sweep has {k!r}", "a key of the runs' configs")
+        for c in claims
+        for side, f in (("a", c.a), ("b", c.b))
+        for k in f
+        if k != UNBIASED and k not in known
+    ]  # fmt: skip
+    if problems:
+        raise UserError(problems, title="invalid claims")
+    rows = [_test(c, claim_side(done, configs, c.a), claim_side(done, configs, c.b)) for c in claims]
+    for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
+        row["p_holm"] = adj
+    tested = sum(not math.isnan(row["p_value"]) for row in rows)
+    for c, row in zip(claims, rows, strict=True):
+        verdict, why = _verdict(row, c.test, max(tested, 1))
+        sides = f"a: {_describe(c.a)}; b: {_describe(c.b)}"
+        row["verdict"], row["detail"] = verdict, f"{row['detail']}{f'; {why}' if why else ''} ({sides})"
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["group"]:
+            groups.setdefault(row["group"], []).append(row)
+    rows += [_group_row(g, members) for g, members in groups.items()]
+    return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
 
 
 def _mean(s: pd.Series) -> float:
@@ -202,75 +309,6 @@ def _mean(s: pd.Series) -> float:
 
 def _num(v: float) -> str:
     return DASH if v is None or math.isnan(v) else f"{v:.3g}"
-
-
-def claims_table(runs: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
-    """One row per claim (see the module docstring): ``CLAIM_COLUMNS``."""
-    import pandas as pd
-
-    r = runs.assign(unbiased=run_unbiased(runs, audit))
-    done = r[_finished(r)]
-    kl, on = kl_on(done), _on_policy(done)
-    biased, unbiased = done[kl & (done["unbiased"] == "no")], done[kl & (done["unbiased"] == "yes")]
-    no_kl = done[~kl]
-    acc, kl_eff = EFFECT["accuracy"], EFFECT["peak KL"]
-    k1_loss_on = done[_is(done, "k1", "loss") & on]
-    no_kl_on = no_kl[_on_policy(no_kl)]
-    rows = [
-        _rate_claim(
-            "(a) biased KL configurations are unstable on-policy",
-            biased[_on_policy(biased)],
-            unbiased[_on_policy(unbiased)],
-            ("biased", "unbiased"),
-        ),
-        _equivalence_claim(
-            "(b) k1 in the loss behaves like no KL: peak KL",
-            k1_loss_on[PEAK_KL],
-            no_kl_on[PEAK_KL],
-            ("k1 in loss", "no KL"),
-            EQUIVALENCE["peak KL"] * abs(_mean(no_kl_on[PEAK_KL])),
-            "peak KL (k3), on-policy",
-        ),
-        _equivalence_claim(
-            "(b) k1 in the loss behaves like no KL: in-domain accuracy",
-            k1_loss_on[ID_AVG],
-            no_kl_on[ID_AVG],
-            ("k1 in loss", "no KL"),
-            EQUIVALENCE["accuracy"],
-            "in-domain average, on-policy",
-        ),
-        _welch_claim(
-            "(c) unbiased KL configurations are better in-domain",
-            unbiased[ID_AVG],
-            biased[ID_AVG],
-            ("unbiased", "biased"),
-            acc,
-            "in-domain average",
-        ),
-        _welch_claim(
-            "(c) unbiased KL configurations are better out of domain",
-            unbiased[OOD_AVG],
-            biased[OOD_AVG],
-            ("unbiased", "biased"),
-            acc,
-            "OOD average",
-        ),
-        _rate_claim(
-            "(d) KL stabilises off-policy training: fewer unstable runs",
-            no_kl[~_on_policy(no_kl)],
-            done[kl & ~on],
-            ("no KL", "KL"),
-        ),
-        _welch_claim(
-            "(d) KL stabilises off-policy training: lower peak KL",
-            no_kl[~_on_policy(no_kl)][PEAK_KL],
-            done[kl & ~on][PEAK_KL],
-            ("no KL", "KL"),
-            kl_eff * abs(_mean(no_kl[~_on_policy(no_kl)][PEAK_KL])),
-            "peak KL (k3), off-policy",
-        ),
-    ]
-    return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
 
 
 def read_verdicts(path: str | Path) -> dict[str, str]:

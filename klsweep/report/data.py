@@ -38,7 +38,13 @@ AXIS_ORDER = (
     "offpolicy.num_iterations",
 )
 # Settings the KL audit of a run depends on (klsweep.audit.grpo_audit): a column of every run, varying or not.
-AUDIT_KEYS = ("train.group_size", "train.scale_rewards", "train.loss_type")
+AUDIT_KEYS = (
+    "train.group_size",
+    "train.scale_rewards",
+    "train.loss_type",
+    "kl.reward_logp",
+    "kl.importance_cap",
+)
 ID_AVG, OOD_AVG, D_ID, D_OOD = "in-domain avg", "OOD avg", "Δ in-domain", "Δ OOD"
 SE = "eval se"  # suffix of a run's lm-eval stderr column: "<task> eval se"
 

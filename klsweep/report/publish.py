@@ -63,7 +63,11 @@ def log_report(report: Report, run_dirs: Sequence[Path], offline: bool = False) 
 def _log(run: Any, report: Report) -> None:
     import wandb
 
-    row: dict[str, Any] = {name: wandb.Table(dataframe=_plain(getattr(report, name))) for name in TABLES}
+    row: dict[str, Any] = {
+        name: wandb.Table(dataframe=_plain(getattr(report, name)))
+        for name in TABLES
+        if name != "claims" or len(report.claims)  # no claims, no claims table
+    }
     for name in FIGURES:
         png = report.out_dir / f"{name}.png"
         if png in report.paths:

@@ -3,7 +3,7 @@
 - ``md``: ``report.md`` (summary, every table with its caption, the figures, the claims with their verdicts,
   the comparisons with the references, the environments, the runs);
 - ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``comparisons``,
-  ``claims`` (claim, verdict, test, statistic, p_value, n, detail), ``environment``, ``runs``);
+  ``claims`` (claim, group, verdict, test, statistic, p_value, p_holm, n, detail; only with claims), ``environment``, ``runs``);
 - ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
 - ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
   embedded as data URIs, numbers right-aligned.
@@ -38,7 +38,7 @@ FORMATS = ("md", "csv", "latex", "html")
 # sections of report.md and report.html after the paper tables (not LaTeX tables), and what each says when empty
 EXTRA_SECTIONS = ("claims", "comparisons", "environment")
 NONE = {
-    "claims": "No claim tested.",
+    "claims": "No claims: the grid file states none (`claims:`; or `klsweep report --claims FILE`).",
     "comparisons": "No configuration has a reference (no KL, k1 in the reward) sharing its other axes.",
     "environment": "No run recorded its environment (env.json) yet.",
 }
@@ -137,6 +137,9 @@ def _write_csv(report: Report) -> list[Path]:
         "runs",
     ):
         path = report.out_dir / f"{name}.csv"
+        if name == "claims" and not len(report.claims):  # no claims, no table (nor a stale one)
+            path.unlink(missing_ok=True)
+            continue
         store.atomic_write_text(path, getattr(report, name).to_csv(index=False))
         paths.append(path)
     return paths

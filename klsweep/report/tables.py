@@ -372,6 +372,7 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],
+            "p holm": [fmt_p(v) for v in df["p_holm"]],
             "n": df["n"].astype(str),
             "detail": df["detail"],
         }
@@ -476,12 +477,15 @@ def captions(report: Report) -> dict[str, str]:
         "audit": (
             "What the trainer's KL update is with the runs' settings (klsweep audit --grpo: exact enumeration of "
             "every step of G completions of a tabular policy, vocabulary 3, length 2; the trainer's own "
-            "advantages, reward mode and loss aggregation), on-policy. Effective scale: the effective KL "
+            "advantages, reward mode and loss aggregation); each row with its runs' sampling: off-policy rows "
+            "(lag > 0 or several iterations) are audited off-policy, samples from a behaviour policy shifted "
+            "from pi (shift 0.5), with the runs' reward log-probs, importance weighting and cap, and TRL's "
+            "clipped ratio. Effective scale: the effective KL "
             "gradient (E[grad L(beta)] - E[grad L(0)]) / beta projected on grad KL(pi||ref), in units of the "
             "loss type's aggregation; cos: its cosine with grad KL(pi||ref) (reverse) and grad KL(ref||pi) "
             "(forward). Unbiased = exact: the expected KL update is beta x grad KL(pi||ref) (scale 1, cosine 1). "
-            "Off-policy rows add the bare estimator's audit with a behaviour policy shifted from pi (shift 0.5) "
-            "and the runs' importance weighting. See docs/KL.md."
+            "Off-policy rows add the bare estimator's audit with that behaviour policy and the runs' importance "
+            "weighting. See docs/KL.md."
         ),
         "comparisons": (
             "In-domain and OOD averages of each configuration against the no-KL baseline (beta = 0) and k1 in "

@@ -227,19 +227,19 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     )
     if len(report.claims):
         rows = [
-            [c.claim, c.verdict, fmt_p(c.p_value)]
-            for c in report.claims[["claim", "verdict", "p_value"]].itertuples()
+            [c.claim, c.verdict, fmt_p(c.p_holm)]
+            for c in report.claims[["claim", "verdict", "p_holm"]].itertuples()
         ]
         tables.append(
             fitted_table(
                 f"The study's claims: {report.sweep_dir.name}",
-                ["claim", "verdict", "p"],
+                ["claim", "verdict", "p holm"],
                 rows,
                 width=width,
-                right=["p"],
+                right=["p holm"],
                 whole=["verdict"],
-                caption="one test per claim at 0.05, no correction for several (tests, statistics, the decision "
-                "rule: report.md, claims.csv)",
+                caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
+                "decision rule: report.md, claims.csv)",
             )
         )
     return tables

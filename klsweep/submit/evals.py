@@ -56,6 +56,7 @@ def submit_eval(
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    _check_inside(Path(target), request)
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
@@ -157,6 +158,17 @@ def eval_request(
 def local_eval_jobs(runs: int, jobs: int | None = None) -> int:
     """How many local eval jobs: ``jobs``, else one per core this process may use; never more than runs."""
     return max(1, min(jobs or usable_cores(), runs))
+
+
+def _check_inside(target: Path, request: EvalRequest) -> None:
+    """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
+    baselines') or what is in it is a symbolic link out of the sweep folder (``TARGET``, or a run folder's
+    sweep): klsweep writes only inside it."""
+    root = target.parent if (target / store.CONFIG_FILE).is_file() else target
+    baselines = [Path(b[0]) / store.BASELINE_DIR for b in request.baselines]
+    problems = store.links_out(root, [target, *request.runs, *baselines])
+    if problems:
+        raise UserError(problems, title="a folder outside the results folder")
 
 
 def _submit(request: EvalRequest, cluster: str, wait: bool, n_jobs: int | None = None) -> EvalSubmission:

@@ -2,13 +2,15 @@
 (pickled by submitit), and what a planned run asks of its jobs (resources, cluster settings, a chained eval).
 
 Training jobs are ``TrainJob`` (submitit checkpointable: requeued on preemption or timeout, docs/DESIGN.md);
-``train_run`` resumes from the run's last checkpoint. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
+``train_run`` resumes from the run's last checkpoint. A training job holds the run's training lock
+(``store.training``): one process trains a run at a time. Eval jobs are ``EvalJob``. Both keep their stdout/stderr
 in the run's ``logs/`` (``klsweep.submit.joblogs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +44,19 @@ class TrainJob:
             fn: Callable[[Path], Any] = train_run
         else:
             fn = self.fn
+        # one process trains a run at a time, whatever died before: rank 0 holds the run's training lock
+        lock = store.training(self.run_dir) if env.global_rank == 0 else contextlib.nullcontext()
         try:
-            with joblogs.kept(self.run_dir, "train", shared=self.shared_log):
+            if env.global_rank > 0:
+                _join_rank_0(self.run_dir)
+            with joblogs.kept(self.run_dir, "train", shared=self.shared_log), lock:
+                status = store.read_status(self.run_dir)
+                if status["state"] in ("done", "diverged"):  # trained meanwhile (by a job now gone)
+                    return status
                 return fn(Path(self.run_dir))
+        except store.AlreadyTraining as e:  # the run is the other trainer's: its status stays as it says
+            print(f"klsweep: {e.problems[0].what}; this job does not train it", file=sys.stderr, flush=True)
+            raise
         except Exception as e:
             # a status.json that cannot be read is left as it is (the error names it in the job's log)
             with contextlib.suppress(store.UnreadableFile):
@@ -85,6 +97,22 @@ class EvalJob:
             fn = self.fn
         with joblogs.kept(self.run_dir, "eval", shared=self.shared_log):
             return fn(Path(self.run_dir), self.eval_cfg, checkpoints="last")
+
+
+def _join_rank_0(run_dir: str) -> None:
+    """On the other ranks of a data-parallel job: ``store.AlreadyTraining`` when another job holds the run's
+    training lock for longer than rank 0 waits for it (rank 0 then does not train either), instead of waiting
+    for rank 0 in the distributed setup until its timeout. Returns at once when the lock is free (or there is
+    no ``flock``), or held by this job's rank 0."""
+    import os
+    import time
+
+    job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+    deadline = time.time() + store.TRAIN_LOCK_WAIT_S + 15
+    while (holder := store.trainer_of(run_dir)) is not None and holder.get("job_id") != job_id:
+        if time.time() > deadline:
+            raise store.AlreadyTraining(run_dir, holder)
+        time.sleep(0.5)
 
 
 def _defer_preemption_to_step_end(env: Any) -> None:

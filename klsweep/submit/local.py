@@ -4,14 +4,18 @@ Local: ``submit_local`` writes the queue and starts a detached supervisor (``pyt
 supervise QUEUE``, ``supervise``); it keeps up to ``cluster.max_local_jobs`` submitit worker jobs
 (``LocalWorker``), each claiming queued jobs one after the other in one process (torch, TRL and lm-eval
 imported once per worker), under the sweep's lock (``pool.json``, ``jobs.jsonl``). A dead worker's job is
-recorded as failed and a new worker takes what is left. Debug: ``submit_debug`` runs every job in this process
+recorded as failed and a new worker takes what is left; a worker dies with its job's controller and with the
+supervisor (``_die_with_parents``). Debug: ``submit_debug`` runs every job in this process
 with submitit's ``DebugExecutor`` (for pdb). How the pool works: docs/DESIGN.md (Submission).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ from klsweep import store
 from klsweep.config import tasks_per_node
 from klsweep.submit import joblogs
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
-from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, submission_folder
+from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, pid_alive, submission_folder
 
 SUPERVISE = "supervise"
 POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
@@ -296,6 +300,7 @@ class LocalWorker:
     def __call__(self) -> None:
         import submitit
 
+        _die_with_parents(self.supervisor)
         env = submitit.JobEnvironment()
         pool = _Pool.load(self.queue_path)
         limit = pool.queue["jobs_per_worker"]
@@ -359,6 +364,33 @@ class LocalWorker:
                     states[i] = {"state": "waiting", "worker": None}
                     pool.write(states)
         return DelayedSubmission(self)
+
+
+def _die_with_parents(supervisor: int) -> None:
+    """This worker process dies (SIGKILL) as soon as its submitit controller (its parent: the job id that
+    ``klsweep status`` shows) or the supervisor dies, however they die: a worker never outlives the pool whose
+    claims it acts on, and a rerun resumes its run (the training lock covers the moment in between). The
+    parent by ``PR_SET_PDEATHSIG`` (Linux), the supervisor by a thread waiting on its pidfd (else polling)."""
+    import ctypes
+    import threading
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if not pid_alive(os.getppid(), "submitit") or not pid_alive(supervisor, SUPERVISOR_MODULE):
+        os.kill(os.getpid(), signal.SIGKILL)  # gone already
+
+    def watch() -> None:
+        try:
+            select.select([os.pidfd_open(supervisor)], [], [])  # readable when the supervisor has exited
+        except (AttributeError, OSError):
+            while pid_alive(supervisor, SUPERVISOR_MODULE):
+                time.sleep(_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="klsweep-die-with-supervisor", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _forget_process_state() -> None:

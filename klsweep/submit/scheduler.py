@@ -96,7 +96,7 @@ def latest_rows(sweep_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
 # --- states --------------------------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int, marker: str) -> bool:
+def pid_alive(pid: int, marker: str) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -106,29 +106,38 @@ def _pid_alive(pid: int, marker: str) -> bool:
 
 
 def _local_state(row: dict[str, Any]) -> str:
-    """A Slurm-like state of a local job, read from the process table and submitit's result file."""
+    """A Slurm-like state of a local job, read from the process table and submitit's result file. A pool's
+    worker dies with its supervisor (``klsweep.submit.local``): its jobs are ``LOST`` once the supervisor is."""
     if row.get("state"):
         return row["state"]
-    if row["job_id"] is None:
-        return "PENDING" if _pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE) else "LOST"
-    if _pid_alive(int(row["job_id"]), "submitit"):
+    if row["job_id"] is None or row.get("worker"):
+        if not pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE):
+            return "LOST"
+        # a worker gone while its supervisor lives: the supervisor is about to record how the job ended
+        return "PENDING" if row["job_id"] is None else "RUNNING"
+    if pid_alive(int(row["job_id"]), "submitit"):
         return "RUNNING"
-    if row.get("worker") and _pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE):
-        return "RUNNING"  # a local worker gone: its supervisor is about to record how the job ended
     return _result_state(Path(row["folder"]), row["job_id"])
 
 
 def _result_state(folder: Path, job_id: str) -> str:
-    import pickle
+    """How an ended local job ended, from submitit's result file, **without unpickling it** (a results folder
+    may come from anyone: a read-only command executes nothing from it): the file holds the tuple
+    ``(outcome, result)`` and its first string is the outcome, read with ``pickletools``, which decodes the
+    opcodes and runs none."""
+    import pickletools
 
     path = folder / f"{job_id}_0_result.pkl"
     if not path.exists():
         return "CANCELLED" if (folder / f"{job_id}.cancelled").exists() else "FAILED"
     try:
-        outcome = pickle.loads(path.read_bytes())[0]
-    except Exception:
-        return "FAILED"
-    return "COMPLETED" if outcome == "success" else "FAILED"
+        with open(path, "rb") as f:
+            for _, arg, _ in pickletools.genops(f):
+                if isinstance(arg, str):
+                    return "COMPLETED" if arg == "success" else "FAILED"
+    except Exception:  # not a pickle: whatever the file is, the job did not say it succeeded
+        pass
+    return "FAILED"
 
 
 def _run_cmd(cmd: list[str]) -> str | None:
@@ -235,13 +244,13 @@ def cancel_rows(rows: list[dict[str, Any]]) -> None:
             continue
         if r["job_id"] is None:
             continue  # queued in the supervisor: it skips runs whose status is cancelled
-        if _pid_alive(int(r["job_id"]), "submitit"):
+        if pid_alive(int(r["job_id"]), "submitit"):
             Path(r["folder"], f"{r['job_id']}.cancelled").touch()
             os.kill(int(r["job_id"]), signal.SIGINT)  # submitit's local controller stops its tasks
             pids.append(int(r["job_id"]))
     deadline = time.time() + 5
     while pids and time.time() < deadline:
-        pids = [p for p in pids if _pid_alive(p, "submitit")]
+        pids = [p for p in pids if pid_alive(p, "submitit")]
         time.sleep(0.1)
     for p in pids:
         os.kill(p, signal.SIGKILL)

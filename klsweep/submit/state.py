@@ -7,7 +7,8 @@ a run keeps its training job's state in the scheduler's words (``job_state``: ``
 reason (``job_reason``: ``Resources``, ``Priority``, ``JobHeldUser`` ...); ``RunStatus.scheduler`` is what of
 them adds to klsweep's state. Besides the states of
 ``klsweep.store.STATES`` a run can be ``unreadable`` (its status.json or config.yaml cannot be read: the
-file and what to do are in ``reason``; the other runs are shown as usual). A run whose job ended without the
+file and what to do are in ``reason``; the other runs are shown as usual). A run whose training lock a process
+holds (``store.trainer_of``) is ``running``, whatever the job records say. A run whose job ended without the
 run recording why (killed, out of memory: no traceback) is ``failed`` with a ``reason`` that says so, instead
 of an unrelated log tail.
 """
@@ -200,6 +201,8 @@ def _run_status(
     fresh = train_row and float(st.get("updated_at") or 0) >= float(train_row["submitted_at"])
     if state == "pending" and st.get("state") == "running" and fresh:
         state = "running"
+    if state not in ("done", "diverged", "running") and store.trainer_of(run_dir) is not None:
+        state = "running"  # a process holds its training lock, whatever the jobs' records say
     eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
     if eval_row is not None:
         e_job = states.get(key(eval_row))
@@ -242,7 +245,12 @@ def _run_status(
             st.get("state", "pending") == "pending"
         ):  # the job failed before the run began: the run said nothing
             said = next((line.strip() for line in reversed(tail) if line.strip()), "")
-            reason = f"its job failed before the run started{': ' + said if said else ' (no log)'}"
+            reason = (
+                "its local supervisor process is gone (killed?) before the run started: "
+                "rerun `klsweep run` to submit it"
+                if sched == "LOST"
+                else f"its job failed before the run started{': ' + said if said else ' (no log)'}"
+            )
     elif eval_state == "failed":
         tail = _log_tail(log)
     return RunStatus(

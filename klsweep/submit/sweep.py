@@ -3,7 +3,10 @@ lock, and the sweep's own files (``sweep.yaml``, each run's ``config.yaml``, the
 
 Decisions are taken under a file lock on ``results/<sweep>/.lock`` and every submission is recorded in
 ``jobs.jsonl`` (run id, kind, cluster, job id, submitit folder, time), so two concurrent ``klsweep run`` never
-submit a run twice. The back ends (``klsweep.submit.local``, ``klsweep.submit.slurm``) submit the jobs.
+submit a run twice; a run whose training lock a process holds (``store.trainer_of``: a trainer the records do
+not know of) is live too (``skip-live``). A sweep or run folder that is a symbolic link out of the results
+folder is refused (exit 2) before anything is written. The back ends (``klsweep.submit.local``,
+``klsweep.submit.slurm``) submit the jobs.
 
 No run claims a job it does not have: when the scheduler refuses a submission
 (``klsweep.submit.slurm.SubmissionRefused``), the jobs submitted before the refusal are recorded and every other
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +113,7 @@ def submit(
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
     sweep_dir = Path(plan.sweep_dir)
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
+    _check_inside(plan)
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _prepare_models(plan, on_build)
@@ -141,7 +146,7 @@ def submit(
 
         for run in plan.runs:
             run_dir = Path(run.run_dir)
-            if force and run_dir.exists():
+            if force and run_dir.exists() and _trainer_gone(run_dir):
                 shutil.rmtree(run_dir)
             undo.keep_run(run.id, run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,6 +183,26 @@ def submit(
             shutil.rmtree(sweep_dir, ignore_errors=True)  # made by this call, for nothing
         raise refused
     return result
+
+
+def _check_inside(plan: Any) -> None:
+    """``UserError`` (exit 2, before anything is written) when the sweep folder, a run folder or what is in them
+    is a symbolic link out of the results folder (``--out``): klsweep writes only inside it."""
+    sweep_dir = Path(plan.sweep_dir)
+    problems = store.links_out(sweep_dir.parent, [sweep_dir, *(Path(r.run_dir) for r in plan.runs)])
+    if problems:
+        raise UserError(problems, title="a folder outside the results folder")
+
+
+def _trainer_gone(run_dir: Path, wait_s: float = 10.0) -> bool:
+    """Whether no process holds the run's training lock, waiting up to ``wait_s`` for a trainer just stopped
+    (``--force``) to exit."""
+    deadline = time.time() + wait_s
+    while store.trainer_of(run_dir) is not None:
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _text(path: Path) -> str | None:
@@ -252,9 +277,9 @@ def _decide(
     chain_eval: bool = True,
     eval_row_state: Callable[[dict[str, Any]], str] | None = None,
 ) -> str:
-    if (run.id, "train") in live:
-        return "skip-live"
     run_dir = Path(run.run_dir)
+    if (run.id, "train") in live or store.trainer_of(run_dir) is not None:  # its trainer's lock: live
+        return "skip-live"
     state = store.read_status(run_dir).get("state", "pending")
     if state in ("done", "diverged"):
         if state == "done" and chain_eval and wants_eval(run) and not has_eval_results(run_dir):

@@ -1,0 +1,365 @@
+"""Nothing trains twice, nothing runs that was not asked (issue 21), each fault the way a user meets it, with real
+processes and a real kill -9: the local supervisor killed, the job id `status` shows killed, a trainer klsweep
+has no record of, a disk that fills during a checkpoint save (a real tmpfs), a crafted result pickle in a
+results folder, a run folder that is a symbolic link out of the results folder. Promises: docs/FAULTS.md."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import launcher_jobs as jobs  # tests/ is on sys.path under pytest
+import pytest
+from clitools import cli
+from runfiles import TRAIN
+
+from klsweep import grid, job, store, submit
+from klsweep.submit.jobs import TrainJob
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the job functions below travel by value
+
+STEPS = 12
+STEP_S = 0.5
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep_tiny"
+
+
+def metered_train(run_dir: Path) -> dict:
+    """``STEPS`` steps of ``STEP_S`` s that resume after the last metrics row, as ``klsweep.job.train_run``
+    does; each row names the process that wrote it."""
+    rows = store.read_metrics(run_dir)
+    done = rows[-1]["step"] if rows else 0
+    store.write_status(run_dir, "running", step=done, total_steps=STEPS, started_at=time.time())
+    while done < STEPS:
+        time.sleep(STEP_S)
+        done += 1
+        store.append_jsonl(run_dir / store.METRICS_FILE, {"step": done, "pid": os.getpid()})
+        store.write_status(run_dir, "running", step=done)
+    return store.write_status(run_dir, "done", step=done, finished_at=time.time())
+
+
+def counted_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:
+    """``ok_eval``, counting its calls in the run's evals.txt."""
+    with open(run_dir / "evals.txt", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return jobs.ok_eval(run_dir, eval_cfg, checkpoints)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def wait_for(cond, what: str, timeout_s: float = 120) -> None:
+    start = time.time()
+    while not cond():
+        assert time.time() - start < timeout_s, what
+        time.sleep(0.1)
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in store.read_metrics(run_dir)]
+
+
+def evals(run_dir: Path) -> int:
+    p = run_dir / "evals.txt"
+    return len(p.read_text().split()) if p.exists() else 0
+
+
+def assert_each_step_once_and_one_eval(plan) -> None:
+    final = {r.run_id: r for r in submit.wait_until_final(plan.sweep_dir, poll_s=0.5, timeout_s=240)}
+    for run in plan.runs:
+        assert final[run.id].state == "done", final[run.id]
+        assert steps(run.run_dir) == list(range(1, STEPS + 1)), (run.id, store.read_metrics(run.run_dir))
+        assert evals(run.run_dir) == 1 and final[run.id].eval_state == "done", run.id
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. kill -9 of the local supervisor: its workers die with it; a rerun resumes each run once
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_kill_9_of_the_supervisor_then_a_rerun_trains_and_evaluates_each_run_once(
+    tmp_path, monkeypatch, capsys
+):
+    sweep = tmp_path / "supkill"
+    plan = jobs.make_plan(sweep, [0, 1, 2, 3], **{"cluster.max_local_jobs": 2, "eval.suite": "tiny"})
+    submit.submit(plan, "local", train_fn=metered_train, eval_fn=counted_eval)
+    wait_for(lambda: sum(len(steps(r.run_dir)) >= 2 for r in plan.runs) >= 2, "two runs never trained")
+    rows = store.read_jsonl(sweep / store.JOBS_FILE)
+    supervisor = rows[0]["supervisor"]
+    workers = {int(r["job_id"]) for r in rows if r.get("worker")}
+    processes = workers | {c for w in workers for c in children(w)}
+    os.kill(supervisor, signal.SIGKILL)
+    # the workers (controllers and the processes training) die with it: none trains on under pid 1
+    wait_for(lambda: not any(alive(p) for p in processes), "a worker outlived its supervisor", 3)
+    before = {r.id: steps(r.run_dir) for r in plan.runs}
+    time.sleep(2 * STEP_S)
+    assert {r.id: steps(r.run_dir) for r in plan.runs} == before  # nobody trains them any more
+
+    by_id = {r.run_id: r for r in submit.status(sweep)}
+    queued = [r for r in plan.runs if not before[r.id]]
+    assert queued
+    for run in queued:  # never started: said so, with what to do (was "failed LOST ... (no log)")
+        assert "supervisor process is gone" in by_id[run.id].reason and "klsweep run" in by_id[run.id].reason
+    code, out, err = cli(["status", sweep], monkeypatch, capsys)
+    assert code == 0 and "(no log)" not in out
+
+    again = submit.submit(plan, "local", train_fn=metered_train, eval_fn=counted_eval)
+    assert "skip-live" not in again.actions.values(), again.actions  # nothing is left alive to skip
+    assert_each_step_once_and_one_eval(plan)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. kill -9 of the job id `status` shows (submitit's local controller): its trainer dies with it; of the trainer
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("victim", ["controller", "worker"])
+def test_kill_9_of_the_job_id_status_shows_leaves_no_orphan_trainer(tmp_path, victim):
+    """The job id is submitit's controller; the worker is its child process, which trains."""
+    sweep = tmp_path / "ctlkill"
+    plan = jobs.make_plan(sweep, [0], **{"eval.suite": "tiny"})
+    run_dir = plan.runs[0].run_dir
+    submit.submit(plan, "local", train_fn=metered_train, eval_fn=counted_eval)
+    wait_for(lambda: len(steps(run_dir)) >= 2, "the run never trained")
+    (shown,) = submit.status(sweep)
+    assert shown.state == "running" and shown.job_id
+    controller = int(shown.job_id)
+    trainers = children(controller)
+    assert trainers
+    os.kill(controller if victim == "controller" else trainers[0], signal.SIGKILL)
+    wait_for(lambda: not any(alive(p) for p in trainers), "the trainer outlived its job (orphaned)", 3)
+    # its training lock goes with it (a killed process's last thread closes its files a moment after the
+    # first one is a zombie)
+    wait_for(lambda: store.trainer_of(run_dir) is None, "the dead trainer's lock was kept", 3)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=60)
+    assert run.state == "failed" and run.reason.startswith("the process died without a word")
+    kept = steps(run_dir)
+    time.sleep(2 * STEP_S)
+    assert steps(run_dir) == kept  # nobody goes on training it
+
+    again = submit.submit(plan, "local", train_fn=metered_train, eval_fn=counted_eval)
+    assert again.actions == {plan.runs[0].id: "resume"}
+    assert_each_step_once_and_one_eval(plan)
+    pids = [r["pid"] for r in store.read_metrics(run_dir)]
+    assert len(set(pids)) == 2 and pids == sorted(pids, key=pids.index)  # two trainers, one after the other
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. A trainer klsweep has no record of (one that outlived its job): the run's training lock says it is live
+# ------------------------------------------------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+from klsweep import store
+with store.training(sys.argv[1]):
+    print("training", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_run_whose_training_lock_is_held_is_live_and_never_trained_twice(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "held"
+    plan = jobs.make_plan(sweep, [0])
+    run_dir = plan.runs[0].run_dir
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "training"
+        holder = store.trainer_of(run_dir)
+        assert holder["pid"] == other.pid
+
+        res = submit.submit(plan, "local", train_fn=metered_train)  # jobs.jsonl knows of no job: still live
+        assert res.actions == {plan.runs[0].id: "skip-live"} and res.jobs == []
+        (run,) = submit.status(sweep)
+        assert run.state == "running"
+        code, out, err = cli(["status", sweep], monkeypatch, capsys)
+        assert code == 0 and "running" in out and "failed" not in out
+
+        # a second trainer started anyway (a job klsweep submitted before, `klsweep train`) does not train it
+        monkeypatch.setattr(store, "TRAIN_LOCK_WAIT_S", 0.5)
+        with pytest.raises(store.AlreadyTraining, match=f"already being trained by pid {other.pid}"):
+            job.train_run(run_dir)
+        code, out, err = cli(
+            ["train", run_dir / store.CONFIG_FILE, "--run-dir", run_dir], monkeypatch, capsys
+        )
+        assert code == 2 and f"already being trained by pid {other.pid}" in err and "Traceback" not in err
+        import submitit
+
+        ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
+        ex.update_parameters(timeout_min=5, tasks_per_node=2)  # data-parallel: no rank trains, none hangs
+        dp_job = ex.submit(TrainJob(str(run_dir), metered_train))
+        with pytest.raises(submitit.core.utils.FailedJobError, match="already being trained"):
+            dp_job.results()
+        assert dp_job.done() and not alive(int(dp_job.job_id))
+        assert not (run_dir / store.METRICS_FILE).exists()
+        assert store.read_status(run_dir)["state"] == "pending"  # the job did not mark the run failed
+    finally:
+        other.kill()  # kill -9: the kernel releases the lock
+        other.wait()
+    assert store.trainer_of(run_dir) is None
+    res = submit.submit(plan, "debug", train_fn=metered_train)
+    assert res.actions == {plan.runs[0].id: "submit"}
+    assert steps(run_dir) == list(range(1, STEPS + 1))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. A disk that fills during a checkpoint save (a real tmpfs): the run fails with its reason
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 64 MiB (resized by the test), mounted for the test; skipped where it cannot be mounted."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from klsweep.tinymodel import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_a_full_disk_during_a_checkpoint_save_fails_the_run_with_its_reason(small_disk, model_dir):
+    sweep = small_disk / "full"
+    values = {"model.path": str(model_dir), **TRAIN, "train.steps": 12, "train.save_steps": 6}
+    plan = jobs.make_plan(sweep, [0], **{**values, "train.keep_checkpoints": 1})
+    run_dir = plan.runs[0].run_dir
+    submit.submit(plan, "local")
+    first = run_dir / store.CHECKPOINTS_DIR / "checkpoint-6" / store.TRAINER_STATE
+    wait_for(first.exists, "the first checkpoint was never saved", 300)
+    # room for the steps' files and part of the next checkpoint (1.8 MB), not all of it
+    used = shutil.disk_usage(small_disk).used
+    subprocess.run(["mount", "-o", f"remount,size={used + 900_000}", str(small_disk)], check=True)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=300)
+
+    status = store.read_status(run_dir)
+    assert status["state"] == "failed" and run.state == "failed", status
+    assert status["reason"].startswith("OSError: No space left on device"), status
+    assert run.reason == status["reason"]  # not "the process died without a word"
+    (log,) = (run_dir / "logs").glob("train-*.err")
+    assert log.stat().st_size and "Traceback" in log.read_text()
+    assert run.log == str(log)
+    pool = store.read_json(next((sweep / "submitit").glob("*/pool.json")))
+    assert [s["state"] for s in pool] == ["failed"]  # not stuck claimed
+    # the last complete checkpoint is intact; the one cut short is gone
+    assert [c.name for c in store.checkpoints(run_dir)] == ["checkpoint-6"]
+    assert steps(run_dir) == list(range(1, 13))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 9. A read-only command never executes anything from a results folder
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _Payload:
+    """Unpickling it creates the file ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_status_never_unpickles_a_result_file_from_the_results_folder(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "sweep_tiny"
+    shutil.copytree(FIXTURE, sweep, ignore=shutil.ignore_patterns("make_fixture.py"))
+    run_id = store.run_dirs(sweep)[0].name
+    evil = tmp_path / "received" / "submitit"
+    evil.mkdir(parents=True)
+    pwned = tmp_path / "pwned"
+    (evil / "999999_0_result.pkl").write_bytes(pickle.dumps(("success", _Payload(str(pwned)))))
+    (evil / "999998_0_result.pkl").write_bytes(pickle.dumps((_Payload(str(pwned)), None)))
+    for kind, job_id in (("train", "999999"), ("eval", "999998")):  # local jobs whose process is gone
+        row = {"run_id": run_id, "kind": kind, "cluster": "local", "job_id": job_id, "folder": str(evil),
+               "submitted_at": time.time(), "supervisor": None}  # fmt: skip
+        store.append_jsonl(sweep / store.JOBS_FILE, row)
+    for args in (["status", sweep], ["status", sweep, "--json"]):
+        code, out, err = cli(args, monkeypatch, capsys)
+        assert code == 0 and "Traceback" not in err, err
+        assert not pwned.exists(), args
+    runs = {r.run_id: r for r in submit.status(sweep)}
+    assert not pwned.exists()
+    assert runs[run_id].job_state == "COMPLETED"  # submitit's outcome, read without running the pickle
+    # a real submitit result file reads the same
+    from klsweep.submit.scheduler import _result_state
+
+    (evil / "1_0_result.pkl").write_bytes(cloudpickle.dumps(("success", {"state": "done"})))
+    (evil / "2_0_result.pkl").write_bytes(cloudpickle.dumps(("error", "Traceback ...")))
+    states = [_result_state(evil, j) for j in ("1", "2", "999998", "3")]
+    assert states == ["COMPLETED", "FAILED", "FAILED", "FAILED"]
+    assert not pwned.exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 10. A run folder that is a symbolic link out of the results folder: refused, located, exit 2
+# ------------------------------------------------------------------------------------------------------------
+
+GRID = "name: linked\nbase:\n  model.path: /models/m\ngrid:\n  seed: 0,1\n"
+
+
+def test_a_run_folder_linked_out_of_the_results_folder_is_refused(tmp_path, monkeypatch, capsys):
+    g = tmp_path / "g.yaml"
+    g.write_text(GRID)
+    res = tmp_path / "res"
+    plan = grid.load_plan(g, out=res)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = plan.runs[0].run_dir
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    for extra in ([], ["--force"], ["--cluster", "debug"]):
+        code, out, err = cli(["run", g, "--out", res, *extra], monkeypatch, capsys)
+        assert code == 2, (extra, err)
+        assert str(link) in err and "leads out of" in err and "Traceback" not in err, err
+    assert list(elsewhere.iterdir()) == []  # nothing written there
+    assert not (link.parent / store.SWEEP_FILE).exists() and link.is_symlink()  # nor anything else
+    link.unlink()  # a run folder of its own, whose checkpoints/ leads elsewhere
+    link.mkdir()
+    (link / store.CHECKPOINTS_DIR).symlink_to(elsewhere)
+    code, out, err = cli(["run", g, "--out", res, "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2 and str(link / store.CHECKPOINTS_DIR) in err and "leads out of" in err, err
+    assert list(elsewhere.iterdir()) == []
+
+    # eval: a finished run moved out and linked back
+    sweep = tmp_path / "sweep_tiny"
+    shutil.copytree(FIXTURE, sweep, ignore=shutil.ignore_patterns("make_fixture.py"))
+    for config in sweep.glob("*/config.yaml"):  # an eval task that is shipped
+        config.write_text(config.read_text().replace("tiny_mul", "tiny_rev"))
+    run = store.run_dirs(sweep)[0]
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    run.symlink_to(moved)
+    listing = sorted(p.relative_to(moved) for p in moved.rglob("*"))
+    for target in (sweep, run):
+        code, out, err = cli(["eval", target, "--cluster", "debug"], monkeypatch, capsys)
+        assert code == 2 and str(run) in err and "leads out of" in err and "Traceback" not in err, err
+    assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == listing

@@ -188,6 +188,7 @@ def plan_command(
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     summary = planner.summary(plan)
+    _require_cached(plan, grid, overrides)
     estimates = summary.pop("estimates")
     if as_json:
         import json
@@ -208,6 +209,95 @@ def plan_command(
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
         console.print_time(out, summary, width=width)
+
+
+def _fetch_command(grid: Path, overrides: list[str] | None) -> str:
+    import shlex
+
+    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or [])])
+
+
+def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
+    """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load."""
+    from klsweep.fetch import require_cached
+
+    require_cached([r.config for r in plan.runs], _fetch_command(grid, overrides))
+
+
+# --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
+
+
+@app.command("fetch")
+def fetch_command(
+    grid: GridArg,
+    overrides: OverridesArg = None,
+    config_dir: ConfigDirOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="list what would be fetched and what is cached; download nothing"),
+    ] = False,
+) -> None:
+    """Download every model, training set and eval set the grid's runs load into the local caches (HF_HOME,
+    HF_DATASETS_CACHE), for clusters whose nodes cannot reach the hub; what is cached is not fetched again."""
+    from klsweep import fetch
+    from klsweep import grid as grid_mod
+    from klsweep.console import fetch_table, table_width
+
+    plan = grid_mod.load_plan(grid, overrides, config_dirs=config_dir)
+    items = fetch.needs([r.config for r in plan.runs])
+    console = _console()
+    if not dry_run:
+        console.print(f"fetching into {fetch.hub_cache()} and {fetch.datasets_cache()}", highlight=False)
+    found = fetch.fetch(
+        items,
+        dry_run=dry_run,
+        on_item=None if dry_run else lambda f: console.print(f"{f.state}: {f.need.label}", highlight=False),
+    )
+    console.print(fetch_table(found, width=table_width(console)))
+    failed = [f for f in found if f.state == "failed"]
+    if failed:
+        from klsweep.errors import Problem
+
+        raise UserError(
+            [Problem(f"{f.need.kind} {f.need.label}", f.message) for f in failed], title="not fetched"
+        )
+
+
+@app.command("rehearse")
+def rehearse_command(
+    grid: GridArg,
+    overrides: OverridesArg = None,
+    out: Annotated[
+        Path, typer.Option(help="where rehearsals live: OUT/<name>/ (never a sweep's results)")
+    ] = Path("results/.rehearsal"),
+    cluster: Annotated[
+        str, typer.Option(help="local (this process) | slurm (one short job on the grid's partition)")
+    ] = "local",
+) -> None:
+    """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
+    and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
+    report; exit 1 unless every stage passed."""
+    from klsweep.console import rehearsal_notes, rehearsal_table, table_width
+    from klsweep.errors import Problem
+    from klsweep.rehearse import rehearse, rehearse_on_slurm
+
+    if cluster not in ("local", "slurm"):
+        raise UserError(Problem("--cluster", f"{cluster!r}", "local, slurm"))
+    console = _console()
+    if cluster == "slurm":
+        result, log = rehearse_on_slurm(grid, overrides, out=out)
+        console.print(f"rehearsed on Slurm (log: {log})", highlight=False, soft_wrap=True)
+    else:
+        result = rehearse(
+            grid, overrides, out=out,
+            on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
+        )  # fmt: skip
+    console.print(rehearsal_table(result, width=table_width(console)))
+    for line in rehearsal_notes(result):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"{result.folder}: {'passed' if result.passed else 'FAILED'}", highlight=False)
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 @app.command("config")
@@ -335,6 +425,11 @@ def eval_command(
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
+    if path.is_dir():  # offline: the suite's datasets and the baselines' models must be cached
+        from klsweep.fetch import require_cached_for_eval
+        from klsweep.submit.evals import eval_request
+
+        require_cached_for_eval(eval_request(path, suite, backend, checkpoints), path)
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
     )
@@ -391,6 +486,7 @@ def run_command(
 
     plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
+    _require_cached(plan, grid, overrides)
     cluster = cluster or submit.default_cluster(plan)
     console = _console()
     res = submit.submit(
@@ -439,10 +535,15 @@ def status_command(
 ) -> None:
     """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
     log's last lines."""
+    from rich.markup import escape
+
     from klsweep import submit
     from klsweep.console import print_failures, status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
+    problem = submit.scheduler_problem(sweep_dir)
+    if problem is not None:
+        _console(stderr=True).print(f"[yellow]warning[/]: {escape(problem)}", highlight=False, soft_wrap=True)
     if as_json:
         import json
 

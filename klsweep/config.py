@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -79,6 +80,9 @@ class Architecture:
     num_key_value_heads: int | None = key(None, "key/value heads (grouped-query attention)")
     head_dim: int | None = key(None, "width of a head; null: hidden_size // num_attention_heads")
     tie_word_embeddings: bool = key(False, "whether the output layer shares the input embedding")
+    model_type: str | None = key(
+        None, "its config.json's model_type (qwen2, llama, qwen3): the class klsweep rehearse builds tiny"
+    )
 
 
 @dataclass
@@ -89,6 +93,11 @@ class ModelSection:
     path: str = key(
         "tiny",
         "tiny: the project's own warm-started tiny model (built once, cached); else a hub id or a path",
+    )
+    revision: str | None = key(
+        None,
+        "a hub id's commit (or branch, tag); null: the commit `klsweep fetch` put in the cache, recorded in "
+        "each run's config.yaml when the sweep is submitted, so every run loads the same weights",
     )
     dtype: str = key(
         "auto",
@@ -151,7 +160,11 @@ class TrainSection:
     )
     save_steps: int = key(25, "a checkpoint every this many steps (and at the end)")
     keep_checkpoints: int | None = key(2, "the newest kept (TRL's save_total_limit); null keeps every one")
-    use_vllm: bool = key(False, "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm])")
+    use_vllm: bool = key(
+        False,
+        "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm]: run refuses it when vllm cannot be "
+        "imported; sleep mode: train.trl.vllm_enable_sleep_mode); the run id is the same either way",
+    )
     collapse_window: int = key(
         10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
     )
@@ -252,6 +265,25 @@ class ClusterSection:
         {}, "any other sbatch option, verbatim (e.g. +cluster.additional_parameters.exclude=node13)"
     )
     setup: list[str] = key([], "shell lines run before each job (module load ...)")
+    offline: bool = key(
+        False,
+        "compute nodes without internet (also implied by HF_HUB_OFFLINE=1 where klsweep runs): plan, run and "
+        "eval refuse while a model or dataset is missing from the caches (klsweep fetch), and jobs run with "
+        "HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1",
+    )
+
+
+# A key of cluster.additional_parameters becomes `#SBATCH --<key>=<value>` (submitit; `_` as `-`): an sbatch
+# option's name and nothing else (a newline in it would be a line of the job's shell script).
+SBATCH_OPTION = re.compile(r"[a-z][a-z0-9_-]*")
+SBATCH_OPTION_ALLOWED = "an sbatch option's long name: a-z, then a-z 0-9 - _ (e.g. exclude, mail-type)"
+
+
+def sbatch_option_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a key of ``cluster.additional_parameters``, or None."""
+    if isinstance(name, str) and SBATCH_OPTION.fullmatch(name):
+        return None
+    return f"{name!r} is not an sbatch option name"
 
 
 @dataclass
@@ -323,6 +355,18 @@ def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**ID_OMITTED_AT, "kl.reward_logp": own if changes_nothing else "behavior"}
 
 
+# Keys that change how a run is computed, not what it computes (generation engine, batching into passes,
+# checkpoints kept): hashed at this value whatever they hold, so that changing one resumes the same runs. The
+# value is their default, which the ids published before this rule hashed: those ids stay. Not one:
+# train.save_steps (the committed tiny studies hashed 100, not the default 25: their ids would change) and
+# train.sharding (a DDP run cannot resume an FSDP checkpoint); eval, cluster and wandb are left out of the id
+# whole (COSMETIC_KEYS). docs/DESIGN.md, "Run configuration".
+ID_HASHED_AT: dict[str, Any] = {
+    "train.use_vllm": False,
+    "train.micro_batch_size": None,
+    "train.keep_checkpoints": 2,
+}
+
 # How a run without KL (kl.beta = 0) reads wherever a configuration is shown (plan, status, report), in place
 # of the KL fields that then do nothing: one label, from ``without_kl_when_off``.
 NO_KL = "no KL"
@@ -349,15 +393,21 @@ def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Top-level sections (and model keys) that do not change what a run computes: excluded from its id.
+# Top-level sections (and model keys, and the TRL options of vLLM's memory) that do not change what a run
+# computes: excluded from its id.
 COSMETIC_KEYS: tuple[str, ...] = (
     "name",
     "eval",
     "cluster",
     "wandb",
     "model.name",
+    # the pinned commit of a hub id, recorded when a sweep's runs are written (klsweep.fetch): a sweep's runs keep
+    # their ids when the pin is recorded; every run of a sweep holds the same one
+    "model.revision",
     "model.resources",
     "model.arch",
+    "train.trl.vllm_enable_sleep_mode",
+    "train.trl.vllm_gpu_memory_utilization",
 )
 
 

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from klsweep.audit import AuditRow, GRPOAuditRow
+    from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.rehearse import Rehearsal
     from klsweep.report import Report
     from klsweep.submit import RunStatus
 
@@ -145,13 +147,19 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
     values allowed."""
     import json
 
+    from rich.markup import escape
+
     from klsweep.report.terminal import fitted_table
 
     def default(v: Any) -> str:
         return (v or "''") if isinstance(v, str) else json.dumps(v)
 
-    rows = [
-        [d.key, default(d.default), f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"]
+    rows = [  # text, not rich markup: "klsweep[vllm]" and "[bool]" are shown as written
+        [
+            escape(d.key),
+            escape(default(d.default)),
+            escape(f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"),
+        ]
         for d in docs
     ]
     caption = (
@@ -349,10 +357,10 @@ def print_failures(console: Console, runs: list[RunStatus]) -> None:
     terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
     copied) and the log's last lines as written."""
     for r in sorted(runs, key=lambda r: r.run_id):
-        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state == "failed"
+        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state in ("failed", "partial")
         if r.state not in ("failed", "unreadable") and not failed_eval:
             continue
-        state = "eval failed" if failed_eval else r.state
+        state = f"eval {r.eval_state}" if failed_eval else r.state
         console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)
         why = r.eval_error if failed_eval else r.reason
         if why:
@@ -464,6 +472,48 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
     return out
 
 
+def fetch_table(found: list[Found], width: int | None = None) -> Any:
+    """``klsweep fetch``'s table: one line per model or dataset, its state, commit and size."""
+    from klsweep.fetch import size_text
+    from klsweep.report.terminal import fitted_table
+
+    rows = [
+        [f.need.kind, f.need.label, f.state, (f.commit or "")[:8], size_text(f.size) if f.size else ""]
+        for f in found
+    ]
+    counts = ", ".join(
+        f"{sum(f.state == s for f in found)} {s}" for s in dict.fromkeys(f.state for f in found)
+    )
+    return fitted_table(
+        "", ["kind", "what", "state", "commit", "size"], rows, width=width, right=["size"],
+        optional=["commit", "size"], caption=counts or "nothing to fetch",
+    )  # fmt: skip
+
+
+def rehearsal_table(rehearsal: Rehearsal, width: int | None = None) -> Any:
+    """``klsweep rehearse``'s table: one line per rehearsed run, one column per stage (passed, failed,
+    skipped), the covered values; the failures' reasons and logs are printed below it (``rehearsal_notes``)."""
+    from klsweep.rehearse import STAGES
+    from klsweep.report.terminal import fitted_table
+
+    rows = [[r.run_id, *(r.stages.get(s, "") for s in STAGES), r.label] for r in rehearsal.runs]
+    return fitted_table(
+        f"rehearsal of {rehearsal.name}: {len(rehearsal.runs)} runs, {rehearsal.elapsed_s:.0f} s",
+        ["run", *STAGES, "model estimator placement level reward-mode lag"], rows, width=width,
+        whole=["run"],
+    )  # fmt: skip
+
+
+def rehearsal_notes(rehearsal: Rehearsal) -> list[str]:
+    """One line per failure (run, stage, reason, log) and per note (what was swapped or not exercised)."""
+    lines = []
+    for r in rehearsal.runs:
+        for stage, reason in r.reasons.items():
+            lines.append(f"{r.run_id} {stage} failed: {reason} (log: {r.logs.get(stage, '-')})")
+        lines += [f"{r.run_id}: {note}" for note in dict.fromkeys(r.notes)]
+    return lines
+
+
 def print_audit(
     console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
 ) -> None:
@@ -506,8 +556,8 @@ def print_audit(
 
 
 def print_report(console: Console, err: Console, report: Report, tables: bool = True) -> None:
-    """A report as the CLI shows it: its rich tables (when ``tables``), what it set aside and its warnings (on
-    ``err``), the files written and its W&B run."""
+    """A report as the CLI shows it: its rich tables (when ``tables``), what is not there yet, what it set aside
+    and its warnings (on ``err``), the files written and its W&B run."""
     from rich.markup import escape
 
     from klsweep.report import rich_tables
@@ -515,6 +565,8 @@ def print_report(console: Console, err: Console, report: Report, tables: bool = 
     if tables:
         for table in rich_tables(report, width=table_width(console)):
             console.print(table)
+    for line in report.missing:
+        err.print(f"[yellow]missing[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for line in report.set_aside:
         err.print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
     for line in report.warnings:

@@ -50,11 +50,22 @@ def _train_run(run_dir: str | Path) -> dict[str, Any]:
         return status
     config = load_run(run_dir)
 
-    # Resume from the newest checkpoint whose trainer state was written (the last file a save writes).
+    # Resume from the newest checkpoint whose trainer state was written (the last file a save writes) and whose
+    # files are whole; a newer one that is not is set aside (store.newest_usable), with a warning.
     found = [c for c in store.checkpoints(run_dir) if (c / store.TRAINER_STATE).exists()]
-    resume = found[-1] if found else None
+    resume, unusable = store.newest_usable(found)
     resume_step = store.checkpoint_step(resume) if resume else 0
     warnings: list[str] = list(status.get("warnings") or [])[-MAX_WARNINGS:]  # earlier attempts' too
+    for checkpoint, problem in unusable:
+        instead = f"resuming from {resume.name} instead" if resume else "none usable: training from step 0"
+        record_warning(
+            warnings,
+            f"cannot resume from {checkpoint} ({problem}): set aside as "
+            f"{store.UNUSABLE_PREFIX}{checkpoint.name}; {instead}",
+        )
+        if is_main:
+            with contextlib.suppress(OSError):  # another attempt set it aside already
+                store.set_aside_checkpoint(checkpoint)
     if is_main:
         kept, bad = store.cut_metrics(run_dir, resume_step)
         if bad:

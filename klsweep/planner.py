@@ -33,7 +33,9 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
   stream) and one layer's recomputed activations (SwiGLU MLP, attention with a fused kernel: no S_len**2 term;
   without GPUs there is no activation checkpointing and every layer's activations are held); the fused LM head
   never holds whole logits. HF generation holds the KV cache of the process's whole generation batch. With vLLM
-  (TRL's colocate mode) generation lives in vLLM's share of the GPU instead (``VLLM_SHARE``).
+  (TRL's colocate mode) generation lives in vLLM's share of the GPU instead (``train.trl.
+  vllm_gpu_memory_utilization``, TRL's default ``VLLM_SHARE``), on top of the training's working memory; with
+  ``train.trl.vllm_enable_sleep_mode`` vLLM frees it while the policy trains: the larger of the two counts.
 - the lag queue (``offpolicy.lag`` batches of ids, masks and log-probs);
 - ``FRAGMENTATION`` on top of the above (the caching allocator), then ``OVERHEAD_GB`` per process (CUDA
   context, NCCL and cuBLAS workspaces).
@@ -56,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import cost
+from klsweep import cost, engines
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 
@@ -271,6 +273,16 @@ class Estimate:
         }
 
 
+def vllm_share(config: Mapping[str, Any]) -> float | None:
+    """The bytes of a GPU that TRL's colocate vLLM takes (``train.trl.vllm_gpu_memory_utilization``, TRL's
+    default ``VLLM_SHARE``); None without it."""
+    train, res = config["train"], config["model"]["resources"]
+    if not (train.get("use_vllm") and int(res.get("gpus_per_node", 0))):
+        return None
+    fraction = float((train.get("trl") or {}).get("vllm_gpu_memory_utilization", VLLM_SHARE))
+    return fraction * float(res.get("gpu_memory_gb", 0)) * GIB
+
+
 def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> dict[str, float]:
     """GiB per component of a process's peak memory (see the module docstring)."""
     train, model = config["train"], config["model"]
@@ -301,12 +313,18 @@ def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> di
     # on GPUs activation checkpointing keeps every layer's input and recomputes one layer; on a CPU, every layer
     training = tokens * (layers * 4 * h + per_layer) if gpus else tokens * layers * per_layer
     training += tokens * 64  # per-token log-probs, advantages, masks of the loss
-    if train.get("use_vllm") and gpus:
+    share = vllm_share(config)
+    if share is not None:
         generation = 0.0
-        parts["vllm"] = VLLM_SHARE * float(res.get("gpu_memory_gb", 0)) * GIB
+        parts["vllm"] = share
     else:
         generation = 2 * layers * arch.kv_dim * compute * shape.per_process * seq
         generation += shape.per_process * arch.vocab_size * 4  # the last position's logits
+    if share is not None and (train.get("trl") or {}).get("vllm_enable_sleep_mode"):  # freed while training
+        if training <= parts["vllm"]:
+            training = 0.0
+        else:
+            parts["vllm"] = 0.0
     parts["activations" if training >= generation else "kv cache"] = max(training, generation)
     lag = int(config.get("offpolicy", {}).get("lag", 0))
     if lag:
@@ -328,7 +346,8 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     keep = train.get("keep_checkpoints")
     kept = saves if keep is None else min(int(keep), saves)
     # vLLM's KV cache: its share of the GPU less its bf16 copy of the weights
-    kv_room = parts["vllm"] * GIB - cost.COMPUTE_BYTES * arch.params if "vllm" in parts else None
+    share = vllm_share(config)
+    kv_room = share - cost.COMPUTE_BYTES * arch.params if share is not None else None
     train_limit, eval_limit = _limit_gpu_hours(config)
     return Estimate(
         peak_gb=sum(parts.values()),
@@ -602,8 +621,8 @@ def _time_totals(todo: list[Estimate]) -> dict[str, Any]:
 def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
     """What the plan should say before anything is submitted, runs of one model together: a
     ``gpu_memory_gb`` larger than the GPU of ``model.resources.gpu`` has, training longer than its time limit
-    (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of the GPU, and
-    checkpoints past ``STORAGE_WARN_GB``."""
+    (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of the GPU,
+    checkpoints past ``STORAGE_WARN_GB``, and an engine the jobs cannot import (``engines.missing``)."""
     slow: dict[str, list[Estimate]] = {}
     tight: dict[str, list[Estimate]] = {}
     oversold: set[str] = set()  # models whose gpu_memory_gb is more than their GPU has
@@ -649,4 +668,6 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
             f"checkpoints kept: {storage / 1024:.1f} TiB, past {STORAGE_WARN_GB / 1024:g} TiB: check the "
             "results folder's quota (train.keep_checkpoints: how many each run keeps)"
         )
+    # an engine the jobs' environment cannot import: klsweep run and klsweep eval refuse it (klsweep.engines)
+    out += [f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)]
     return out

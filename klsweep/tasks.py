@@ -28,8 +28,14 @@ Training prompts longer than ``train.max_prompt_length`` tokens (as the model se
 MATH. ``load_train_dataset`` reads the MATH training set from the hub (``DigitalLearningGmbH/MATH-lighteval``
 by default, or ``EleutherAI/hendrycks_math``, whose seven subject configs are concatenated) or from a local
 ``.jsonl``/``.json``/``.parquet`` file with the columns ``problem`` and ``solution`` (``level`` and ``type``
-are kept when present). The reward is math-verify's equivalence of the completion's final (boxed) answer with
-the solution's last ``\\boxed{}``.
+are kept when present). The reward is ``math_correct``, the one check the MATH-500 eval task calls too.
+
+The final answer (the one rule of training and eval): the completion is cut at the first stop sequence
+(``MATH_STOP_SEQUENCES``: the end of the answer for a base model, which goes on with an invented next problem;
+the eval task's ``until`` holds them, and the reward cuts TRL's completions the same way), and its last
+``\\boxed{}`` is the answer. No box, no credit: "so far 2+2=4 and then" scores 0 against 4. A percent sign is
+dropped from both answers before math-verify compares them (math-verify matches ``10\\%`` only to itself): gold
+``10\\%`` accepts 10 and ``10\\%``, not 0.1 (MATH writes percentages as percent numbers).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem, UserError, not_loaded
 
 if TYPE_CHECKING:
     import datasets
@@ -68,6 +74,9 @@ _HENDRYCKS_SUBJECTS = (
     "precalculus",
 )
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# Where a MATH answer ends for a base model (plain-text prompts), as in lm-eval's minerva_math500: the model goes
+# on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/test_scores.py checks it).
+MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
 
 
 # ---------------------------------------------------------------------------------------------- tiny tasks
@@ -192,14 +201,33 @@ def _math_verify_kwargs() -> dict[str, Any]:
     }
 
 
+def final_answer(completion: str, stops: tuple[str, ...] = MATH_STOP_SEQUENCES) -> str | None:
+    """The completion's final answer: the content of its last ``\\boxed{}`` once cut at the first of ``stops``;
+    None when it has none (the rule in this module's docstring)."""
+    for stop in stops:
+        completion = completion.split(stop, 1)[0]
+    return last_boxed(completion)
+
+
+def _without_percent(answer: str) -> str:
+    text = answer.strip()
+    for sign in ("\\%", "%"):
+        if text.endswith(sign):
+            return text[: -len(sign)].strip()
+    return text
+
+
 def math_correct(completion: str, answer: str) -> bool:
-    """Whether math-verify finds the completion's final answer equivalent to the gold ``answer`` (the content
-    of the solution's last box, e.g. ``\\frac{1}{2}``)."""
+    """Whether the completion's final answer (``final_answer``) is equivalent to the gold ``answer`` (the content
+    of the solution's last box, e.g. ``\\frac{1}{2}``) by math-verify: the MATH reward and the MATH-500 score."""
     from math_verify import parse, verify
 
+    boxed = final_answer(completion)
+    if boxed is None:
+        return False
     kw = _math_verify_kwargs()
-    gold = parse(f"\\boxed{{{answer}}}", **kw["parse"])
-    pred = parse(completion, **kw["parse"])
+    gold = parse(f"\\boxed{{{_without_percent(answer)}}}", **kw["parse"])
+    pred = parse(f"\\boxed{{{_without_percent(boxed)}}}", **kw["parse"])
     if not gold or not pred:
         return False
     return bool(verify(gold, pred, **kw["verify"]))
@@ -226,10 +254,17 @@ def _load_math_raw(dataset: str, split: str) -> datasets.Dataset:
                 Problem("task.dataset", f"unsupported file type {suffix!r}", ".jsonl, .json, .parquet")
             )
         return datasets.load_dataset(builders[suffix], data_files=str(path), split="train")
-    if dataset == _HENDRYCKS:
-        parts = [datasets.load_dataset(dataset, subject, split=split) for subject in _HENDRYCKS_SUBJECTS]
-        return datasets.concatenate_datasets(parts)
-    return datasets.load_dataset(dataset, split=split)
+    try:
+        parts = [datasets.load_dataset(dataset, sub, split=split) for sub in math_configs(dataset)]
+    except Exception as e:  # not cached offline, no network, gated: name the dataset in the run's reason
+        raise not_loaded(f"training set {dataset} (split {split})", e) from e
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def math_configs(dataset: str) -> list[str | None]:
+    """The hub configs of a MATH training set that are read (concatenated): Hendrycks' seven subjects, or the
+    default one."""
+    return list(_HENDRYCKS_SUBJECTS) if dataset == _HENDRYCKS else [None]
 
 
 def _math_dataset(task: TaskSection, chat_template: bool) -> datasets.Dataset:

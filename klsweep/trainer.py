@@ -284,5 +284,25 @@ class KLGRPOTrainer(GRPOTrainer):
             weights_only=True,
         )
         self._lag_queue = deque(buffers["lag_queue"])
-        self._buffered_inputs = buffers["buffered_inputs"]
-        self._step = buffers["step"]
+        self._buffered_inputs, self._step = self._relaid(buffers["buffered_inputs"], buffers["step"])
+
+    def _relaid(
+        self, buffered: list[dict[str, Any]] | None, step: int
+    ) -> tuple[list[dict[str, Any]] | None, int]:
+        """TRL's generation buffer and micro-step counter laid out in this run's micro-batches: a resume may
+        change ``train.micro_batch_size`` (not part of the run id), which splits the same generation batch into
+        another number of micro-batches. A checkpoint is saved at an optimiser step's end."""
+        from trl.trainer.utils import split_tensor_dict
+
+        parts = self.args.steps_per_generation
+        if buffered is None or len(buffered) == parts:
+            return buffered, step
+        whole: dict[str, Any] = {}
+        for key, first in buffered[0].items():
+            if first is None or (isinstance(first, torch.Tensor) and first.ndim == 0):
+                whole[key] = first  # the same in every micro-batch (TRL's split keeps it whole)
+            elif isinstance(first, list):
+                whole[key] = [x for b in buffered for x in b[key]]
+            else:
+                whole[key] = torch.cat([b[key] for b in buffered])
+        return split_tensor_dict(whole, parts), self.state.global_step * self.args.gradient_accumulation_steps

@@ -10,8 +10,12 @@ module stays TRL's class alone. Precision, sharding and vLLM: docs/DESIGN.md.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from klsweep import engines
+from klsweep.errors import Problem, UserError, not_loaded
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -37,13 +41,22 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
-    use_vllm = train.use_vllm and gpu and importlib.util.find_spec("vllm") is not None
+    vllm_ready = gpu and importlib.util.find_spec("vllm") is not None
+    if train.use_vllm and not vllm_ready:  # never HF generate in its place
+        why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
+        raise UserError(
+            Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")
+        )
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
     # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    pin = {"revision": config.model.revision} if config.model.revision else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute), **pin)
+        tokenizer = AutoTokenizer.from_pretrained(path, **pin)
+    except OSError as e:  # not in the cache offline, gated, no network: name it in the run's reason
+        raise not_loaded(f"model {path}" + (f" at {config.model.revision}" if pin else ""), e) from e
     own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,
@@ -69,7 +82,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         data_seed=config.seed,
         **layout.training_arguments(lay, gpu, world),  # precision, sharding, devices
         ddp_find_unused_parameters=False,
-        use_vllm=use_vllm,
+        use_vllm=train.use_vllm,
         vllm_mode="colocate",
         vllm_max_model_length=train.max_prompt_length + train.max_completion_length,
         report_to=[],  # W&B through tracking.guarded_callback only (job.py)

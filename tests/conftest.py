@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,28 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests' own Hugging Face caches (never the user's): offline, plan/run/eval check them (klsweep.fetch), so they
+# hold what the shipped paper grid loads, tiny (tests/hubcache.py, filled once per session: hf_caches)
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="klsweep-tests-hf-")
+os.environ.pop("HF_HUB_CACHE", None)
+os.environ.pop("HF_DATASETS_CACHE", None)
 
 # The local test cluster's config, when it runs here and the caller did not source its env.sh.
 if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():
     os.environ["SLURM_CONF"] = "/tmp/klsweep-slurm/slurm.conf"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hf_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's HF_HOME, holding the paper grid's models (tiny random ones) and datasets (a row each)."""
+    from hubcache import populate
+
+    from klsweep.tinymodel import random_tiny_model
+
+    home = Path(os.environ["HF_HOME"])
+    tmp = tmp_path_factory.mktemp("hf-sources")
+    populate(home, random_tiny_model(tmp / "model"), tmp)
+    return home
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -147,8 +147,10 @@ def hung_train(run_dir: Path) -> dict:
 
 
 def ok_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:
-    out = {"suite": eval_cfg["suite"], "checkpoint": checkpoints, "metrics": {"in_domain": {"t": 1.0}}}
-    store.write_json(run_dir / store.EVAL_DIR / "h0" / "last" / "results.json", out)
+    """Scores the run's final checkpoint (ok_train's: checkpoint-3), as an eval job does."""
+    final = store.final_checkpoint(run_dir)
+    out = {"suite": eval_cfg["suite"], "checkpoint": final, "metrics": {"in_domain": {"t": 1.0}}}
+    store.write_json(run_dir / store.EVAL_DIR / "h0" / final / "results.json", out)
     return out
 
 

@@ -6,6 +6,7 @@ What klsweep promises under faults: docs/FAULTS.md."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -532,3 +533,234 @@ def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypat
     assert "2 run(s)" in hint and "--retry-failed" in hint
     code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
     assert code == 0 and "2 skip-failed" in out and "rerun with --retry-failed" in out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 21: a corrupt latest checkpoint, a cancelled eval, a report before any run finished, slurmctld down,
+# an sbatch option name that is a shell line, a memory error under another error
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, model_dir):
+    """`klsweep train` killed (kill -9) after a few checkpoints, its newest model.safetensors cut short (a full
+    disk): the rerun resumed from it and failed (SafetensorError: invalid header length), then read
+    skip-failed. Now it resumes from the checkpoint before, says so in status.json, trains every step once."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 10, "train.save_steps": 2})
+    train = [
+        sys.executable,
+        "-m",
+        "klsweep.cli",
+        "train",
+        str(run / store.CONFIG_FILE),
+        "--run-dir",
+        str(run),
+    ]
+    proc = subprocess.Popen(train, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start = time.time()
+    while len([c for c in store.checkpoints(run) if (c / store.TRAINER_STATE).exists()]) < 2:
+        assert proc.poll() is None and time.time() - start < 300, "it never saved two checkpoints"
+        time.sleep(0.1)
+    proc.kill()  # kill -9
+    proc.wait()
+    found = [c for c in store.checkpoints(run) if (c / store.TRAINER_STATE).exists()]
+    newest, before = found[-1], found[-2]
+    cut_in_half(newest / "model.safetensors")
+    assert "model.safetensors: cut short" in store.checkpoint_problem(newest)
+
+    done = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status = store.read_status(run)
+    assert status["state"] == "done"
+    (warning,) = [w for w in status["warnings"] if w.startswith("cannot resume")]
+    assert f"{newest} (model.safetensors: cut short" in warning and f"resuming from {before.name}" in warning
+    assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))  # each step once
+    assert (newest.parent / f"unusable-{newest.name}").is_dir()  # set aside, not deleted
+
+    # none usable: from step 0, with a warning, never a failed run
+    store.write_status(run, "running")
+    for checkpoint in store.checkpoints(run):
+        (checkpoint / store.FINAL_MARKER).unlink(missing_ok=True)
+        cut_in_half(checkpoint / "optimizer.pt")
+    status = job.train_run(run)
+    assert status["state"] == "done", status.get("error")
+    assert any("none usable: training from step 0" in w for w in status["warnings"])
+    assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))
+
+
+def _controller_down(tmp_path: Path, monkeypatch) -> None:
+    """Slurm's commands of this test talk to a controller port nobody listens on (a copy of the cluster's
+    slurm.conf): the shared cluster goes on; accounting (slurmdbd) still answers."""
+    conf = Path(os.environ["SLURM_CONF"])
+    text = "".join(
+        line for line in conf.read_text().splitlines(keepends=True) if not line.startswith("SlurmctldPort")
+    )
+    down = tmp_path / "slurm-down.conf"
+    down.write_text(text + f"SlurmctldPort={closed_port()}\n")
+    monkeypatch.setenv("SLURM_CONF", str(down))
+
+
+@pytest.mark.slurm
+def test_an_unreachable_slurm_controller_is_named_fast_by_status_and_run(
+    tmp_path, model_dir, monkeypatch, capsys
+):
+    """slurmctld down: `status` said nothing of it (9.6 s for its first call), `run` took 31 s and then
+    blamed the user's cluster settings. Now both name the controller within seconds; run exits 2, writes
+    nothing."""
+    sweep = tmp_path / "ctld"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "slurm", train_fn=jobs.ok_train)
+    assert {r.state for r in submit.wait_until_final(sweep, poll_s=0.5, timeout_s=240)} == {"done"}
+
+    _controller_down(tmp_path, monkeypatch)
+    start = time.time()
+    code, out, err = cli(["status", sweep], monkeypatch, capsys)
+    assert time.time() - start < 5
+    assert code == 0 and "Traceback" not in err
+    assert "the Slurm controller does not answer" in " ".join(err.split()), err
+    assert plan.runs[0].id in out and "done" in out  # the runs still shown, from their files and accounting
+
+    g = tmp_path / "g.yaml"
+    g.write_text(REFUSED_GRID.format(model=model_dir).replace("  cluster.partition: no_such_partition\n", ""))
+    start = time.time()
+    code, out, err = cli(["run", g, "--out", tmp_path / "res"], monkeypatch, capsys)
+    assert time.time() - start < 10
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, (out, err)
+    assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
+    assert "cluster settings" not in flat  # not the user's settings
+    assert not (tmp_path / "res" / "refused").exists()  # nothing half-written
+
+
+@pytest.mark.slurm
+def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, model_dir, monkeypatch, capsys):
+    """`klsweep eval --checkpoints all` on Slurm, scancel of its job once some checkpoints are scored: status
+    said eval done (any results.json counted) and the report scored the run at that checkpoint beside others
+    at their last. Now the eval is partial until the run's final checkpoint is scored, and the report leaves
+    the run unscored and says so."""
+    sweep = tmp_path / "evalcut"
+    values = {"model.path": str(model_dir), **TRAIN, "train.steps": 8, "train.keep_checkpoints": None}
+    from omegaconf import OmegaConf
+
+    from klsweep import evaluate
+
+    suite = OmegaConf.to_container(OmegaConf.structured(evaluate.load_suite("tiny"))) | {"limit": 2}
+    plan = jobs.make_plan(sweep, [0, 1], **{**values, "eval": suite})
+    submit.submit(plan, "debug", chain_eval=False)  # trains both here: checkpoints 2, 4, 6, 8
+    whole, cut = plan.runs
+    assert [c.name for c in store.checkpoints(cut.run_dir)][-1] == "checkpoint-8"
+    assert not submit.submit_eval(whole.run_dir, cluster="debug").errors  # scored at its final checkpoint
+
+    res = submit.submit_eval(cut.run_dir, cluster="slurm", checkpoints="all")
+    (job_id,) = res.jobs
+    start = time.time()
+    while not store.evaluated_checkpoints(cut.run_dir):
+        assert time.time() - start < 400, "the eval job never scored a checkpoint"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], check=True)
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        time.sleep(0.5)
+    scored = store.evaluated_checkpoints(cut.run_dir)
+    assert scored and "checkpoint-8" not in scored, scored  # cancelled part-way
+
+    by_id = {r.run_id: r for r in submit.status(sweep)}
+    assert by_id[whole.id].eval_state == "done"
+    assert by_id[cut.id].eval_state == "partial"
+    assert "not the final checkpoint-8" in by_id[cut.id].eval_error
+    code, out, err = cli(["status", sweep, "--json"], monkeypatch, capsys)
+    assert code == 0 and '"eval_state": "partial"' in out
+
+    code, out, err = cli(["report", sweep, "--no-wandb"], monkeypatch, capsys)
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert f"run {cut.id}: not scored: {scored[0]}" in flat and "its final checkpoint-8 is not" in flat
+    from klsweep import report as rp
+
+    runs = rp.build_report(sweep, formats=("md",), wandb=False).runs.set_index("run")
+    assert runs.loc[whole.id, "eval_checkpoint"] == "checkpoint-8"
+    assert (
+        runs.loc[cut.id, "eval_checkpoint"] not in scored
+    )  # not scored at checkpoint-2 beside the other's -8
+    assert math.isnan(runs.loc[cut.id, "in-domain avg"])
+
+
+INJECTION_GRID = """\
+name: inject
+base:
+  cluster: slurm
+  model.path: {model}
+  cluster.additional_parameters: {{"comment=ok\\ntouch {pwned}\\n#": "1", exclude: node13}}
+grid:
+  seed: 0,1
+"""
+
+
+def test_an_sbatch_option_name_holding_a_shell_line_is_refused_at_plan_time(
+    tmp_path, model_dir, monkeypatch, capsys
+):
+    """A key of cluster.additional_parameters with a newline passed `plan` and `run` and became a line of the
+    sbatch script (the file was created, every later #SBATCH line ignored). Now plan and run refuse it, located,
+    exit 2, nothing written; and a hand-edited config.yaml holding one is refused where it reaches submitit."""
+    from klsweep.submit.slurm import slurm_parameters
+
+    pwned = tmp_path / "pwned"
+    g = tmp_path / "g.yaml"
+    g.write_text(INJECTION_GRID.format(model=model_dir, pwned=pwned))
+    for command in ("plan", "run"):
+        code, out, err = cli([command, g, "--out", tmp_path / "res"], monkeypatch, capsys)
+        flat = " ".join(err.split())
+        assert code == 2 and "Traceback" not in err, (out, err)
+        assert (
+            "g.yaml: base.cluster.additional_parameters:" in flat and "is not an sbatch option name" in flat
+        )
+        assert "1 problem" in flat  # exclude, a real option name, passes
+    assert not pwned.exists() and not (tmp_path / "res").exists()
+
+    with pytest.raises(UserError, match="is not an sbatch option name"):
+        slurm_parameters({}, {"additional_parameters": {"a\ntouch x": 1}}, "inject", eval_job=False)
+    params = slurm_parameters({}, {"additional_parameters": {"mail-type": "END"}}, "ok", eval_job=False)
+    assert params["additional_parameters"] == {"mail-type": "END"}
+
+
+def test_a_memory_error_under_another_error_is_the_reason(tmp_path):
+    """A RAM-starved worker failed with "Failed to import trl..." (transformers' lazy import raises that from
+    the MemoryError): the reason now says out of memory first. Likewise torch's allocator failing (as under
+    `ulimit -v`), and an OSError ENOMEM."""
+    from klsweep.errors import describe
+
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as e:
+            raise RuntimeError(
+                "Failed to import trl.trainer.grpo_trainer because of the following error (look up to see its "
+                "traceback):\nerror return without exception set"
+            ) from e
+    except RuntimeError as e:
+        reason = describe(e)
+    assert reason.startswith("out of memory: MemoryError (raised as RuntimeError: Failed to import trl")
+
+    import torch
+
+    with pytest.raises(RuntimeError) as alloc:
+        torch.empty(2**62, dtype=torch.uint8)  # the allocator's own error, not a MemoryError
+    assert describe(alloc.value).startswith("out of memory: RuntimeError:")
+    assert describe(OSError(12, "Cannot allocate memory")).startswith("out of memory: OSError")
+    assert describe(RuntimeError("can't start new thread")).startswith("out of memory (or of threads): ")
+    assert describe(SystemError("error return without exception set")).startswith("out of memory (likely): ")
+    assert describe(ValueError("a value")) == "ValueError: a value"  # others as before
+
+
+@pytest.mark.slurm
+def test_a_slurm_run_under_ulimit_v_says_out_of_memory(tmp_path, model_dir):
+    """A training job on Slurm under `ulimit -v` (cluster.setup) failed with "Failed to import trl..." or
+    "can't start new thread": its reason never said memory. Now it begins with "out of memory"."""
+    sweep = tmp_path / "ulimit"
+    values = {"model.path": str(model_dir), **TRAIN, "cluster.setup": ["ulimit -v 1000000"]}
+    plan = jobs.make_plan(sweep, [0], **values)
+    submit.submit(plan, "slurm", chain_eval=False)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=300)
+    assert run.state == "failed"
+    assert "memory" in run.reason.lower(), (
+        run.reason
+    )  # out of memory: ... (or MemoryError before the run began)

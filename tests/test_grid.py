@@ -98,6 +98,76 @@ def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):
     assert "model.resources" in COSMETIC_KEYS
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_ids_leave_out_how_a_run_is_computed(tmp_path, monkeypatch):
+    """The generation engine, the micro-batch, the checkpoints kept and vLLM's memory options do
+    not change a run's id (config.ID_HASHED_AT, COSMETIC_KEYS); what it computes does. The committed tiny
+    studies keep their ids."""
+    from klsweep import config as config_mod
+
+    ids = [r.id for r in grid.load_plan(write(tmp_path, TINY)).runs]
+    same = [
+        "train.use_vllm=true",
+        "train.micro_batch_size=2",
+        "train.keep_checkpoints=5",
+        "+train.trl.vllm_enable_sleep_mode=true",
+        "+train.trl.vllm_gpu_memory_utilization=0.4",
+        "eval=paper",
+        "eval.batch_size=3",
+        "cluster.max_requeues=1",
+    ]
+    for override in same:
+        assert [r.id for r in grid.load_plan(write(tmp_path, TINY), [override]).runs] == ids, override
+    for override in ("train.save_steps=10", "train.sharding=fsdp", "+train.trl.top_k=5", "kl.beta=0.3"):
+        changed = {r.id for r in grid.load_plan(write(tmp_path, TINY), [override]).runs}
+        assert changed.isdisjoint(ids), override
+    # the rule leaves the ids of the shipped tiny sweeps (the committed studies) as they were without it
+    for sweep in ("tiny", "tiny-full"):
+        ours = [r.id for r in grid.load_plan(REPO / "sweeps" / f"{sweep}.yaml").runs]
+        monkeypatch.setattr(config_mod, "ID_HASHED_AT", {})
+        assert [r.id for r in grid.load_plan(REPO / "sweeps" / f"{sweep}.yaml").runs] == ours
+        monkeypatch.undo()
+
+
+def test_toggling_micro_batch_size_or_use_vllm_resumes_the_same_run_ids(tmp_path, monkeypatch, capsys):
+    """`klsweep run` after a change of how the runs are computed: the same run folders, resumed where they
+    stopped, then skipped once done; `klsweep plan` counts them done with use_vllm toggled."""
+    from klsweep import store
+    from klsweep.tinymodel import random_tiny_model
+
+    model = random_tiny_model(tmp_path / "model")
+    text = (
+        f"name: resume\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
+        "  train.save_steps: 1\n  train.keep_checkpoints: null\n  train.prompts_per_step: 2\n"
+        "  train.group_size: 4\n  train.max_completion_length: 4\n  offpolicy.num_iterations: 2\n"
+        "  wandb.mode: disabled\ngrid:\n  seed: 0\n"
+    )
+    g, out = write(tmp_path, text), tmp_path / "results"
+    code, stdout, _ = cli(["run", g, "--out", out], monkeypatch, capsys)
+    assert code == 0 and "1 submit" in stdout, stdout
+    (run,) = store.run_dirs(out / "resume")
+    # killed after step 1, in the middle of a generation batch's two updates: TRL's buffer is in use
+    import shutil
+
+    for step in (2, 3):
+        shutil.rmtree(run / store.CHECKPOINTS_DIR / f"checkpoint-{step}")
+    store.write_status(run, "running", step=1, finished_at=None, final_checkpoint=None)
+    code, stdout, _ = cli(["run", g, "train.micro_batch_size=2", "--out", out], monkeypatch, capsys)
+    assert code == 0 and "1 resume" in stdout, stdout
+    assert store.run_dirs(out / "resume") == [run]
+    status = store.read_status(run)
+    assert status["state"] == "done" and status["step"] == 3
+    assert [r["step"] for r in store.read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["micro_batch_size"] == 2
+    code, stdout, _ = cli(["run", g, "--out", out], monkeypatch, capsys)
+    assert code == 0 and "1 skip-done" in stdout, stdout
+    code, stdout, _ = cli(["plan", g, "train.use_vllm=true", "--json", "--out", out], monkeypatch, capsys)
+    plan = json.loads(stdout)
+    assert plan["done"] == 1 and [r["id"] for r in plan["runs"]] == [run.name]
+
+
 def test_reward_logp_is_in_the_id_only_off_policy_with_current(tmp_path):
     """Ids published before kl.reward_logp and kl.importance_cap existed stand: where the key changes nothing
     (on-policy, shaped, KL in the loss) and with behavior (what those runs trained with) it is left out;
@@ -437,7 +507,12 @@ MALFORMED = {
     "bad name characters": (
         "name: my sweep/1\ngrid:\n  seed: 1,2\n",
         [],
-        ["'my sweep/1' is not a valid sweep name", "letters, digits"],
+        ["'my sweep/1' is not a valid sweep name", "' ', '/' not allowed", "ASCII letters"],
+    ),
+    "non-ASCII letters in the name": (  # the message says which characters, and that letters means ASCII
+        "name: tïny-実験\ngrid:\n  seed: 1,2\n",
+        [],
+        ["'tïny-実験' is not a valid sweep name", "'ï', '実', '験' not allowed", "ASCII letters A-Z a-z"],
     ),
     "unknown top-level key": (
         "name: bad\ngrids:\n  seed: 1,2\n",
@@ -480,6 +555,15 @@ MALFORMED = {
             "unknown key 'kl.foo'",
             "schema is closed",
             "inside cluster.additional_parameters",
+        ],
+    ),
+    "sbatch option name holding a newline": (
+        'name: bad\nbase:\n  cluster.additional_parameters: {"comment=ok\\ntouch pwned\\n#": "1"}\n' + G[10:],
+        [],
+        [
+            "base.cluster.additional_parameters",
+            "'comment=ok\\ntouch pwned\\n#' is not an sbatch option name",
+            "a-z, then a-z 0-9 - _",
         ],
     ),
     "axis value is a mapping": (

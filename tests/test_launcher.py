@@ -152,7 +152,7 @@ def test_eval_runs_after_successful_train_only(tmp_path: Path, cluster: str) -> 
     final = wait(sweep)
     good, bad = plan.runs[0], plan.runs[1]
     assert final[good.id].state == "done" and final[good.id].eval_state == "done"
-    assert (good.run_dir / "eval/h0/last/results.json").exists()
+    assert (good.run_dir / "eval/h0/checkpoint-3/results.json").exists()
     assert final[bad.id].state == "failed"
     assert final[bad.id].eval_state in ("skipped", "cancelled")
     assert not (bad.run_dir / "eval").exists()  # the eval of a failed train never ran

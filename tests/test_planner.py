@@ -136,6 +136,11 @@ def test_memory_grows_with_the_micro_batch_and_shrinks_with_sharding():
 # ------------------------------------------------------------------------------------------------ the paper
 
 
+def _sizing_warnings(plan: dict) -> list[str]:
+    """The plan's warnings but those of an engine this environment lacks (vLLM: tests/test_engines.py)."""
+    return [w for w in plan["warnings"] if "klsweep[vllm]" not in w]
+
+
 def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
     code, out, err = cli(["plan", PAPER, "--out", tmp_path / "r", "--json"], monkeypatch, capsys)
     assert code == 0, err
@@ -170,8 +175,9 @@ def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
         sum(r["estimate"]["gpu_hours"] for r in data["runs"]), rel=1e-3
     )
     assert 0 < data["eval_gpu_hours_estimate"] < data["eval_gpu_hours_limit"]
-    assert data["warnings"] == [w for w in data["warnings"] if "TiB" in w]  # only the checkpoints'
-    assert "51.7 TiB, past 10 TiB" in data["warnings"][0]
+    sized = _sizing_warnings(data)
+    assert sized == [w for w in sized if "TiB" in w]  # only the checkpoints'
+    assert "51.7 TiB, past 10 TiB" in sized[0]
     assert data["largest_gpu_memory"]["of_gb"] == 80
     assert not (tmp_path / "r").exists()
 
@@ -317,6 +323,8 @@ def test_the_suggested_change_fits(tmp_path):
 
 
 def test_hub_model_without_architecture_is_refused_on_gpus(tmp_path, monkeypatch, capsys):
+    # online: the model is not in the tests' HF cache (offline refusals: test_fetch.py)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     conf = tmp_path / "conf" / "model"
     conf.mkdir(parents=True)
     (conf / "mine.yaml").write_text("name: mine\npath: org/some-model\nresources:\n  gpus_per_node: 2\n")
@@ -423,12 +431,13 @@ def test_paper_generation_matches_the_issue_figures():
 
 
 def test_runs_past_their_time_limit_and_at_risk_memory_are_flagged(tmp_path, monkeypatch, capsys):
+    # HF generate (the paper's vLLM generation is faster, and its memory share grows with the GPU)
     base = ["plan", PAPER, "model=qwen2.5-7b", "kl.estimator=k1", "kl.placement=loss", "kl.beta=0.1",
-            "--out", tmp_path / "r"]  # fmt: skip
+            "train.use_vllm=false", "--out", tmp_path / "r"]  # fmt: skip
     code, out, err = cli([*base, "--json"], monkeypatch, capsys)
     assert code == 0, err
     data = json.loads(out)
-    assert data["warnings"] == []  # 6 runs: 1 TiB of checkpoints, 8 h of 24, ~50 of 80 GiB
+    assert _sizing_warnings(data) == []  # 6 runs: 1 TiB of checkpoints, 8 h of 24, ~50 of 80 GiB
     code, out, err = cli([*base, "--json", "train.steps=2000"], monkeypatch, capsys)
     est = json.loads(out)["runs"][0]["estimate"]
     assert est["exceeds_time_limit"] and est["jobs"] == 2

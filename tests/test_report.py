@@ -550,3 +550,28 @@ def test_configs_loaded_in_parallel_as_in_one_process(tmp_path, monkeypatch):
     assert parallel_aside == serial_aside and any(bad.name in s for s in serial_aside)
     assert parallel[0].equals(serial[0]) and parallel[1] == serial[1] and parallel[2] == serial[2]
     assert parallel[3].equals(serial[3]) and len(serial[0]) == len(dirs) - 1
+
+
+def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, capsys):
+    """Issue 21: `klsweep report` right after `klsweep run` (run folders with config.yaml and a pending status,
+    no metrics, no eval) crashed with KeyError: 'offpolicy.lag' (exit 1). Now it writes the report and says
+    what is not there yet."""
+    import launcher_jobs as jobs
+    from clitools import cli
+
+    from klsweep import store
+    from klsweep.config import write_run
+
+    sweep = tmp_path / "fresh"
+    plan = jobs.make_plan(sweep, [0, 1], **{"kl.beta": 0.0})  # a no-KL run too: the claims' groups
+    plan.runs += jobs.make_plan(sweep, [0], **{"kl.beta": 0.1}).runs
+    for run in plan.runs:
+        write_run(run.run_dir, run.config)
+        store.write_status(run.run_dir, "pending", reason="submit")
+    code, out, err = cli(["report", sweep, "--no-wandb"], monkeypatch, capsys, columns=80)
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert "3 of 3 run(s) not finished (3 pending)" in flat
+    assert "no metrics yet" in flat and "no run scored yet" in flat
+    md = (sweep / "report" / "report.md").read_text()
+    assert "## Not there yet" in md and "3 of 3 run(s) not finished" in md

@@ -166,6 +166,13 @@ def test_math_loader_errors(tmp_path: Path) -> None:
         ("\\boxed{(2,\\infty)}", "[2, \\infty)", False),
         ("First \\boxed{4}, no wait: \\boxed{5}", "4", False),
         ("I do not know.", "4", False),
+        ("so far 2+2=4 and then", "4", False),  # no final answer, no credit
+        ("The answer is 4.", "4", False),
+        ("$\\boxed{4}$.\n\nProblem: What is 3+5?\nSolution: $\\boxed{8}$", "4", True),  # cut at the stop
+        ("\\boxed{10}", "10\\%", True),  # a percent sign is dropped from both answers
+        ("\\boxed{10\\%}", "10\\%", True),
+        ("\\boxed{10\\%}", "10", True),
+        ("\\boxed{0.1}", "10\\%", False),
     ],
 )
 def test_math_reward(completion: str, gold: str, correct: bool) -> None:

@@ -37,6 +37,8 @@ def _make_lm(item: Item, cfg: EvalSection) -> Any:
     from lm_eval.api.registry import get_model
 
     dtype = item.model.dtype
+    # a hub model's baseline at the commit its runs trained from (a checkpoint is a local folder)
+    pin = {"revision": item.model.revision} if item.model.revision and item.step == 0 else {}
     if cfg.backend == "vllm":
         gpus = max(1, item.model.resources.gpus_per_node)
         tp = cfg.tensor_parallel_size
@@ -46,6 +48,7 @@ def _make_lm(item: Item, cfg: EvalSection) -> Any:
             "tensor_parallel_size": tp,
             "data_parallel_size": max(1, gpus // tp),
             "max_gen_toks": cfg.max_gen_toks,
+            **pin,
         }
         return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
     import torch
@@ -53,7 +56,7 @@ def _make_lm(item: Item, cfg: EvalSection) -> Any:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
-    args = {"pretrained": item.model_path, "dtype": dtype}
+    args = {"pretrained": item.model_path, "dtype": dtype, **pin}
     return get_model("hf").create_from_arg_obj(args, {"batch_size": cfg.batch_size, "device": device})
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.config import EvalSection
-from klsweep.errors import KLSweepError, Problem, UserError
+from klsweep.errors import KLSweepError, Problem, UserError, not_loaded
 
 CONF_DIR = Path(__file__).parent.parent / "conf" / "eval"
 TASKS_DIR = Path(__file__).parent.parent / "evaltasks"
@@ -225,4 +225,8 @@ class Suite:
     def load(self) -> None:
         if not self.tasks:
             self.manager = _task_manager(self.cfg)
-            self.tasks = self.manager.load([*self.cfg.in_domain, *self.cfg.ood])["tasks"]
+            names = [*self.cfg.in_domain, *self.cfg.ood]
+            try:
+                self.tasks = self.manager.load(names)["tasks"]
+            except (OSError, ConnectionError, ValueError) as e:  # a dataset not cached offline, gated, ...
+                raise not_loaded(f"the data of eval task(s) {', '.join(names)}", e) from e

@@ -50,9 +50,11 @@ class Plan:
 
 
 def run_id(config: dict, memo: dict[tuple[str, int, str], tuple[Any, str]] | None = None) -> str:
-    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``, and
+    """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``,
     without the keys of ``config.id_omitted_at(config)`` that hold that value (``train.trl: {}``: a run that
-    passes nothing to TRL keeps the id it had before the key existed; ``kl.reward_logp`` on-policy).
+    passes nothing to TRL keeps the id it had before the key existed; ``kl.reward_logp`` on-policy), and with
+    each key of ``config.ID_HASHED_AT`` at that value whatever it holds (``train.use_vllm``: how a run is
+    computed, not what).
     ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
     (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
     the whole."""
@@ -85,15 +87,23 @@ def _canonical(value: Any) -> str:
 
 def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any]) -> Any:
     """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
-    ``ID_OMITTED_AT`` that hold that value, copied on the way down: the caller's dict is never touched."""
+    ``omitted`` that hold that value, its keys of ``ID_HASHED_AT`` at that value, copied on the way down: the
+    caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
-    inner = [(k[len(prefix) + 1 :], None) for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")]
-    inner += [(k[len(prefix) + 1 :], v) for k, v in omitted.items() if k.startswith(prefix + ".")]
+    inner = [
+        (k[len(prefix) + 1 :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")
+    ]
+    inner += [(k[len(prefix) + 1 :], v, "omit-at") for k, v in omitted.items() if k.startswith(prefix + ".")]
+    inner += [
+        (k[len(prefix) + 1 :], v, "hash-at")
+        for k, v in config_mod.ID_HASHED_AT.items()
+        if k.startswith(prefix + ".")
+    ]
     if not inner:
         return value
     kept = dict(value)
-    for key, omitted_at in inner:
+    for key, at, how in inner:
         *parents, leaf = key.split(".")
         node = kept
         for part in parents:
@@ -102,6 +112,9 @@ def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any]) -> Any:
             node[part] = dict(node[part])
             node = node[part]
         else:
-            if omitted_at is None or node.get(leaf, omitted_at) == omitted_at:
+            if how == "hash-at":
+                if leaf in node:
+                    node[leaf] = at
+            elif how == "omit" or node.get(leaf, at) == at:
                 node.pop(leaf, None)
     return kept

@@ -85,15 +85,19 @@ Checked = tuple[bool, Any, Any]
 
 # A sweep's name is a folder name (results/<name>/) and part of W&B ids: one rule wherever it comes from (a
 # grid's `name:`, a run file's `name:`, a `name=` override).
+# ASCII only: the name is also the Slurm job's name and W&B's group, and a folder name the same on every file
+# system (no Unicode normalisation to differ between two machines).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 NAME_MAX = 100
-NAME_ALLOWED = f"letters, digits, . _ - (not first), at most {NAME_MAX} characters"
+NAME_ALLOWED = f"ASCII letters A-Z a-z, digits 0-9, . _ - (not first), at most {NAME_MAX} characters"
 
 
 def name_problem(value: Any) -> str | None:
     """What is wrong with ``value`` as a sweep's name, or None."""
     if not isinstance(value, str) or not NAME_PATTERN.match(value):
-        return f"{value!r} is not a valid sweep name (a folder name: no path)"
+        bad = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", value))) if isinstance(value, str) else []
+        which = f": {', '.join(map(repr, bad))} not allowed" if bad else ""
+        return f"{value!r} is not a valid sweep name (a folder name: no path){which}"
     if len(value) > NAME_MAX:
         return f"a sweep name of {len(value)} characters is too long"
     return None
@@ -174,9 +178,14 @@ def check_sbatch(key: str, value: Any) -> Checked:
     if not isinstance(options, dict):
         return False, None, (f"{value!r} is not a mapping", SBATCH_ALLOWED)
     bad = [
+        (problem, config_mod.SBATCH_OPTION_ALLOWED)
+        for k in options
+        if (problem := config_mod.sbatch_option_problem(k))
+    ]
+    bad += [
         (f"{SBATCH}.{k}: {v!r} is not valid" if key == SBATCH else f"{v!r} is not valid", SBATCH_ALLOWED)
         for k, v in options.items()
-        if "." in str(k) or not (isinstance(v, str | int) and v is not False)
+        if not config_mod.sbatch_option_problem(k) and not (isinstance(v, str | int) and v is not False)
     ]
     return (False, None, bad) if bad else (True, value, "")
 

@@ -13,7 +13,15 @@ from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
-from klsweep.report.data import ID_AVG, OOD_AVG, attach_deltas, attach_evals, load_baseline, load_runs
+from klsweep.report.data import (
+    ID_AVG,
+    OOD_AVG,
+    attach_deltas,
+    attach_evals,
+    load_baseline,
+    load_runs,
+    not_there_yet,
+)
 from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
@@ -68,7 +76,9 @@ def build_report(
             title="nothing to report",
         )
     out.mkdir(parents=True, exist_ok=True)
-    chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside)
+    missing: list[str] = []
+    chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing)
+    missing[:0] = not_there_yet(runs, metrics, sweep)
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     run_configs = dict(zip(runs["run"], configs, strict=True))
@@ -96,6 +106,7 @@ def build_report(
         window=window,
         collapse_rule=rule_text(configs),
         set_aside=set_aside,
+        missing=missing,
     )
     report.paths += draw_figures(report, metrics, out)
     for fmt in formats:

@@ -2,8 +2,9 @@
 
 Only the results store's files (docs/DESIGN.md): each run's config, status, metrics and eval results, and the
 sweep's step-0 baseline. ``load_runs`` (the configuration axes, the runs and metrics frames), ``attach_evals``
-(one eval hash per report, each run's last evaluated checkpoint), ``load_baseline`` and ``attach_deltas``
-(Δ from step 0). A file that cannot be read is set aside and named (``set_aside``), the rest is reported.
+(one eval hash per report, each run scored at its final checkpoint only), ``load_baseline`` and
+``attach_deltas`` (Δ from step 0). A file that cannot be read is set aside and named (``set_aside``), the rest
+is reported; what is not there yet (runs unfinished or not scored, no metrics) is named too (``missing``).
 Details: docs/REPORT.md.
 """
 
@@ -209,10 +210,12 @@ def _results_files(root: Path) -> list[Path]:
 
 
 def attach_evals(
-    sweep: Path, runs: pd.DataFrame, eval_hash: str | None, set_aside: list[str]
+    sweep: Path, runs: pd.DataFrame, eval_hash: str | None, set_aside: list[str], missing: list[str]
 ) -> tuple[str | None, list[str], list[str]]:
-    """Pick the eval hash, and per run its last evaluated checkpoint: adds ``eval_checkpoint``, ``eval_step``
-    and one column per eval task. Returns (hash, in-domain tasks, OOD tasks)."""
+    """Pick the eval hash, and per run the results of its final checkpoint (``store.final_checkpoint``): adds
+    ``eval_checkpoint``, ``eval_step`` and one column per eval task. A run with results of other checkpoints
+    only (an eval cancelled part-way, a run not finished) is not scored: named in ``missing``. Returns (hash,
+    in-domain tasks, OOD tasks)."""
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # hash -> [(run, results)]
     newest: dict[str, float] = {}
     for run in runs["run"]:
@@ -234,10 +237,24 @@ def attach_evals(
             title="unknown eval hash",
         )
     chosen = eval_hash if eval_hash is not None else (max(newest, key=newest.__getitem__) if newest else None)
+    # each run scored at its final checkpoint only: never one run's checkpoint-24 beside another's -40
+    finals = {run: _final_checkpoint(sweep / run) for run in runs["run"]}
     last: dict[str, dict[str, Any]] = {}
+    other: dict[str, list[str]] = {}  # run -> the checkpoints scored that are not its final one
     for run, res in found.get(chosen, []):
-        if run not in last or res.get("step", -1) > last[run].get("step", -1):
+        if finals[run] is not None and (res.get("checkpoint") == finals[run] or res.get("final_state")):
             last[run] = res
+        else:
+            other.setdefault(run, []).append(str(res.get("checkpoint")))
+    for run, names in sorted(other.items()):
+        if run not in last:
+            final = (
+                f"its final {finals[run]} is not" if finals[run] else "it has not finished, so none is final"
+            )
+            missing.append(
+                f"run {run}: not scored: {', '.join(sorted(names))} scored under {chosen}, {final} "
+                f"(`klsweep eval {sweep}` scores it)"
+            )
     in_domain: dict[str, None] = {}
     ood: dict[str, None] = {}
     for res in last.values():
@@ -259,6 +276,33 @@ def attach_evals(
         se = runs[[f"{t} {SE}" for t in tasks]] if tasks else None
         runs[f"{avg} {SE}"] = (se**2).mean(axis=1) ** 0.5 / len(tasks) ** 0.5 if tasks else math.nan
     return chosen, list(in_domain), list(ood)
+
+
+def _final_checkpoint(run_dir: Path) -> str | None:
+    try:
+        return store.final_checkpoint(run_dir)
+    except store.UnreadableFile:
+        return None
+
+
+def not_there_yet(runs: pd.DataFrame, metrics: pd.DataFrame, sweep: Path) -> list[str]:
+    """What the report lacks so far: runs not finished, no metrics, no eval (before the runs' own lines)."""
+    lines = []
+    unfinished = runs[~runs["state"].isin(["done", "diverged"])]
+    if len(unfinished):
+        states = unfinished["state"].value_counts()
+        lines.append(
+            f"{len(unfinished)} of {len(runs)} run(s) not finished ("
+            + ", ".join(f"{n} {s}" for s, n in states.items())
+            + "): only finished runs (done, diverged) are scored and count in the claims"
+        )
+    if not len(metrics):
+        lines.append("no metrics yet (no training step written): no curves, no stability figures")
+    if runs["eval_checkpoint"].isna().all():
+        lines.append(
+            f"no run scored yet: evals follow training (`klsweep eval {sweep}` scores the finished runs)"
+        )
+    return lines
 
 
 def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:

@@ -116,6 +116,8 @@ def _write_md(report: Report) -> list[Path]:
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold) if len(cells) else NONE[t], ""]
     runs = runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
+    if report.missing:
+        parts += ["## Not there yet", "", *(f"- {line}" for line in report.missing), ""]
     if report.set_aside:
         parts += ["## Set aside (unreadable files)", "", *(f"- {line}" for line in report.set_aside), ""]
     path = report.out_dir / "report.md"

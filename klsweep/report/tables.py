@@ -65,6 +65,7 @@ class Report:
     window: int = WINDOW
     collapse_rule: str = ""  # the runs' collapse rules and their false-collapse rates (stability.rule_text)
     set_aside: list[str] = field(default_factory=list)  # unreadable files: each named, with what to do
+    missing: list[str] = field(default_factory=list)  # what is not there yet (runs unfinished, not scored)
     paths: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
@@ -515,8 +516,9 @@ KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance
 
 
 def kl_on(runs: pd.DataFrame) -> pd.Series:
-    """Per run: whether it trains with a KL term (beta > 0)."""
-    return runs["kl.beta"].map(lambda b: nan_to_none(b) is not None and float(b) != 0)
+    """Per run: whether it trains with a KL term (beta > 0). A bool Series even when empty: an empty object
+    Series would index a frame's columns, not its rows (a report before any run finished)."""
+    return runs["kl.beta"].map(lambda b: nan_to_none(b) is not None and float(b) != 0).astype(bool)
 
 
 def labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:

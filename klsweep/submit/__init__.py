@@ -11,7 +11,14 @@ scheduler, state, evals, joblogs) and how they work: docs/DESIGN.md (Modules, Su
 """
 
 from klsweep.submit.evals import EvalSubmission, submit_eval
-from klsweep.submit.state import RunStatus, cancel, final_summary, status, wait_until_final
+from klsweep.submit.state import (
+    RunStatus,
+    cancel,
+    final_summary,
+    scheduler_problem,
+    status,
+    wait_until_final,
+)
 from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "cancel",
     "default_cluster",
     "final_summary",
+    "scheduler_problem",
     "status",
     "submit",
     "submit_eval",

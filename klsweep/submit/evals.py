@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import evaluate, store
+from klsweep import engines, evaluate, store
 from klsweep.config import EvalSection, ModelSection
 from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
-from klsweep.submit.scheduler import LOCK_FILE, job_row, submission_folder
+from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.sweep import CLUSTERS
 
@@ -57,6 +57,9 @@ def submit_eval(
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
     request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
     _check_inside(Path(target), request)
+    engines.require(  # the jobs run in this environment
+        {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
+    )
     if cluster == "debug":
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
@@ -181,6 +184,9 @@ def _submit(request: EvalRequest, cluster: str, wait: bool, n_jobs: int | None =
     if not runs:  # the baselines are those of the runs' models: none without runs
         return EvalSubmission(skipped=request.skipped)
     sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
+    down = controller_problem() if cluster == "slurm" else None
+    if down is not None:
+        raise SubmissionRefused(down, len(runs) + len(baselines), [])
     folder = submission_folder(sweep_dir)
     config = evaluate.run_config(runs[0])
     res, cl = asdict(config.model.resources), asdict(config.cluster)

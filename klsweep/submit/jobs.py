@@ -10,6 +10,7 @@ in the run's ``logs/`` (``klsweep.submit.joblogs``).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -34,6 +35,7 @@ class TrainJob:
     def __call__(self) -> Any:
         import submitit
 
+        _offline_environment(self.run_dir)
         env = submitit.JobEnvironment()
         if env.num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -89,6 +91,7 @@ class EvalJob:
     shared_log: bool = False  # as TrainJob's
 
     def __call__(self) -> Any:
+        _offline_environment(self.run_dir)
         if self.fn is None:
             from klsweep.evaluate import eval_run
 
@@ -138,6 +141,16 @@ def _defer_preemption_to_step_end(env: Any) -> None:
     signal.signal(signum, deferred)
 
 
+def _offline_environment(run_dir: str) -> None:
+    """On an offline cluster (the run's ``cluster.offline``), HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 in this
+    job's environment before anything loads (``klsweep.fetch.job_environment``)."""
+    from klsweep.config import read_run_file
+    from klsweep.fetch import job_environment
+
+    with contextlib.suppress(store.UnreadableFile, OSError):  # the job itself reports an unreadable config
+        os.environ.update(job_environment(read_run_file(run_dir)))
+
+
 def _tail(text: str, n: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:])
 
@@ -157,6 +170,8 @@ def wants_eval(run: Any) -> bool:
     return run.config.get("eval", {}).get("suite", "none") not in ("none", "", None)
 
 
-def has_eval_results(run_dir: Path) -> bool:
-    """Whether the run's eval job has written results (under any eval settings)."""
-    return any((run_dir / store.EVAL_DIR).glob("*/*/results.json"))
+def has_eval_results(run_dir: Path, status: dict[str, Any] | None = None) -> bool:
+    """Whether the run's eval is done: its final checkpoint (``store.final_checkpoint``) has results (under
+    any eval settings). Results of other checkpoints alone (an eval cancelled part-way) are not."""
+    final = store.final_checkpoint(run_dir, status)
+    return final is not None and final in store.evaluated_checkpoints(run_dir)

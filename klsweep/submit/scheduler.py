@@ -147,9 +147,46 @@ def _run_cmd(cmd: list[str]) -> str | None:
         return None
 
 
+DOWN = "the Slurm controller does not answer"
+PING_TIMEOUT_S = 5.0  # `scontrol ping`: a controller that answers does at once; one that is down, at once too
+_PING_TTL_S = 10.0
+# SLURM_CONF -> (when, what ``controller_problem`` said)
+_pinged: dict[str | None, tuple[float, str | None]] = {}
+
+
+def controller_problem() -> str | None:
+    """None when the Slurm controller answers (``scontrol ping``, at most ``PING_TIMEOUT_S``; no Slurm here
+    counts as answering: its commands say so themselves), else ``the Slurm controller does not answer: ...``
+    with what scontrol said. Remembered for ``_PING_TTL_S``: squeue, sbatch and scontrol each wait about
+    10 s (Slurm's MessageTimeout) for a controller that is down before they give up."""
+    conf = os.environ.get("SLURM_CONF")
+    when, said = _pinged.get(conf, (0.0, None))
+    if time.time() - when < _PING_TTL_S:
+        return said
+    try:
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_TIMEOUT_S)
+        # (a controller that is down adds a banner of asterisks: "** RESTORE SLURMCTLD DAEMON TO SERVICE **")
+        words = [w.strip() for w in (out.stdout + out.stderr).splitlines() if w.strip() and w[:2] != "**"]
+        said = (
+            None
+            if any(w.endswith(" is UP") for w in words)
+            else " / ".join(words) or f"exit {out.returncode}"
+        )
+    except subprocess.TimeoutExpired:
+        said = f"no answer to `scontrol ping` within {PING_TIMEOUT_S:g} s"
+    except OSError:
+        said = None  # no scontrol: not a Slurm machine
+    if said is not None:
+        said = f"{DOWN}: {said}"
+    _pinged[conf] = (time.time(), said)
+    return said
+
+
 def _squeue() -> dict[str, JobState] | None:
     """Live Slurm jobs of this user (one squeue call): job id -> state and reason; None when squeue is
-    unavailable."""
+    unavailable or the controller does not answer (``controller_problem``: accounting may still)."""
+    if controller_problem() is not None:
+        return None
     out = _run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T|%r"])
     if out is None:
         return None

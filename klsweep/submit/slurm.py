@@ -22,12 +22,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from klsweep.config import tasks_per_node
+from klsweep.config import SBATCH_OPTION_ALLOWED, sbatch_option_problem, tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
-from klsweep.submit.scheduler import _run_cmd, job_row, submission_folder
+from klsweep.submit.scheduler import DOWN, _run_cmd, controller_problem, job_row, submission_folder
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, when scontrol cannot say
+# what sbatch says when the controller is down or unreachable (not a refusal of the job)
+CONTROLLER_DOWN = ("Unable to contact slurm controller", "Zero Bytes were transmitted or received")
 
 
 class SubmissionRefused(UserError):
@@ -36,11 +38,16 @@ class SubmissionRefused(UserError):
     def __init__(self, stderr: str, runs: int, rows: list[dict[str, Any]]):
         self.rows = rows
         self.said = said = " ".join(stderr.split()) or "(nothing on stderr)"
+        down = said.startswith(DOWN) or any(text in said for text in CONTROLLER_DOWN)
         problems = [
             Problem(
                 "sbatch",
-                f"Slurm refused the job{' array' if runs > 1 else ''} of {runs} run(s): {said}",
-                "cluster settings this cluster accepts: cluster.partition, account, qos, constraint, "
+                f"{DOWN}, so no job of {runs} run(s) was submitted: {said.removeprefix(DOWN + ': ')}"
+                if down
+                else f"Slurm refused the job{' array' if runs > 1 else ''} of {runs} run(s): {said}",
+                "the same command once `scontrol ping` says UP: nothing in the sweep needs changing"
+                if down
+                else "cluster settings this cluster accepts: cluster.partition, account, qos, constraint, "
                 "model.resources (see `sinfo`, `sacctmgr show assoc user=$USER`)",
             )
         ]
@@ -49,7 +56,7 @@ class SubmissionRefused(UserError):
             problems.append(
                 Problem("sbatch", f"{kept} run(s) submitted before the refusal keep their jobs (jobs.jsonl)")
             )
-        super().__init__(problems, title="Slurm refused the submission")
+        super().__init__(problems, title=DOWN if down else "Slurm refused the submission")
 
 
 @functools.cache
@@ -85,7 +92,14 @@ def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_jo
     if cl.get("setup"):
         p["setup"] = list(cl["setup"])
     if cl.get("additional_parameters"):
-        p["additional_parameters"] = dict(cl["additional_parameters"])
+        extra = dict(cl["additional_parameters"])
+        bad = [problem for k in extra if (problem := sbatch_option_problem(k))]
+        if bad:  # a config.yaml written by hand (the grid refuses these at plan time)
+            raise UserError(
+                [Problem("cluster.additional_parameters", b, SBATCH_OPTION_ALLOWED) for b in bad],
+                title="not an sbatch option",
+            )
+        p["additional_parameters"] = extra
     return p
 
 
@@ -98,6 +112,9 @@ def submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
     the number of sbatch calls."""
     import submitit
 
+    down = controller_problem()  # at once, rather than sbatch's own timeouts and retries
+    if down is not None:
+        raise SubmissionRefused(down, len(train) + len(evals), [])
     folder = submission_folder(sweep_dir)
     rows: list[dict[str, Any]] = []
     calls = 0

@@ -35,6 +35,7 @@ from klsweep.submit.scheduler import (
     RUNNING_SLURM,
     JobState,
     cancel_rows,
+    controller_problem,
     job_states,
     key,
     latest_rows,
@@ -56,12 +57,13 @@ class RunStatus:
     gpu_hours: float
     job_id: str | None
     cluster: str | None
-    eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped
+    eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped |
+    # partial (checkpoints scored, not the run's final one: an eval cancelled part-way)
     log_tail: list[str]  # failed runs (or evals): the last lines of the job's stderr (or the traceback kept)
     reason: str | None = None  # failed, diverged, unreadable: why, in one line (failed: the exception's type
     # and message)
     log: str | None = None  # failed runs (or evals): the job's stderr, in the run's logs/ (else submitit's)
-    eval_error: str | None = None  # a failed eval: why, in one line
+    eval_error: str | None = None  # a failed (or partial) eval: why, in one line
     job_state: str | None = None  # the training job's state in the scheduler's words (Slurm's: TIMEOUT ...)
     job_reason: str | None = None  # why the training job waits (Slurm's pending reason), while it does
 
@@ -171,6 +173,15 @@ def status(sweep_dir: str | Path) -> list[RunStatus]:
     return out
 
 
+def scheduler_problem(sweep_dir: str | Path) -> str | None:
+    """Why the scheduler cannot tell the sweep's jobs' states, for a line beside ``status``: the Slurm
+    controller does not answer (``scheduler.controller_problem``); None when it does or no job is Slurm's."""
+    if not any(r["cluster"] == "slurm" for r in latest_rows(Path(sweep_dir)).values()):
+        return None
+    problem = controller_problem()
+    return f"{problem}; job states are from Slurm's accounting (sacct), if it answers" if problem else None
+
+
 def _read_sweep_file(path: Path) -> dict[str, Any]:
     """sweep.yaml (the planned axes and runs), or nothing when it is missing or cannot be read: the run
     folders' own config.yaml files say the same, more slowly."""
@@ -203,11 +214,14 @@ def _run_status(
         state = "running"
     if state not in ("done", "diverged", "running") and store.trainer_of(run_dir) is not None:
         state = "running"  # a process holds its training lock, whatever the jobs' records say
-    eval_state = "done" if eval_row is None and has_eval_results(run_dir) else None  # e.g. debug eval
+    # the eval is done when the run's final checkpoint is scored; some other checkpoints alone: partial
+    complete = has_eval_results(run_dir, st)
+    scored = [] if complete else store.evaluated_checkpoints(run_dir)
+    eval_state = ("done" if complete else "partial" if scored else None) if eval_row is None else None
     if eval_row is not None:
         e_job = states.get(key(eval_row))
         e_sched = e_job.state if e_job else None
-        if has_eval_results(run_dir):
+        if complete:
             eval_state = "done"
         elif e_sched == "SKIPPED":
             eval_state = "skipped"
@@ -215,6 +229,16 @@ def _run_status(
             eval_state = _combine("pending", e_sched)
             if eval_state == "done" and st.get("eval_error"):  # its job went on to other runs: the run failed
                 eval_state = "failed"
+            elif eval_state in ("done", "cancelled") and scored:  # e.g. scancel part-way
+                eval_state = "partial"
+    partial = None
+    if eval_state == "partial":
+        final = store.final_checkpoint(run_dir, st)
+        partial = (
+            f"eval partial: {len(scored)} checkpoint(s) scored ({', '.join(scored)}), "
+            + (f"not the final {final}" if final else "and the run has not finished")
+            + f": `klsweep eval {run_dir.parent}` scores it"
+        )
     cfg: dict[str, Any] | None = None  # config.yaml, read at most once, at the first need
     if params is None:
         cfg = read_run_file(run_dir)
@@ -268,7 +292,7 @@ def _run_status(
         log_tail=tail,
         reason=reason,
         log=str(log) if log else None,
-        eval_error=st.get("eval_error") if eval_state == "failed" else None,
+        eval_error=st.get("eval_error") if eval_state == "failed" else partial,
         job_state=sched,
         job_reason=job.reason if job else None,
     )
@@ -415,7 +439,7 @@ def final_summary(runs: list[RunStatus], fail_on_diverged: bool = False) -> tupl
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.state] = counts.get(r.state, 0) + 1
-    evals_failed = sum(r.eval_state in ("failed", "cancelled") for r in runs)
+    evals_failed = sum(r.eval_state in ("failed", "cancelled", "partial") for r in runs)
     order = [*store.STATES, *sorted(set(counts) - set(store.STATES))]
     parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
     if evals_failed:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import store
+from klsweep import engines, store
 from klsweep.config import run_file_text
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import has_eval_results, wants_eval
@@ -111,12 +111,15 @@ def submit(
 
     if cluster_kind not in CLUSTERS:
         raise UserError(Problem("--cluster", f"unknown cluster {cluster_kind!r}", ", ".join(CLUSTERS)))
+    # before anything is written (the eval too when it is not chained: klsweep study evaluates afterwards)
+    engines.require(r.config for r in plan.runs)
     sweep_dir = Path(plan.sweep_dir)
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
     _check_inside(plan)
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _prepare_models(plan, on_build)
+    plan = _pinned(plan)
     result = SubmitResult(sweep_dir=sweep_dir, cluster=cluster_kind, actions={})
     undo = _Undo(sweep_dir)
     refused: SubmissionRefused | None = None
@@ -261,6 +264,18 @@ def _prepare_models(plan: Any, on_build: Callable[[Path], None] | None = None) -
         from klsweep import tinymodel
 
         tinymodel.tiny_model_path(on_build=on_build)
+
+
+def _pinned(plan: Any) -> Any:
+    """The plan with each hub model's commit recorded in its runs' configs (``klsweep.fetch.pin_revisions``)."""
+    from klsweep.fetch import pin_revisions
+
+    configs = pin_revisions([r.config for r in plan.runs], [Path(r.run_dir) for r in plan.runs])
+    runs = [
+        r if c is r.config else dataclasses.replace(r, config=c)
+        for r, c in zip(plan.runs, configs, strict=True)
+    ]
+    return dataclasses.replace(plan, runs=runs)
 
 
 def _without_eval(run: Any) -> Any:

@@ -1,0 +1,70 @@
+"""The generation engines a run's jobs use and whether their packages import: vLLM for TRL's colocate generation
+(``train.use_vllm``) and for lm-eval's ``vllm`` backend (``eval.backend``), which with several model copies on a
+node (data parallel: ``model.resources.gpus_per_node // eval.tensor_parallel_size`` > 1) also needs ray.
+
+The check runs in the submitting process (``importlib.util.find_spec``, nothing imported): the jobs run in the
+same Python environment, locally and on Slurm (submitit starts them with this interpreter), so a package missing
+here is missing there. ``klsweep run`` and ``klsweep eval`` refuse such a run (``require``: exit 2, with the
+install command) before any job starts; ``klsweep plan`` shows it as a warning (``missing``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from klsweep.errors import Problem, UserError
+
+INSTALL = "pip install 'klsweep[vllm]'"
+
+
+def eval_copies(config: Mapping[str, Any]) -> int:
+    """lm-eval's vLLM data-parallel size for a run: model copies on a node (one per ``tensor_parallel_size``
+    GPUs)."""
+    gpus = int(config.get("model", {}).get("resources", {}).get("gpus_per_node", 0))
+    tp = max(1, int(config.get("eval", {}).get("tensor_parallel_size", 1)))
+    return max(1, gpus // tp)
+
+
+def needed(config: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The key that asks for an engine -> the packages it needs, for one run's config (a RunConfig dict)."""
+    out: dict[str, tuple[str, ...]] = {}
+    if config.get("train", {}).get("use_vllm"):
+        out["train.use_vllm"] = ("vllm",)
+    ev = config.get("eval", {})
+    if ev.get("suite", "none") != "none" and ev.get("backend") == "vllm":
+        out["eval.backend"] = ("vllm", "ray") if eval_copies(config) > 1 else ("vllm",)
+    return out
+
+
+_INSTEAD = {"train.use_vllm": "train.use_vllm=false (HF generate)", "eval.backend": "eval.backend=hf"}
+
+
+def missing(configs: Iterable[Mapping[str, Any]]) -> list[Problem]:
+    """One problem per key whose engine's packages cannot be imported in this Python environment (the one the
+    jobs use), over the runs' configs."""
+    found: dict[str, list[str]] = {}
+    for config in configs:
+        for key, packages in needed(config).items():
+            absent = [p for p in packages if importlib.util.find_spec(p) is None]
+            for p in absent:
+                if p not in found.setdefault(key, []):
+                    found[key].append(p)
+    return [
+        Problem(
+            key,
+            f"needs {' and '.join(absent)}, which cannot be imported in this Python environment "
+            f"({sys.executable}), the one the jobs run in",
+            f"{INSTALL}, or {_INSTEAD[key]}",
+        )
+        for key, absent in found.items()
+    ]
+
+
+def require(configs: Iterable[Mapping[str, Any]]) -> None:
+    """``UserError`` (exit 2) naming each engine the runs need that cannot be imported here."""
+    problems = missing(configs)
+    if problems:
+        raise UserError(problems, title="engines that are not installed")

@@ -1,0 +1,137 @@
+"""klsweep rehearse: the covering runs of a grid, and the real path (tiny random models of the paper's
+architecture classes, the shipped samples) through training, resume, lm-eval and the report; a broken wire
+fails its stage with a located reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from clitools import cli
+
+from klsweep import grid, rehearse
+from klsweep.config import NO_KL
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = REPO / "sweeps" / "paper.yaml"
+ONE_RUN = ["model=qwen2.5-7b", "kl.estimator=k1", "kl.placement=loss", "kl.beta=0.1", "seed=0"]
+
+
+def test_covering_runs_hold_every_value_of_the_paper_grid():
+    plan = grid.load_plan(PAPER)
+    chosen = rehearse.covering_runs(plan.runs)
+    assert len(chosen) <= 6 < len(plan.runs)
+    for key in rehearse.COVERED:
+        every = {json.dumps(rehearse._values(r.config)[key]) for r in plan.runs}
+        held = {json.dumps(rehearse._values(r.config)[key]) for r in chosen}
+        assert held == every, key
+    assert json.dumps(NO_KL) in {json.dumps(rehearse._values(r.config)["kl.estimator"]) for r in chosen}
+
+
+@pytest.mark.slow
+def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
+    """Every paper model's architecture class (qwen2, llama, qwen3) trained, resumed and scored on every eval
+    task of the suite; about 75 s on 2 cores."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # a fresh clone: nothing cached, each conf's arch
+    start = time.time()
+    code, out, err = cli(["rehearse", PAPER], monkeypatch, capsys, columns=80, terminal=True)
+    elapsed = time.time() - start
+    assert code == 0, out + err
+    table = out[out.index("rehearsal of paper") :]
+    assert max(len(line) for line in table.splitlines()) <= 80
+    folder = tmp_path / "results" / ".rehearsal" / "paper"
+    assert not (tmp_path / "results" / "paper").exists()  # apart from the sweep's results
+    classes = set()
+    for run_dir in sorted(p for p in folder.iterdir() if (p / "config.yaml").is_file()):
+        config = json.loads(json.dumps(__import__("yaml").safe_load((run_dir / "config.yaml").read_text())))
+        classes.add(json.loads((Path(config["model"]["path"]) / "config.json").read_text())["model_type"])
+        metrics = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert metrics == list(range(1, config["train"]["steps"] + 1))  # resumed without a gap or a repeat
+        (results,) = run_dir.glob("eval/*/*/results.json")
+        scores = json.loads(results.read_text())["metrics"]
+        assert set(scores["in_domain"]) == {"klsweep_math500"}
+        assert set(scores["ood"]) == {
+            f"klsweep_mmlu_college_{s}" for s in ("physics", "chemistry", "biology")
+        }
+    assert classes == {"qwen2", "llama", "qwen3"}
+    assert "byte-level stand-in tokenizer" in out
+    assert (folder / "report").is_dir()
+    print(f"rehearsal of sweeps/paper.yaml: {elapsed:.0f} s")
+
+
+def _failed(out: str, stage: str) -> str:
+    lines = [line for line in out.splitlines() if f" {stage} failed: " in line]
+    assert lines, out
+    return lines[0]
+
+
+def test_prompts_that_cannot_fit_fail_training(tmp_path, monkeypatch, capsys):
+    code, out, err = cli(
+        ["rehearse", PAPER, *ONE_RUN, "train.max_prompt_length=8", "--out", tmp_path], monkeypatch, capsys
+    )
+    assert code == 1
+    line = _failed(out, "train")
+    assert (
+        "train.max_prompt_length" in line and "longer than 8 tokens" in line and "rehearse-train.log" in line
+    )
+
+
+def test_an_eval_prompt_field_missing_from_the_data_fails_eval(tmp_path, monkeypatch, capsys):
+    tasks = tmp_path / "tasks"
+    shutil.copytree(REPO / "klsweep" / "evaltasks" / "paper", tasks)
+    math500 = tasks / "klsweep_math500.yaml"
+    math500.write_text(math500.read_text().replace("{{problem}}", "{{question}}"))
+    code, out, err = cli(
+        ["rehearse", PAPER, *ONE_RUN, f"eval.include_path={tasks}", "--out", tmp_path / "r"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 1
+    line = _failed(out, "eval")
+    assert "eval task klsweep_math500" in line and "'question' is undefined" in line
+
+
+def test_a_chat_template_mismatch_fails(tmp_path, monkeypatch, capsys):
+    from klsweep.tinymodel import random_tiny_model
+
+    model = random_tiny_model(tmp_path / "model")  # a tokenizer without a chat template
+    for f in model.glob("chat_template.*"):
+        f.unlink()
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    code, out, err = cli(
+        ["rehearse", PAPER, *ONE_RUN, f"model.path={model}", "model.chat_template=true", "--out", tmp_path / "r"],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 1
+    line = _failed(out, "train")
+    assert "model.chat_template" in line and "has no chat template" in line
+
+
+@pytest.mark.slurm
+def test_rehearse_on_slurm(tmp_path, monkeypatch, capsys):
+    """One short job on the grid's partition (the local test cluster's), the same table back."""
+    code, out, err = cli(
+        [
+            "rehearse", PAPER, *ONE_RUN, "cluster.partition=debug", "model.resources.gpus_per_node=0",
+            "model.resources.cpus_per_task=1", "model.resources.mem_gb=4",
+            "train.sharding=none", "--cluster", "slurm", "--out", tmp_path,
+        ],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, out + err
+    assert "rehearsed on Slurm (log: " in out
+    assert (tmp_path / "paper").is_dir() and any((tmp_path / "paper").glob("*/eval/*/*/results.json"))
+
+
+def test_a_sweeps_results_are_never_replaced(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "paper"
+    (sweep / "abc").mkdir(parents=True)
+    code, out, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", tmp_path], monkeypatch, capsys)
+    assert code == 2 and "holds something else than a rehearsal" in err
+    assert (sweep / "abc").is_dir()

@@ -363,3 +363,23 @@ def test_a_run_folder_linked_out_of_the_results_folder_is_refused(tmp_path, monk
         code, out, err = cli(["eval", target, "--cluster", "debug"], monkeypatch, capsys)
         assert code == 2 and str(run) in err and "leads out of" in err and "Traceback" not in err, err
     assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == listing
+
+
+def test_workers_that_die_before_taking_a_job_are_not_restarted_for_ever(tmp_path):
+    """A worker that cannot even start (here the cluster's setup lines fail; a full disk does the same) would
+    leave its jobs waiting, and the supervisor would start workers for ever: it gives up after
+    MAX_WORKER_DEATHS, records the waiting jobs failed and ends."""
+    from klsweep.submit import local
+
+    sweep = tmp_path / "nostart"
+    plan = jobs.make_plan(sweep, [0, 1], **{"cluster.setup": ["exit 3"]})
+    submit.submit(plan, "local", train_fn=jobs.ok_train)
+    runs = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=120)
+    assert {r.state for r in runs} == {"failed"}, [(r.run_id, r.state, r.reason) for r in runs]
+    rows = store.read_jsonl(sweep / store.JOBS_FILE)
+    supervisor = next(r["supervisor"] for r in rows if r.get("supervisor"))
+    wait_for(lambda: not alive(supervisor), "the supervisor kept starting workers", 30)
+    pool = store.read_json(next((sweep / "submitit").glob("*/pool.json")))
+    assert [s["state"] for s in pool] == ["failed", "failed"]
+    started = list((sweep / "submitit").rglob("*_submitted.pkl"))  # one per worker job it started
+    assert local.MAX_WORKER_DEATHS <= len(started) <= local.MAX_WORKER_DEATHS + 1, started

@@ -33,6 +33,9 @@ from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, pid_
 SUPERVISE = "supervise"
 POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
 _POLL_S = 0.3
+# Workers in a row that may die before taking any job (while jobs wait) before the supervisor gives up on those
+# jobs (recorded failed: `klsweep status` shows the worker log's last line) instead of starting workers for ever.
+MAX_WORKER_DEATHS = 3
 
 
 def submit_debug(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_fn: Any) -> tuple[list, int]:
@@ -231,7 +234,10 @@ def supervise(queue_path: str | Path) -> None:
     )
     workers: dict[str, Any] = {}  # job id -> submitit job
     states: list[dict[str, Any]] = []
+    deaths = 0  # workers in a row that ended without ever holding a job while jobs were waiting
     while True:
+        if not Path(queue_path).exists():  # its folder was deleted or unmounted: nothing left to supervise
+            return
         ended = [job_id for job_id, job in workers.items() if job.done()]
         if not ended and len(workers) >= queue["max_jobs"]:
             time.sleep(_POLL_S)  # every worker busy: they claim the next jobs themselves
@@ -241,7 +247,14 @@ def supervise(queue_path: str | Path) -> None:
             before = copy.deepcopy(states)
             for job_id in ended:
                 del workers[job_id]
+                held = any(s.get("worker") == job_id for s in states)
+                waiting = any(s["state"] == "waiting" for s in states)
+                deaths = deaths + 1 if waiting and not held else 0
                 _settle_dead_worker(pool, states, job_id)
+            if deaths >= MAX_WORKER_DEATHS:  # a worker cannot even start (a full disk, a broken setup)
+                _fail_waiting(pool, states, ended[-1])
+                pool.write(states)
+                return
             ready = pool.ready(states)
             solo = [i for i in ready if pool.solo(i)]  # a training job of several processes: its own worker
             for i in solo:
@@ -268,6 +281,15 @@ def supervise(queue_path: str | Path) -> None:
         if not workers and all(s["state"] not in ("waiting", "claimed") for s in states):
             return
         time.sleep(_POLL_S)
+
+
+def _fail_waiting(pool: _Pool, states: list[dict[str, Any]], job_id: str) -> None:
+    """Record every waiting job as failed, with the last worker's id (its log says why workers die), under the
+    lock: rather than start workers for ever that die before they take a job."""
+    for i, s in enumerate(states):
+        if s["state"] == "waiting":
+            states[i] = {"state": "waiting", "worker": job_id}
+            pool.finish(states, i, False, "FAILED")
 
 
 def _settle_dead_worker(pool: _Pool, states: list[dict[str, Any]], job_id: str) -> None:

@@ -12,6 +12,7 @@ More: docs/DESIGN.md (Run configuration).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -449,6 +450,14 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+@functools.cache
+def _schema() -> Any:
+    """RunConfig as an OmegaConf structured config, built once (half the cost of a ``load_run``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(RunConfig)
+
+
 def load_run(run_dir: str | os.PathLike) -> RunConfig:
     """The RunConfig of a run folder: its ``config.yaml`` over the schema's defaults, a key the folder predates
     read with ``LEGACY_VALUES``. The one reader of a run's config (train, eval, report, W&B).
@@ -465,7 +474,7 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
         for dotted, value in LEGACY_VALUES.items():  # a folder written before the key existed
             if OmegaConf.select(loaded, dotted, default=None) is None:
                 OmegaConf.update(loaded, dotted, value, force_add=True)
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
+        merged = OmegaConf.merge(_schema(), loaded)  # merge copies the schema: never changed
     except Exception as e:  # omegaconf's validation errors
         raise store.UnreadableFile(path, str(e).splitlines()[0], CONFIG_TODO) from e
     return OmegaConf.to_object(merged)

@@ -44,6 +44,11 @@ KEYS = (
 )
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -2,7 +2,7 @@
 
 ``klsweep study sweeps/tiny.yaml`` is the README's main job: on the local machine (the default) it trains
 the tiny study's runs through ``klsweep.submit`` (submitit, at most one job per core), then evaluates every
-finished run and the step-0 baseline in one lm-eval job (loaded once), then builds the report under
+finished run and the step-0 baseline in one lm-eval job per core (each loads lm-eval once), then builds the report under
 ``results/<name>/report/``. On Slurm (``--cluster slurm``) the same three stages run as job arrays.
 Rerunning is cheap: done runs are skipped, evaluated checkpoints are not evaluated again.
 """

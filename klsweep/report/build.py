@@ -22,7 +22,7 @@ from klsweep.report.data import (
     load_runs,
     not_there_yet,
 )
-from klsweep.report.figures import plot_curves, plot_eval
+from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
@@ -108,8 +108,7 @@ def build_report(
         set_aside=set_aside,
         missing=missing,
     )
-    report.paths += plot_curves(report, metrics, out / "curves.png")
-    report.paths += plot_eval(report, out / "eval_bars.png")
+    report.paths += draw_figures(report, metrics, out)
     for fmt in formats:
         report.paths += WRITERS[fmt](report)
     if wandb is not False:

@@ -1,16 +1,21 @@
 """The figures of a report (matplotlib, Agg backend, imported when drawn), each a PNG with a vector PDF beside it.
 
 ``plot_curves``: ``curves.png``, reward, KL and entropy against step as small multiples; ``plot_eval``:
-``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline. Layout, facets
-and labels: docs/REPORT.md.
+``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline; ``draw_figures``:
+both, side by side in two processes. A figure is
+drawn only when its inputs changed (a content hash of its data, ``.<name>.sha256``, beside it), with a fixed
+layout computed from its size. Layout, facets and labels: docs/REPORT.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep import store
+from klsweep.environment import usable_cores
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.stability import CURVES
 from klsweep.report.tables import (
@@ -41,6 +46,7 @@ MAX_LINES = 4  # configurations in a panel before it is split by one more axis
 MAX_PANELS = 12  # rows of panels at most
 MAX_BANDS = 6  # min-max bands drawn only in panels with at most this many lines
 VECTOR_FORMAT = "pdf"
+LINE_IN = 0.16  # inches per line of 8-9 pt text (legend rows, stacked facet labels)
 
 
 def _figure(*args: Any, **kwargs: Any):
@@ -49,19 +55,67 @@ def _figure(*args: Any, **kwargs: Any):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(*args, layout="constrained", **kwargs)
+    return plt.subplots(*args, **kwargs)
 
 
-def _save(fig: Any, path: Path) -> list[Path]:
-    """The PNG and its vector copy (same name, ``.pdf``)."""
+def _margins(
+    fig: Any, left: float, right: float, top: float, bottom: float, wgap: float, hgap: float
+) -> None:
+    """A fixed layout (matplotlib's constrained layout costs a draw per save): margins and gaps in inches."""
+    w, h = fig.get_size_inches()
+    rows, cols = fig.axes[0].get_subplotspec().get_gridspec().get_geometry()
+    axes_w = max((w - left - right - wgap * (cols - 1)) / cols, 0.1)
+    axes_h = max((h - top - bottom - hgap * (rows - 1)) / rows, 0.1)
+    fig.subplots_adjust(
+        left=left / w,
+        right=1 - right / w,
+        top=1 - top / h,
+        bottom=bottom / h,
+        wspace=wgap / axes_w,
+        hspace=hgap / axes_h,
+    )
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.sha256")
+
+
+def _digest(*parts: Any) -> str:
+    """A content hash of a figure's inputs (frames by value, the rest by repr) and of this module's code."""
+    import pandas as pd
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for part in parts:
+        if isinstance(part, pd.DataFrame):
+            h.update(repr(list(part.columns)).encode())
+            h.update(pd.util.hash_pandas_object(part, index=True).to_numpy().tobytes())
+        else:
+            h.update(repr(part).encode())
+    return h.hexdigest()
+
+
+def _unchanged(path: Path, digest: str) -> bool:
+    """Whether the PNG and PDF beside ``path`` were drawn from inputs with this ``digest``."""
+    stamp = _stamp(path)
+    return (
+        path.exists()
+        and path.with_suffix(f".{VECTOR_FORMAT}").exists()
+        and stamp.exists()
+        and stamp.read_text().strip() == digest
+    )
+
+
+def _save(fig: Any, path: Path, digest: str) -> list[Path]:
+    """The PNG and its vector copy (same name, ``.pdf``), then the hash of what they show."""
     import matplotlib.pyplot as plt
 
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
-    fig.savefig(path, dpi=100)  # the constrained layout runs here...
-    fig.set_layout_engine("none")  # ...once: the vector copy keeps its positions
+    _stamp(path).unlink(missing_ok=True)
+    fig.savefig(path, dpi=100)
     with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
         fig.savefig(vector)
     plt.close(fig)
+    store.atomic_write_text(_stamp(path), digest + "\n")
     return [path, vector]
 
 
@@ -149,29 +203,45 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     import numpy as np
     from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator as ticks
 
     configs = _configs(report)
     shown = labelled_axes(report.runs, report.axes)
+    vector = path.with_suffix(f".{VECTOR_FORMAT}")
+    cols = [f"{name} smoothed" for name, _ in CURVES]
+    digest = _digest(
+        configs,
+        report.runs[["run", "config"]],
+        metrics[["run", "step", *cols]] if len(metrics) else None,
+        shown,
+        report.window,
+    )
+    if _unchanged(path, digest):
+        return [path, vector]
     facets = _facets(configs, shown)
     hues = [a for a in shown if a not in facets]
     panels = _panels(configs, facets) if facets else [()]
     styles = _styles(configs, hues)
     rows = len(panels)
+    legend_rows = math.ceil(len(styles) / 4) + 1  # its title, then 4 entries a row
+    top = 0.15 + LINE_IN * legend_rows + 0.3  # the legend, then the column titles
+    left = 0.65 + (LINE_IN * len(facets) + 0.1 if facets else 0)  # y tick labels, the stacked facet values
     # Shared limits are set by hand below: matplotlib's sharex/sharey cost O(panels^2) per draw.
     if rows == 1:
-        fig, axs = _figure(2, 2, figsize=(10, 7.2), squeeze=False)
+        fig, axs = _figure(2, 2, figsize=(10, 6.4 + top), squeeze=False)
+        _margins(fig, left, 0.2, top, 0.55, wgap=0.7, hgap=0.75)
         grid = [list(axs.flat)]
     else:
-        fig, axs = _figure(rows, len(CURVES), figsize=(11, 1.9 * rows + 1.2), squeeze=False)
+        fig, axs = _figure(rows, len(CURVES), figsize=(11, 1.9 * rows + top + 0.55), squeeze=False)
+        _margins(fig, left, 0.2, top, 0.55, wgap=0.6, hgap=0.12)
         grid = [list(r) for r in axs]
     if not len(metrics):
         for ax in axs.flat:
             ax.text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", transform=ax.transAxes)
-        return _save(fig, path)
+        return _save(fig, path, digest)
 
     cfg = report.runs.set_index("run")["config"]
     m = metrics.assign(config=metrics["run"].map(cfg))
-    cols = [f"{name} smoothed" for name, _ in CURVES]
     agg = m.groupby(["config", "step"], sort=True)[cols].agg(["mean", "min", "max"])
     config = agg.index.get_level_values("config").to_numpy()
     steps = agg.index.get_level_values("step").to_numpy()
@@ -206,6 +276,8 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
                 for i, style in lines:
                     ax.fill_between(steps[i], lo[i], hi[i], color=style["color"], alpha=0.15, lw=0)
             ax.autoscale_view()
+            ax.xaxis.set_major_locator(ticks(4))  # every tick is several artists: few ticks, cheap draws
+            ax.yaxis.set_major_locator(ticks(4))
             ax.grid(alpha=0.3)
             if rows == 1 or r == 0:
                 ax.set_title(title, fontsize=10)
@@ -219,7 +291,8 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     fig.legend(
         handles,
         [styles[k][0] for k in order],
-        loc="outside upper center",
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - 0.1 / fig.get_size_inches()[1]),
         ncols=max(1, min(len(order), 4)),
         fontsize=8,
         frameon=False,
@@ -227,7 +300,26 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
         + (", band: min-max over seeds" if any_bands else ""),
         title_fontsize=8,
     )
-    return _save(fig, path)
+    return _save(fig, path, digest)
+
+
+def draw_figures(report: Report, metrics: pd.DataFrame, out: Path) -> list[Path]:
+    """``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``: with two cores or more, the curves in a
+    forked process while this one draws the bars (an error there: drawn again here, where it is raised)."""
+    import multiprocessing
+
+    curves, bars = out / "curves.png", out / "eval_bars.png"
+    if usable_cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return plot_curves(report, metrics, curves) + plot_eval(report, bars)
+    child = multiprocessing.get_context("fork").Process(target=plot_curves, args=(report, metrics, curves))
+    child.start()
+    try:
+        drawn = plot_eval(report, bars)
+    finally:
+        child.join()
+    if child.exitcode != 0:
+        return plot_curves(report, metrics, curves) + drawn
+    return [curves, curves.with_suffix(f".{VECTOR_FORMAT}"), *drawn]
 
 
 def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) -> None:
@@ -269,10 +361,20 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
         if cfg_cols
         else ["all runs"] * n
     )
+    base = report.baseline
+    cis = [f"{c} ci" for c in (ID_AVG, OOD_AVG)]
+    digest = _digest(
+        df[[*cfg_cols, ID_AVG, OOD_AVG, *cis]], base[["model.name", ID_AVG, OOD_AVG]], report.eval_hash
+    )
+    if _unchanged(path, digest):
+        return [path, path.with_suffix(f".{VECTOR_FORMAT}")]
     rotate = n > 4
     width_in = min(max(6.0, 0.32 * n + 2), 30.0)
-    height = 4.5 + (0.065 * max(map(len, ticks), default=0) if rotate else 0.3) + 0.6
+    tick_h = 0.065 * max(map(len, ticks), default=0) if rotate else 0.2
+    legend_h = LINE_IN * math.ceil((2 + 2 * len(base)) / 2) + 0.2
+    height = 4.0 + tick_h + 0.45 + legend_h
     fig, ax = _figure(figsize=(width_in, height))
+    _margins(fig, 0.75, 0.2, legend_h, tick_h + 0.45, wgap=0, hgap=0)
     x = np.arange(n)
     width = 0.4
     for off, col, color in ((-width / 2, ID_AVG, "tab:blue"), (width / 2, OOD_AVG, "tab:orange")):
@@ -285,7 +387,6 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
             color=color,
             label=f"{col} (mean ± 95% CI over seeds)",
         )
-    base = report.baseline
     for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):
         for col, color in ((ID_AVG, "tab:blue"), (OOD_AVG, "tab:orange")):
             if not math.isnan(base[col].iloc[i]):
@@ -300,5 +401,13 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
     ax.set_ylabel(f"score (eval {report.eval_hash or 'none'})")
     ax.grid(axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncols=2, fontsize=8, frameon=False)
-    return _save(fig, path)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - 0.05 / height),
+        ncols=2,
+        fontsize=8,
+        frameon=False,
+    )
+    return _save(fig, path, digest)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 LEVEL = 0.95  # confidence level of every interval
 ALPHA = 0.05  # significance level of every test
@@ -22,8 +23,6 @@ def _clean(values: Sequence[float]) -> list[float]:
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, int]:
     """(mean, CI half-width, n) of the non-NaN values; half-width NaN when n < 2."""
-    from scipy import stats
-
     x = _clean(values)
     n = len(x)
     if n == 0:
@@ -32,7 +31,20 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     if n < 2:
         return mean, math.nan, n
     sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
-    return mean, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n), n
+    return mean, float(t_half_width(sd, n, level)), n
+
+
+def t_half_width(sd: Any, n: Any, level: float = LEVEL) -> Any:
+    """The half-width of the t-based CI of a mean from its sample sd and n (scalars or arrays: one scipy call
+    for a whole column); NaN where n < 2."""
+    import numpy as np
+    from scipy import stats
+
+    n = np.asarray(n, dtype=float)
+    df = np.where(n >= 2, n - 1, np.nan)
+    return (
+        stats.t.ppf(0.5 + level / 2, df) * np.asarray(sd, dtype=float) / np.sqrt(np.where(n > 0, n, np.nan))
+    )
 
 
 @dataclass(frozen=True)

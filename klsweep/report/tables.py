@@ -19,7 +19,7 @@ from klsweep import store
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
-from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_interval, welch
+from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_half_width, welch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -127,13 +127,13 @@ def _config_frame(g: Any, axes: list[str]) -> pd.DataFrame:
 
 def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
     """``<c>``, ``<c> std``, ``<c> n`` and ``<c> ci``: the half-width of the t-based 95% CI of the mean over
-    seeds (``statistics.t_interval``; NaN with fewer than 2 seeds)."""
+    seeds (``statistics.t_half_width``; NaN with fewer than 2 seeds)."""
     for c in cols:
         agg = g[c].agg(["mean", "std", "count"])
         df[c] = agg["mean"]
         df[f"{c} std"] = agg["std"]
         df[f"{c} n"] = agg["count"]
-        df[f"{c} ci"] = g[c].agg(lambda s: t_interval(list(s))[1])
+        df[f"{c} ci"] = t_half_width(agg["std"], agg["count"])
 
 
 def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:

@@ -1,8 +1,9 @@
 """Submitting ``klsweep eval``: what to evaluate (``eval_request``) and where (the evaluation jobs).
 
 ``eval_request`` checks the command's request (``TARGET``, ``--suite``, ``--backend``, ``--checkpoints``);
-each job runs ``klsweep.evaluate.eval_batch``: in this process (debug), one submitit local job for everything
-(lm-eval loaded once), or one Slurm job per run and per baseline. The jobs are recorded in the sweep's ``jobs.jsonl`` as ``eval``
+each job runs ``klsweep.evaluate.eval_batch``: in this process (debug), the runs split over ``min(cores, runs)``
+submitit local jobs running side by side (lm-eval loaded once per job), or one Slurm job per run and per
+baseline. The jobs are recorded in the sweep's ``jobs.jsonl`` as ``eval``
 jobs, like the evals chained to training by ``klsweep.submit.submit``.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from klsweep import engines, evaluate, store
 from klsweep.config import EvalSection, ModelSection
+from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
@@ -41,12 +43,13 @@ def submit_eval(
     cluster: str = "local",
     checkpoints: str = "last",
     wait: bool = False,
+    jobs: int | None = None,
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
     baselines (one per model); see ``eval_request`` for ``suite`` and ``backend``.
-    ``cluster`` debug evaluates in this process; local submits one submitit job for everything (lm-eval
-    loaded once); slurm one job per run and per baseline. ``wait``: wait for the jobs and collect their
-    outcome."""
+    ``cluster`` debug evaluates in this process; local splits the runs and baselines over ``jobs`` submitit
+    jobs run side by side (default ``min(cores, runs)``; lm-eval loaded once per job); slurm one job per run
+    and per baseline. ``wait``: wait for the jobs and collect their outcome."""
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
@@ -62,7 +65,7 @@ def submit_eval(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
         )
         return EvalSubmission(results=done.results, errors=done.errors, skipped=request.skipped)
-    return _submit(request, cluster, wait)
+    return _submit(request, cluster, wait, jobs)
 
 
 @dataclass
@@ -155,6 +158,11 @@ def eval_request(
     return EvalRequest(runs, skipped, baselines, asdict(cfg), checkpoints)
 
 
+def local_eval_jobs(runs: int, jobs: int | None = None) -> int:
+    """How many local eval jobs: ``jobs``, else one per core this process may use; never more than runs."""
+    return max(1, min(jobs or usable_cores(), runs))
+
+
 def _check_inside(target: Path, request: EvalRequest) -> None:
     """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
     baselines') or what is in it is a symbolic link out of the sweep folder (``TARGET``, or a run folder's
@@ -166,7 +174,7 @@ def _check_inside(target: Path, request: EvalRequest) -> None:
         raise UserError(problems, title="a folder outside the results folder")
 
 
-def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
+def _submit(request: EvalRequest, cluster: str, wait: bool, n_jobs: int | None = None) -> EvalSubmission:
     """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl."""
     import submitit
     from filelock import FileLock
@@ -182,19 +190,28 @@ def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
     folder = submission_folder(sweep_dir)
     config = evaluate.run_config(runs[0])
     res, cl = asdict(config.model.resources), asdict(config.cluster)
-    calls: list[tuple[str, tuple[Any, ...]]] = []  # (run id, job arguments)
+    calls: list[tuple[list[str], tuple[Any, ...]]] = []  # (run ids in jobs.jsonl, job arguments)
     # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)
     own_log = functools.partial(joblogs.kept, kind="eval")
     if cluster == "local":
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * max(1, len(runs)))
-        shared = functools.partial(own_log, shared=len(runs) + len(baselines) > 1)
-        calls.append(("*", ([str(r) for r in runs], cfg, checkpoints, baselines, shared)))
+        # the work dealt round-robin (baselines first) to jobs that run side by side, each loading lm-eval once
+        k = local_eval_jobs(len(runs), n_jobs)
+        work: list[tuple[str, Any]] = [("baseline", b) for b in baselines] + [("run", r) for r in runs]
+        per_job = max(len(work[i::k]) for i in range(k))
+        ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * per_job)
+        for i in range(k):
+            part = work[i::k]
+            mine = [str(r) for kind, r in part if kind == "run"]
+            bases = [b for kind, b in part if kind == "baseline"]
+            ids = [Path(r).name for r in mine] + ([store.BASELINE_DIR] if bases else [])
+            shared = functools.partial(own_log, shared=len(part) > 1)
+            calls.append((ids, (mine, cfg, checkpoints, bases, shared)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         ex.update_parameters(**slurm_parameters(res, cl, config.name, eval_job=True))
-        calls += [(store.BASELINE_DIR, ([], cfg, checkpoints, [b], own_log)) for b in baselines]
-        calls += [(r.name, ([str(r)], cfg, checkpoints, [], own_log)) for r in runs]
+        calls += [([store.BASELINE_DIR], ([], cfg, checkpoints, [b], own_log)) for b in baselines]
+        calls += [([r.name], ([str(r)], cfg, checkpoints, [], own_log)) for r in runs]
     jobs: list[Any] = []
     refused: SubmissionRefused | None = None
     if cluster == "local":
@@ -208,8 +225,7 @@ def _submit(request: EvalRequest, cluster: str, wait: bool) -> EvalSubmission:
                 refused = e
                 break
     rows = []
-    for (run_id, _), job in zip(calls, jobs, strict=False):
-        ids = [r.name for r in runs] + [store.BASELINE_DIR] if run_id == "*" else [run_id]
+    for (ids, _), job in zip(calls, jobs, strict=False):
         rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
     with FileLock(str(sweep_dir / LOCK_FILE)):
         for row in rows:

@@ -298,6 +298,40 @@ def test_evaluate_a_sweep_as_a_local_job(
     }
 
 
+@pytest.mark.slow
+def test_local_eval_split_over_jobs_gives_the_results_of_one_process(
+    tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy eval: the runs dealt to two local jobs (side by side) score as they do in one process."""
+    from klsweep.tinymodel import tiny_model_path
+
+    base = ev.load_suite("tiny")
+    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=6))
+    sweeps = {}
+    for how in ("split", "one"):
+        sweeps[how] = tmp_path / how / "sweep"
+        make_run(sweeps[how], "trained", tiny_model_path())
+        make_run(sweeps[how], "random", random_model)
+    split = submit_eval(sweeps["split"], suite="tiny", cluster="local", wait=True, jobs=2)
+    one = submit_eval(sweeps["one"], suite="tiny", cluster="debug")
+    assert split.errors == {} and one.errors == {}
+    assert len(set(split.jobs)) == 2
+    rows = store.read_jsonl(sweeps["split"] / store.JOBS_FILE)
+    by_run = {r["run_id"]: r["job_id"] for r in rows}
+    assert set(by_run) == {"trained", "random", "baseline"} and by_run["trained"] != by_run["random"]
+
+    def metrics(out: ev.EvalOutcome, sweep: Path) -> dict[str, dict]:
+        found = {}
+        for p in out.results:
+            res = json.loads(Path(p).read_text())
+            found[str(Path(p).relative_to(sweep))] = (res["metrics"], res["stderr"])
+        return found
+
+    got, want = metrics(split, sweeps["split"]), metrics(one, sweeps["one"])
+    assert len(want) == 3 and got == want
+    assert max(v for m, _ in want.values() for part in m.values() for v in part.values()) > 0
+
+
 def test_shipped_tiny_data_is_current(tmp_path: Path) -> None:
     """The jsonl files shipped in klsweep/evaltasks/tiny/ are what klsweep.tasks writes today. To refresh:
     python -c "from pathlib import Path; from klsweep.tasks import write_eval_data as w; w(Path('klsweep/evaltasks/tiny'))"

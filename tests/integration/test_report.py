@@ -513,6 +513,45 @@ def test_report_of_real_tiny_runs(tmp_path, monkeypatch):
         assert (sweep / "report" / name).stat().st_size > 0, name
 
 
+def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
+    sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
+    out = tmp_path / "out"
+
+    def stamps() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in sorted(out.glob("*.p[nd][gf]"))}
+
+    rp.build_report(sweep, out, formats=("csv",))
+    first = stamps()
+    assert set(first) == {"curves.png", "curves.pdf", "eval_bars.png", "eval_bars.pdf"}
+    rp.build_report(sweep, out, formats=("csv",))
+    assert stamps() == first  # nothing changed: nothing redrawn
+    rp.build_report(sweep, out, formats=("csv",), window=3)  # other smoothing: other curves, same bars
+    again = stamps()
+    assert again["curves.png"] != first["curves.png"] and again["curves.pdf"] != first["curves.pdf"]
+    assert again["eval_bars.png"] == first["eval_bars.png"]
+    (out / "eval_bars.pdf").unlink()  # a figure's file gone: drawn again
+    rp.build_report(sweep, out, formats=("csv",), window=3)
+    assert (out / "eval_bars.pdf").exists() and stamps()["eval_bars.png"] != first["eval_bars.png"]
+
+
+def test_configs_loaded_in_parallel_as_in_one_process(tmp_path, monkeypatch):
+    """Forked workers validate the run configs of a large sweep: the same frames, and an unreadable config
+    set aside the same way."""
+    sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
+    bad = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")[0]
+    (bad / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")
+    dirs = rp_data.store.run_dirs(sweep)
+    serial_aside: list[str] = []
+    serial = rp_data.load_runs(dirs, serial_aside)
+    monkeypatch.setattr(rp_data, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(rp_data, "usable_cores", lambda: 2)  # two workers, whatever this machine has
+    parallel_aside: list[str] = []
+    parallel = rp_data.load_runs(dirs, parallel_aside)
+    assert parallel_aside == serial_aside and any(bad.name in s for s in serial_aside)
+    assert parallel[0].equals(serial[0]) and parallel[1] == serial[1] and parallel[2] == serial[2]
+    assert parallel[3].equals(serial[3]) and len(serial[0]) == len(dirs) - 1
+
+
 def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, capsys):
     """Issue 21: `klsweep report` right after `klsweep run` (run folders with config.yaml and a pending status,
     no metrics, no eval) crashed with KeyError: 'offpolicy.lag' (exit 1). Now it writes the report and says

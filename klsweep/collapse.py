@@ -13,6 +13,7 @@ pass; ``false_collapses`` simulates the rule's false-collapse rate on a stationa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Sequence
@@ -130,3 +131,27 @@ def false_collapses(
         for m, sd in zip(rewards.tolist(), stds.tolist(), strict=True):
             fired += find_collapse(range(1, steps + 1), m, sd, rule) is not None
     return fired, runs_per_mean * len(means)
+
+
+def false_collapse_rate(rule: Rule, steps: int) -> tuple[int, int]:
+    """``false_collapses(rule, steps)`` (its defaults), kept on disk under ``$KLSWEEP_CACHE/collapse/`` (the
+    simulation takes seconds; a report states it for every rule of its runs): keyed by the rule, the steps and
+    this module's source, so a change of the rule is simulated afresh."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from klsweep import store
+
+    key = json.dumps([asdict(rule), steps, Path(__file__).read_text()], sort_keys=True)
+    path = store.cache_dir() / "collapse" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        fired, runs = json.loads(path.read_text())
+        return int(fired), int(runs)
+    except (OSError, ValueError, TypeError):
+        pass
+    result = false_collapses(rule, steps)
+    with contextlib.suppress(OSError):  # a read-only cache: simulated again next time
+        store.atomic_write_text(path, json.dumps(list(result)))
+    return result

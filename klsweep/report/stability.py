@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from klsweep.collapse import REASON, Rule, false_collapses, find_collapse
+from klsweep.collapse import REASON, Rule, false_collapse_rate, find_collapse
 from klsweep.config import TrainSection
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def rule_text(configs: Sequence[Mapping[str, Any]]) -> str:
         return "No run has a collapse rule."
     parts = []
     for rule, steps in sorted(rules.items(), key=lambda kv: (kv[0].window, kv[0].fraction, kv[0].z)):
-        fired, runs = false_collapses(rule, steps)
+        fired, runs = false_collapse_rate(rule, steps)
         parts.append(
             f"{rule.text()}, {rule.completions} completions a step: {fired} of {runs} simulated {steps}-step "
             f"runs of a stationary reward (Bernoulli, means 0.05-0.9) collapsed ({100 * fired / runs:.2g}%)"

@@ -67,3 +67,24 @@ def test_a_reward_that_falls_to_almost_zero_is_caught_soon(settings, completions
             stds = np.sqrt(hits * (completions - hits) / (completions * (completions - 1)))
             found = find_collapse(range(1, 201), means.tolist(), stds.tolist(), rule(settings, completions))
             assert found is not None and 100 < found.step <= 100 + within, (low, found)
+
+
+def test_the_reports_false_collapse_rate_is_simulated_once_and_kept(tmp_path, monkeypatch):
+    import json
+
+    from klsweep import collapse
+
+    monkeypatch.setenv("KLSWEEP_CACHE", str(tmp_path))
+    rule = Rule(10, 0.5, 5.5, 16)
+    expected = false_collapses(rule, 60)
+    assert collapse.false_collapse_rate(rule, 60) == expected
+    (kept,) = (tmp_path / "collapse").glob("*.json")
+    assert tuple(json.loads(kept.read_text())) == expected
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(collapse, "false_collapses", no_simulation)
+    assert collapse.false_collapse_rate(rule, 60) == expected  # read back, not simulated
+    with pytest.raises(AssertionError, match="simulated again"):
+        collapse.false_collapse_rate(Rule(10, 0.5, 5.5, 32), 60)  # another rule: its own simulation

@@ -53,12 +53,13 @@ def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
     for name, sweep in sweeps.items():
         seen: dict[str, object] = {}
 
-        def capture(fig, path, seen=seen):
+        def capture(fig, path, digest, seen=seen):
             seen[path.stem] = fig
-            return save(fig, path)
+            return save(fig, path, digest)
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(figures, "_save", capture)
+            mp.setattr(figures, "usable_cores", lambda: 1)  # drawn in this process, where capture sees them
             seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md",))
         out[name] = seen
     return out

@@ -661,12 +661,13 @@ def study_command(
     print_report(console, _console(stderr=True), res.report)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
     if res.claim_changes is not None:
-        n = len(res.report.claims)
+        n = len({*res.report.claims["claim"], *(c for c, _, _ in res.claim_changes)})
         if not res.claim_changes:
             console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
             return
         console.print(
-            f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims}:[/]",
+            f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims} "
+            "(a claim on one side only reads missing on the other):[/]",
             highlight=False,
         )
         for claim, want, got in res.claim_changes:

@@ -661,7 +661,8 @@ def study_command(
     print_report(console, _console(stderr=True), res.report)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
     if res.claim_changes is not None:
-        n = len({*res.report.claims["claim"], *(c for c, _, _ in res.claim_changes)})
+        ours = res.report.claims.get("claim", []) if res.report.claims is not None else []
+        n = len({*ours, *(c for c, _, _ in res.claim_changes)})
         if not res.claim_changes:
             console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
             return

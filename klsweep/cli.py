@@ -427,8 +427,9 @@ def eval_command(
     path = Path(target) if Path(target).exists() else Path("results") / target
     if path.is_dir():  # offline: the suite's datasets and the baselines' models must be cached
         from klsweep.fetch import require_cached_for_eval
-        from klsweep.submit.evals import eval_request
+        from klsweep.submit.evals import check_target, eval_request
 
+        check_target(path)  # a folder it cannot write to is said first
         require_cached_for_eval(eval_request(path, suite, backend, checkpoints), path)
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait

@@ -344,7 +344,12 @@ def final_checkpoint(run_dir: str | os.PathLike, status: dict[str, Any] | None =
 def evaluated_checkpoints(run_dir: str | os.PathLike) -> list[str]:
     """The checkpoints of a run that have eval results (under any eval settings), oldest first."""
     names = {p.parent.name for p in (Path(run_dir) / EVAL_DIR).glob("*/*/results.json")}
-    return sorted(names, key=lambda n: (checkpoint_step(n) if n.rsplit("-", 1)[-1].isdigit() else -1, n))
+    return sorted(names, key=checkpoint_order)
+
+
+def checkpoint_order(name: str) -> tuple[int, str]:
+    """Sort key of checkpoint names by step (``step-0`` and other names first): checkpoint-2 before -10."""
+    return (checkpoint_step(name) if name.rsplit("-", 1)[-1].isdigit() else -1, name)
 
 
 def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:

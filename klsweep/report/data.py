@@ -252,7 +252,7 @@ def attach_evals(
                 f"its final {finals[run]} is not" if finals[run] else "it has not finished, so none is final"
             )
             missing.append(
-                f"run {run}: not scored: {', '.join(sorted(names))} scored under {chosen}, {final} "
+                f"run {run}: not scored: {', '.join(sorted(names, key=store.checkpoint_order))} scored under {chosen}, {final} "
                 f"(`klsweep eval {sweep}` scores it)"
             )
     in_domain: dict[str, None] = {}

@@ -36,6 +36,13 @@ class EvalSubmission(evaluate.EvalOutcome):
     logs: dict[str, str] = field(default_factory=dict)  # a failed run's folder -> its eval job's log (wait)
 
 
+def check_target(target: Path) -> None:
+    """An eval writes into its target folder: refuse (exit 2) one this process cannot write to, before any
+    other check reads it."""
+    if Path(target).is_dir():
+        store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
+
+
 def submit_eval(
     target: Path,
     suite: str | None = None,
@@ -53,8 +60,7 @@ def submit_eval(
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
-    if Path(target).is_dir():
-        store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
+    check_target(target)
     request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
     _check_inside(Path(target), request)
     engines.require(  # the jobs run in this environment

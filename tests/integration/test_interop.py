@@ -240,8 +240,14 @@ def test_report_is_logged_to_wandb_beside_the_runs(tmp_path, monkeypatch, capsys
     config = yaml.safe_load((first / store.CONFIG_FILE).read_text())
     _mirror_training_offline(first, config)
 
+    claims = tmp_path / "claims.yaml"  # the sweep's own hypotheses: its claims table goes to W&B too
+    claims.write_text(
+        "claims:\n  - {name: k1 beats k3 in domain, metric: in_domain, test: welch, direction: greater,\n"
+        "     a: {kl.estimator: k1}, b: {kl.estimator: k3}}\n"
+    )
     # runs mirrored offline: --wandb logs the report offline beside them (a plain report does not: below)
-    code, done, err = cli(["report", sweep, "--format", "md,html", "--quiet", "--wandb"], monkeypatch, capsys)
+    args = ["report", sweep, "--format", "md,html", "--quiet", "--wandb", "--claims", claims]
+    code, done, err = cli(args, monkeypatch, capsys)
     assert code == 0 and not err, err
     (folder,) = (sweep / "report" / "wandb").glob("offline-run-*")
     assert f"W&B: {folder}" in done.splitlines()

@@ -32,6 +32,20 @@ def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
     return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
+def _has_dropout(model: Any) -> bool:
+    """Whether a training-mode forward can drop anything: a dropout module or a configured rate above 0."""
+    from torch.nn.modules.dropout import _DropoutNd
+
+    if any(isinstance(m, _DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    settings = getattr(model, "config", None)
+    settings = settings.to_dict() if hasattr(settings, "to_dict") else {}
+    return any(
+        "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        for k, v in settings.items()
+    )
+
+
 class KLGRPOTrainer(GRPOTrainer):
     """GRPO with the KL estimator, placement, level and importance weighting of ``kl``, and a policy lag."""
 
@@ -86,6 +100,7 @@ class KLGRPOTrainer(GRPOTrainer):
         self._lag_queue: deque[dict[str, Any]] = deque()
         self._rewards_per_func: torch.Tensor | None = None  # stash of the last _calculate_rewards
         self._train_logps: torch.Tensor | None = None  # differentiable log-probs of the last training forward
+        self._deterministic_forward = not _has_dropout(self.model)
 
     def _prepare_reference(self, ref_model: Any) -> Any:
         from trl.models import prepare_deepspeed, prepare_fsdp
@@ -144,13 +159,24 @@ class KLGRPOTrainer(GRPOTrainer):
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
         in_reward = self.kl.beta > 0 and self.kl.placement in ("reward", "both")
+        behavior = out.get("old_per_token_logps")
+        # On-policy, with the whole batch in one training forward, the behaviour log-probs of the reward half's
+        # baseline are that forward's (same weights, same tokens): it is computed there, one forward fewer.
+        deferred = (
+            in_reward
+            and self.kl.reward_term
+            and behavior is None
+            and mode == "train"
+            and self.lag == 0
+            and self.args.steps_per_generation == 1
+            and self._deterministic_forward
+        )
 
         with torch.no_grad():
             out["ref_per_token_logps"] = self._get_per_token_logps_and_entropies(
                 self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
             )[0]
-            behavior = out.get("old_per_token_logps")
-            if behavior is None and (in_reward or (self.lag > 0 and mode == "train")):
+            if behavior is None and not deferred and (in_reward or (self.lag > 0 and mode == "train")):
                 with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
                     behavior = self._get_per_token_logps_and_entropies(
                         self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
@@ -167,7 +193,9 @@ class KLGRPOTrainer(GRPOTrainer):
         local = slice(
             self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local
         )
-        if in_reward:
+        if deferred:
+            out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)  # its place in the batch
+        elif in_reward:
             penalty = klmath.estimate(
                 behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level
             )
@@ -214,8 +242,11 @@ class KLGRPOTrainer(GRPOTrainer):
             kl_loss = grpo.kl_loss(logps, ref, mask, self.kl, self._aggregation(inputs), weights_from)
             loss = loss + self.kl.beta * kl_loss
         if self.kl.beta > 0 and self.kl.reward_term:
+            baseline = inputs.get("kl_baseline")
+            if baseline is None:
+                baseline = self._deferred_baseline(logps.detach(), ref, mask, inputs["kl_index"])
             reward_loss = grpo.kl_reward_loss(
-                logps, ref, mask, self.kl, self._aggregation(inputs), inputs["kl_baseline"], sampled
+                logps, ref, mask, self.kl, self._aggregation(inputs), baseline, sampled
             )
             loss = loss + self.kl.beta * reward_loss
 
@@ -238,6 +269,18 @@ class KLGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["task_reward/mean"].append(torch.nanmean(task_reward).item())
             self._metrics[mode]["task_reward/std"].append(nanstd(task_reward).item())
         return loss
+
+    def _deferred_baseline(
+        self, logps: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+    ) -> torch.Tensor:
+        """The leave-one-out baseline ``_rollout`` would have computed, from the training forward's detached
+        log-probs of the whole generated batch (shuffled by TRL; ``index``: each completion's place in it)."""
+        penalty = klmath.estimate(logps, ref, mask, self.kl.estimator, self.kl.level)
+        penalties, order = self.accelerator.gather((penalty.float(), index))
+        if not torch.equal(order.sort().values, torch.arange(order.numel(), device=order.device)):
+            raise RuntimeError("the deferred KL baseline needs the whole generated batch in one micro-batch")
+        in_order = torch.empty_like(penalties).index_copy_(0, order, penalties)
+        return grpo.leave_one_out_baseline(in_order, self.num_generations)[index]
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

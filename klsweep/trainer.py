@@ -193,8 +193,8 @@ class KLGRPOTrainer(GRPOTrainer):
         local = slice(
             self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local
         )
-        if deferred:
-            out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)  # its place in the batch
+        if deferred:  # each completion's place in the generated batch, for _deferred_baseline
+            out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)
         elif in_reward:
             penalty = klmath.estimate(
                 behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level

@@ -512,3 +512,48 @@ def test_leave_one_out_baseline_is_the_whole_groups_when_a_group_is_split_across
         others = [j for j, q in enumerate(prompts) if q == prompt and j != i]
         assert len(others) == GROUP - 1
         torch.testing.assert_close(baseline[i], penalty[others].mean(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("placement", ["reward", "both"])
+def test_one_pass_baseline_is_the_generation_time_one_bit_for_bit(model_dir, dataset, tmp_path, placement):
+    """On-policy with the whole batch in one micro-batch, no behaviour forward is run when the batch is
+    generated: the reward half's leave-one-out baseline is computed from the training forward instead. Loss and
+    gradients are the same bits as with the baseline of a behaviour forward at generation (the computation of
+    the split-batch case), after TRL's shuffle of the batch."""
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    config = KLConfig("k3", placement, beta=0.5)
+    trainer = make_trainer(model_dir, dataset, tmp_path, config, loss_type="dapo")
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    policy_forwards = []
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def counted(model, *args, **kwargs):
+        policy_forwards.append(model is trainer.model)
+        return forward(model, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    inputs = generate(trainer, dataset)
+    trainer._get_per_token_logps_and_entropies = forward
+    assert policy_forwards == [False]  # the reference's only
+    assert "kl_baseline" not in inputs
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        behavior = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, inputs["completion_ids"].size(1), batch_size=BATCH
+        )[0]
+    penalty = klmath.estimate(
+        behavior, inputs["ref_per_token_logps"], inputs["completion_mask"], "k3", "token"
+    )
+    torch.manual_seed(2)
+    shuffled = shuffle_sequence_dict({**inputs, "kl_baseline": grpo.leave_one_out_baseline(penalty, GROUP)})
+    assert not torch.equal(shuffled["kl_index"], torch.arange(BATCH))
+    loss_at_generation, grads_at_generation = loss_and_grads(trainer, shuffled)
+    del shuffled["kl_baseline"]
+    loss_one_pass, grads_one_pass = loss_and_grads(trainer, shuffled)
+    assert torch.equal(loss_one_pass, loss_at_generation)
+    assert all(torch.equal(a, b) for a, b in zip(grads_one_pass, grads_at_generation, strict=True))
+    assert trainer._metrics["train"]["kl/reward_penalty"][-1] > 0

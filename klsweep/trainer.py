@@ -145,8 +145,8 @@ class KLGRPOTrainer(GRPOTrainer):
 
     def _rollout(self, inputs):
         """Generate and score one batch (TRL), then add what the KL needs: reference log-probs, behaviour
-        log-probs (when off-policy or the KL is in the reward), the task reward, and the KL-penalised
-        advantages for the reward placement."""
+        log-probs (when off-policy, or the KL is in the reward and the batch is not trained in one on-policy
+        pass), the task reward, and the KL-penalised advantages or baselines for the reward placement."""
         from trl.models.utils import disable_gradient_checkpointing
 
         out = super()._generate_and_score_completions(inputs)

@@ -14,6 +14,7 @@ from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import (
+    CONFIG_CACHE,
     ID_AVG,
     OOD_AVG,
     attach_deltas,
@@ -69,7 +70,7 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    runs, configs, axes, metrics = load_runs(dirs, set_aside)
+    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=out / CONFIG_CACHE)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
@@ -112,7 +113,8 @@ def build_report(
     for fmt in formats:
         report.paths += WRITERS[fmt](report)
     if wandb is not False:
-        readable = [d for d in dirs if d.name in set(runs["run"])]
+        reported = set(runs["run"])
+        readable = [d for d in dirs if d.name in reported]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
 

@@ -200,11 +200,6 @@ def _configs(report: Report) -> pd.DataFrame:
 
 def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """The training curves as small multiples (see the module docstring); PNG and PDF."""
-    import numpy as np
-    from matplotlib.collections import LineCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator as ticks
-
     configs = _configs(report)
     shown = labelled_axes(report.runs, report.axes)
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
@@ -218,6 +213,11 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     )
     if _unchanged(path, digest):
         return [path, vector]
+    import numpy as np
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator as ticks
+
     facets = _facets(configs, shown)
     hues = [a for a in shown if a not in facets]
     panels = _panels(configs, facets) if facets else [()]

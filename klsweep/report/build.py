@@ -109,9 +109,12 @@ def build_report(
         set_aside=set_aside,
         missing=missing,
     )
-    report.paths += draw_figures(report, metrics, out)
-    for fmt in formats:
-        report.paths += WRITERS[fmt](report)
+    figures = draw_figures(report, metrics, out)
+    written = {fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"}  # while the figures are drawn
+    report.paths += figures()
+    if "html" in formats:  # embeds the figures
+        written["html"] = WRITERS["html"](report)
+    report.paths += [p for fmt in formats for p in written[fmt]]
     if wandb is not False:
         reported = set(runs["run"])
         readable = [d for d in dirs if d.name in reported]

@@ -257,7 +257,7 @@ class ClusterSection:
     constraint: str | None = key(None, "sbatch --constraint")
     array_parallelism: int = key(64, "tasks of a job array running at once (--array=0-N%this)")
     max_requeues: int = key(3, "preemption/timeout requeues per job (submitit's max_num_timeout)")
-    max_local_jobs: int | None = key(None, "local: parallel jobs (null: the number of cores)")
+    max_local_jobs: int | None = key(None, "local: parallel jobs (null: the cores klsweep may run on)")
     local_jobs_per_worker: int = key(
         0, "local: jobs one worker process runs one after the other (0: no limit; 1: a process per job)"
     )

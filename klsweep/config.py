@@ -431,7 +431,7 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(run_dir) / store.CONFIG_FILE
     try:
-        text = path.read_text()
+        text = store.read_text(path)  # a FIFO there: UnreadableFile, not a wait for ever
     except UnicodeDecodeError as e:
         raise store.UnreadableFile(path, "not a text file", CONFIG_TODO) from e
     try:

@@ -113,7 +113,7 @@ def _last_line(path: Path) -> dict[str, Any] | None:
     import json
 
     try:
-        with open(path, "rb") as f:
+        with store.open_regular(path) as f:  # UnreadableFile (the run is unreadable) when it is not a file
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 8192))
@@ -188,8 +188,8 @@ def _read_sweep_file(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.load(store.read_text(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, store.UnreadableFile):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -664,6 +664,37 @@ def test_an_unreachable_slurm_controller_is_named_fast_by_status_and_run(
 
 
 @pytest.mark.slurm
+def test_cancel_names_an_unreachable_slurm_controller_fast_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    """slurmctld down while a run's job is live: `cancel` waited on scancel's own timeouts and retries, then
+    marked the run cancelled with its job still there. Now it names the controller within seconds, exits 2 and
+    leaves the run as it was; once the controller answers, the same command cancels it."""
+    sweep = tmp_path / "ctldcancel"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "slurm", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    deadline = time.time() + 120
+    while not (run_dir / "progress.txt").exists():
+        assert time.time() < deadline, "the job did not start"
+        time.sleep(0.5)
+    up = os.environ["SLURM_CONF"]
+
+    _controller_down(tmp_path, monkeypatch)
+    start = time.time()
+    code, out, err = cli(["cancel", sweep], monkeypatch, capsys)
+    took = time.time() - start
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, (out, err)
+    assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
+    assert took < 10, took
+    assert store.read_status(run_dir)["state"] == "running"  # nothing changed
+
+    monkeypatch.setenv("SLURM_CONF", up)
+    code, out, err = cli(["cancel", sweep], monkeypatch, capsys)
+    assert code == 0 and plan.runs[0].id in out, (out, err)
+    assert store.read_status(run_dir)["state"] == "cancelled"
+
+
+@pytest.mark.slurm
 def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, model_dir, monkeypatch, capsys):
     """`klsweep eval --checkpoints all` on Slurm, scancel of its job once some checkpoints are scored: status
     said eval done (any results.json counted) and the report scored the run at that checkpoint beside others

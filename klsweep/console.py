@@ -4,8 +4,9 @@ computation lives elsewhere.
 Every table is laid out by ``report.terminal.fitted_table``: sized to the terminal (80 columns read well: only
 the axes that vary, short headers, optional columns dropped and named before anything wraps), run ids and model
 names never cut, rows sorted by configuration. On a pipe or in a file the console is as wide as the lines
-(``cli_console``): plain, full-width tables, nothing wrapped or cut. A long plan is summarised (runs per axis
-value); ``klsweep plan --runs`` lists every run.
+(``cli_console``): plain, full-width tables, nothing wrapped or cut; warnings are sentences, wrapped between
+words at the terminal's width, or piped at ``COLUMNS`` (80 when unset) (``print_warning``). A long plan is
+summarised (runs per axis value); ``klsweep plan --runs`` lists every run.
 """
 
 from __future__ import annotations
@@ -272,13 +273,44 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
 
 def print_time(console: Console, counts: dict[str, Any], width: int | None = None) -> None:
     """``klsweep plan``'s time table and its warnings (``planner.warnings``), each a ``warning:`` line."""
-    from rich.markup import escape
 
     table = time_table(counts, width=width)
     if table is not None:
         console.print(table)
     for line in counts["warnings"]:
-        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
+        print_warning(console, line)
+
+
+def prose_width(console: Console) -> int:
+    """The width sentences wrap at: the terminal's; on a pipe (whose console is as wide as the lines, for the
+    tables) ``COLUMNS`` when it is a number, else 80 (rich's own rule for a console that is not a terminal)."""
+    import os
+
+    if console.is_terminal:
+        return console.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else 80
+
+
+def print_warning(console: Console, line: str) -> None:
+    """``warning: LINE``, wrapped at ``prose_width`` between words (continued two spaces in; a word longer
+    than a line, such as a path, is kept whole)."""
+    import textwrap
+
+    from rich.markup import escape
+
+    first, *rest = textwrap.wrap(
+        f"warning: {line}",
+        prose_width(console),
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    console.print(
+        f"[yellow]warning[/]{escape(first.removeprefix('warning'))}", highlight=False, soft_wrap=True
+    )
+    for part in rest:
+        console.print(part, highlight=False, markup=False, soft_wrap=True)
 
 
 COLOUR = {

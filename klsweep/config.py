@@ -481,8 +481,11 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
 
 
 def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
-    """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a
-    different config is an error (its checkpoints belong to that one)."""
+    """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a config
+    is the same run when the two differ only in keys its run id does not see (``_id_blind``: ``ID_HASHED_AT``,
+    ``COSMETIC_KEYS``, ``id_omitted_at``'s at their value): its config.yaml is then rewritten with ``config``'s
+    values, as ``klsweep run`` does on a resume. Any other difference is an error naming the keys (the folder's
+    checkpoints belong to its own config)."""
     from omegaconf import OmegaConf
 
     path = Path(run_dir) / store.CONFIG_FILE
@@ -493,14 +496,45 @@ def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
         for dotted, value in omitted.items():
             if OmegaConf.select(loaded, dotted, default=None) is None:
                 OmegaConf.update(loaded, dotted, value, force_add=True)
-        if OmegaConf.to_container(loaded, resolve=True) != dict(config):
+        held = OmegaConf.to_container(loaded, resolve=True)
+        changed = _differences(held, dict(config))
+        if not changed:
+            return path
+        seen = [k for k, was, now in changed if not _id_blind(k, was, now, held, config)]
+        if seen:
             raise UserError(
                 Problem(
                     str(path),
-                    "the run folder holds a different config",
-                    "another --run-dir, or the same config",
+                    f"the run folder holds a different config ({', '.join(seen)} differ): another run",
+                    "another --run-dir, or the same config (keys the run id does not see, such as "
+                    "train.use_vllm or train.micro_batch_size, may differ)",
                 )
             )
-        return path
     store.atomic_write_text(path, run_file_text(config))
     return path
+
+
+_ABSENT = object()
+
+
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in ``a``, value in ``b``) for each leaf where two nested configs differ (a mapping
+    present on one side only counts as one key)."""
+    out = []
+    for k in sorted({*a, *b}, key=str):
+        was, now = a.get(k, _ABSENT), b.get(k, _ABSENT)
+        if isinstance(was, Mapping) and isinstance(now, Mapping):
+            out += _differences(was, now, f"{prefix}{k}.")
+        elif was != now:
+            out.append((f"{prefix}{k}", was, now))
+    return out
+
+
+def _id_blind(key: str, was: Any, now: Any, held: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether the run id (``grid.run_id``) does not see ``key`` changing from ``was`` (in the folder's config
+    ``held``) to ``now`` (in ``config``): a key hashed at its default, a cosmetic key (or one inside), or one
+    left out of both ids at the values both hold."""
+    if key in ID_HASHED_AT or any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS):
+        return True
+    before, after = id_omitted_at(held), id_omitted_at(config)
+    return key in before and key in after and before[key] == was and after[key] == now

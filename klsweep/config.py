@@ -12,6 +12,7 @@ More: docs/DESIGN.md (Run configuration).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import re
@@ -458,6 +459,55 @@ def _schema() -> Any:
     return OmegaConf.structured(RunConfig)
 
 
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+_NOT_EXACT = object()
+
+
+def _exact(tp: Any, value: Any) -> Any:
+    """``value`` as type ``tp`` of RunConfig's annotations when it is exactly of that shape (a section: every
+    field present, no other key; a float field may hold an int, as OmegaConf reads it), else ``_NOT_EXACT``.
+    The fast path of ``load_run`` (some 20x cheaper than OmegaConf's merge); anything else (a key missing, a
+    string for an int, an interpolation) takes OmegaConf's path, which converts, fills in or says what is
+    wrong."""
+    import types
+    import typing
+
+    if dataclasses.is_dataclass(tp):
+        hints = _field_types(tp)
+        if not isinstance(value, dict) or value.keys() != hints.keys():
+            return _NOT_EXACT
+        out = {name: _exact(sub, value[name]) for name, sub in hints.items()}
+        return _NOT_EXACT if _NOT_EXACT in out.values() else tp(**out)
+    origin = typing.get_origin(tp)
+    if origin is types.UnionType:  # X | None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _exact(inner, value)
+    if origin in (list, dict):
+        return copy.deepcopy(value) if type(value) is origin and _plain(value) else _NOT_EXACT
+    if tp is float and type(value) in (int, float):
+        return float(value)
+    if tp in (int, bool, str) and type(value) is tp and _plain(value):
+        return value
+    return _NOT_EXACT
+
+
+def _plain(value: Any) -> bool:
+    """Data OmegaConf keeps as it is: no interpolation or missing-value marker in a string, string keys."""
+    if isinstance(value, str):
+        return "${" not in value and value != "???"
+    if isinstance(value, list):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or type(value) in (int, float, bool)
+
+
 def load_run(run_dir: str | os.PathLike) -> RunConfig:
     """The RunConfig of a run folder: its ``config.yaml`` over the schema's defaults, a key the folder predates
     read with ``LEGACY_VALUES``. The one reader of a run's config (train, eval, report, W&B).
@@ -469,6 +519,9 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
     if not path.is_file():
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
     data = read_run_file(run_dir)
+    exact = _exact(RunConfig, data)
+    if exact is not _NOT_EXACT:  # every key there, every value of its field's type: what OmegaConf builds
+        return exact
     try:
         loaded = OmegaConf.create(data)
         for dotted, value in LEGACY_VALUES.items():  # a folder written before the key existed

@@ -32,16 +32,26 @@ LIST_RUNS_UP_TO = 16  # a plan of more runs is summarised per axis value unless 
 
 
 def cli_console(stderr: bool = False) -> Console:
-    """The terminal's console, or, when the output is not a terminal, one no line of which is wrapped."""
+    """The terminal's console; when the output is not a terminal, one of the width ``COLUMNS`` asks for, or
+    else one no line of which is wrapped."""
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
+    return console if console.is_terminal else Console(stderr=stderr, width=_columns() or PIPE_WIDTH)
 
 
 def table_width(console: Console) -> int | None:
-    """The width tables are fitted to: the terminal's; none (full width) on a pipe."""
-    return console.width if console.is_terminal else None
+    """The width tables are fitted to: the terminal's, or on a pipe ``COLUMNS`` when it is set; else none
+    (full width)."""
+    return console.width if console.is_terminal else _columns()
+
+
+def _columns() -> int | None:
+    """``COLUMNS`` from the environment when it is a width (e.g. ``COLUMNS=80 klsweep report ... | less``)."""
+    import os
+
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) >= 20 else None
 
 
 COMPACT = {"kl.estimator": "est."}  # headers narrower than the report's where a column's values are short

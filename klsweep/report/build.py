@@ -14,6 +14,7 @@ from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import (
+    CONFIG_CACHE,
     ID_AVG,
     OOD_AVG,
     attach_deltas,
@@ -69,7 +70,7 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    runs, configs, axes, metrics = load_runs(dirs, set_aside)
+    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=out / CONFIG_CACHE)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
@@ -108,11 +109,15 @@ def build_report(
         set_aside=set_aside,
         missing=missing,
     )
-    report.paths += draw_figures(report, metrics, out)
-    for fmt in formats:
-        report.paths += WRITERS[fmt](report)
+    figures = draw_figures(report, metrics, out)
+    written = {fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"}  # while the figures are drawn
+    report.paths += figures()
+    if "html" in formats:  # embeds the figures
+        written["html"] = WRITERS["html"](report)
+    report.paths += [p for fmt in formats for p in written[fmt]]
     if wandb is not False:
-        readable = [d for d in dirs if d.name in set(runs["run"])]
+        reported = set(runs["run"])
+        readable = [d for d in dirs if d.name in reported]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
 

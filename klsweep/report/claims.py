@@ -30,6 +30,7 @@ from klsweep.report.statistics import (
     tost,
     welch,
     welch_power,
+    welch_summary,
 )
 from klsweep.report.tables import DASH, KL_KEYS, fmt_value, kl_on
 
@@ -57,28 +58,28 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
     shared = _non_kl_axes(axes)
     configs = runs.groupby("config", sort=True)
     first = configs.first()
+    stats = {m: configs[m].agg(["mean", "var", "count"]).to_dict("index") for m in metrics}
     with_kl = kl_on(first)
     k1_reward = _is(first, "k1", "reward")
-
-    def same(i: int, j: int, keys: list[str]) -> bool:
-        return all(fmt_value(first.at[i, a]) == fmt_value(first.at[j, a]) for a in keys)
-
+    text = {a: first[a].map(fmt_value).to_dict() for a in {*shared, "kl.beta"}}
+    refs_by_key = []  # per reference: its configurations by their shared axes' values
+    for is_ref, keys in zip((~with_kl, k1_reward), (shared, [*shared, "kl.beta"]), strict=True):
+        by_key: dict[tuple[str, ...], list[Any]] = {}
+        for j in first.index[is_ref.to_numpy()]:
+            by_key.setdefault(tuple(text[a][j] for a in keys), []).append(j)
+        refs_by_key.append((is_ref, keys, by_key))
     rows = []
     for i in first.index:
-        for ref_name, is_ref, keys in zip(
-            REFERENCES, (~with_kl, k1_reward), (shared, [*shared, "kl.beta"]), strict=True
-        ):
-            if is_ref[i]:
-                continue
-            refs = [j for j in first.index if is_ref[j] and same(i, j, keys)]
-            if len(refs) != 1:
+        for ref_name, (is_ref, keys, by_key) in zip(REFERENCES, refs_by_key, strict=True):
+            refs = by_key.get(tuple(text[a][i] for a in keys), [])
+            if is_ref[i] or len(refs) != 1:
                 continue
             j = refs[0]
             for m in metrics:
-                a, b = configs.get_group(i)[m].dropna(), configs.get_group(j)[m].dropna()
-                if a.empty or b.empty:
+                a, b = stats[m][i], stats[m][j]
+                if not (a["count"] and b["count"]):
                     continue
-                w = welch(list(a), list(b))
+                w = welch_summary(a["mean"], b["mean"], a["var"], b["var"], a["count"], b["count"])
                 rows.append(
                     {
                         "configuration": first.at[i, "label"],

@@ -10,6 +10,7 @@ Details: docs/REPORT.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, load_run, without_kl_when_off
-from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -101,14 +101,17 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
 
 
 def load_runs(
-    dirs: list[Path], set_aside: list[str]
+    dirs: list[Path], set_aside: list[str], cache: Path | None = None
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
     """One row per readable run (config, status) and all metrics rows (with a ``run`` column); the runs left
-    out, and the metrics lines skipped, are added to ``set_aside``."""
+    out, and the metrics lines skipped, are added to ``set_aside``. ``cache``: a file keeping the runs' read
+    configs (``ConfigCache``)."""
     import pandas as pd
 
     rows, configs, metric_rows = [], [], []
-    for d, (config, unreadable) in zip(dirs, _load_configs(dirs), strict=True):
+    with ConfigCache(cache) as cached:
+        loaded = [cached.get(d) for d in dirs]
+    for d, (config, unreadable) in zip(dirs, loaded, strict=True):
         if unreadable is not None:
             set_aside.append(f"run {d.name} left out: {unreadable}")
             continue
@@ -147,9 +150,6 @@ def load_runs(
     return runs, configs, axes, metrics
 
 
-PARALLEL_FROM = 64  # runs from which their configs are validated over the cores (forked worker processes)
-
-
 def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     """A run's config (``config.load_run``), flattened; or {} and why it cannot be read."""
     try:
@@ -158,19 +158,61 @@ def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
         return {}, e.message
 
 
-def _load_configs(dirs: list[Path]) -> list[tuple[dict[str, Any], str | None]]:
-    """``_load_config`` of each run, in order. Validating a config against the schema costs some 20x parsing
-    it: from ``PARALLEL_FROM`` runs, spread over this process's cores by forked workers."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+CONFIG_CACHE = ".configs.json"  # in the report's folder
 
-    cores = usable_cores()
-    if len(dirs) < PARALLEL_FROM or cores < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_load_config(d) for d in dirs]
-    first = _load_config(dirs[0])  # builds the schema once, before the workers fork (they inherit it)
-    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        rest = pool.map(_load_config, dirs[1:], chunksize=max(1, len(dirs) // (4 * cores)))
-        return [first, *rest]
+
+class ConfigCache:
+    """The flattened configs of a report's runs (``_load_config``), kept in one JSON file beside the report
+    (``.configs.json``) and keyed by each config.yaml's size, inode and change times and by the code that reads
+    it: parsing and validating a config costs some 1 ms, most of a report of unchanged runs. A file that
+    changed, or a cache that is missing, damaged or from other code, is read afresh; the cache is rewritten
+    (atomically) when anything was; a results folder one cannot write to just goes without."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.entries, self.seen = path, {}, {}
+        self.code = _code_hash()
+
+    def __enter__(self) -> ConfigCache:
+        if self.path is not None:
+            try:
+                data = json.loads(self.path.read_bytes())
+                if data.get("code") == self.code:
+                    self.entries = data["runs"]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                pass
+        return self
+
+    def get(self, run_dir: Path) -> tuple[dict[str, Any], str | None]:
+        try:
+            st = (run_dir / store.CONFIG_FILE).stat()
+            key = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        except OSError:
+            return _load_config(run_dir)  # load_run says why
+        name = str(run_dir.resolve())
+        entry = self.entries.get(name)
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == key):
+            entry = [key, *_load_config(run_dir)]
+        self.seen[name] = entry
+        return entry[1], entry[2]
+
+    def __exit__(self, *exc: object) -> None:
+        readable = any(entry[2] is None for entry in self.seen.values())
+        if self.path is None or exc[0] is not None or not readable or self.seen == self.entries:
+            return
+        with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
+            store.atomic_write_text(self.path, json.dumps({"code": self.code, "runs": self.seen}))
+
+
+def _code_hash() -> str:
+    """The code a cached config was read with: config.py (schema, defaults, legacy values) and this module."""
+    import hashlib
+
+    from klsweep import config
+
+    h = hashlib.sha256()
+    for module in (config.__file__, __file__):
+        h.update(Path(module).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:

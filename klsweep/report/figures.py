@@ -2,7 +2,7 @@
 
 ``plot_curves``: ``curves.png``, reward, KL and entropy against step as small multiples; ``plot_eval``:
 ``eval_bars.png``, the in-domain and OOD averages per configuration with the step-0 baseline; ``draw_figures``:
-both, side by side in two processes. A figure is
+both, each in a forked process while the report writes its tables. A figure is
 drawn only when its inputs changed (a content hash of its data, ``.<name>.sha256``, beside it), with a fixed
 layout computed from its size. Layout, facets and labels: docs/REPORT.md.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -200,11 +201,6 @@ def _configs(report: Report) -> pd.DataFrame:
 
 def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """The training curves as small multiples (see the module docstring); PNG and PDF."""
-    import numpy as np
-    from matplotlib.collections import LineCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator as ticks
-
     configs = _configs(report)
     shown = labelled_axes(report.runs, report.axes)
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
@@ -218,6 +214,11 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     )
     if _unchanged(path, digest):
         return [path, vector]
+    import numpy as np
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator as ticks
+
     facets = _facets(configs, shown)
     hues = [a for a in shown if a not in facets]
     panels = _panels(configs, facets) if facets else [()]
@@ -303,23 +304,34 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
     return _save(fig, path, digest)
 
 
-def draw_figures(report: Report, metrics: pd.DataFrame, out: Path) -> list[Path]:
-    """``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``: with two cores or more, the curves in a
-    forked process while this one draws the bars (an error there: drawn again here, where it is raised)."""
+def draw_figures(report: Report, metrics: pd.DataFrame, out: Path) -> Callable[[], list[Path]]:
+    """Start drawing ``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``; returns the call that
+    waits for them and gives their paths. With two cores or more each figure is drawn in a forked process while
+    this one goes on (writing the tables); a figure whose process failed is drawn again in the waiting call,
+    where its error is raised. With one core, both are drawn before this returns."""
     import multiprocessing
 
-    curves, bars = out / "curves.png", out / "eval_bars.png"
+    figures = (
+        (plot_curves, (report, metrics, out / "curves.png")),
+        (plot_eval, (report, out / "eval_bars.png")),
+    )
     if usable_cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return plot_curves(report, metrics, curves) + plot_eval(report, bars)
-    child = multiprocessing.get_context("fork").Process(target=plot_curves, args=(report, metrics, curves))
-    child.start()
-    try:
-        drawn = plot_eval(report, bars)
-    finally:
-        child.join()
-    if child.exitcode != 0:
-        return plot_curves(report, metrics, curves) + drawn
-    return [curves, curves.with_suffix(f".{VECTOR_FORMAT}"), *drawn]
+        drawn = [p for plot, args in figures for p in plot(*args)]
+        return lambda: drawn
+    fork = multiprocessing.get_context("fork")
+    children = [(fork.Process(target=plot, args=args), plot, args) for plot, args in figures]
+    for child, _, _ in children:
+        child.start()
+
+    def wait() -> list[Path]:
+        paths = []
+        for child, plot, args in children:
+            child.join()
+            png = args[-1]
+            paths += plot(*args) if child.exitcode != 0 else [png, png.with_suffix(f".{VECTOR_FORMAT}")]
+        return paths
+
+    return wait
 
 
 def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) -> None:

@@ -1,8 +1,10 @@
 """The statistics of a report: confidence intervals over seeds, tests between configurations, and their power.
 
 ``t_interval`` (t-based 95% CI over seeds), ``welch`` (and ``welch_power``), ``tost`` (equivalence),
-``rate_test`` (Fisher's exact test), ``holm`` (p-values adjusted for several tests); scipy does the arithmetic, this module owns the definitions the tables
-and the claims print, and the claims' decision rule (``RULE``). Definitions and reasoning: docs/REPORT.md.
+``rate_test`` (Fisher's exact test), ``holm`` (p-values adjusted for several tests); scipy does the arithmetic
+(the t distribution from ``scipy.special``, as scipy.stats computes it, at a third of its import time), this module owns the
+definitions the tables and the claims print, and the claims' decision rule (``RULE``). Definitions and
+reasoning: docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -38,13 +40,24 @@ def t_half_width(sd: Any, n: Any, level: float = LEVEL) -> Any:
     """The half-width of the t-based CI of a mean from its sample sd and n (scalars or arrays: one scipy call
     for a whole column); NaN where n < 2."""
     import numpy as np
-    from scipy import stats
 
     n = np.asarray(n, dtype=float)
     df = np.where(n >= 2, n - 1, np.nan)
-    return (
-        stats.t.ppf(0.5 + level / 2, df) * np.asarray(sd, dtype=float) / np.sqrt(np.where(n > 0, n, np.nan))
-    )
+    return _t_ppf(0.5 + level / 2, df) * np.asarray(sd, dtype=float) / np.sqrt(np.where(n > 0, n, np.nan))
+
+
+def _t_ppf(q: float, df: Any) -> Any:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom."""
+    from scipy.special import stdtrit
+
+    return stdtrit(df, q)
+
+
+def _t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom."""
+    from scipy.special import stdtr
+
+    return float(stdtr(df, -t))
 
 
 @dataclass(frozen=True)
@@ -64,30 +77,45 @@ class Welch:
 def welch(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided") -> Welch:
     """Welch's t-test of ``a`` against ``b`` (``alternative``: "two-sided", "greater": mean(a) > mean(b),
     "less")."""
-    from scipy import stats
-
     x, y = _clean(a), _clean(b)
-    nan = Welch(math.nan, math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan)
-    if len(x) < 2 or len(y) < 2:
-        return (
-            nan
-            if not (x and y)
-            else Welch(_mean(x) - _mean(y), math.nan, math.nan, math.nan, math.nan, len(x), len(y), math.nan)
-        )
-    vx, vy = _var(x) / len(x), _var(y) / len(y)
+    return welch_summary(
+        *(_mean(v) if v else math.nan for v in (x, y)),
+        *(_var(v) if len(v) > 1 else math.nan for v in (x, y)),
+        len(x),
+        len(y),
+        alternative,
+    )
+
+
+def welch_summary(
+    mean_a: float,
+    mean_b: float,
+    var_a: float,
+    var_b: float,
+    n_a: int,
+    n_b: int,
+    alternative: str = "two-sided",
+) -> Welch:
+    """``welch`` from each side's mean, sample variance and size (the NaN-free values'): what a table that has
+    already aggregated its seeds (``tables.main_table``) tests without going back to the runs."""
+    n_a, n_b = int(n_a), int(n_b)
+    if n_a < 2 or n_b < 2:
+        diff = mean_a - mean_b if n_a and n_b else math.nan
+        return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, math.nan)
+    vx, vy = var_a / n_a, var_b / n_b
     se = math.sqrt(vx + vy)
-    diff = _mean(x) - _mean(y)
-    if se <= 1e-9 * max(1.0, abs(_mean(x)), abs(_mean(y))):  # no spread on either side: undefined
-        return Welch(diff, math.nan, math.nan, math.nan, math.nan, len(x), len(y), se)
-    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    diff = mean_a - mean_b
+    if se <= 1e-9 * max(1.0, abs(mean_a), abs(mean_b)):  # no spread on either side: undefined
+        return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, se)
+    df = (vx + vy) ** 2 / (vx**2 / (n_a - 1) + vy**2 / (n_b - 1))
     t = diff / se
     p = {
-        "two-sided": lambda: 2 * stats.t.sf(abs(t), df),
-        "greater": lambda: stats.t.sf(t, df),
-        "less": lambda: stats.t.cdf(t, df),
+        "two-sided": lambda: 2 * _t_sf(abs(t), df),
+        "greater": lambda: _t_sf(t, df),
+        "less": lambda: _t_sf(-t, df),
     }[alternative]()
-    half = float(stats.t.ppf(0.5 + LEVEL / 2, df)) * se
-    return Welch(diff, half, t, df, float(p), len(x), len(y), se)
+    half = float(_t_ppf(0.5 + LEVEL / 2, df)) * se
+    return Welch(diff, half, t, df, float(p), n_a, n_b, se)
 
 
 def _mean(x: list[float]) -> float:
@@ -101,24 +129,22 @@ def _var(x: list[float]) -> float:
 
 def welch_power(w: Welch, effect: float, alpha: float = ALPHA) -> float:
     """Power of the one-sided Welch test (``w``'s spread and sizes) to detect a true difference ``effect``."""
-    from scipy import stats
+    from scipy import stats  # scipy.special's nctdtr is NaN in places (df ~ 38, nc ~ 40) where this is not
 
     if not (w.se > 0 and w.df > 0):
         return math.nan
-    crit = float(stats.t.ppf(1 - alpha, w.df))
+    crit = float(_t_ppf(1 - alpha, w.df))
     return float(stats.nct.sf(crit, w.df, abs(effect) / w.se))
 
 
 def tost(a: Sequence[float], b: Sequence[float], margin: float) -> tuple[float, Welch]:
     """Two one-sided tests that |mean(a) - mean(b)| < ``margin``: (p, the two-sided Welch test). The p is the
     larger of the two one-sided Welch p-values against -margin and +margin (NaN where Welch is undefined)."""
-    from scipy import stats
-
     w = welch(a, b)
     if not (w.se > 0) or math.isnan(w.df):
         return math.nan, w
-    p_low = float(stats.t.sf((w.diff + margin) / w.se, w.df))  # H0: diff <= -margin
-    p_high = float(stats.t.cdf((w.diff - margin) / w.se, w.df))  # H0: diff >= +margin
+    p_low = _t_sf((w.diff + margin) / w.se, w.df)  # H0: diff <= -margin
+    p_high = _t_sf(-(w.diff - margin) / w.se, w.df)  # H0: diff >= +margin
     return max(p_low, p_high), w
 
 

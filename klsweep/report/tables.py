@@ -19,7 +19,7 @@ from klsweep import store
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
-from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_half_width, welch
+from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_half_width, welch_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -150,16 +150,19 @@ def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: l
 def _significant_best(report: Report, column: str) -> list[bool]:
     """Per configuration (row of ``main``): whether it has the best mean of ``column`` and that mean is
     significantly higher than every other configuration's with a value (one-sided Welch over seeds,
-    p < ALPHA). A best that is not significantly better than the runner-up is not marked."""
+    p < ALPHA, from the table's own means, standard deviations and counts). A best that is not significantly
+    better than the runner-up is not marked."""
     df = report.main
     marks = [False] * len(df)
-    values = {c: list(v.dropna()) for c, v in report.runs.groupby("config")[column]}
-    present = [i for i in range(len(df)) if values.get(i)]
+    mean, var, n = df[column].to_numpy(), (df[f"{column} std"] ** 2).to_numpy(), df[f"{column} n"].to_numpy()
+    present = [i for i in range(len(df)) if n[i] > 0]
     if len(present) < 2:
         return marks
-    best = max(present, key=lambda i: df[column].iloc[i])
+    best = max(present, key=lambda i: mean[i])
     marks[best] = all(
-        welch(values[best], values[i], alternative="greater").p < ALPHA for i in present if i != best
+        welch_summary(mean[best], mean[i], var[best], var[i], n[best], n[i], "greater").p < ALPHA
+        for i in present
+        if i != best
     )
     return marks
 

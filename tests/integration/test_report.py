@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -534,22 +535,33 @@ def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
     assert (out / "eval_bars.pdf").exists() and stamps()["eval_bars.png"] != first["eval_bars.png"]
 
 
-def test_configs_loaded_in_parallel_as_in_one_process(tmp_path, monkeypatch):
-    """Forked workers validate the run configs of a large sweep: the same frames, and an unreadable config
-    set aside the same way."""
+def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path):
+    """The report keeps its runs' read configs (``.configs.json``): read from it, the same frames as read
+    afresh, an unreadable config set aside the same way; a config changed since is read again, and one that
+    cannot be read any more is set aside, not served from the cache."""
     sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
-    bad = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")[0]
-    (bad / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")
+    runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")
+    (runs[0] / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")
     dirs = rp_data.store.run_dirs(sweep)
-    serial_aside: list[str] = []
-    serial = rp_data.load_runs(dirs, serial_aside)
-    monkeypatch.setattr(rp_data, "PARALLEL_FROM", 1)
-    monkeypatch.setattr(rp_data, "usable_cores", lambda: 2)  # two workers, whatever this machine has
-    parallel_aside: list[str] = []
-    parallel = rp_data.load_runs(dirs, parallel_aside)
-    assert parallel_aside == serial_aside and any(bad.name in s for s in serial_aside)
-    assert parallel[0].equals(serial[0]) and parallel[1] == serial[1] and parallel[2] == serial[2]
-    assert parallel[3].equals(serial[3]) and len(serial[0]) == len(dirs) - 1
+    cache = tmp_path / "report" / rp_data.CONFIG_CACHE
+    afresh_aside: list[str] = []
+    afresh = rp_data.load_runs(dirs, afresh_aside)
+    assert not cache.exists()
+    for _ in range(2):  # writes the cache, then reads from it
+        cached_aside: list[str] = []
+        cached = rp_data.load_runs(dirs, cached_aside, cache=cache)
+        assert (
+            cache.exists() and cached_aside == afresh_aside and any(runs[0].name in s for s in afresh_aside)
+        )
+        assert cached[0].equals(afresh[0]) and cached[1] == afresh[1] and cached[2] == afresh[2]
+        assert cached[3].equals(afresh[3]) and len(afresh[0]) == len(dirs) - 1
+    config = runs[1] / "config.yaml"
+    config.write_text(re.sub(r"(?m)^seed: .*$", "seed: 77", config.read_text()))
+    assert rp_data.load_runs(dirs, [], cache=cache)[0].set_index("run")["seed"][runs[1].name] == 77
+    config.write_text("not: [closed\n")
+    aside: list[str] = []
+    rp_data.load_runs(dirs, aside, cache=cache)
+    assert any(runs[1].name in s and "not valid YAML" in s for s in aside)
 
 
 def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, capsys):

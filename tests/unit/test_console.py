@@ -194,3 +194,18 @@ def test_time_table_reads_at_80_columns_and_piped(tmp_path, width):
     else:
         assert {"GPU", "jobs"} <= set(header) and "h100-80gb" in text
     assert "…" not in text
+
+
+def test_report_on_a_pipe_fits_the_columns_asked_for(tmp_path, monkeypatch, capsys):
+    """`COLUMNS=80 klsweep report SWEEP | less`: the tables fit 80 columns (optional columns dropped and named);
+    without a width asked for, a pipe gets every column at full width."""
+    import sweepgen
+    from clitools import cli
+
+    sweep = sweepgen.write_sweep(tmp_path / "wide", sweepgen.wide_grid(), seeds=2)
+    code, narrow, _ = cli(["report", sweep, "--out", tmp_path / "r"], monkeypatch, capsys, columns=80)
+    assert code == 0 and "Results" in narrow
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    assert "not shown at 80 columns" in narrow
+    code, wide, _ = cli(["report", sweep, "--out", tmp_path / "r"], monkeypatch, capsys, columns=400)
+    assert code == 0 and max(map(len, wide.splitlines())) > 80 and "not shown at" not in wide

@@ -54,6 +54,28 @@ def test_welch_matches_its_formula_and_holds_its_level():
     assert st.welch_power(w, 10 * w.se) > 0.99 and st.welch_power(w, 0.1 * w.se) < 0.1
 
 
+def test_welch_from_a_tables_summaries_is_scipys_welch():
+    """``welch_summary`` (what the tables test from their means, variances and counts) gives scipy's Welch test
+    and CI, each alternative, as ``welch`` of the values does."""
+    from scipy import stats
+
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        a, b = rng.normal(0, 1, rng.integers(2, 9)), rng.normal(0.4, 2, rng.integers(2, 9))
+        for alternative in ("two-sided", "greater", "less"):
+            w = st.welch_summary(
+                a.mean(), b.mean(), a.var(ddof=1), b.var(ddof=1), len(a), len(b), alternative
+            )
+            ref = stats.ttest_ind(a, b, equal_var=False, alternative=alternative)
+            assert w.p == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-15) and w.t == pytest.approx(
+                ref.statistic
+            )
+            v = st.welch(list(a), list(b), alternative)
+            assert (w.p, w.t, w.df, w.half_width) == pytest.approx((v.p, v.t, v.df, v.half_width))
+        assert w.half_width == pytest.approx(stats.t.ppf(0.975, w.df) * w.se)
+    assert math.isnan(st.welch_summary(0.5, 0.4, math.nan, 0.1, 1, 3).p)
+
+
 def test_rate_test_knows_when_no_outcome_could_be_significant():
     p, best = st.rate_test(5, 5, 0, 5)
     assert p < 0.05 and best == p

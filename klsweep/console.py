@@ -3,9 +3,9 @@ computation lives elsewhere.
 
 Every table is laid out by ``report.terminal.fitted_table``: sized to the terminal (80 columns read well: only
 the axes that vary, short headers, optional columns dropped and named before anything wraps), run ids and model
-names never cut, rows sorted by configuration. On a pipe or in a file the console is as wide as the lines
-(``cli_console``): plain, full-width tables, nothing wrapped or cut; warnings are sentences, wrapped between
-words at the terminal's width, or piped at ``COLUMNS`` (80 when unset) (``print_warning``). A long plan is
+names never cut, rows sorted by configuration. On a pipe or in a file the console is ``COLUMNS`` wide when it
+is set, else as wide as the lines (``cli_console``): plain, full-width tables, nothing wrapped or cut; warnings are sentences, wrapped between
+words at the console's width, 80 on a pipe without ``COLUMNS`` (``print_warning``). A long plan is
 summarised (runs per axis value); ``klsweep plan --runs`` lists every run.
 """
 
@@ -292,14 +292,9 @@ def print_time(console: Console, counts: dict[str, Any], width: int | None = Non
 
 
 def prose_width(console: Console) -> int:
-    """The width sentences wrap at: the terminal's; on a pipe (whose console is as wide as the lines, for the
-    tables) ``COLUMNS`` when it is a number, else 80 (rich's own rule for a console that is not a terminal)."""
-    import os
-
-    if console.is_terminal:
-        return console.width
-    columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else 80
+    """The width sentences wrap at: the console's (the terminal's, or ``COLUMNS``), but 80 on a pipe without
+    ``COLUMNS``, whose console is as wide as the lines (for the tables)."""
+    return console.width if console.is_terminal or _columns() else 80
 
 
 def print_warning(console: Console, line: str) -> None:

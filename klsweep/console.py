@@ -297,23 +297,21 @@ def prose_width(console: Console) -> int:
     return console.width if console.is_terminal or _columns() else 80
 
 
-def print_warning(console: Console, line: str) -> None:
-    """``warning: LINE``, wrapped at ``prose_width`` between words (continued two spaces in; a word longer
-    than a line, such as a path, is kept whole)."""
+def print_warning(console: Console, line: str, label: str = "warning") -> None:
+    """``LABEL: LINE`` (label in yellow), wrapped at ``prose_width`` between words (continued two spaces in; a
+    word longer than a line, such as a path, is kept whole)."""
     import textwrap
 
     from rich.markup import escape
 
     first, *rest = textwrap.wrap(
-        f"warning: {line}",
+        f"{label}: {line}",
         prose_width(console),
         subsequent_indent="  ",
         break_long_words=False,
         break_on_hyphens=False,
     )
-    console.print(
-        f"[yellow]warning[/]{escape(first.removeprefix('warning'))}", highlight=False, soft_wrap=True
-    )
+    console.print(f"[yellow]{label}[/]{escape(first.removeprefix(label))}", highlight=False, soft_wrap=True)
     for part in rest:
         console.print(part, highlight=False, markup=False, soft_wrap=True)
 
@@ -595,19 +593,17 @@ def print_audit(
 def print_report(console: Console, err: Console, report: Report, tables: bool = True) -> None:
     """A report as the CLI shows it: its rich tables (when ``tables``), what is not there yet, what it set aside
     and its warnings (on ``err``), the files written and its W&B run."""
-    from rich.markup import escape
-
     from klsweep.report import rich_tables
 
     if tables:
         for table in rich_tables(report, width=table_width(console)):
             console.print(table)
     for line in report.missing:
-        err.print(f"[yellow]missing[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line, "missing")
     for line in report.set_aside:
-        err.print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line, "set aside")
     for line in report.warnings:
-        err.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
     if report.wandb_run is not None:

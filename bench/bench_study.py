@@ -198,6 +198,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="klsweep-bench-study-"))
     from klsweep import store, tinymodel
     from klsweep.config import write_run
+    from klsweep.environment import usable_cores
 
     tinymodel.tiny_model_path()  # built (once, cached) here, not in the timed process
     plan = first_runs(args.grid, args.steps, 1, root / "phases")
@@ -221,7 +222,7 @@ def main() -> None:
     fixed = sum(t[p][0] for p in FIXED)
     step = t["steps"][0] / args.steps
     per_run_eval = t["eval_imports"][0] + t["eval"][0]
-    print(f"One run of {args.grid.name} ({args.steps} steps), a fresh process, {os.cpu_count()} cores:")
+    print(f"One run of {args.grid.name} ({args.steps} steps), a fresh process, {usable_cores()} cores:")
     table(rows, ("phase", "wall s", "CPU s", "of run"))
     full = fixed + 300 * step
     print(f"per-run fixed cost (all but the steps and the eval): {fixed:.1f} s; a step: {step * 1000:.0f} ms")

@@ -536,15 +536,13 @@ def status_command(
 ) -> None:
     """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
     log's last lines."""
-    from rich.markup import escape
-
     from klsweep import submit
-    from klsweep.console import print_failures, status_table, table_width
+    from klsweep.console import print_failures, print_warning, status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
     problem = submit.scheduler_problem(sweep_dir)
     if problem is not None:
-        _console(stderr=True).print(f"[yellow]warning[/]: {escape(problem)}", highlight=False, soft_wrap=True)
+        print_warning(_console(stderr=True), problem)
     if as_json:
         import json
 

@@ -258,7 +258,7 @@ class ClusterSection:
     constraint: str | None = key(None, "sbatch --constraint")
     array_parallelism: int = key(64, "tasks of a job array running at once (--array=0-N%this)")
     max_requeues: int = key(3, "preemption/timeout requeues per job (submitit's max_num_timeout)")
-    max_local_jobs: int | None = key(None, "local: parallel jobs (null: the number of cores)")
+    max_local_jobs: int | None = key(None, "local: parallel jobs (null: the cores klsweep may run on)")
     local_jobs_per_worker: int = key(
         0, "local: jobs one worker process runs one after the other (0: no limit; 1: a process per job)"
     )
@@ -432,7 +432,7 @@ def read_run_file(run_dir: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(run_dir) / store.CONFIG_FILE
     try:
-        text = path.read_text()
+        text = store.read_text(path)  # a FIFO there: UnreadableFile, not a wait for ever
     except UnicodeDecodeError as e:
         raise store.UnreadableFile(path, "not a text file", CONFIG_TODO) from e
     try:
@@ -534,8 +534,11 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
 
 
 def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
-    """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a
-    different config is an error (its checkpoints belong to that one)."""
+    """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a config
+    is the same run when the two differ only in keys its run id does not see (``_id_blind``: ``ID_HASHED_AT``,
+    ``COSMETIC_KEYS``, ``id_omitted_at``'s at their value): its config.yaml is then rewritten with ``config``'s
+    values, as ``klsweep run`` does on a resume. Any other difference is an error naming the keys (the folder's
+    checkpoints belong to its own config)."""
     from omegaconf import OmegaConf
 
     path = Path(run_dir) / store.CONFIG_FILE
@@ -546,14 +549,45 @@ def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
         for dotted, value in omitted.items():
             if OmegaConf.select(loaded, dotted, default=None) is None:
                 OmegaConf.update(loaded, dotted, value, force_add=True)
-        if OmegaConf.to_container(loaded, resolve=True) != dict(config):
+        held = OmegaConf.to_container(loaded, resolve=True)
+        changed = _differences(held, dict(config))
+        if not changed:
+            return path
+        seen = [k for k, was, now in changed if not _id_blind(k, was, now, held, config)]
+        if seen:
             raise UserError(
                 Problem(
                     str(path),
-                    "the run folder holds a different config",
-                    "another --run-dir, or the same config",
+                    f"the run folder holds a different config ({', '.join(seen)} differ): another run",
+                    "another --run-dir, or the same config (keys the run id does not see, such as "
+                    "train.use_vllm or train.micro_batch_size, may differ)",
                 )
             )
-        return path
     store.atomic_write_text(path, run_file_text(config))
     return path
+
+
+_ABSENT = object()
+
+
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in ``a``, value in ``b``) for each leaf where two nested configs differ (a mapping
+    present on one side only counts as one key)."""
+    out = []
+    for k in sorted({*a, *b}, key=str):
+        was, now = a.get(k, _ABSENT), b.get(k, _ABSENT)
+        if isinstance(was, Mapping) and isinstance(now, Mapping):
+            out += _differences(was, now, f"{prefix}{k}.")
+        elif was != now:
+            out.append((f"{prefix}{k}", was, now))
+    return out
+
+
+def _id_blind(key: str, was: Any, now: Any, held: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether the run id (``grid.run_id``) does not see ``key`` changing from ``was`` (in the folder's config
+    ``held``) to ``now`` (in ``config``): a key hashed at its default, a cosmetic key (or one inside), or one
+    left out of both ids at the values both hold."""
+    if key in ID_HASHED_AT or any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS):
+        return True
+    before, after = id_omitted_at(held), id_omitted_at(config)
+    return key in before and key in after and before[key] == was and after[key] == now

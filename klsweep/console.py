@@ -3,9 +3,10 @@ computation lives elsewhere.
 
 Every table is laid out by ``report.terminal.fitted_table``: sized to the terminal (80 columns read well: only
 the axes that vary, short headers, optional columns dropped and named before anything wraps), run ids and model
-names never cut, rows sorted by configuration. On a pipe or in a file the console is as wide as the lines
-(``cli_console``): plain, full-width tables, nothing wrapped or cut. A long plan is summarised (runs per axis
-value); ``klsweep plan --runs`` lists every run.
+names never cut, rows sorted by configuration. On a pipe or in a file the console is ``COLUMNS`` wide when it
+is set, else as wide as the lines (``cli_console``): plain, full-width tables, nothing wrapped or cut; warnings are sentences, wrapped between
+words at the console's width, 80 on a pipe without ``COLUMNS`` (``print_warning``). A long plan is
+summarised (runs per axis value); ``klsweep plan --runs`` lists every run.
 """
 
 from __future__ import annotations
@@ -282,13 +283,37 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
 
 def print_time(console: Console, counts: dict[str, Any], width: int | None = None) -> None:
     """``klsweep plan``'s time table and its warnings (``planner.warnings``), each a ``warning:`` line."""
-    from rich.markup import escape
 
     table = time_table(counts, width=width)
     if table is not None:
         console.print(table)
     for line in counts["warnings"]:
-        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
+        print_warning(console, line)
+
+
+def prose_width(console: Console) -> int:
+    """The width sentences wrap at: the console's (the terminal's, or ``COLUMNS``), but 80 on a pipe without
+    ``COLUMNS``, whose console is as wide as the lines (for the tables)."""
+    return console.width if console.is_terminal or _columns() else 80
+
+
+def print_warning(console: Console, line: str, label: str = "warning") -> None:
+    """``LABEL: LINE`` (label in yellow), wrapped at ``prose_width`` between words (continued two spaces in; a
+    word longer than a line, such as a path, is kept whole)."""
+    import textwrap
+
+    from rich.markup import escape
+
+    first, *rest = textwrap.wrap(
+        f"{label}: {line}",
+        prose_width(console),
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    console.print(f"[yellow]{label}[/]{escape(first.removeprefix(label))}", highlight=False, soft_wrap=True)
+    for part in rest:
+        console.print(part, highlight=False, markup=False, soft_wrap=True)
 
 
 COLOUR = {
@@ -568,19 +593,17 @@ def print_audit(
 def print_report(console: Console, err: Console, report: Report, tables: bool = True) -> None:
     """A report as the CLI shows it: its rich tables (when ``tables``), what is not there yet, what it set aside
     and its warnings (on ``err``), the files written and its W&B run."""
-    from rich.markup import escape
-
     from klsweep.report import rich_tables
 
     if tables:
         for table in rich_tables(report, width=table_width(console)):
             console.print(table)
     for line in report.missing:
-        err.print(f"[yellow]missing[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line, "missing")
     for line in report.set_aside:
-        err.print(f"[yellow]set aside[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line, "set aside")
     for line in report.warnings:
-        err.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
+        print_warning(err, line)
     for path in report.paths:
         console.print(str(path), highlight=False, soft_wrap=True)
     if report.wandb_run is not None:

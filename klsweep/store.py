@@ -39,12 +39,13 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from klsweep.errors import Problem, UserError
 
@@ -119,9 +120,45 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
+REGULAR_TODO = "remove it: klsweep reads only regular files in a results folder"
+
+
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """``path`` opened for reading in binary, when it is a regular file; anything else (a FIFO, which a plain
+    ``open`` waits on for a writer, for ever; a device; a folder) raises ``UnreadableFile`` at once, the way
+    ``trainer_of`` opens the lock file: without waiting (``O_NONBLOCK``). FileNotFoundError when absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnreadableFile(path, f"not a regular file but {_file_kind(mode)}", REGULAR_TODO)
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a regular file (``open_regular``)."""
+    with open_regular(path) as f:
+        return f.read()
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The text (UTF-8) of a regular file (``open_regular``); UnicodeDecodeError when it is not text."""
+    return read_bytes(path).decode()
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(read_bytes(path))
 
 
 def _json_default(o: Any) -> Any:
@@ -181,7 +218,7 @@ def scan_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]
     not: a torn line is skipped and counted, and the rows after it are kept. An unfinished last line (no
     newline: a writer killed mid-line) is ignored without being counted."""
     try:
-        data = Path(path).read_bytes()
+        data = read_bytes(path)
     except FileNotFoundError:
         return [], []
     rows: list[dict[str, Any]] = []
@@ -216,7 +253,7 @@ def cut_metrics(run_dir: str | os.PathLike, step: int) -> tuple[list[dict[str, A
     numbers of the unreadable lines among them (skipped, as ``scan_jsonl`` does)."""
     p = Path(run_dir) / METRICS_FILE
     try:
-        data = p.read_bytes()
+        data = read_bytes(p)
     except FileNotFoundError:
         return [], []
     rows: list[dict[str, Any]] = []

@@ -26,6 +26,7 @@ from typing import Any
 
 from klsweep import store
 from klsweep.config import tasks_per_node
+from klsweep.environment import usable_cores
 from klsweep.submit import joblogs
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, pid_alive, submission_folder
@@ -118,7 +119,7 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
     queue = {
         "sweep_dir": str(sweep_dir),
         "folder": str(folder),
-        "max_jobs": int(cl.get("max_local_jobs") or os.cpu_count() or 1),
+        "max_jobs": int(cl.get("max_local_jobs") or usable_cores()),
         "max_requeues": int(cl.get("max_requeues", 3)),
         "jobs_per_worker": int(cl.get("local_jobs_per_worker") or 0),
         "setup": list(cl.get("setup") or []),

@@ -131,7 +131,7 @@ def _result_state(folder: Path, job_id: str) -> str:
     if not path.exists():
         return "CANCELLED" if (folder / f"{job_id}.cancelled").exists() else "FAILED"
     try:
-        with open(path, "rb") as f:
+        with store.open_regular(path) as f:
             for _, arg, _ in pickletools.genops(f):
                 if isinstance(arg, str):
                     return "COMPLETED" if arg == "success" else "FAILED"

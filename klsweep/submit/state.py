@@ -30,6 +30,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.jobs import has_eval_results
 from klsweep.submit.scheduler import (
+    DOWN,
     LIVE_SLURM,
     LOCK_FILE,
     RUNNING_SLURM,
@@ -113,7 +114,7 @@ def _last_line(path: Path) -> dict[str, Any] | None:
     import json
 
     try:
-        with open(path, "rb") as f:
+        with store.open_regular(path) as f:  # UnreadableFile (the run is unreadable) when it is not a file
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 8192))
@@ -188,8 +189,8 @@ def _read_sweep_file(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.load(store.read_text(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, store.UnreadableFile):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -407,6 +408,16 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
     targets = set(run_ids) if run_ids else known
     with FileLock(str(sweep_dir / LOCK_FILE)):
         rows = [r for k, r in latest_rows(sweep_dir).items() if k[0] in targets]
+        down = controller_problem() if any(r["cluster"] == "slurm" for r in rows) else None
+        if down is not None:  # at once, rather than scancel's own timeouts; and no run marked cancelled
+            raise UserError(
+                Problem(
+                    "scancel",
+                    f"{DOWN}, so nothing was cancelled: {down.removeprefix(DOWN + ': ')}",
+                    "the same command once `scontrol ping` says UP",
+                ),
+                title=DOWN,
+            )
         live = live_jobs(rows)
         rows = [r for r in rows if (r["run_id"], r["kind"]) in live]
         cancelled = sorted(

@@ -6,6 +6,7 @@ What klsweep promises under faults: docs/FAULTS.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -289,6 +290,36 @@ def test_run_sets_an_unreadable_run_aside_and_submits_the_others(tmp_path):
     assert res.actions == {broken.id: "skip-unreadable", fine.id: "resume"}
     assert any(broken.id in h and store.STATUS_FILE in h for h in res.hints())
     assert store.read_status(fine.run_dir)["state"] == "done"
+
+
+def test_status_refuses_a_fifo_in_place_of_a_run_file_without_waiting_on_it(tmp_path):
+    """A FIFO where a run's metrics.jsonl, status.json or config.yaml (and sweep.yaml) should be: a plain
+    open() waits on it for a writer, for ever; status names each such run unreadable at once (what is there,
+    what to do) and shows the others."""
+    sweep = fixture_copy(tmp_path)
+    fifos = [
+        sweep / store.SWEEP_FILE,  # so that status reads each run's config.yaml for its axes
+        sweep / "a1-k1rew-s0" / store.METRICS_FILE,
+        sweep / "b1-k3loss-s0" / store.STATUS_FILE,
+        sweep / "c1-k3rew-s0" / store.CONFIG_FILE,
+    ]
+    for path in fifos:
+        path.unlink()
+        os.mkfifo(path)
+    out = subprocess.run(
+        [sys.executable, "-m", "klsweep", "status", str(sweep), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang fails here
+    )
+    assert out.returncode == 0, out.stderr
+    runs = {r["run_id"]: r for r in json.loads(out.stdout)}
+    for path in fifos[1:]:
+        run = runs[path.parent.name]
+        assert run["state"] == "unreadable", run
+        assert str(path) in run["reason"] and "FIFO" in run["reason"] and "remove it" in run["reason"]
+    others = {rid: r["state"] for rid, r in runs.items() if rid not in {p.parent.name for p in fifos[1:]}}
+    assert len(others) == 5 and "unreadable" not in others.values(), others
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -630,6 +661,37 @@ def test_an_unreachable_slurm_controller_is_named_fast_by_status_and_run(
     assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
     assert "cluster settings" not in flat  # not the user's settings
     assert not (tmp_path / "res" / "refused").exists()  # nothing half-written
+
+
+@pytest.mark.slurm
+def test_cancel_names_an_unreachable_slurm_controller_fast_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    """slurmctld down while a run's job is live: `cancel` waited on scancel's own timeouts and retries, then
+    marked the run cancelled with its job still there. Now it names the controller within seconds, exits 2 and
+    leaves the run as it was; once the controller answers, the same command cancels it."""
+    sweep = tmp_path / "ctldcancel"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "slurm", train_fn=jobs.slow_train)
+    run_dir = plan.runs[0].run_dir
+    deadline = time.time() + 120
+    while not (run_dir / "progress.txt").exists():
+        assert time.time() < deadline, "the job did not start"
+        time.sleep(0.5)
+    up = os.environ["SLURM_CONF"]
+
+    _controller_down(tmp_path, monkeypatch)
+    start = time.time()
+    code, out, err = cli(["cancel", sweep], monkeypatch, capsys)
+    took = time.time() - start
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, (out, err)
+    assert "the Slurm controller does not answer" in flat and "scontrol ping" in flat
+    assert took < 10, took
+    assert store.read_status(run_dir)["state"] == "running"  # nothing changed
+
+    monkeypatch.setenv("SLURM_CONF", up)
+    code, out, err = cli(["cancel", sweep], monkeypatch, capsys)
+    assert code == 0 and plan.runs[0].id in out, (out, err)
+    assert store.read_status(run_dir)["state"] == "cancelled"
 
 
 @pytest.mark.slurm

@@ -127,6 +127,36 @@ def test_a_folder_written_before_train_trl_is_the_same_run(tmp_path, model_dir):
     config_mod.write_run(tmp_path / "old", config)  # not "a different config": its checkpoints are this run's
 
 
+def test_train_run_dir_takes_a_change_the_run_id_does_not_see_as_klsweep_run_does(tmp_path, model_dir):
+    """`klsweep train --run-dir` on a folder whose config differs only in keys the run id does not see (how
+    the run is computed: train.use_vllm, micro_batch_size, keep_checkpoints; wandb): refused as "a different
+    config" before. Now the same run, as `klsweep run` finds it: config.yaml rewritten with the new values and
+    the run trained from there. A key the id sees is still refused, named, and the folder left as it was."""
+    from typer.testing import CliRunner
+
+    from klsweep import grid
+    from klsweep.cli import app
+    from klsweep.errors import UserError
+
+    run = tmp_path / "run"
+    before = write_config(run, model_dir, **{"train.keep_checkpoints": 2})
+    neutral = ["train.micro_batch_size=4", "train.keep_checkpoints=1", "wandb.mode=offline"]
+    result = CliRunner().invoke(app, ["train", str(run / store.CONFIG_FILE), *neutral, "--run-dir", str(run)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    after = config_mod.read_run_file(run)
+    assert (after["train"]["micro_batch_size"], after["train"]["keep_checkpoints"]) == (4, 1)
+    assert after["wandb"]["mode"] == "offline"
+    assert grid.run_id(after) == grid.run_id(before)  # what makes it the same run
+    assert store.read_status(run)["state"] == "done"
+    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-3"]  # keep_checkpoints=1 applied
+
+    text = (run / store.CONFIG_FILE).read_text()
+    changed = {**after, "kl": {**after["kl"], "beta": 0.3}, "train": {**after["train"], "use_vllm": True}}
+    with pytest.raises(UserError, match=r"different config \(kl\.beta differ\)"):
+        config_mod.write_run(run, changed)
+    assert (run / store.CONFIG_FILE).read_text() == text
+
+
 _KILLABLE = """
 import sys
 from klsweep import job

@@ -4,6 +4,7 @@ local Slurm cluster (``bash slurm/start.sh; source /tmp/klsweep-slurm/env.sh``; 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import time
 from pathlib import Path
@@ -229,6 +230,26 @@ def worker_ids(sweep: Path) -> dict[str, set[str]]:
         rid: {r["job_id"] for r in rs if r["job_id"] is not None and "state" not in r}
         for rid, rs in jobs.train_rows(sweep).items()
     }
+
+
+def test_the_pool_defaults_to_the_cores_it_may_run_on(tmp_path: Path) -> None:
+    """Without cluster.max_local_jobs, the pool has as many workers as the cores this process may run on (its
+    affinity mask, as under Slurm's or taskset's CPU binding), not the machine's count: on one core, one worker
+    trains both runs one after the other."""
+    sweep = tmp_path / "onecore"
+    plan = jobs.make_plan(sweep, [0, 1])
+    assert plan.runs[0].config["cluster"]["max_local_jobs"] is None
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        submit.submit(plan, "local", train_fn=jobs.ok_train)
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert {r.state for r in wait(sweep).values()} == {"done"}
+    assert len(set().union(*worker_ids(sweep).values())) == 1
+    spans = [(r.run_dir / "spans.txt").read_text().split() for r in plan.runs]  # start T end T
+    first, second = sorted((float(s[1]), float(s[3])) for s in spans)
+    assert first[1] <= second[0]  # never two at once
 
 
 def test_a_worker_trains_each_run_as_a_fresh_process_does(tmp_path: Path) -> None:

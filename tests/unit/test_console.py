@@ -209,3 +209,20 @@ def test_report_on_a_pipe_fits_the_columns_asked_for(tmp_path, monkeypatch, caps
     assert "not shown at 80 columns" in narrow
     code, wide, _ = cli(["report", sweep, "--out", tmp_path / "r"], monkeypatch, capsys, columns=400)
     assert code == 0 and max(map(len, wide.splitlines())) > 80 and "not shown at" not in wide
+
+
+def test_a_warning_on_a_pipe_without_columns_wraps_at_80_and_keeps_a_long_path_whole(monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    piped = Console(file=out, width=con.PIPE_WIDTH, color_system=None)  # cli_console's on a pipe
+    path = "/a/folder/name/long/enough/" * 4
+    con.print_warning(piped, "word " * 40 + f"see {path} for more")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("warning: word") and all(line.startswith("  ") for line in lines[1:])
+    assert [line for line in lines if len(line) > 80] == [f"  {path}"]  # the one word longer than a line
+    assert (
+        " ".join(out.getvalue().split())
+        == "warning: " + " ".join(("word " * 40).split()) + f" see {path} for more"
+    )

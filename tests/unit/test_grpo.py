@@ -177,3 +177,29 @@ def test_clipped_policy_loss_clips_like_ppo():
     torch.testing.assert_close(up, torch.tensor([[0.0, -1.0]], dtype=torch.float64))  # ratio 2 > 1.2: clipped
     (down,) = torch.autograd.grad(grpo.clipped_policy_loss(torch.tensor([-1.0]), logp, old, mask, agg), logp)
     torch.testing.assert_close(down, torch.tensor([[2.0, 1.0]], dtype=torch.float64))  # A < 0: min keeps r A
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_sample_weights_per_token_are_their_product_per_sequence(level):
+    """TRL's vLLM importance-sampling ratio comes per token (token_* modes) or per sequence (sequence_*): a
+    sequence-level KL term weighs a sample by the product of its tokens' ratios (its probability ratio), so
+    per-token ratios give what their per-sequence products give; a token-level term weighs each token."""
+    torch.manual_seed(0)
+    B, T = 6, 5
+    logp, ref = torch.randn(B, T).requires_grad_(), torch.randn(B, T)
+    mask = torch.ones(B, T)
+    mask[1, 3:] = 0
+    mask[4, 1:] = 0
+    per_token = torch.rand(B, T) + 0.5
+    per_sequence = torch.where(mask.bool(), per_token, 1.0).prod(-1, keepdim=True)
+    config = kl.KLConfig("k3", "loss", level, beta=0.1)
+    agg = grpo.Aggregation("dapo", tokens=mask.sum())
+    with_tokens = grpo.kl_loss(logp, ref, mask, config, agg, sample_weights=per_token)
+    if level == "sequence":
+        torch.testing.assert_close(
+            with_tokens, grpo.kl_loss(logp, ref, mask, config, agg, sample_weights=per_sequence)
+        )
+    else:
+        terms = kl.token_terms(logp, ref, mask, config)
+        torch.testing.assert_close(with_tokens, agg(terms * per_token, mask))
+    assert not torch.allclose(with_tokens, grpo.kl_loss(logp, ref, mask, config, agg))

@@ -203,6 +203,24 @@ def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.parametrize("terminal", [True, False])
+def test_plan_warnings_wrap_at_80_columns_in_a_terminal_and_piped(tmp_path, monkeypatch, capsys, terminal):
+    """The paper plan's warnings (checkpoints past 10 TiB; vLLM missing here) are sentences: wrapped at 80
+    columns between words, in a terminal and piped with COLUMNS=80 (with the tables: no line past 80), each
+    whole when its lines are joined."""
+    code, out, _ = cli(["plan", PAPER, "--out", tmp_path], monkeypatch, capsys, 80, terminal)
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    first = next(i for i, line in enumerate(lines) if line.startswith("warning: "))
+    warned = lines[first:]
+    assert all(line.startswith(("warning: ", "  ")) for line in warned)  # continued two spaces in
+    _, data, _ = cli(["plan", PAPER, "--out", tmp_path, "--json"], monkeypatch, capsys)
+    expected = json.loads(data)["warnings"]
+    joined = " ".join(" ".join(warned).split())
+    assert len(expected) >= 2 and all(f"warning: {w}" in joined for w in expected), joined
+
+
+@pytest.mark.parametrize("terminal", [True, False])
 def test_plan_lists_every_run_whole_sorted_by_configuration(tmp_path, monkeypatch, capsys, terminal):
     """--runs: every run id whole (pasteable into `klsweep cancel`), model names whole, configuration order
     (the seeds of one configuration together); at 80 columns in a terminal, full width in a pipe."""

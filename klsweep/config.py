@@ -516,7 +516,7 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
     from omegaconf import OmegaConf
 
     path = Path(run_dir) / store.CONFIG_FILE
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder): read_run_file says what
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
     data = read_run_file(run_dir)
     exact = _exact(RunConfig, data)

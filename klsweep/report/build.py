@@ -127,8 +127,8 @@ def _sweep_claims(sweep: Path) -> list[Claim]:
     import yaml
 
     try:
-        data = yaml.safe_load((sweep / store.SWEEP_FILE).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # no readable sweep.yaml: the runs, without claims
+        data = yaml.safe_load(store.read_text(sweep / store.SWEEP_FILE))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, store.UnreadableFile):  # none readable: no claims
         return []
     text = data.get("grid") if isinstance(data, dict) else None
     return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []

@@ -53,8 +53,7 @@ SE = "eval se"  # suffix of a run's lm-eval stderr column: "<task> eval se"
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
-    with open(path) as f:
-        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    return yaml.load(store.read_text(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -175,10 +174,10 @@ class ConfigCache:
     def __enter__(self) -> ConfigCache:
         if self.path is not None:
             try:
-                data = json.loads(self.path.read_bytes())
+                data = json.loads(store.read_bytes(self.path))
                 if data.get("code") == self.code:
                     self.entries = data["runs"]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, store.UnreadableFile):
                 pass
         return self
 
@@ -221,7 +220,11 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
     p = run_dir / store.METRICS_FILE
     if not p.exists():
         return []
-    data = p.read_bytes().strip()
+    try:
+        data = store.read_bytes(p).strip()
+    except store.UnreadableFile as e:
+        set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
+        return []
     try:
         return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
     except (ValueError, UnicodeDecodeError):
@@ -239,7 +242,7 @@ def _read_env(run_dir: Path) -> str | None:
     p = run_dir / store.ENV_FILE
     try:
         return json.dumps(store.read_json(p), sort_keys=True) if p.exists() else None
-    except (OSError, ValueError):  # torn or not JSON: shown as not recorded
+    except (OSError, ValueError, store.UnreadableFile):  # torn, not JSON, not a file: shown as not recorded
         return None
 
 
@@ -354,6 +357,9 @@ def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError) as e:
         set_aside.append(f"{path} skipped: not valid JSON (cut short?): {e}; rerun `klsweep eval` to redo it")
         return None
+    except store.UnreadableFile as e:
+        set_aside.append(f"{path} skipped: {e.what}; {e.todo}")
+        return None
     return res if isinstance(res, dict) else None
 
 
@@ -375,6 +381,9 @@ def load_baseline(
             config = _flatten(_read_yaml(d / store.CONFIG_FILE)) if (d / store.CONFIG_FILE).exists() else {}
         except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
             set_aside.append(f"{d / store.CONFIG_FILE}: not valid YAML; the folder name stands for the model")
+            config = {}
+        except store.UnreadableFile as e:
+            set_aside.append(f"{e.path}: {e.what}; the folder name stands for the model ({e.todo})")
             config = {}
         p = d / store.EVAL_DIR / str(eval_hash) / "step-0" / "results.json"
         res = (_read_results(p, set_aside) if p.exists() else None) or {}

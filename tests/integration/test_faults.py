@@ -320,6 +320,21 @@ def test_status_refuses_a_fifo_in_place_of_a_run_file_without_waiting_on_it(tmp_
         assert str(path) in run["reason"] and "FIFO" in run["reason"] and "remove it" in run["reason"]
     others = {rid: r["state"] for rid, r in runs.items() if rid not in {p.parent.name for p in fifos[1:]}}
     assert len(others) == 5 and "unreadable" not in others.values(), others
+    (sweep / "a2-k1rew-s1" / store.ENV_FILE).unlink(missing_ok=True)
+    os.mkfifo(sweep / "a2-k1rew-s1" / store.ENV_FILE)  # read by the report only
+    report = subprocess.run(
+        [sys.executable, "-m", "klsweep", "report", str(sweep), "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang fails here
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert report.returncode == 0, report.stderr
+    for path in fifos[
+        1:
+    ]:  # the run with a FIFO for its metrics is reported without them; the others set aside
+        assert f"{path}: not a regular file but a FIFO" in report.stderr, report.stderr
+    assert (tmp_path / "report" / "report.md").is_file()
 
 
 # ------------------------------------------------------------------------------------------------------------

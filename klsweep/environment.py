@@ -45,8 +45,36 @@ KEYS = (
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPU cores this process may run on: its affinity mask (Slurm's binding, a cpuset), else the machine's
+    count; at most its cgroup's CPU quota, rounded up (``cpu_quota``: ``docker --cpus``, a systemd CPUQuota)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cpu_quota(cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The CPUs this process's cgroup (v2) may use at once, rounded up: ``cpu.max``'s quota over its period,
+    the tightest of its cgroup and the cgroups above it; None without a limit (or without cgroup v2)."""
+    import math
+
+    try:
+        lines = cgroup.read_text().splitlines()
+        (path,) = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    except (OSError, ValueError):
+        return None
+    limits = []
+    folder = root / path.strip().lstrip("/")
+    while True:
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()
+            if quota != "max":
+                limits.append(math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError):
+            pass
+        if folder == root or root not in folder.parents:
+            break
+        folder = folder.parent
+    return min(limits) if limits else None
 
 
 def _version(dist: str) -> str | None:

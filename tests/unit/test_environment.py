@@ -1,0 +1,41 @@
+"""``environment.usable_cores``: the cores a process may use, at most its cgroup's CPU quota (cgroup v2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from klsweep import environment
+
+
+def _cgroup(tmp_path: Path, limits: dict[str, str]) -> tuple[Path, Path]:
+    """A cgroup v2 tree under tmp_path/sys with ``cpu.max`` per folder, and /proc/self/cgroup naming a.slice/b."""
+    root = tmp_path / "sys"
+    for folder, text in limits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "cpu.max").write_text(text + "\n")
+    (root / "a.slice" / "b").mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/a.slice/b\n")
+    return proc, root
+
+
+def test_cpu_quota_is_the_tightest_limit_rounded_up(tmp_path):
+    proc, root = _cgroup(tmp_path, {"a.slice": "150000 100000", "a.slice/b": "max 100000"})
+    assert environment.cpu_quota(proc, root) == 2  # 1.5 CPUs (docker --cpus 1.5): 2 workers, not 1
+    proc, root = _cgroup(tmp_path / "2", {"a.slice": "400000 100000", "a.slice/b": "100000 100000"})
+    assert environment.cpu_quota(proc, root) == 1
+    proc, root = _cgroup(tmp_path / "3", {"a.slice/b": "max 100000"})
+    assert environment.cpu_quota(proc, root) is None  # no limit
+    (tmp_path / "v1").write_text("12:cpu,cpuacct:/x\n")  # cgroup v1 only: not read
+    assert environment.cpu_quota(tmp_path / "v1", root) is None
+    assert environment.cpu_quota(tmp_path / "absent", root) is None
+
+
+def test_usable_cores_is_at_most_the_quota(monkeypatch):
+    monkeypatch.setattr(environment, "cpu_quota", lambda: None)
+    cores = environment.usable_cores()
+    assert cores >= 1
+    monkeypatch.setattr(environment, "cpu_quota", lambda: 1)
+    assert environment.usable_cores() == 1
+    monkeypatch.setattr(environment, "cpu_quota", lambda: cores + 8)  # a quota above the cores: the cores
+    assert environment.usable_cores() == cores

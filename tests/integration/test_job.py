@@ -158,8 +158,14 @@ def test_train_run_dir_takes_a_change_the_run_id_does_not_see_as_klsweep_run_doe
 
 
 _KILLABLE = """
-import sys
-from klsweep import job
+import os, signal, sys
+from klsweep import job, store
+append = store.append_jsonl
+def append_then_stop(path, row):  # stopped right after step 3's metrics: killed there, never later
+    append(path, row)
+    if path.name == store.METRICS_FILE and row.get("step") == 3:
+        os.kill(os.getpid(), signal.SIGSTOP)
+store.append_jsonl = append_then_stop
 job.train_run(sys.argv[1])
 """
 

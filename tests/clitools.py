@@ -28,3 +28,19 @@ def cli(
     out, err = capsys.readouterr()
     ansi = re.compile(r"\x1b\[[0-9;]*m")
     return code, ansi.sub("", out), ansi.sub("", err)
+
+
+def render(*tables, width: int | None) -> str:
+    """What the CLI prints of rich ``tables``: a terminal of ``width`` columns, or (None) a pipe."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from klsweep import console as con
+
+    out = io.StringIO()
+    c = Console(file=out, width=width or con.PIPE_WIDTH, force_terminal=width is not None, color_system=None)
+    for t in tables:
+        c.print(t)
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_grid import TINY, cli, nothing_under, write  # tests/ is on sys.path under pytest
+from clitools import cli
+from gridfiles import TINY, nothing_under, write
 
 from klsweep import grid
 
@@ -257,7 +258,7 @@ def test_config_prints_the_yaml_a_run_gets_and_it_round_trips_to_its_id(tmp_path
 def test_keys_lists_every_runconfig_field_with_default_and_help(width, monkeypatch):
     from dataclasses import is_dataclass
 
-    from test_console import render
+    from clitools import render
 
     from klsweep import console
     from klsweep.grid.keys import describe

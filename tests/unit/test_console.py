@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clitools import render
 from typer.testing import CliRunner
 
 from klsweep import console as con
@@ -18,17 +19,6 @@ from klsweep.submit import RunStatus
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def render(*tables, width: int | None) -> str:
-    """What the CLI prints: a terminal of ``width`` columns, or (None) a pipe."""
-    from rich.console import Console
-
-    out = io.StringIO()
-    c = Console(file=out, width=width or con.PIPE_WIDTH, force_terminal=width is not None, color_system=None)
-    for t in tables:
-        c.print(t)
-    return ANSI.sub("", out.getvalue())
 
 
 def paper_like_runs() -> list[RunStatus]:

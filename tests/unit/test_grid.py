@@ -9,31 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 from clitools import cli
+from gridfiles import TINY, nothing_under, write
 
 from klsweep import grid, planner
 from klsweep.config import COSMETIC_KEYS
-
-TINY = """\
-name: tiny
-base:
-  model: tiny
-  train.steps: 50
-grid:
-  kl.estimator: k1,k3
-  kl.placement: reward,loss,both
-  kl.beta: 0.05,0.1
-  offpolicy.lag: 0,10
-  seed: range(3)
-exclude:
-  - {kl.estimator: k1, kl.placement: both}
-"""
-
-
-def write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
 
 # --------------------------------------------------------------------------------------------------------
 # Valid grids
@@ -74,10 +53,6 @@ def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
     json.dumps(c)  # JSON-able
     assert len({r.id for r in plan.runs}) == len(plan.runs)
     assert nothing_under(tmp_path / "res")
-
-
-def nothing_under(path: Path) -> bool:
-    return not path.exists() or not any(path.rglob("*"))
 
 
 def test_ids_are_stable_and_ignore_cosmetic_keys(tmp_path):

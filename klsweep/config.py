@@ -412,6 +412,11 @@ COSMETIC_KEYS: tuple[str, ...] = (
 )
 
 
+def is_cosmetic(key: str) -> bool:
+    """Whether the dotted ``key`` is one of ``COSMETIC_KEYS`` or inside one (the run id does not see it)."""
+    return any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS)
+
+
 def run_file_text(config: Mapping[str, Any]) -> str:
     """A resolved RunConfig (plain data) as a run folder's ``config.yaml`` holds it: what every writer of the
     file and ``klsweep config`` print."""
@@ -587,7 +592,7 @@ def _id_blind(key: str, was: Any, now: Any, held: Mapping[str, Any], config: Map
     """Whether the run id (``grid.run_id``) does not see ``key`` changing from ``was`` (in the folder's config
     ``held``) to ``now`` (in ``config``): a key hashed at its default, a cosmetic key (or one inside), or one
     left out of both ids at the values both hold."""
-    if key in ID_HASHED_AT or any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS):
+    if key in ID_HASHED_AT or is_cosmetic(key):
         return True
     before, after = id_omitted_at(held), id_omitted_at(config)
     return key in before and key in after and before[key] == was and after[key] == now

@@ -157,6 +157,19 @@ def read_text(path: str | os.PathLike) -> str:
     return read_bytes(path).decode()
 
 
+def read_sweep_file(sweep_dir: str | os.PathLike) -> dict[str, Any]:
+    """A sweep's ``sweep.yaml`` (its grid text, planned axes and runs) as a mapping, or {} when it is missing or
+    cannot be read: the run folders' own config.yaml files say the same, more slowly."""
+    import yaml
+
+    try:
+        text = read_text(Path(sweep_dir) / SWEEP_FILE)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, UnreadableFile):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def read_json(path: str | os.PathLike) -> Any:
     return json.loads(read_bytes(path))
 

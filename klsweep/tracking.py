@@ -170,13 +170,7 @@ def wandb_name(config: dict[str, Any], run_dir: Path) -> str:
     """A readable W&B run name: the run's values of the sweep's varying axes (``sweep.yaml``: ``runs``), or
     where the sweep file does not list the run, its KL settings, lag and seed; "no-KL" for beta = 0."""
     run_dir = Path(run_dir)
-    sweep_file = run_dir.parent / store.SWEEP_FILE
-    params: dict[str, Any] | None = None
-    if sweep_file.is_file():
-        import yaml
-
-        runs = (yaml.safe_load(sweep_file.read_text()) or {}).get("runs") or {}
-        params = runs.get(run_dir.name)
+    params = (store.read_sweep_file(run_dir.parent).get("runs") or {}).get(run_dir.name)
     if not params:
         keys = ("kl.estimator", "kl.placement", "kl.beta", "offpolicy.lag", "seed")
         params = {k: _get(config, k) for k in keys}

@@ -124,13 +124,7 @@ def build_report(
 
 def _sweep_claims(sweep: Path) -> list[Claim]:
     """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(store.read_text(sweep / store.SWEEP_FILE))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, store.UnreadableFile):  # none readable: no claims
-        return []
-    text = data.get("grid") if isinstance(data, dict) else None
+    text = store.read_sweep_file(sweep).get("grid")
     return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
 
 

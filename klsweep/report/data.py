@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import COSMETIC_KEYS, KL_ONLY_KEYS, load_run, without_kl_when_off
+from klsweep.config import KL_ONLY_KEYS, is_cosmetic, load_run, without_kl_when_off
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _is_cosmetic(key: str) -> bool:
-    return key != "model.name" and any(key == c or key.startswith(c + ".") for c in COSMETIC_KEYS)
+    return key != "model.name" and is_cosmetic(key)
 
 
 def _varying_axes(configs: list[dict[str, Any]]) -> list[str]:

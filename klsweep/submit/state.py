@@ -141,7 +141,7 @@ def _log_tail(path: Path | None, n: int = 15) -> list[str]:
 def status(sweep_dir: str | Path) -> list[RunStatus]:
     """The state of every run of a sweep: status.json combined with one batched scheduler query."""
     sweep_dir = Path(sweep_dir)
-    sweep = _read_sweep_file(sweep_dir / store.SWEEP_FILE)
+    sweep = store.read_sweep_file(sweep_dir)
     axes: list[str] = list(sweep.get("axes") or [])
     planned: dict[str, dict] = sweep.get("runs") or {}
     rows = latest_rows(sweep_dir)
@@ -181,18 +181,6 @@ def scheduler_problem(sweep_dir: str | Path) -> str | None:
         return None
     problem = controller_problem()
     return f"{problem}; job states are from Slurm's accounting (sacct), if it answers" if problem else None
-
-
-def _read_sweep_file(path: Path) -> dict[str, Any]:
-    """sweep.yaml (the planned axes and runs), or nothing when it is missing or cannot be read: the run
-    folders' own config.yaml files say the same, more slowly."""
-    import yaml
-
-    try:
-        data = yaml.load(store.read_text(path), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, store.UnreadableFile):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _run_status(

@@ -518,8 +518,6 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
     read with ``LEGACY_VALUES``. The one reader of a run's config (train, eval, report, W&B).
     ``UserError`` when the folder has no config.yaml, ``store.UnreadableFile`` when it cannot be read or does
     not fit the schema."""
-    from omegaconf import OmegaConf
-
     path = Path(run_dir) / store.CONFIG_FILE
     if not path.exists():  # anything else there (a FIFO, a folder): read_run_file says what
         raise UserError(Problem(str(path), "no run config", "write it with `klsweep train` or `klsweep run`"))
@@ -527,6 +525,8 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
     exact = _exact(RunConfig, data)
     if exact is not _NOT_EXACT:  # every key there, every value of its field's type: what OmegaConf builds
         return exact
+    from omegaconf import OmegaConf  # some 0.2 s to import: not on the fast path
+
     try:
         loaded = OmegaConf.create(data)
         for dotted, value in LEGACY_VALUES.items():  # a folder written before the key existed

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,21 +105,23 @@ def load_runs(
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
     """One row per readable run (config, status) and all metrics rows (with a ``run`` column); the runs left
     out, and the metrics lines skipped, are added to ``set_aside``. ``cache``: a file keeping the runs' read
-    configs (``ConfigCache``)."""
+    configs (``ConfigCache``); the configs it does not hold are read in a forked child while this process reads
+    the runs' other files."""
     import pandas as pd
 
     rows, configs, metric_rows = [], [], []
     with ConfigCache(cache) as cached:
-        loaded = [cached.get(d) for d in dirs]
-    for d, (config, unreadable) in zip(dirs, loaded, strict=True):
+        pending = cached.load(dirs)
+        files = [_run_files(d) for d in dirs]
+        loaded = pending()
+    for d, (config, unreadable), (status, env, metrics, aside) in zip(dirs, loaded, files, strict=True):
         if unreadable is not None:
             set_aside.append(f"run {d.name} left out: {unreadable}")
             continue
-        try:
-            status = store.read_status(d)
-        except store.UnreadableFile as e:
-            set_aside.append(f"run {d.name} left out: {e.message}")
+        if isinstance(status, str):
+            set_aside.append(f"run {d.name} left out: {status}")
             continue
+        set_aside += aside
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(
@@ -130,10 +133,10 @@ def load_runs(
                 "total_steps": status.get("total_steps"),
                 "diverged_step": status.get("diverged_step"),
                 "reason": status.get("reason") or _last_line(status.get("error")),
-                "env": _read_env(d),
+                "env": env,
             }
         )
-        for m in _read_metrics(d, set_aside):
+        for m in metrics:
             m["run"] = d.name
             metric_rows.append(m)
     axes = _varying_axes(configs)
@@ -149,6 +152,19 @@ def load_runs(
     return runs, configs, axes, metrics
 
 
+def _run_files(
+    run_dir: Path,
+) -> tuple[dict[str, Any] | str, str | None, list[dict[str, Any]], list[str]]:
+    """A run's files but its config: its status (or why it cannot be read), its environment, its metrics rows
+    and what was set aside reading them."""
+    try:
+        status: dict[str, Any] | str = store.read_status(run_dir)
+    except store.UnreadableFile as e:
+        return e.message, None, [], []
+    aside: list[str] = []
+    return status, _read_env(run_dir), _read_metrics(run_dir, aside), aside
+
+
 def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     """A run's config (``config.load_run``), flattened; or {} and why it cannot be read."""
     try:
@@ -157,7 +173,12 @@ def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
         return {}, e.message
 
 
+def _load_configs(dirs: list[Path]) -> list[tuple[dict[str, Any], str | None]]:
+    return [_load_config(d) for d in dirs]
+
+
 CONFIG_CACHE = ".configs.json"  # in the report's folder
+BACKGROUND_AT = 64  # configs to read before it pays to read them in a forked child (about 1 ms each)
 
 
 class ConfigCache:
@@ -181,18 +202,44 @@ class ConfigCache:
                 pass
         return self
 
-    def get(self, run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    def load(self, dirs: list[Path]) -> Callable[[], list[tuple[dict[str, Any], str | None]]]:
+        """Start reading the configs of ``dirs``; returns the call that gives each one's (flattened config, why
+        it cannot be read: None when it can), in order. Those the cache holds come from it; of the others, when
+        there are ``BACKGROUND_AT`` or more, three quarters are read in a forked child (``in_background``) while
+        the caller reads the runs' other files, the rest by the call."""
+        from klsweep.report.background import in_background
+
+        names = [str(d.resolve()) for d in dirs]
+        keys = [self._key(d) for d in dirs]
+        afresh = [
+            i
+            for i, (name, key) in enumerate(zip(names, keys, strict=True))
+            if not (key is not None and _entry_of(self.entries.get(name), key))
+        ]
+        todo = [dirs[i] for i in afresh]
+        # the child's share: a config costs about twice a run's other files, which the caller reads meanwhile
+        split = len(todo) * 3 // 4 if len(todo) >= BACKGROUND_AT else 0
+        read = in_background(_load_configs, todo[:split], fork=split > 0)
+
+        def wait() -> list[tuple[dict[str, Any], str | None]]:
+            entries = [self.entries.get(name) for name in names]
+            mine = _load_configs(todo[split:])
+            for i, config in zip(afresh, [*read(), *mine], strict=True):
+                entries[i] = [keys[i], *config]
+            for name, key, entry in zip(names, keys, entries, strict=True):
+                if key is not None:  # a file that cannot be stat'ed is not kept (load_run says why)
+                    self.seen[name] = entry
+            return [(entry[1], entry[2]) for entry in entries]
+
+        return wait
+
+    @staticmethod
+    def _key(run_dir: Path) -> list[int] | None:
         try:
             st = (run_dir / store.CONFIG_FILE).stat()
-            key = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
         except OSError:
-            return _load_config(run_dir)  # load_run says why
-        name = str(run_dir.resolve())
-        entry = self.entries.get(name)
-        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == key):
-            entry = [key, *_load_config(run_dir)]
-        self.seen[name] = entry
-        return entry[1], entry[2]
+            return None
+        return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
     def __exit__(self, *exc: object) -> None:
         readable = any(entry[2] is None for entry in self.seen.values())
@@ -200,6 +247,11 @@ class ConfigCache:
             return
         with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
             store.atomic_write_text(self.path, json.dumps({"code": self.code, "runs": self.seen}))
+
+
+def _entry_of(entry: Any, key: list[int]) -> bool:
+    """Whether a cache entry is one of a config.yaml with this stat key: [key, config, why unreadable]."""
+    return isinstance(entry, list) and len(entry) == 3 and entry[0] == key
 
 
 def _code_hash() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.environment import usable_cores
+from klsweep.report.background import in_background
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.stability import CURVES
 from klsweep.report.tables import (
@@ -305,33 +305,13 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]
 
 
 def draw_figures(report: Report, metrics: pd.DataFrame, out: Path) -> Callable[[], list[Path]]:
-    """Start drawing ``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``; returns the call that
-    waits for them and gives their paths. With two cores or more each figure is drawn in a forked process while
-    this one goes on (writing the tables); a figure whose process failed is drawn again in the waiting call,
-    where its error is raised. With one core, both are drawn before this returns."""
-    import multiprocessing
-
-    figures = (
-        (plot_curves, (report, metrics, out / "curves.png")),
-        (plot_eval, (report, out / "eval_bars.png")),
-    )
-    if usable_cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        drawn = [p for plot, args in figures for p in plot(*args)]
-        return lambda: drawn
-    fork = multiprocessing.get_context("fork")
-    children = [(fork.Process(target=plot, args=args), plot, args) for plot, args in figures]
-    for child, _, _ in children:
-        child.start()
-
-    def wait() -> list[Path]:
-        paths = []
-        for child, plot, args in children:
-            child.join()
-            png = args[-1]
-            paths += plot(*args) if child.exitcode != 0 else [png, png.with_suffix(f".{VECTOR_FORMAT}")]
-        return paths
-
-    return wait
+    """Start drawing ``curves.png`` and ``eval_bars.png`` (and their PDFs) in ``out``, each in a forked process
+    while this one goes on (writing the tables: ``background.in_background``); returns the call that waits for
+    them and gives their paths. A figure whose process failed is drawn again in that call, where its error is
+    raised; with one core both are drawn before this returns."""
+    curves = in_background(plot_curves, report, metrics, out / "curves.png")
+    bars = in_background(plot_eval, report, out / "eval_bars.png")
+    return lambda: [*curves(), *bars()]
 
 
 def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) -> None:

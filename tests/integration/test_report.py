@@ -564,6 +564,40 @@ def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path):
     assert any(runs[1].name in s and "not valid YAML" in s for s in aside)
 
 
+def test_configs_read_in_a_forked_child_give_the_same_frames(tmp_path, monkeypatch):
+    """The configs the cache does not hold are read mostly in a forked child while the report reads the runs'
+    other files: the same frames, configs and set-aside lines, in the same order, as read in one process."""
+    from klsweep.report import background
+
+    sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
+    runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")
+    (runs[-1] / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")  # read by the child
+    (runs[0] / "status.json").write_text("{torn")
+    dirs = rp_data.store.run_dirs(sweep)
+    monkeypatch.setattr(rp_data, "BACKGROUND_AT", 10**9)
+    alone_aside: list[str] = []
+    alone = rp_data.load_runs(dirs, alone_aside)
+
+    readers = tmp_path / "readers"
+    load_config = rp_data._load_config
+
+    def noting_the_reader(run_dir):
+        with readers.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return load_config(run_dir)
+
+    monkeypatch.setattr(rp_data, "_load_config", noting_the_reader)
+    monkeypatch.setattr(rp_data, "BACKGROUND_AT", 1)
+    monkeypatch.setattr(background, "usable_cores", lambda: 2)
+    shared_aside: list[str] = []
+    shared = rp_data.load_runs(dirs, shared_aside, cache=tmp_path / "report" / rp_data.CONFIG_CACHE)
+    pids = readers.read_text().split()
+    assert len(pids) == len(dirs) and str(os.getpid()) in pids and len(set(pids)) == 2
+    assert shared_aside == alone_aside and len(alone_aside) == 2
+    assert shared[0].equals(alone[0]) and shared[1] == alone[1] and shared[2] == alone[2]
+    assert shared[3].equals(alone[3]) and len(alone[0]) == len(dirs) - 2
+
+
 def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, capsys):
     """Issue 21: `klsweep report` right after `klsweep run` (run folders with config.yaml and a pending status,
     no metrics, no eval) crashed with KeyError: 'offpolicy.lag' (exit 1). Now it writes the report and says

@@ -10,10 +10,12 @@ checkout), and the hostname. Every value is a string, an int or None.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
 import subprocess
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,28 +55,52 @@ def usable_cores() -> int:
 
 
 def cpu_quota(cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The CPUs this process's cgroup (v2) may use at once, rounded up: ``cpu.max``'s quota over its period,
-    the tightest of its cgroup and the cgroups above it; None without a limit (or without cgroup v2)."""
-    import math
-
+    """The CPUs this process's cgroup may use at once, rounded up: the quota over the period, the tightest of
+    its cgroup and the cgroups above it; cgroup v2's ``cpu.max`` and v1's ``cpu.cfs_quota_us`` (the cpu
+    controller's hierarchy, as older Docker and Slurm hosts mount it); None without a limit or a cgroup."""
     try:
         lines = cgroup.read_text().splitlines()
-        (path,) = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
-    except (OSError, ValueError):
+    except OSError:
         return None
     limits = []
-    folder = root / path.strip().lstrip("/")
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers = parts[1].split(",") if parts[1] else []
+        if not controllers:  # v2: "0::/path", every controller in one tree
+            limits += _limits_up(root, parts[2], _v2_limit)
+        elif "cpu" in controllers:  # v1: "4:cpu,cpuacct:/path", mounted as cpu,cpuacct (and often cpu)
+            mount = root / parts[1] if (root / parts[1]).is_dir() else root / "cpu"
+            limits += _limits_up(mount, parts[2], _v1_limit)
+    return min(limits) if limits else None
+
+
+def _limits_up(mount: Path, path: str, limit: Callable[[Path], int | None]) -> list[int]:
+    """``limit(folder)`` of the cgroup at ``path`` under ``mount`` and of each cgroup above it, where set."""
+    limits = []
+    folder = mount / path.strip().lstrip("/")
     while True:
         try:
-            quota, period = (folder / "cpu.max").read_text().split()
-            if quota != "max":
-                limits.append(math.ceil(int(quota) / int(period)))
+            found = limit(folder)
         except (OSError, ValueError):
-            pass
-        if folder == root or root not in folder.parents:
-            break
+            found = None
+        if found is not None:
+            limits.append(found)
+        if folder == mount or mount not in folder.parents:
+            return limits
         folder = folder.parent
-    return min(limits) if limits else None
+
+
+def _v2_limit(folder: Path) -> int | None:
+    quota, period = (folder / "cpu.max").read_text().split()
+    return None if quota == "max" else math.ceil(int(quota) / int(period))
+
+
+def _v1_limit(folder: Path) -> int | None:
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    period = int((folder / "cpu.cfs_period_us").read_text())
+    return None if quota <= 0 else math.ceil(quota / period)
 
 
 def _version(dist: str) -> str | None:

@@ -1,4 +1,4 @@
-"""``environment.usable_cores``: the cores a process may use, at most its cgroup's CPU quota (cgroup v2)."""
+"""``environment.usable_cores``: the cores a process may use, at most its cgroup's CPU quota (cgroup v2 or v1)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,29 @@ def test_cpu_quota_is_the_tightest_limit_rounded_up(tmp_path):
     assert environment.cpu_quota(proc, root) == 1
     proc, root = _cgroup(tmp_path / "3", {"a.slice/b": "max 100000"})
     assert environment.cpu_quota(proc, root) is None  # no limit
-    (tmp_path / "v1").write_text("12:cpu,cpuacct:/x\n")  # cgroup v1 only: not read
-    assert environment.cpu_quota(tmp_path / "v1", root) is None
     assert environment.cpu_quota(tmp_path / "absent", root) is None
+
+
+def test_cpu_quota_of_cgroup_v1(tmp_path):
+    """cgroup v1 (older Docker and Slurm hosts): cpu.cfs_quota_us over cpu.cfs_period_us of the cpu
+    controller's tree, -1 for no limit; the other controllers' lines are not read."""
+    root = tmp_path / "sys"
+    mine = root / "cpu,cpuacct" / "docker" / "abc"
+    mine.mkdir(parents=True)
+    for folder, quota in ((mine, "250000"), (mine.parent, "-1")):
+        (folder / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (folder / "cpu.cfs_period_us").write_text("100000\n")
+    (root / "memory" / "docker" / "abc").mkdir(parents=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text("5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert environment.cpu_quota(proc, root) == 3  # 2.5 CPUs (docker --cpus 2.5 on a v1 host)
+    (mine / "cpu.cfs_quota_us").write_text("-1\n")
+    assert environment.cpu_quota(proc, root) is None
+    (mine.parent / "cpu.cfs_quota_us").write_text("50000\n")  # the parent's limit holds its children
+    assert environment.cpu_quota(proc, root) == 1
+    proc.write_text("4:cpu:/docker/abc\n")  # mounted as cpu only
+    (root / "cpu,cpuacct").rename(root / "cpu")
+    assert environment.cpu_quota(proc, root) == 1
 
 
 def test_usable_cores_is_at_most_the_quota(monkeypatch):

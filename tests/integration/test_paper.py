@@ -19,7 +19,7 @@ import pytest
 import sweepgen
 
 from klsweep import report as rp
-from klsweep.report import figures
+from klsweep.report import background, figures
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,8 @@ def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(figures, "_save", capture)
-            mp.setattr(figures, "usable_cores", lambda: 1)  # drawn in this process, where capture sees them
+            # drawn in this process, where capture sees them
+            mp.setattr(background, "usable_cores", lambda: 1)
             seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md",))
         out[name] = seen
     return out

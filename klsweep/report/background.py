@@ -5,6 +5,7 @@ seconds faster; on one core, without ``fork`` or inside a daemonic process, the 
 from __future__ import annotations
 
 import multiprocessing
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,7 +43,16 @@ def in_background(fn: Callable[..., T], *args: Any, fork: bool = True) -> Callab
         child.join()
         return result if ok and child.exitcode == 0 else fn(*args)
 
+    # never waited for (the caller raised first): the child, which may be blocked sending a large result to a
+    # process that will not read it, is stopped when the call is dropped, not left until this process exits
+    weakref.finalize(wait, _stop, child)
     return wait
+
+
+def _stop(child: Any) -> None:
+    if child.is_alive():
+        child.kill()
+        child.join()
 
 
 def _done(result: T) -> Callable[[], T]:

@@ -69,6 +69,25 @@ def test_one_core_or_small_work_runs_at_once_here(monkeypatch):
     assert background.in_background(_pid, fork=False)() == os.getpid()
 
 
+def _large() -> bytes:
+    return b"x" * 10_000_000  # more than a pipe holds: the child blocks sending it until it is read
+
+
+def test_a_child_never_waited_for_is_stopped_when_its_call_is_dropped(two_cores):
+    import gc
+    import time
+
+    before = set(multiprocessing.active_children())
+    wait = background.in_background(_large)
+    (child,) = set(multiprocessing.active_children()) - before
+    time.sleep(0.2)
+    assert child.is_alive()  # blocked sending
+    del wait  # the caller raised before waiting
+    gc.collect()
+    child.join(timeout=10)
+    assert not child.is_alive()
+
+
 def _in_a_daemon(queue) -> None:
     background.usable_cores = lambda: 2
     queue.put((os.getpid(), background.in_background(_pid)()))

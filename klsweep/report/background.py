@@ -1,6 +1,6 @@
 """Work the report does in a forked child while it goes on with the rest (``in_background``): the figures, and
-the configs of runs its cache does not hold. On two cores or more a cold report of a large sweep is some
-seconds faster; on one core, without ``fork`` or inside a daemonic process, the work is done at once."""
+the configs of runs its cache does not hold, so that a report uses two cores where it has them; on one core,
+without the ``fork`` start method or inside a daemonic process, the work is done at once."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ T = TypeVar("T")
 def in_background(fn: Callable[..., T], *args: Any, fork: bool = True) -> Callable[[], T]:
     """Start ``fn(*args)`` in a forked child and return the call that waits for it and gives its result (sent
     back pickled). A child that fails (``fn`` raised, the child died, its result could not be sent) is done
-    again in that call, in this process, where its error is raised as it would be without a child. With one
-    usable core, without ``fork``, in a daemonic process (which may not have children) or when not ``fork``
-    (work too small to pay for a process): ``fn`` runs now."""
+    again in that call, in this process, where its error is raised as it would be without a child. ``fn`` runs
+    now, in this process, with one usable core, without the ``fork`` start method, in a daemonic process
+    (which may not have children), or when ``fork`` is False (work too small to pay for a process)."""
     if not fork or usable_cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return _done(fn(*args))
     context = multiprocessing.get_context("fork")

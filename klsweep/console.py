@@ -149,7 +149,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         ["axis", "runs per value"],
         rows,
         width=width,
-        caption=f"{caption}; every run: --runs",
+        caption=f"{caption}; --runs lists each run",
     )
 
 

@@ -197,7 +197,7 @@ def test_plan_terminal_summary_reads_at_80_columns(tmp_path, monkeypatch, capsys
     assert "…" not in out
     # 300 runs summarised per axis value, the no-KL runs under one label; the list on request
     for s in ("estimator k1 ×144, k3 ×144, no KL ×12", "placement both ×96, loss ×96, reward ×96, no KL ×12",
-              "qwen3-4b-instruct-2507 ×150", "every run: --runs"):  # fmt: skip
+              "qwen3-4b-instruct-2507 ×150", "--runs lists each run"):  # fmt: skip
         assert s in flat, s
     assert "k3 loss" not in flat
 

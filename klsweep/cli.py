@@ -394,13 +394,15 @@ def report_command(
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
-    from klsweep.console import print_report
+    from klsweep.console import print_report, print_report_tables
     from klsweep.report import build_report
 
+    console = _console()
     report = build_report(
-        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims
-    )
-    print_report(_console(), _console(stderr=True), report, tables=not quiet)
+        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims,
+        on_tables=None if quiet else lambda r: print_report_tables(console, r),  # while the figures are drawn
+    )  # fmt: skip
+    print_report(console, _console(stderr=True), report, tables=False)
 
 
 # --- eval (klsweep/evaluate/, submitted by klsweep/submit/) --------------------------------------------

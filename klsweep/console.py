@@ -591,13 +591,10 @@ def print_audit(
 
 
 def print_report(console: Console, err: Console, report: Report, tables: bool = True) -> None:
-    """A report as the CLI shows it: its rich tables (when ``tables``), what is not there yet, what it set aside
-    and its warnings (on ``err``), the files written and its W&B run."""
-    from klsweep.report import rich_tables
-
+    """A report as the CLI shows it: its rich tables (when ``tables``: ``print_report_tables``), what is not
+    there yet, what it set aside and its warnings (on ``err``), the files written and its W&B run."""
     if tables:
-        for table in rich_tables(report, width=table_width(console)):
-            console.print(table)
+        print_report_tables(console, report)
     for line in report.missing:
         print_warning(err, line, "missing")
     for line in report.set_aside:
@@ -608,3 +605,11 @@ def print_report(console: Console, err: Console, report: Report, tables: bool = 
         console.print(str(path), highlight=False, soft_wrap=True)
     if report.wandb_run is not None:
         console.print(f"W&B: {report.wandb_run}", highlight=False, soft_wrap=True)
+
+
+def print_report_tables(console: Console, report: Report) -> None:
+    """A report's rich tables, at the console's width."""
+    from klsweep.report import rich_tables
+
+    for table in rich_tables(report, width=table_width(console)):
+        console.print(table)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from klsweep import store
@@ -41,12 +41,15 @@ def build_report(
     reference_csv: str | Path | None = REFERENCE_CSV,
     wandb: bool | None = None,
     claims: str | Path | None = None,
+    on_tables: Callable[[Report], None] | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
     ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
     stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
-    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). UserError when the sweep does not exist or has no readable run, a format
+    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``: called
+    with the report once its tables are built, while its figures are still being drawn (the CLI prints them
+    then, seconds before a large sweep's figures are done). UserError when the sweep does not exist or has no readable run, a format
     or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
@@ -110,6 +113,8 @@ def build_report(
         missing=missing,
     )
     figures = draw_figures(report, metrics, out)
+    if on_tables is not None:
+        on_tables(report)
     written = {fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"}  # while the figures are drawn
     report.paths += figures()
     if "html" in formats:  # embeds the figures

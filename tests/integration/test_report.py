@@ -564,6 +564,29 @@ def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path):
     assert any(runs[1].name in s and "not valid YAML" in s for s in aside)
 
 
+def test_tables_are_shown_while_the_figures_are_drawn(tmp_path, monkeypatch, capsys):
+    """``on_tables`` sees the report's tables before any file is written or any figure waited for; the CLI
+    prints them then (the same tables, before the files written), and not at all with --quiet."""
+    from clitools import cli
+
+    seen = []
+
+    def tables_ready(report: rp.Report) -> None:
+        seen.append((len(report.main), list(report.paths), (tmp_path / "out" / "report.md").exists()))
+
+    report = rp.build_report(FIXTURE, tmp_path / "out", formats=("md",), on_tables=tables_ready)
+    assert seen == [(len(report.main), [], False)] and len(report.main) > 0
+    assert {"curves.png", "report.md"} <= {p.name for p in report.paths}
+
+    code, out, err = cli(["report", FIXTURE, "--out", tmp_path / "cli"], monkeypatch, capsys, columns=80)
+    assert code == 0, err
+    assert out.index("estimator") < out.index(str(tmp_path / "cli" / "report.md"))  # tables, then files
+    code, quiet, err = cli(["report", FIXTURE, "--out", tmp_path / "q", "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    written = {str(p) for p in (tmp_path / "q").iterdir() if not p.name.startswith(".")}
+    assert sorted(quiet.split()) == sorted(written) and "estimator" not in quiet  # the paths only
+
+
 def test_configs_read_in_a_forked_child_give_the_same_frames(tmp_path, monkeypatch):
     """The configs the cache does not hold are read mostly in a forked child while the report reads the runs'
     other files: the same frames, configs and set-aside lines, in the same order, as read in one process."""

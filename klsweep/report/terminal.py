@@ -61,7 +61,7 @@ def fitted_table(
             dropped.append(col)
     if dropped:
         note = f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or a pipe shows them)"
-        caption = f"{caption}; {note}" if caption else note
+        caption = f"{caption.rstrip('.')}; {note}" if caption else note  # not "collapsed (0%).; not shown"
     t = Table(
         title=title or None,
         title_justify="left",

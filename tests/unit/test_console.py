@@ -216,3 +216,14 @@ def test_a_warning_on_a_pipe_without_columns_wraps_at_80_and_keeps_a_long_path_w
         " ".join(out.getvalue().split())
         == "warning: " + " ".join(("word " * 40).split()) + f" see {path} for more"
     )
+
+
+def test_a_caption_ending_a_sentence_then_the_dropped_columns():
+    from klsweep.report.terminal import fitted_table
+
+    rows = [["k1", "x" * 30, "y" * 30, "z" * 30]]
+    table = fitted_table(
+        "t", ["a", "b", "c", "d"], rows, width=80, optional=["d"], caption="collapsed 0 of 700 (0%)."
+    )
+    flat = " ".join(render(table, width=80).split())
+    assert "collapsed 0 of 700 (0%); not shown at 80 columns: d" in flat

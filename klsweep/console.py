@@ -55,6 +55,8 @@ def _columns() -> int | None:
 
 
 COMPACT = {"kl.estimator": "est."}  # headers narrower than the report's where a column's values are short
+# headers taken when a table is still too wide without its optional columns (spelled out in its caption)
+NARROW = {"placement": "place", "importance": "IS", "iterations": "iters", "reward mode": "mode"}
 
 
 def axis_label(axis: str, compact: bool = True) -> str:
@@ -133,7 +135,8 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         rows = [[r.id, *(_value(shown[r.id].get(a)) for a in axes)] for r in order]
         labels = _labels(axes)
         return fitted_tables(
-            title, ["run", *labels], rows, width=width, group="model", whole=["run", "model"], caption=caption,
+            title, ["run", *labels], rows, width=width, group="model", whole=["run", "model"], short=NARROW,
+            caption=caption,
         )  # fmt: skip
     labels = _labels(axes, compact=False)
     room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
@@ -380,8 +383,9 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         width=width,
         group="model",  # too wide with the model's name: one table per model
         right=["step", "reward", "elapsed", "GPU-h"],
-        whole=["run", "model", "job"],
-        optional=["job", "GPU-h", "elapsed"],
+        whole=["run", "model", "job", "state", "step"],
+        optional=["job", "GPU-h", "elapsed", "eval"],
+        short=NARROW,
         caption=legend,
     )
 

@@ -3,15 +3,15 @@
 table shares (``fitted_table``, used by ``klsweep.console`` for the plan and status tables too).
 
 Layout: compact (no vertical rules, two spaces between columns), sized to the width given: a table that
-would not fit drops its optional columns (named in the caption) before anything is wrapped; identifiers (run
-ids, model names) are never cut nor folded. ``width=None`` (output to a pipe or a file) keeps every column at
+would not fit drops its optional columns, then takes shorter headers (both named in the caption), before
+anything is wrapped; identifiers (run ids, model names) are never cut nor folded. ``width=None`` (output to a pipe or a file) keeps every column at
 its full width.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
@@ -41,16 +41,20 @@ def fitted_table(
     right: Sequence[str] = (),
     whole: Sequence[str] = (),
     optional: Sequence[str] = (),
+    short: Mapping[str, str] | None = None,
     caption: str = "",
 ) -> Any:
     """A rich Table of ``rows`` (str or rich Text cells) under ``header``. ``right``: right-aligned columns;
     ``whole``: columns never wrapped nor cut (ids, model names); ``optional``: columns dropped, in this order,
-    while the table is wider than ``width`` (None: no limit), and then named in the caption."""
+    while the table is wider than ``width`` (None: no limit), and then named in the caption; ``short``: shorter
+    headers (e.g. "place" for "placement") used when it is still wider, and then spelled out in the caption.
+    Only then are cells wrapped."""
     from rich import box
     from rich.table import Table
 
     header = list(header)
-    widths = {h: _width(h, [r[i] for r in rows]) for i, h in enumerate(header)}
+    cells = {h: [r[i] for r in rows] for i, h in enumerate(header)}
+    widths = {h: _width(h, cells[h]) for h in header}
     shown = list(header)
     dropped: list[str] = []
     for col in optional:
@@ -59,8 +63,17 @@ def fitted_table(
         if col in shown:
             shown.remove(col)
             dropped.append(col)
+    names = {h: h for h in header}
+    if width is not None and _natural(widths, shown) > width:
+        names |= {h: s for h, s in (short or {}).items() if h in shown and _width(s, cells[h]) < widths[h]}
+        widths = {h: _width(names[h], cells[h]) for h in header}
+    notes = [f"{names[h]}: {h}" for h in shown if names[h] != h]
     if dropped:
-        note = f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or a pipe shows them)"
+        notes.append(
+            f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or a pipe shows them)"
+        )
+    if notes:
+        note = "; ".join(notes)
         caption = f"{caption.rstrip('.')}; {note}" if caption else note  # not "collapsed (0%).; not shown"
     t = Table(
         title=title or None,
@@ -75,7 +88,7 @@ def fitted_table(
     for h in shown:
         keep = h in whole or width is None
         t.add_column(
-            h,
+            names[h],
             justify="right" if h in right else "left",
             no_wrap=keep,
             min_width=widths[h] if keep else None,

@@ -227,3 +227,55 @@ def test_a_caption_ending_a_sentence_then_the_dropped_columns():
     )
     flat = " ".join(render(table, width=80).split())
     assert "collapsed 0 of 700 (0%); not shown at 80 columns: d" in flat
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_status_of_a_five_axis_sweep_wraps_no_cell_at_80_columns(width):
+    """The tiny study's shape (estimator, placement, lag, importance, beta, seed; collapsed runs at 300 steps):
+    too wide for 80 columns with every column, so the optional ones go (eval last), then the headers shorten
+    (spelled out in the caption); no cell is wrapped. Piped: every column, full headers."""
+    runs = [
+        RunStatus(
+            run_id=f"{i:02d}a0b1c2d3",
+            params={
+                "kl.estimator": est,
+                "kl.placement": plc,
+                "offpolicy.lag": lag,
+                "kl.importance": imp,
+                "kl.beta": beta,
+                "seed": i,
+            },  # fmt: skip
+            state="diverged" if i % 2 else "done",
+            step=97 if i % 2 else 300,
+            total_steps=300,
+            reward=0.25,
+            elapsed_s=600.0,
+            gpu_hours=0.0,
+            job_id=f"3072{i}",
+            cluster="local",
+            eval_state="done",
+            log_tail=[],
+            reason="reward collapse at step 97" if i % 2 else None,
+        )
+        for i, (est, plc, lag, imp, beta) in enumerate(
+            [
+                ("k1", "reward", 0, "none", 1.0),
+                ("k3", "both", 16, "sequence", 1.0),
+                ("k3", "loss", 0, "none", 0.0),
+            ]
+        )
+    ]
+    out = render(con.status_table(runs, title="tiny", width=width), width=width)
+    rows = [line.split() for line in out.splitlines() if line[:2].isdigit()]
+    assert len(rows) == 3  # one line a run: no cell wrapped
+    expected = [("done", "300/300"), ("collapsed", "97/300"), ("done", "300/300")]
+    for row, (state, step) in zip(rows, expected, strict=True):
+        assert state in row and step in row
+    if width:
+        assert max(map(len, out.splitlines())) <= 80
+        header = next(line.split() for line in out.splitlines() if line.startswith("run"))
+        assert header == ["run", "est.", "place", "lag", "IS", "beta", "seed", "state", "step", "reward"]
+        flat = " ".join(out.split())
+        assert "place: placement; IS: importance; not shown at 80 columns: job, elapsed, eval" in flat
+    else:
+        assert "placement" in out and "importance" in out and "not shown" not in out and "30720" in out

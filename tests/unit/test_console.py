@@ -33,17 +33,17 @@ def paper_like_runs() -> list[RunStatus]:
             ("llama-3.1-8b-instruct", "k1", "both", 0.05, 0, 0),
         ]
     ):
+        params = {
+            "model": model,
+            "kl.estimator": est,
+            "kl.placement": plc,
+            "kl.beta": beta,
+            "offpolicy.lag": lag,
+        }
         runs.append(
-            RunStatus(
-                run_id=f"{i}cd5e4e3c{i}",
-                params={
-                    "model": model,
-                    "kl.estimator": est,
-                    "kl.placement": plc,
-                    "kl.beta": beta,
-                    "offpolicy.lag": lag,
-                    "seed": seed,
-                },  # fmt: skip
+            status_row(
+                f"{i}cd5e4e3c{i}",
+                params | {"seed": seed},
                 state=["done", "running", "failed", "diverged", "pending"][i],
                 step=100,
                 total_steps=500,
@@ -53,10 +53,16 @@ def paper_like_runs() -> list[RunStatus]:
                 job_id=f"123456_{i}{i}",
                 cluster="slurm",
                 eval_state=["done", None, None, "done", None][i],
-                log_tail=[],
             )
         )
     return runs
+
+
+def status_row(run_id: str, params: dict, **fields) -> RunStatus:
+    """A row of ``klsweep.submit.status``: a done local run unless ``fields`` say otherwise."""
+    defaults = dict(state="done", step=0, total_steps=None, reward=None, elapsed_s=0.0, gpu_hours=0.0,
+                    job_id=None, cluster="local", eval_state=None, log_tail=[])  # fmt: skip
+    return RunStatus(run_id=run_id, params=params, **(defaults | fields))
 
 
 @pytest.mark.parametrize("width", [80, None])
@@ -235,9 +241,9 @@ def test_status_of_a_five_axis_sweep_wraps_no_cell_at_80_columns(width):
     too wide for 80 columns with every column, so the optional ones go (eval last), then the headers shorten
     (spelled out in the caption); no cell is wrapped. Piped: every column, full headers."""
     runs = [
-        RunStatus(
-            run_id=f"{i:02d}a0b1c2d3",
-            params={
+        status_row(
+            f"{i:02d}a0b1c2d3",
+            {
                 "kl.estimator": est,
                 "kl.placement": plc,
                 "offpolicy.lag": lag,
@@ -250,11 +256,8 @@ def test_status_of_a_five_axis_sweep_wraps_no_cell_at_80_columns(width):
             total_steps=300,
             reward=0.25,
             elapsed_s=600.0,
-            gpu_hours=0.0,
             job_id=f"3072{i}",
-            cluster="local",
             eval_state="done",
-            log_tail=[],
             reason="reward collapse at step 97" if i % 2 else None,
         )
         for i, (est, plc, lag, imp, beta) in enumerate(

@@ -47,10 +47,10 @@ def build_report(
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
     ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
     stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
-    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``: called
-    with the report once its tables are built, while its figures are still being drawn (the CLI prints them
-    then, seconds before a large sweep's figures are done). UserError when the sweep does not exist or has no readable run, a format
-    or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
+    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``:
+    called with the report once its tables are built, while its figures are still being drawn (the CLI prints
+    them then, seconds before a large sweep's figures are done). UserError when the sweep does not exist or has
+    no readable run, a format or the eval hash is unknown, or the report cannot be written there. A run whose files cannot be read is
     left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir)
     formats = _check_formats(formats)

@@ -205,8 +205,8 @@ class ConfigCache:
     def load(self, dirs: list[Path]) -> Callable[[], list[tuple[dict[str, Any], str | None]]]:
         """Start reading the configs of ``dirs``; returns the call that gives each one's (flattened config, why
         it cannot be read: None when it can), in order. Those the cache holds come from it; of the others, when
-        there are ``BACKGROUND_AT`` or more, three quarters are read in a forked child (``in_background``) while
-        the caller reads the runs' other files, the rest by the call."""
+        there are ``BACKGROUND_AT`` or more, three quarters are read in a forked child (``in_background``)
+        while the caller reads the runs' other files, the rest by the call."""
         from klsweep.report.background import in_background
 
         names = [str(d.resolve()) for d in dirs]

@@ -4,8 +4,8 @@ table shares (``fitted_table``, used by ``klsweep.console`` for the plan and sta
 
 Layout: compact (no vertical rules, two spaces between columns), sized to the width given: a table that
 would not fit drops its optional columns, then takes shorter headers (both named in the caption), before
-anything is wrapped; identifiers (run ids, model names) are never cut nor folded. ``width=None`` (output to a pipe or a file) keeps every column at
-its full width.
+anything is wrapped; identifiers (run ids, model names) are never cut nor folded. ``width=None`` (output to a
+pipe or a file) keeps every column at its full width.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ What klsweep promises under faults: docs/FAULTS.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -710,6 +711,22 @@ def test_cancel_names_an_unreachable_slurm_controller_fast_and_changes_nothing(t
 
 
 @pytest.mark.slurm
+def scancel_at_once(job_id: str) -> None:
+    """scancel a job whose processes stop at once. A plain scancel's SIGTERM is ignored by submitit's job, which
+    goes on working for KillWait seconds (an eval scored all its checkpoints on a loaded machine; CI failed on
+    it once), and slurmctld turns --signal=KILL into that same sequence. So: SIGSTOP the job's processes, cancel
+    the job (its state CANCELLED, as a user's scancel leaves it), SIGKILL them before its SIGCONT lets them on."""
+    listed = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True, check=True)
+    pids = [int(line.split()[0]) for line in listed.stdout.splitlines()[1:] if line.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    subprocess.run(["scancel", job_id], check=True)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, model_dir, monkeypatch, capsys):
     """`klsweep eval --checkpoints all` on Slurm, scancel of its job once some checkpoints are scored: status
     said eval done (any results.json counted) and the report scored the run at that checkpoint beside others
@@ -717,7 +734,7 @@ def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, mo
     the run unscored and says so."""
     sweep = tmp_path / "evalcut"
     values = {"model.path": str(model_dir), **TRAIN, "train.steps": 24, "train.keep_checkpoints": None}
-    # 12 checkpoints to score: the scancel below lands before the last, whatever the machine's load
+    # 12 checkpoints to score: the scancel below stops the job within one, long before the last
     from omegaconf import OmegaConf
 
     from klsweep import evaluate
@@ -735,9 +752,11 @@ def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, mo
     while not store.evaluated_checkpoints(cut.run_dir):
         assert time.time() - start < 400, "the eval job never scored a checkpoint"
         time.sleep(0.2)
-    subprocess.run(["scancel", job_id], check=True)
+    scancel_at_once(job_id)
+    start = time.time()
     while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
-        time.sleep(0.5)
+        assert time.time() - start < 60, "the cancelled eval job never left the queue"
+        time.sleep(0.2)
     scored = store.evaluated_checkpoints(cut.run_dir)
     assert scored and "checkpoint-24" not in scored, scored  # cancelled part-way
 

@@ -212,7 +212,11 @@ def test_k3_loss_token_equals_trl_builtin_kl(model_dir, dataset, tmp_path, loss_
     loss_trl, grads_trl = loss_and_grads(trl, inputs_trl)
     loss_ours, grads_ours = loss_and_grads(ours, inputs_ours)
     torch.testing.assert_close(loss_ours, loss_trl, rtol=1e-6, atol=1e-7)
-    assert_grads_close(grads_ours, grads_trl, rtol=1e-5, atol=1e-8)
+    # the same loss computed two ways: float32 rounding of the order of 1e-7 x the largest gradient (a flat
+    # atol of 1e-8 held on one CPU, not on another, for a gradient element of 1e-4 near a cancellation)
+    scale = max(g.abs().max().item() for g in grads_trl)
+    assert scale > 1e-4  # a real signal
+    assert_grads_close(grads_ours, grads_trl, rtol=1e-5, atol=1e-6 * scale)
     assert ours._metrics["train"]["kl/k3"][-1] > 0
 
 

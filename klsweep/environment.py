@@ -110,14 +110,26 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str | None:
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` of /proc/cpuinfo (``model name``, ``vendor_id``), or None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or None
+    return None
+
+
+def _cpu_model() -> str | None:
+    return _cpuinfo("model name") or platform.processor() or None
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor (``GenuineIntel``, ``AuthenticAMD``), or None. Part of what a CPU run's numbers depend
+    on: MKL picks its code paths by vendor too, AVX2 pinned or not (docs/DESIGN.md, "Reproducible on any
+    CPU")."""
+    return _cpuinfo("vendor_id")
 
 
 def _git_commit() -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import tasks
+from klsweep import environment, tasks
 
 if TYPE_CHECKING:
     from klsweep.config import ModelSection
@@ -324,6 +324,7 @@ def build_tiny_model(folder: Path, spec: TinySpec = TinySpec()) -> dict[str, Any
     info["build_cpu_seconds"] = round(time.process_time() - cpu_start, 2)
     info["cpu_kernels"] = torch.backends.cpu.get_cpu_capability()
     info["machine"] = platform.machine()
+    info["cpu_vendor"] = environment.cpu_vendor()
     _save(model, tokenizer, folder)
     (folder / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -168,17 +168,21 @@ def test_the_shipped_model_is_checked_against_its_checksums(tmp_path: Path) -> N
 
 def test_the_build_reproduces_the_shipped_model_on_its_kind_of_cpu(tmp_path: Path) -> None:
     """``python -m klsweep.tinymodel DIR`` rebuilds what ships, byte for byte, wherever torch dispatches to the
-    CPU kernels that built it (``klsweep.PORTABLE_CPU_KERNELS``: AVX2 on any x86-64 CPU that has it)."""
+    CPU kernels that built it (``klsweep.PORTABLE_CPU_KERNELS``: AVX2 on any x86-64 CPU that has it) on a CPU
+    of the builder's vendor (MKL takes other code paths on an Intel CPU than on an AMD one, AVX2 or not)."""
     import platform
     import subprocess
     import sys
 
     import torch
 
+    from klsweep import environment
+
     shipped = json.loads((tinymodel.SHIPPED / tinymodel.BUILD_INFO).read_text())
-    here = (platform.machine(), torch.backends.cpu.get_cpu_capability())
-    if here != (shipped["machine"], shipped["cpu_kernels"]):
-        pytest.skip(f"built on {shipped['machine']}/{shipped['cpu_kernels']}, this is {here[0]}/{here[1]}")
+    here = (platform.machine(), torch.backends.cpu.get_cpu_capability(), environment.cpu_vendor())
+    built = (shipped["machine"], shipped["cpu_kernels"], shipped["cpu_vendor"])
+    if here != built:
+        pytest.skip(f"built on {'/'.join(map(str, built))}, this is {'/'.join(map(str, here))}")
     out = tmp_path / "rebuilt"
     subprocess.run([sys.executable, "-m", "klsweep.tinymodel", str(out)], check=True, capture_output=True)
     rebuilt, ships = tinymodel.read_checksums(out), tinymodel.read_checksums(tinymodel.SHIPPED)

@@ -666,15 +666,18 @@ def study_command(
         n = len({*ours, *(c for c, _, _ in res.claim_changes)})
         if not res.claim_changes:
             console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
-            return
-        console.print(
-            f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims} "
-            "(a claim on one side only reads missing on the other):[/]",
-            highlight=False,
-        )
-        for claim, want, got in res.claim_changes:
-            console.print(f"  {claim}: expected {want}, got {got}", highlight=False, markup=False)
-        raise typer.Exit(1)
+        else:
+            console.print(
+                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims} "
+                "(a claim on one side only reads missing on the other):[/]",
+                highlight=False,
+            )
+            for claim, want, got in res.claim_changes:
+                console.print(f"  {claim}: expected {want}, got {got}", highlight=False, markup=False)
+        if res.cpu_note:
+            console.print(f"note: {res.cpu_note}", highlight=False, markup=False)
+        if res.claim_changes:
+            raise typer.Exit(1)
 
 
 def main() -> None:

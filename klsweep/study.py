@@ -26,6 +26,39 @@ class StudyResult:
     report: Any  # report.Report
     # with expect_claims: (claim, expected verdict, this study's) for each verdict not reproduced; else None
     claim_changes: list[tuple[str, str, str]] | None = None
+    # with expect_claims, when the expected report's runs trained on other CPUs than these: which (``cpu_note``)
+    cpu_note: str | None = None
+
+
+def _cpus(environment: Any) -> set[str]:
+    """The CPU models of a report's environment table (``environment.csv``, or the DataFrame), "" unrecorded."""
+    cpus = environment.get("cpu") if environment is not None and len(environment) else None
+    return set() if cpus is None else {str(c) for c in cpus if isinstance(c, str) and c}
+
+
+def _expected_cpus(claims_csv: str | Path) -> set[str]:
+    """The CPU models the runs behind a committed ``claims.csv`` trained on: its report's ``environment.csv``;
+    none when that is missing or unreadable (the comparison of verdicts does not need it)."""
+    import pandas as pd
+
+    try:
+        return _cpus(
+            pd.read_csv(Path(claims_csv).parent / "environment.csv", dtype=str, keep_default_na=False)
+        )
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError):
+        return set()
+
+
+def cpu_note(expected: set[str], ours: set[str]) -> str | None:
+    """Why verdicts may differ when the runs behind the expected ones trained on other CPUs, or None."""
+    if not expected or not ours or expected == ours:
+        return None
+    return (
+        f"the expected verdicts' runs trained on {', '.join(sorted(expected))}, these on "
+        f"{', '.join(sorted(ours))}. With the same AVX2 kernels a CPU of another vendor still rounds "
+        "differently (MKL, for one, picks its code paths by vendor): then every run trains another trajectory, and this "
+        "study replicates the expected one, as a new seed set would, rather than reproducing it"
+    )
 
 
 def run_study(
@@ -46,6 +79,7 @@ def run_study(
     from klsweep import grid, planner, report, submit
 
     expected = report.read_verdicts(expect_claims) if expect_claims is not None else None
+    expected_cpus = _expected_cpus(expect_claims) if expect_claims is not None else set()
     plan = grid.load_plan(grid_path, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
     kind = cluster or submit.default_cluster(plan)
@@ -85,4 +119,7 @@ def run_study(
     changes = None
     if expected is not None:
         changes = report.verdict_changes(expected, rep.claims)
-    return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, claim_changes=changes)
+    return StudyResult(
+        sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, claim_changes=changes,
+        cpu_note=cpu_note(expected_cpus, _cpus(rep.environment)) if expected is not None else None,
+    )  # fmt: skip

@@ -348,3 +348,25 @@ def test_power_table_of_the_shipped_design():
     assert st.welch_power(w, e, 0.05 / 11) == pytest.approx(0.8, abs=1e-6)
     k = power.fewest_events(6, 6, 0.05 / 11)
     assert st.rate_test(k, 6, 0, 6)[0] < 0.05 / 11 <= st.rate_test(k - 1, 6, 0, 6)[0]
+
+
+def test_a_study_says_when_the_expected_verdicts_came_from_other_cpus(tmp_path):
+    """``klsweep study --expect-claims``: the expected report's environment.csv names the CPUs its runs trained
+    on; when this study's differ, a note says so (another vendor trains other trajectories), and says nothing
+    when they are the same or unknown."""
+    from klsweep import study
+
+    claims = tmp_path / "report" / "claims.csv"
+    claims.parent.mkdir()
+    claims.write_text("claim,verdict\nx,supported\n")
+    assert study._expected_cpus(claims) == set()  # no environment.csv: no note
+    (claims.parent / "environment.csv").write_text("cpu,cpu kernels,runs\nAMD EPYC,AVX2,66\n")
+    expected = study._expected_cpus(claims)
+    assert expected == {"AMD EPYC"}
+    ours = pd.DataFrame({"cpu": ["Intel(R) Xeon(R) Processor"], "runs": [66]})
+    note = study.cpu_note(expected, study._cpus(ours))
+    assert note and "on AMD EPYC, these on Intel(R) Xeon(R) Processor" in note and "vendor" in note
+    assert study.cpu_note(expected, study._cpus(pd.DataFrame({"cpu": ["AMD EPYC"]}))) is None
+    assert study.cpu_note(expected, study._cpus(pd.DataFrame())) is None  # no run recorded its environment
+    (claims.parent / "environment.csv").write_bytes(bytes(range(128, 256)))
+    assert study._expected_cpus(claims) == set()  # unreadable: the verdicts are still compared

@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 # The same CPU kernels on every x86-64 machine with AVX2 (torch's ATen and MKL would otherwise pick AVX-512
 # where the CPU has it, and a CPU run's numbers would depend on the machine): set before klsweep imports torch,
 # inherited by every job it starts. A value the user exported wins; KLSWEEP_CPU_KERNELS=native keeps the
-# machine's own. docs/DESIGN.md, "Reproducible on any CPU".
+# machine's own. docs/DESIGN.md, "Reproducible across CPUs".
 PORTABLE_CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 if os.environ.get("KLSWEEP_CPU_KERNELS", "portable") != "native":
     for _name, _value in PORTABLE_CPU_KERNELS.items():

@@ -127,8 +127,8 @@ def _cpu_model() -> str | None:
 
 def cpu_vendor() -> str | None:
     """The CPU's vendor (``GenuineIntel``, ``AuthenticAMD``), or None. Part of what a CPU run's numbers depend
-    on: MKL picks its code paths by vendor too, AVX2 pinned or not (docs/DESIGN.md, "Reproducible on any
-    CPU")."""
+    on: MKL picks its code paths by vendor too, AVX2 pinned or not (docs/DESIGN.md, "Reproducible across
+    CPUs")."""
     return _cpuinfo("vendor_id")
 
 

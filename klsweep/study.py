@@ -26,12 +26,13 @@ class StudyResult:
     report: Any  # report.Report
     # with expect_claims: (claim, expected verdict, this study's) for each verdict not reproduced; else None
     claim_changes: list[tuple[str, str, str]] | None = None
-    # with expect_claims, when the expected report's runs trained on other CPUs than these: which (``cpu_note``)
+    # with expect_claims, when the expected runs trained on other CPUs than these: why verdicts may differ
     cpu_note: str | None = None
 
 
 def _cpus(environment: Any) -> set[str]:
-    """The CPU models of a report's environment table (``environment.csv``, or the DataFrame), "" unrecorded."""
+    """The CPU models of a report's environment table (``environment.csv``, or the DataFrame), the runs that
+    recorded none left out."""
     cpus = environment.get("cpu") if environment is not None and len(environment) else None
     return set() if cpus is None else {str(c) for c in cpus if isinstance(c, str) and c}
 
@@ -56,8 +57,9 @@ def cpu_note(expected: set[str], ours: set[str]) -> str | None:
     return (
         f"the expected verdicts' runs trained on {', '.join(sorted(expected))}, these on "
         f"{', '.join(sorted(ours))}. With the same AVX2 kernels a CPU of another vendor still rounds "
-        "differently (MKL, for one, picks its code paths by vendor): then every run trains another trajectory, and this "
-        "study replicates the expected one, as a new seed set would, rather than reproducing it"
+        "differently (MKL, for one, picks its code paths by vendor): then every run trains another "
+        "trajectory, and this study replicates the expected one, as a new seed set would, rather than "
+        "reproducing it"
     )
 
 

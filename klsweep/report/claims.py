@@ -326,11 +326,12 @@ def read_verdicts(path: str | Path) -> dict[str, str]:
         ) from e
 
 
-def verdict_changes(expected: dict[str, str], claims: pd.DataFrame) -> list[tuple[str, str, str]]:
+def verdict_changes(expected: dict[str, str], claims: pd.DataFrame | None) -> list[tuple[str, str, str]]:
     """(claim, expected verdict, this sweep's verdict) for every claim whose verdict is not the ``expected``
     one (``read_verdicts``), in ``expected``'s order then this sweep's; a claim on one side only reads
-    ``MISSING`` on the other. Empty: every verdict reproduced."""
-    got = dict(zip(claims["claim"], claims["verdict"], strict=True))
+    ``MISSING`` on the other (a sweep without claims, ``claims`` None: every expected one). Empty: every verdict
+    reproduced."""
+    got = {} if claims is None else dict(zip(claims["claim"], claims["verdict"], strict=True))
     return [
         (c, expected.get(c, MISSING), got.get(c, MISSING))
         for c in dict.fromkeys([*expected, *got])

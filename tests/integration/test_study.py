@@ -63,9 +63,17 @@ def test_tiny_study_shortened_local(tmp_path: Path) -> None:
     _check_study(res, tmp_path)
     # Rerunning submits nothing and evaluates nothing again.
     mtimes = {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")}
-    again = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md",))
+    # ... and, told to expect the verdicts of a report whose runs trained on another CPU, compares them and
+    # says that the CPUs differ
+    expected = tmp_path / "expected" / "claims.csv"
+    expected.parent.mkdir()
+    res.report.claims.to_csv(expected, index=False)  # the verdicts as this study's: none differs
+    (expected.parent / "environment.csv").write_text("cpu,cpu kernels,runs\nAnother CPU,AVX2,4\n")
+    again = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md",), expect_claims=expected)
     assert {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")} == mtimes
     assert len(again.runs) == 4
+    assert again.claim_changes == []
+    assert again.cpu_note and "trained on Another CPU, these on " in again.cpu_note
 
 
 @pytest.mark.slow

@@ -201,6 +201,8 @@ def test_verdicts_compared_with_a_committed_claims_file(tmp_path):
     changes = rp.verdict_changes(rp.read_verdicts(tmp_path / "other.csv"), rep.claims)
     first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[11]
     assert changes == [(first, "not supported", "supported"), (last, "missing", "supported")]
+    # a sweep without claims: every expected verdict reads missing on its side
+    assert rp.verdict_changes({first: "supported"}, None) == [(first, "supported", "missing")]
     (tmp_path / "bad.csv").write_text("name,value\nx,1\n")
     with pytest.raises(UserError, match="not a readable claims.csv"):
         rp.read_verdicts(tmp_path / "bad.csv")
@@ -351,9 +353,9 @@ def test_power_table_of_the_shipped_design():
 
 
 def test_a_study_says_when_the_expected_verdicts_came_from_other_cpus(tmp_path):
-    """``klsweep study --expect-claims``: the expected report's environment.csv names the CPUs its runs trained
-    on; when this study's differ, a note says so (another vendor trains other trajectories), and says nothing
-    when they are the same or unknown."""
+    """``klsweep study --expect-claims``: the expected report's environment.csv names the CPUs its runs
+    trained on; when this study's differ, a note says so (another vendor trains other trajectories), and says
+    nothing when they are the same or unknown."""
     from klsweep import study
 
     claims = tmp_path / "report" / "claims.csv"

@@ -710,7 +710,6 @@ def test_cancel_names_an_unreachable_slurm_controller_fast_and_changes_nothing(t
     assert store.read_status(run_dir)["state"] == "cancelled"
 
 
-@pytest.mark.slurm
 def scancel_at_once(job_id: str) -> None:
     """scancel a job whose processes stop at once. A plain scancel's SIGTERM is ignored by submitit's job, which
     goes on working for KillWait seconds (an eval scored all its checkpoints on a loaded machine; CI failed on
@@ -727,6 +726,7 @@ def scancel_at_once(job_id: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slurm
 def test_an_eval_cancelled_part_way_reads_partial_and_is_not_scored(tmp_path, model_dir, monkeypatch, capsys):
     """`klsweep eval --checkpoints all` on Slurm, scancel of its job once some checkpoints are scored: status
     said eval done (any results.json counted) and the report scored the run at that checkpoint beside others

@@ -22,6 +22,23 @@ from klsweep import store
 from klsweep.errors import describe
 from klsweep.submit import joblogs
 
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def master_port(job_id: str, port_range_file: str = PORT_RANGE_FILE) -> int:
+    """The rendezvous port of a multi-task job, the same on every task: drawn from the job id, as submitit's
+    own (20000-60000), but below the kernel's ephemeral ports (32768 up by default), which any outgoing
+    connection may hold: rank 0 failed to listen there (EADDRINUSE) and the other ranks waited on it.
+    ``MASTER_PORT`` set by the user wins (``TrainJob`` sets this only where it is unset)."""
+    import random
+
+    try:
+        low = int(Path(port_range_file).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = low - 1 if low > 21000 else 60000  # an unusual range: submitit's
+    return random.Random(job_id).randint(20000, top)
+
 
 @dataclass
 class TrainJob:
@@ -38,7 +55,10 @@ class TrainJob:
         _offline_environment(self.run_dir)
         env = submitit.JobEnvironment()
         if env.num_tasks > 1:
-            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+            os.environ.setdefault("MASTER_PORT", str(master_port(env.job_id)))  # read back by submitit
+            submitit.helpers.TorchDistributedEnvironment().export(
+                set_cuda_visible_devices=False, overwrite=True
+            )
         _defer_preemption_to_step_end(env)
         if self.fn is None:
             from klsweep.job import train_run

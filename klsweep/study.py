@@ -34,7 +34,7 @@ def _cpus(environment: Any) -> set[str]:
     """The CPU models of a report's environment table (``environment.csv``, or the DataFrame), the runs that
     recorded none left out."""
     cpus = environment.get("cpu") if environment is not None and len(environment) else None
-    return set() if cpus is None else {str(c) for c in cpus if isinstance(c, str) and c}
+    return set() if cpus is None else {c for c in cpus if isinstance(c, str) and c}
 
 
 def _expected_cpus(claims_csv: str | Path) -> set[str]:

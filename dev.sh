@@ -2,7 +2,8 @@
 # klsweep's one entry point for a fresh machine.
 #
 #   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine and
-#                    compare its claims' verdicts with the committed ones (results/tiny/report/claims.csv)
+#                    compare its claims' verdicts with the committed ones (git's results/tiny/report/claims.csv,
+#                    never a copy an earlier study rewrote)
 #   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
 #                    lm-eval, no Slurm: about a minute)
@@ -103,10 +104,18 @@ lock)
 study)
     setup
     shift
-    expected=results/tiny/report/claims.csv
-    if [ $# = 0 ] && [ -f "$expected" ]; then
-        # the committed verdicts (read before the study rewrites the file): say whether they reproduce
-        "$VENV/bin/klsweep" study sweeps/tiny.yaml --expect-claims "$expected"
+    report=results/tiny/report
+    if [ $# = 0 ] && git cat-file -e "HEAD:$report/claims.csv" 2>/dev/null; then
+        # the committed verdicts, as git has them (not the files on disk, which an earlier study rewrote):
+        # say whether they reproduce
+        committed=$(mktemp -d)
+        trap 'rm -rf "$committed"' EXIT
+        git archive HEAD "$report" | tar -x -C "$committed"
+        log "comparing the claims' verdicts with the committed ones (git HEAD:$report/claims.csv)"
+        "$VENV/bin/klsweep" study sweeps/tiny.yaml --expect-claims "$committed/$report/claims.csv"
+    elif [ $# = 0 ] && [ -f "$report/claims.csv" ]; then
+        log "not a git checkout: comparing with $report/claims.csv as it is on disk (an earlier study rewrites it)"
+        "$VENV/bin/klsweep" study sweeps/tiny.yaml --expect-claims "$report/claims.csv"
     else
         "$VENV/bin/klsweep" study sweeps/tiny.yaml "$@"
     fi

@@ -8,7 +8,7 @@ ALPHA/m (m claims: the strictest level Holm may ask of a claim); TOST: the large
 equivalent within the margin at that level (as a fraction of the margin); Fisher: the fewest unstable runs of
 the riskier side (the other side having none) that reach p < ALPHA/m. The committed runs' standard deviation
 over seeds stands for the new runs'; each side's size scales from the committed seeds to N. Prints a
-Markdown table (the README's "Seeds per arm"), with what the committed runs showed for each claim.
+Markdown table (docs/STUDY.md, "Seeds per arm"), with what the committed runs showed for each claim.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cache under ``HF_DATASETS_CACHE``: what the loaders read under ``HF_HUB_OFFLINE=
 ``fetch`` downloads what is missing (``snapshot_download``, ``datasets.load_dataset``). ``require_cached``
 is the offline clusters' check (``cluster.offline`` or ``HF_HUB_OFFLINE=1``): a ``UserError`` naming
 everything missing and the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub model
-resolved to in the runs' configs. See README.md ("Models and datasets") and slurm/README.md.
+resolved to in the runs' configs. See docs/CLUSTER.md and slurm/README.md.
 """
 
 from __future__ import annotations

@@ -42,16 +42,16 @@ def test_bad_kl_config_is_a_value_error_listing_every_field() -> None:
 
 
 def test_the_readmes_own_trl_script_runs_as_written(tmp_path, monkeypatch) -> None:
-    """The README's "From your own TRL script" block, extracted and run as written (on the project's tiny
+    """docs/USAGE.md's "From your own TRL script" block, extracted and run as written (on the project's tiny
     model, as it says): KLGRPOTrainer trains with the KLConfig given and logs the KL."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "USAGE.md").read_text()
     section = readme.split("### From your own TRL script", 1)[1].split("\n### ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     monkeypatch.chdir(tmp_path)  # output_dir="out"
     namespace: dict = {"__name__": "__readme__"}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/USAGE.md", "exec"), namespace)
 
     trainer = namespace["trainer"]
     assert isinstance(trainer, klsweep.KLGRPOTrainer) and trainer.state.global_step == 2

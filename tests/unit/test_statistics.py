@@ -330,7 +330,7 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
 
 
 def test_power_table_of_the_shipped_design():
-    """bench/power.py (the README's "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
+    """bench/power.py (docs/STUDY.md, "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
     committed runs' spread; more seeds detect smaller effects, and the sizes it prints are where the power is
     0.8 (Welch) or where p first drops below 0.05/m (Fisher)."""
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))

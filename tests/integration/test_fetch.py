@@ -354,7 +354,7 @@ def test_fetch_errors_are_told_by_their_type_not_their_text(hf_home, monkeypatch
     def download(need):
         errors[need.repo]()
 
-    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None, raising=False)  # the hub answers
     monkeypatch.setattr(fetch, "_download", download)
     found = fetch.fetch([fetch.Need("train data", repo, split="train") for repo in errors])
     assert found[0].message.startswith("datasets.exceptions.DatasetGenerationError: An error occurred")
@@ -384,3 +384,18 @@ def test_no_network_is_said_once_and_fast(tmp_path):
     for what in ("Qwen/Qwen2.5-7B", "HuggingFaceH4/MATH-500", "cais/mmlu college_physics test"):
         assert what in out.stderr
     assert f"http://127.0.0.1:{port}" in out.stderr
+
+
+def test_offline_eval_refuses_a_partial_cache(hf_home, hf_caches, tmp_path, monkeypatch, capsys):
+    from klsweep import grid, store
+    from klsweep.config import write_run
+
+    _copy_caches(hf_caches, hf_home)
+    what, why = _arrow_gone(hf_home)
+    plan = grid.load_plan(PAPER, ["model=qwen2.5-7b", "kl.beta=0.0", "seed=0"], out=tmp_path / "results")
+    run = plan.runs[0]
+    write_run(run.run_dir, run.config)
+    store.write_status(run.run_dir, "done")
+    code, out, err = cli(["eval", plan.sweep_dir, "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2, out
+    assert what in err and why in err and "cais/mmlu" not in err

@@ -3,11 +3,13 @@
 ``needs(configs)`` lists every model (a hub id at ``model.revision``), training set (``task.dataset``) and eval
 set (the ``dataset_path``/``dataset_name`` of each lm-eval task of the suite) that runs need; ``check`` looks
 for each in the caches without the network (huggingface_hub's cache under ``HF_HUB_CACHE``, datasets' Arrow
-cache under ``HF_DATASETS_CACHE``: what the loaders read under ``HF_HUB_OFFLINE=1``/``HF_DATASETS_OFFLINE=1``);
-``fetch`` downloads what is missing (``snapshot_download``, ``datasets.load_dataset``). ``require_cached``
-is the offline clusters' check (``cluster.offline`` or ``HF_HUB_OFFLINE=1``): a ``UserError`` naming
-everything missing and the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub model
-resolved to in the runs' configs. See README.md ("Models and datasets") and slurm/README.md.
+cache under ``HF_DATASETS_CACHE``: what the loaders read under ``HF_HUB_OFFLINE=1``/``HF_DATASETS_OFFLINE=1``)
+and calls it cached only when what a run loads is there whole (``model_problems``, ``dataset_problems``);
+``fetch`` downloads what is missing or incomplete (``snapshot_download``, ``datasets.load_dataset``), after
+one look at whether the hub answers (``hub_unreachable``). ``require_cached`` is the offline clusters' check
+(``cluster.offline`` or ``HF_HUB_OFFLINE=1``): a ``UserError`` naming everything missing or incomplete and
+the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub model resolved to in the runs'
+configs; ``recorded_revisions`` reads them back, for the checks. See README.md ("Models and datasets") and slurm/README.md.
 """
 
 from __future__ import annotations

@@ -211,17 +211,20 @@ def plan_command(
         console.print_time(out, summary, width=width)
 
 
-def _fetch_command(grid: Path, overrides: list[str] | None) -> str:
+def _fetch_command(grid: Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
     import shlex
 
-    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or [])])
+    where = [] if Path(out) == Path("results") else ["--out", str(out)]  # the runs' recorded commits
+    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
 
 
 def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
-    """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load."""
-    from klsweep.fetch import require_cached
+    """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
+    commits their folders recorded."""
+    from klsweep.fetch import recorded_revisions, require_cached
 
-    require_cached([r.config for r in plan.runs], _fetch_command(grid, overrides))
+    configs = recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
+    require_cached(configs, _fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
 # --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
@@ -231,6 +234,7 @@ def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
 def fetch_command(
     grid: GridArg,
     overrides: OverridesArg = None,
+    out: OutOpt = Path("results"),
     config_dir: ConfigDirOpt = None,
     dry_run: Annotated[
         bool,
@@ -238,13 +242,16 @@ def fetch_command(
     ] = False,
 ) -> None:
     """Download every model, training set and eval set the grid's runs load into the local caches (HF_HOME,
-    HF_DATASETS_CACHE), for clusters whose nodes cannot reach the hub; what is cached is not fetched again."""
+    HF_DATASETS_CACHE), for clusters whose nodes cannot reach the hub, at the commits the runs' folders under
+    OUT recorded; what is cached and loads is not fetched again, what is incomplete is repaired."""
     from klsweep import fetch
     from klsweep import grid as grid_mod
     from klsweep.console import fetch_table, table_width
 
-    plan = grid_mod.load_plan(grid, overrides, config_dirs=config_dir)
-    items = fetch.needs([r.config for r in plan.runs])
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
+    items = fetch.needs(
+        fetch.recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
+    )
     console = _console()
     if not dry_run:
         console.print(f"fetching into {fetch.hub_cache()} and {fetch.datasets_cache()}", highlight=False)

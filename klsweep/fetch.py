@@ -3,11 +3,14 @@
 ``needs(configs)`` lists every model (a hub id at ``model.revision``), training set (``task.dataset``) and eval
 set (the ``dataset_path``/``dataset_name`` of each lm-eval task of the suite) that runs need; ``check`` looks
 for each in the caches without the network (huggingface_hub's cache under ``HF_HUB_CACHE``, datasets' Arrow
-cache under ``HF_DATASETS_CACHE``: what the loaders read under ``HF_HUB_OFFLINE=1``/``HF_DATASETS_OFFLINE=1``);
-``fetch`` downloads what is missing (``snapshot_download``, ``datasets.load_dataset``). ``require_cached``
-is the offline clusters' check (``cluster.offline`` or ``HF_HUB_OFFLINE=1``): a ``UserError`` naming
-everything missing and the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub model
-resolved to in the runs' configs. See docs/CLUSTER.md and slurm/README.md.
+cache under ``HF_DATASETS_CACHE``: what the loaders read under ``HF_HUB_OFFLINE=1``/``HF_DATASETS_OFFLINE=1``)
+and calls it cached only when what a run loads is there whole (``model_problems``, ``dataset_problems``);
+``fetch`` downloads what is missing or incomplete (``snapshot_download``, ``datasets.load_dataset``), after
+one look at whether the hub answers (``hub_unreachable``). ``require_cached`` is the offline clusters' check
+(``cluster.offline`` or ``HF_HUB_OFFLINE=1``): a ``UserError`` naming everything missing or incomplete and
+the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub model resolved to in the runs'
+configs; ``recorded_revisions`` reads them back, for the checks. See
+docs/CLUSTER.md and slurm/README.md.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # weights in other formats than the loaders read (Llama's original/ consolidated .pth, GGUF, ...)
 IGNORED_FILES = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot", "*.tflite"]
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_HF_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# a hub id: "name" or "namespace/name" (transformers and datasets read a local folder of that name first)
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+# the files a tokenizer's vocabulary is read from, one set of them suffices (fast; sentencepiece; BPE; WordPiece)
+_VOCAB_FILES = [("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",)]
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Need:
     config: str | None = None  # datasets: the config (subset) name
     split: str | None = None  # datasets: the split read
     used_by: str = ""  # the key or task that asks for it
+    chat: bool = False  # models: a run applies its chat template (model.chat_template)
 
     @property
     def label(self) -> str:
@@ -49,7 +56,15 @@ class Need:
 
     @property
     def local(self) -> bool:
-        return not _HF_NAME.match(self.repo) or Path(self.repo).expanduser().exists()
+        """A path here: one that exists (as the loaders read it first), or one that cannot be a hub id."""
+        return Path(self.repo).expanduser().exists() or not _HF_ID.match(self.repo)
+
+    @property
+    def reading(self) -> str:
+        """How ``repo`` is read, said where it could be taken for the other (a hub id without a namespace)."""
+        if self.local or "/" in self.repo:
+            return ""
+        return f"{self.repo!r} read as a hub id: there is no local path {self.repo!r} here"
 
 
 @dataclass
@@ -61,8 +76,9 @@ class Found:
     where: str | None = None  # the cache folder
     commit: str | None = None  # models: the snapshot's commit
     size: int | None = None  # bytes: in the cache, or on the hub (--dry-run)
-    state: str = ""  # cached | missing | fetched | would fetch | failed
-    message: str = ""  # failed: what went wrong and what to do
+    state: str = ""  # cached | missing | incomplete | fetched | would fetch | failed
+    message: str = ""  # incomplete: what keeps it from loading; failed: what went wrong and what to do
+    broken: tuple[str, ...] = ()  # incomplete: files (folders) there but broken, to be fetched again
 
 
 # ------------------------------------------------------------------------------------------------ needs
@@ -81,12 +97,16 @@ def needs(configs: Iterable[Mapping[str, Any]]) -> list[Need]:
     from klsweep import tasks
 
     found: dict[Need, None] = {}
+    chats: set[Need] = set()  # models some run applies the chat template of
     suites: dict[str, Mapping[str, Any]] = {}
     for cfg in configs:
         model = cfg.get("model", {})
         if model.get("path", "tiny") != "tiny":
             rev = model.get("revision")
-            found[Need("model", model["path"], rev, used_by=f"model {model.get('name', '')}")] = None
+            need = Need("model", model["path"], rev, used_by=f"model {model.get('name', '')}")
+            found[need] = None
+            if model.get("chat_template"):
+                chats.add(need)
         task = cfg.get("task", {})
         if task.get("name") == "math":
             dataset = task.get("dataset") or tasks.MATH_DEFAULT_DATASET
@@ -100,7 +120,7 @@ def needs(configs: Iterable[Mapping[str, Any]]) -> list[Need]:
         for need in _eval_needs(ev):
             found[need] = None
     order = {"model": 0, "train data": 1, "eval data": 2}
-    return sorted(found, key=lambda n: order[n.kind])
+    return [dataclasses.replace(n, chat=n in chats) for n in sorted(found, key=lambda n: order[n.kind])]
 
 
 def _eval_needs(ev: Mapping[str, Any]) -> list[Need]:
@@ -168,15 +188,18 @@ def datasets_cache() -> Path:
 
 
 def check(items: Iterable[Need]) -> list[Found]:
-    """What the local caches hold of each need; no network."""
+    """What the local caches hold of each need, checked to load (``model_problems``, ``dataset_problems``);
+    no network."""
     return [_check_model(n) if n.kind == "model" else _check_dataset(n) for n in items]
 
 
 def _check_model(need: Need) -> Found:
     if need.local:
         path = Path(need.repo).expanduser()
-        ok = (path / "config.json").is_file()
-        return Found(need, ok, str(path), state="cached" if ok else "missing")
+        if not path.is_dir():
+            return Found(need, False, str(path), state="missing", message=f"no such folder: {path}")
+        problems, _ = model_problems(path, need.chat)
+        return _found(need, path, problems, [])
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -186,51 +209,186 @@ def _check_model(need: Need) -> Found:
         )
     except (LocalEntryNotFoundError, OSError, ValueError):
         return Found(need, False, state="missing")
-    complete = _complete_model(folder)
+    problems, broken = model_problems(folder, need.chat)
+    found = _found(need, folder, problems, [folder / b for b in broken])
+    found.commit = folder.name
+    return found
+
+
+def _found(need: Need, folder: Path, problems: list[str], broken: list[Path]) -> Found:
+    """The ``Found`` of a cache folder: cached when nothing keeps it from loading, else incomplete, saying
+    what (``problems``) and the files to be fetched again (``broken``)."""
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    state = "cached" if complete else "missing"
-    return Found(need, complete, str(folder), commit=folder.name, size=size, state=state)
+    if not problems:
+        return Found(need, True, str(folder), size=size, state="cached")
+    return Found(need, False, str(folder), size=size, state="incomplete", message="; ".join(problems),
+                 broken=tuple(str(b) for b in broken))  # fmt: skip
 
 
-def _complete_model(folder: Path) -> bool:
-    """A snapshot with a config, a tokenizer and every weight file its index names."""
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    """``path``'s JSON, or None and why not ("is missing", "is not JSON")."""
     import json
 
-    if not (folder / "config.json").is_file():
-        return False
-    if not any(
-        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    ):
-        return False
+    if not path.is_file():
+        return None, "is missing"
+    try:
+        return json.loads(path.read_bytes()), None
+    except (OSError, ValueError) as e:
+        return None, f"is not JSON ({describe(e, max_lines=1, max_chars=80)})"
+
+
+def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[str]]:
+    """What keeps the model folder ``folder`` from loading as a run loads it, one line each, and the files in
+    it that are there but broken (to be fetched again), relative to it: config.json parses and names its
+    ``model_type``; the tokenizer's vocabulary is there (tokenizer.json, which parses, or the slow tokenizers'
+    files) and its tokenizer_config.json parses; a chat template when ``chat`` (model.chat_template applies
+    it); every weight file the index names, or the single one, is whole (safetensors: its header parses and
+    covers the file, and it holds the tensors the index maps to it; a .bin: its zip directory reads)."""
+    problems: list[str] = []
+    broken: list[str] = []
+
+    def bad(name: str, why: str) -> None:
+        problems.append(f"{name} {why}")
+        if (folder / name).is_file():
+            broken.append(name)
+
+    config, why = _read_json(folder / "config.json")
+    if why is not None:
+        bad("config.json", why)
+    elif not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        bad("config.json", "names no model_type")
+    tok_config, why = _read_json(folder / "tokenizer_config.json")
+    if why == "is missing":
+        tok_config = {}
+    elif why is not None or not isinstance(tok_config, dict):
+        bad("tokenizer_config.json", why or "is not a JSON object")
+        tok_config = {}
+    if not any(all((folder / f).is_file() for f in files) for files in _VOCAB_FILES):
+        problems.append("tokenizer.json is missing (nor tokenizer.model, vocab.json + merges.txt, vocab.txt)")
+    elif (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library's own parse error
+            bad("tokenizer.json", f"does not load ({describe(e, max_lines=1, max_chars=80)})")
+    if chat:
+        template, why = _read_json(folder / "chat_template.json")
+        if why not in (None, "is missing"):
+            bad("chat_template.json", why)
+        elif (
+            not (folder / "chat_template.jinja").is_file()
+            and not template
+            and not tok_config.get("chat_template")
+        ):
+            problems.append("chat_template.jinja is missing (model.chat_template is true; nor chat_template.json, "
+                            "nor a chat_template in tokenizer_config.json)")  # fmt: skip
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
-            shards = set(json.loads((folder / index).read_text()).get("weight_map", {}).values())
-            return all((folder / s).is_file() for s in shards)
-    return any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
+            data, why = _read_json(folder / index)
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            if why is not None or not isinstance(weight_map, dict) or not weight_map:
+                bad(index, why or "maps no weights (weight_map)")
+                break
+            shards: dict[str, set[str]] = {}
+            for tensor, shard in weight_map.items():
+                shards.setdefault(str(shard), set()).add(tensor)
+            for shard, tensors in shards.items():
+                if (why := _weights_problem(folder / shard, tensors)) is not None:
+                    bad(shard, why)
+            break
+    else:
+        single = next((f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()), None)
+        if single is None:
+            problems.append("model.safetensors is missing (nor pytorch_model.bin, nor a weight index)")
+        elif (why := _weights_problem(folder / single, set())) is not None:
+            bad(single, why)
+    return problems, broken
+
+
+def _weights_problem(path: Path, tensors: set[str]) -> str | None:
+    """Why the weight file ``path`` does not load whole with ``tensors`` in it (None: it does)."""
+    if not path.is_file():
+        return "is missing"
+    if path.suffix != ".safetensors":
+        import zipfile
+
+        try:  # torch.save's format: a zip whose directory, at the end, a truncated file lacks
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (OSError, zipfile.BadZipFile) as e:
+            return f"does not load ({describe(e, max_lines=1, max_chars=80)})"
+        return None if names else "is empty"
+    from safetensors import safe_open
+
+    try:  # the header is parsed and checked to cover the whole file (a truncated one does not)
+        with safe_open(str(path), "np") as f:
+            held = set(f.keys())
+    except Exception as e:  # safetensors' SafetensorError
+        return f"does not load ({describe(e, max_lines=1, max_chars=80)})"
+    lacking = sorted(tensors - held)
+    return f"lacks {len(lacking)} tensors its index maps to it ({lacking[0]}, ...)" if lacking else None
 
 
 def _check_dataset(need: Need) -> Found:
-    """Found in datasets' Arrow cache (``<ns>___<name>/<config>/<version>/<hash>/``) with the split, as
-    ``load_dataset`` finds it offline."""
-    import json
-
+    """The folder of datasets' Arrow cache (``<ns>___<name>/<config>/<version>/<hash>/``) that ``load_dataset``
+    reads offline (datasets' own choice: the newest), checked to hold the split whole (``dataset_problems``)."""
     if need.local:
         path = Path(need.repo).expanduser()
         return Found(need, path.exists(), str(path), state="cached" if path.exists() else "missing")
     from datasets.naming import camelcase_to_snakecase
+    from datasets.packaged_modules.cache.cache import _find_hash_in_cache
 
     *ns, name = need.repo.split("/")
     root = datasets_cache() / "___".join([*ns, camelcase_to_snakecase(name)])
-    config = need.config or "default"
-    for info in sorted(root.glob(f"{config}/*/*/dataset_info.json"), key=lambda p: p.stat().st_mtime):
-        try:
-            splits = json.loads(info.read_text()).get("splits") or {}
-        except (OSError, ValueError):
-            continue
-        if need.split is None or need.split in splits:
-            size = sum(p.stat().st_size for p in info.parent.glob("*.arrow"))
-            return Found(need, True, str(info.parent), size=size, state="cached")
-    return Found(need, False, state="missing")
+    try:
+        config, version, commit = _find_hash_in_cache(need.repo, need.config, str(datasets_cache()), {}, None)
+    except ValueError as e:  # none cached, or ... a dataset_info.json that is not JSON
+        unreadable = [p.parent for p in root.glob("*/*/*/dataset_info.json") if _read_json(p)[1] is not None]
+        if not unreadable:
+            return Found(need, False, state="missing")
+        why = f"{unreadable[0] / 'dataset_info.json'} is not JSON ({describe(e, max_lines=1, max_chars=80)})"
+        return Found(need, False, str(root), state="incomplete", message=why,
+                     broken=tuple(str(p) for p in unreadable))  # fmt: skip
+    folder = root / config / version / commit
+    problems = dataset_problems(folder, need.split)
+    return _found(need, folder, problems, [folder] if problems else [])
+
+
+def dataset_problems(folder: Path, split: str | None) -> list[str]:
+    """What keeps ``split`` (None: every split) of the prepared dataset ``folder`` from loading: its
+    dataset_info.json parses and lists the split, and the split's Arrow files (as datasets names them from
+    the info's shard lengths) are there and hold the rows the info counts."""
+    import pyarrow as pa
+    from datasets.naming import filenames_for_dataset_split
+
+    info, why = _read_json(folder / "dataset_info.json")
+    splits = info.get("splits") if isinstance(info, dict) else None
+    if why is not None or not isinstance(splits, dict):
+        return [f"dataset_info.json {why or 'lists no splits'}"]
+    if split is not None and split not in splits:
+        return [f"has no split {split!r} (it has {', '.join(splits) or 'none'})"]
+    problems = []
+    for name in [split] if split is not None else list(splits):
+        entry = splits[name] if isinstance(splits[name], dict) else {}
+        files = filenames_for_dataset_split(
+            str(folder), entry.get("dataset_name") or info.get("dataset_name"), name, "arrow",
+            entry.get("shard_lengths"),
+        )  # fmt: skip
+        rows = 0
+        for file in map(Path, files):
+            if not file.is_file():
+                problems.append(f"{file.name} is missing")
+                continue
+            try:
+                with pa.memory_map(str(file)) as source:
+                    rows += pa.ipc.open_stream(source).read_all().num_rows
+            except (OSError, pa.ArrowException) as e:
+                problems.append(f"{file.name} does not load ({describe(e, max_lines=1, max_chars=80)})")
+        expected = entry.get("num_examples")
+        if not problems and isinstance(expected, int) and rows != expected:
+            problems.append(f"split {name} has {rows} rows, dataset_info.json counts {expected}")
+    return problems
 
 
 def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
@@ -241,15 +399,7 @@ def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
     missing = [f for f in check(n for n in needs(configs) if not n.local) if not f.cached]  # the hub's only
     if not missing:
         return
-    where = {
-        "model": str(hub_cache()),
-        "train data": str(datasets_cache()),
-        "eval data": str(datasets_cache()),
-    }
-    problems = [
-        Problem(f"{f.need.kind} {f.need.label}", f"not in the cache {where[f.need.kind]} ({f.need.used_by})")
-        for f in missing
-    ]
+    problems = [Problem(f"{f.need.kind} {f.need.label}", _not_loadable(f)) for f in missing]
     problems.append(
         Problem(
             "offline (cluster.offline or HF_HUB_OFFLINE=1)",
@@ -258,6 +408,17 @@ def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
         )
     )
     raise UserError(problems, title="missing from the local caches")
+
+
+def _not_loadable(found: Found) -> str:
+    """Why a need the caches lack would not load: not in the cache, or what is incomplete there."""
+    need = found.need
+    where = hub_cache() if need.kind == "model" else datasets_cache()
+    said = "; ".join(s for s in (need.used_by, need.reading) if s)
+    said = f" ({said})" if said else ""
+    if found.state == "incomplete":
+        return f"incomplete in the cache {found.where}: {found.message}{said}"
+    return f"not in the cache {where}{said}"
 
 
 def require_cached_for_eval(request: Any, target: Path) -> None:
@@ -274,31 +435,46 @@ def require_cached_for_eval(request: Any, target: Path) -> None:
     )
 
 
+def recorded_revisions(configs: list[dict[str, Any]], run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """``configs`` with ``model.revision`` as each run folder's config.yaml recorded it at submission (the
+    commit its job loads: see ``pin_revisions``) unless the config names a commit itself; the others are
+    returned as they are, the changed ones copied, never modified."""
+    from klsweep.config import read_run_file
+
+    out = []
+    for cfg, run_dir in zip(configs, run_dirs, strict=True):
+        model = cfg.get("model", {})
+        pinned, revision = None, model.get("revision")
+        hub = model.get("path", "tiny") != "tiny" and not (revision and _COMMIT.match(revision))
+        if hub and (Path(run_dir) / "config.yaml").is_file():
+            try:
+                pinned = read_run_file(Path(run_dir)).get("model", {}).get("revision")
+            except Exception:  # an unreadable config is the submission's to report
+                pinned = None
+        same = pinned is None or pinned == revision
+        out.append(cfg if same else {**cfg, "model": {**model, "revision": pinned}})
+    return out
+
+
 def pin_revisions(configs: list[dict[str, Any]], run_dirs: list[Path] | None = None) -> list[dict[str, Any]]:
     """``configs`` with ``model.revision`` set, for a hub model whose revision is null, to the commit the
     cache holds (``klsweep fetch`` put it there); a run folder whose config.yaml pins one already keeps it
-    (a run resumes on the weights it started with). Configs are copied where changed, never modified."""
-    from klsweep.config import read_run_file
-
+    (a run resumes on the weights it started with: ``recorded_revisions``). Configs are copied where changed,
+    never modified."""
+    if run_dirs is not None:
+        configs = recorded_revisions(configs, run_dirs)
     commits: dict[tuple[str, str | None], str | None] = {}
     out = []
-    for i, cfg in enumerate(configs):
+    for cfg in configs:
         model = cfg.get("model", {})
         need = Need("model", model.get("path", "tiny"), model.get("revision"))
         if need.repo == "tiny" or need.local or (need.revision and _COMMIT.match(need.revision)):
             out.append(cfg)
             continue
-        pinned = None
-        if run_dirs is not None and (run_dirs[i] / "config.yaml").is_file():
-            try:
-                pinned = read_run_file(run_dirs[i]).get("model", {}).get("revision")
-            except Exception:  # an unreadable config is the submission's to report
-                pinned = None
-        if pinned is None:
-            key = (need.repo, need.revision)
-            if key not in commits:
-                commits[key] = _check_model(need).commit
-            pinned = commits[key]
+        key = (need.repo, need.revision)
+        if key not in commits:
+            commits[key] = _check_model(need).commit
+        pinned = commits[key]
         out.append(cfg if pinned is None else {**cfg, "model": {**model, "revision": pinned}})
     return out
 
@@ -318,27 +494,73 @@ def hub_page(need: Need) -> str:
 
 
 def _failure(need: Need, error: BaseException) -> str:
-    """What went wrong fetching ``need``, and what to do."""
+    """What went wrong fetching ``need``, and what to do, told by the type of ``error`` or of an error it was
+    raised from or while handling (datasets raises its own from huggingface_hub's), never by its text."""
+    import httpx
+    from datasets.exceptions import DatasetNotFoundError
     from huggingface_hub.errors import (
         GatedRepoError,
+        HfHubHTTPError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    text = str(error)
-    if isinstance(error, GatedRepoError) or "gated" in text.lower():
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    first = chain[0]
+
+    def raised(*types: type[BaseException]) -> BaseException | None:
+        return next((e for e in chain if isinstance(e, types)), None)
+
+    if raised(GatedRepoError):
         return (
             f"gated: log in (`hf auth login`, or HF_TOKEN) with an account that accepted the licence at "
             f"{hub_page(need)}"
         )
-    if isinstance(error, RevisionNotFoundError):
+    if raised(RevisionNotFoundError):
         return f"no revision {need.revision!r} (model.revision): see {hub_page(need)}/tree/main"
-    if isinstance(error, RepositoryNotFoundError) or "doesn't exist on the hub" in text.lower():
+    if raised(RepositoryNotFoundError, DatasetNotFoundError):
         return "no such repository on the hub, or a private one: check the id, or log in (`hf auth login`)"
-    if isinstance(error, OfflineModeIsEnabled) or "offline" in text.lower():
+    if raised(OfflineModeIsEnabled):
         return "HF_HUB_OFFLINE is set here: run klsweep fetch where the hub can be reached, with the same HF_HOME"
-    return describe(error)
+    if raised(httpx.TransportError, ConnectionError):
+        return f"the hub cannot be reached ({describe(first, max_lines=1, max_chars=120)}): {_NO_NETWORK}"
+    http = raised(HfHubHTTPError)
+    status = getattr(getattr(http, "response", None), "status_code", None)
+    if status in (401, 403):
+        return (
+            f"refused (HTTP {status}): log in (`hf auth login`, or HF_TOKEN) with an account that may read it"
+        )
+    if status == 429:
+        return "rate limited by the hub (HTTP 429): wait a few minutes and run klsweep fetch again"
+    if isinstance(status, int) and status >= 500:
+        return f"the hub failed (HTTP {status}): run klsweep fetch again later"
+    return describe(first)
+
+
+_NO_NETWORK = (
+    "run klsweep fetch where the hub can be reached (a login node), into the same HF_HOME; behind a proxy, "
+    "set HTTPS_PROXY"
+)
+
+
+def hub_unreachable() -> str | None:
+    """None when the hub (``HF_ENDPOINT``) answers this machine, else why not, in one line: one request, no
+    retries, a few seconds at most (huggingface_hub retries a connection five times per file)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set here"
+    try:  # any HTTP answer, an error status included, says the network is there
+        get_session().head(constants.ENDPOINT, timeout=5, follow_redirects=False)
+    except Exception as e:  # httpx's ConnectError, ConnectTimeout, ProxyError; OfflineModeIsEnabled
+        return f"{constants.ENDPOINT} cannot be reached ({describe(e, max_lines=1, max_chars=120)})"
+    return None
 
 
 def _hub_size(need: Need) -> int | None:
@@ -367,31 +589,64 @@ def fetch(
     dry_run: bool = False,
     on_item: Callable[[Found], None] | None = None,
 ) -> list[Found]:
-    """Download every need the caches lack into them (models: ``snapshot_download`` of the config, tokenizer
-    and weights at ``revision``; datasets: ``load_dataset`` of the config and split, which prepares the Arrow
-    cache), or with ``dry_run`` only say what would be fetched (with the hub's sizes where it gives them). What
-    is cached is not downloaded again. A failure (gated, missing, no network) is recorded in its ``Found`` and
-    the others go on; ``on_item`` sees each as it is done."""
+    """Download every need the caches lack, or hold incomplete, into them (models: ``snapshot_download`` of
+    the config, tokenizer and weights at ``revision``; datasets: ``load_dataset`` of the config and split,
+    which prepares the Arrow cache), or with ``dry_run`` only say what would be fetched (with the hub's sizes
+    where it gives them). What is cached (``check``: it loads) is not downloaded again; what is there but
+    broken (a truncated weight file, a config that does not parse, a dataset's missing Arrow files) is
+    removed from the cache and fetched again. A failure (gated, missing) is recorded in its ``Found`` and the
+    others go on; ``on_item`` sees each as it is done. When something is to be downloaded and the hub cannot
+    be reached, a ``UserError`` says so once, naming each of them, before any is tried."""
+    found = check(items)
+    todo = [f for f in found if not f.cached and not f.need.local]
+    unreachable = hub_unreachable() if todo else None
+    if unreachable is not None and not dry_run:
+        problems = [
+            Problem(
+                f"{f.need.kind} {f.need.label}", f"incomplete: {f.message}" if f.message else "not cached"
+            )
+            for f in todo
+        ]
+        problems.append(Problem("the hub", unreachable, _NO_NETWORK))
+        raise UserError(problems, title="nothing fetched")
     out = []
-    for found in check(items):
-        need = found.need
-        if not found.cached:
+    for f in found:
+        need = f.need
+        if not f.cached:
             if need.local:
-                found.state, found.message = "failed", f"no such local path: {need.repo}"
+                f.state, f.message = "failed", f.message or f"no such local path: {need.repo}"
             elif dry_run:
-                found.state, found.size = "would fetch", _hub_size(need)
+                f.state, f.size = "would fetch", None if unreachable else _hub_size(need)
             else:
                 try:
+                    _discard(f)
                     _download(need)
-                    found = dataclasses.replace(check([need])[0], state="fetched")
-                    if not found.cached:
-                        found.state, found.message = "failed", "downloaded, but incomplete in the cache"
+                    f = dataclasses.replace(check([need])[0], state="fetched")
+                    if not f.cached:
+                        f.state, f.message = "failed", f"downloaded, but still incomplete: {f.message}"
                 except Exception as e:
-                    found.state, found.message = "failed", _failure(need, e)
-        out.append(found)
+                    f.state, f.message = "failed", _failure(need, e)
+        out.append(f)
         if on_item is not None:
-            on_item(found)
+            on_item(f)
     return out
+
+
+def _discard(found: Found) -> None:
+    """Remove from the cache what ``found`` says is there but broken, for the download to fetch it again: a
+    snapshot's file and the blob it links to (huggingface_hub reuses a blob it finds), a prepared dataset's
+    folder (datasets reuses a folder with a dataset_info.json)."""
+    import shutil
+
+    for name in found.broken:
+        path = Path(name)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            continue
+        blob = path.resolve() if path.is_symlink() else None
+        path.unlink(missing_ok=True)
+        if blob is not None and blob.parent.name == "blobs":
+            blob.unlink(missing_ok=True)
 
 
 def _download(need: Need) -> None:

@@ -139,6 +139,7 @@ def test_gated_and_missing_repos_say_what_to_do(hf_home, monkeypatch):
     def download(need):
         raise errors[need.repo]
 
+    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None)  # the hub answers
     monkeypatch.setattr(fetch, "_download", download)
     found = fetch.fetch([fetch.Need("model", repo) for repo in errors])
     assert [f.state for f in found] == ["failed", "failed"]
@@ -188,3 +189,213 @@ def test_offline_eval_refuses_naming_the_suites_datasets(tmp_path, monkeypatch, 
     assert code == 2
     assert "HuggingFaceH4/MATH-500" in err and "cais/mmlu college_biology" in err and "Qwen/Qwen2.5-7B" in err
     assert "klsweep fetch" in err and "sweep.yaml" in err
+
+
+# ------------------------------------------------------------------------ what a check calls cached loads
+
+
+def _copy_caches(source: Path, home: Path) -> None:
+    """A copy of the session's populated caches (tests/conftest.py: hf_caches), snapshot links kept."""
+    import shutil
+
+    shutil.copytree(source, home, symlinks=True)
+
+
+def _snapshot(home: Path, repo: str) -> Path:
+    return home / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / COMMIT
+
+
+def _no_tokenizer(home):
+    (_snapshot(home, "Qwen/Qwen2.5-7B") / "tokenizer.json").unlink()
+    return "Qwen/Qwen2.5-7B", "tokenizer.json is missing"
+
+
+def _no_chat_template(home):  # model.chat_template is true for the instruct models
+    (_snapshot(home, "meta-llama/Llama-3.1-8B-Instruct") / "chat_template.jinja").unlink()
+    return "meta-llama/Llama-3.1-8B-Instruct", "chat_template.jinja is missing"
+
+
+def _truncated_weights(home):
+    blob = (_snapshot(home, "Qwen/Qwen3-4B-Instruct-2507") / "model.safetensors").resolve()
+    data = blob.read_bytes()
+    blob.write_bytes(data[: len(data) // 2])
+    return "Qwen/Qwen3-4B-Instruct-2507", "model.safetensors does not load"
+
+
+def _garbage_config(home):
+    (_snapshot(home, "Qwen/Qwen2.5-7B") / "config.json").resolve().write_text("<html>rate limited</html>")
+    return "Qwen/Qwen2.5-7B", "config.json is not JSON"
+
+
+def _arrow_gone(home):
+    for arrow in (home / "datasets" / "HuggingFaceH4___math-500").rglob("*.arrow"):
+        arrow.unlink()
+    return "HuggingFaceH4/MATH-500 default test", "math-500-test.arrow is missing"
+
+
+@pytest.mark.parametrize(
+    "damage", [_no_tokenizer, _no_chat_template, _truncated_weights, _garbage_config, _arrow_gone]
+)
+def test_partial_caches_are_refused_and_fetch_repairs_them(
+    damage, hf_home, hf_caches, tiny_hub_model, tmp_path, monkeypatch, capsys
+):
+    """A cache that holds something of a model or dataset but not what loads: offline `plan` refuses naming
+    what is missing, `fetch` does not call it cached, and fetching again (the hub faked at the download, as
+    snapshot_download/load_dataset fill the cache) repairs it: the broken files are fetched anew."""
+    from hubcache import DATASETS, cache_dataset
+
+    _copy_caches(hf_caches, hf_home)
+    what, why = damage(hf_home)
+    code, out, err = cli(["plan", PAPER], monkeypatch, capsys)
+    assert code == 2, out
+    assert what in err and why in err and "incomplete in the cache" in err
+    code, out, err = cli(["fetch", PAPER], monkeypatch, capsys)  # offline here: nothing can be fetched
+    assert code == 2 and what in err and why in err and "HF_HUB_OFFLINE is set here" in err
+    assert "cached" not in err
+
+    def hub_download(need):  # what the hub's clients do: fetch the files the snapshot lacks; reuse a dataset
+        if need.kind == "model":  # folder that has its dataset_info.json
+            snap = _snapshot(hf_home, need.repo)
+            for f in tiny_hub_model.iterdir():
+                if not (snap / f.name).is_file():
+                    blob = snap.parents[1] / "blobs" / f"{f.name}-fetched"
+                    blob.write_bytes(f.read_bytes())
+                    (snap / f.name).unlink(missing_ok=True)
+                    (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+            return
+        import shutil
+
+        repo, config, split, rows = next(
+            d for d in DATASETS if d[0] == need.repo and d[1] == (need.config or "default")
+        )
+        fresh = tmp_path / "fresh"
+        cache_dataset(fresh, repo, config, split, rows, tmp_path)
+        prepared = next((fresh / "datasets").glob("*___*/*/*/*/dataset_info.json")).parent
+        target = hf_home / "datasets" / prepared.relative_to(fresh / "datasets")
+        if not (target / "dataset_info.json").is_file():
+            shutil.copytree(prepared, target, dirs_exist_ok=True)
+
+    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(fetch, "_download", hub_download)
+    code, out, err = cli(["fetch", PAPER], monkeypatch, capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith(("model", "train", "eval"))]
+    assert [r for r in rows if " fetched " in r] == [r for r in rows if what in r], out
+    assert all(" cached " in r for r in rows if what not in r), out
+    code, out, err = cli(["plan", PAPER], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_a_hub_id_without_a_namespace_is_a_hub_id(
+    hf_home, hf_caches, tiny_hub_model, tmp_path, monkeypatch, capsys
+):
+    """`model.path=gpt2`: a hub id unless a folder gpt2 is here (as transformers reads it); offline, a missing
+    one is refused, saying how the path was read."""
+    import shutil
+
+    _copy_caches(hf_caches, hf_home)
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", PAPER, "model=qwen2.5-7b", "model.path=gpt2"]
+    code, out, err = cli(args, monkeypatch, capsys)
+    assert code == 2, out
+    assert "model gpt2" in err and "'gpt2' read as a hub id: there is no local path 'gpt2' here" in err
+    assert not fetch.Need("model", "gpt2").local and fetch.Need("model", "./gpt2").local
+    shutil.copytree(tiny_hub_model, tmp_path / "gpt2")  # a folder of that name: the local model
+    assert fetch.Need("model", "gpt2").local
+    code, out, err = cli(args, monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_offline_checks_and_fetch_use_the_commits_runs_recorded(
+    hf_home, hf_caches, tmp_path, monkeypatch, capsys
+):
+    """Runs submitted at commit A, the cache's main now at B: `plan`/`run` refuse (the jobs load A) and
+    `fetch` does not call it cached."""
+    from klsweep import grid
+    from klsweep.config import write_run
+
+    _copy_caches(hf_caches, hf_home)
+    results = tmp_path / "results"
+    over = ["model=qwen2.5-7b", "kl.beta=0.0", "seed=0"]
+    plan = grid.load_plan(PAPER, over, out=results)
+    older = "a" * 40
+    run = plan.runs[0]
+    write_run(run.run_dir, {**run.config, "model": {**run.config["model"], "revision": older}})
+    for command in ("plan", "run"):
+        code, out, err = cli([command, PAPER, *over, "--out", results], monkeypatch, capsys)
+        assert code == 2, out
+        assert f"Qwen/Qwen2.5-7B@{older}" in err and f"--out {results}" in err, err
+    code, out, err = cli(["fetch", PAPER, *over, "--out", results], monkeypatch, capsys)
+    assert code == 2 and f"Qwen/Qwen2.5-7B@{older}" in err, err
+
+
+def test_fetch_errors_are_told_by_their_type_not_their_text(hf_home, monkeypatch):
+    """A dataset whose id says "gated" or "offline" gets the advice of the error it raised; datasets' own
+    error raised from huggingface_hub's is told by the one underneath."""
+    import httpx
+    from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
+    from huggingface_hub.errors import GatedRepoError
+
+    response = httpx.Response(403, request=httpx.Request("GET", "https://huggingface.co"))
+
+    def gated():
+        try:
+            raise GatedRepoError("403", response=response)
+        except GatedRepoError as e:
+            raise DatasetNotFoundError("Dataset 'someone/maths' is a gated dataset") from e
+
+    errors = {
+        "someone/gated-offline-maths": lambda: (_ for _ in ()).throw(
+            DatasetGenerationError("An error occurred while generating someone/gated-offline-maths")
+        ),
+        "someone/maths": gated,
+    }
+
+    def download(need):
+        errors[need.repo]()
+
+    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None, raising=False)  # the hub answers
+    monkeypatch.setattr(fetch, "_download", download)
+    found = fetch.fetch([fetch.Need("train data", repo, split="train") for repo in errors])
+    assert found[0].message.startswith("datasets.exceptions.DatasetGenerationError: An error occurred")
+    assert "accepted the licence at https://huggingface.co/datasets/someone/maths" in found[1].message
+
+
+def test_no_network_is_said_once_and_fast(tmp_path):
+    """The hub unreachable (HF_ENDPOINT on a closed port here): `klsweep fetch` says so in a few seconds, once,
+    names what it could not fetch and exits 2 (not five retries a file and raw connection errors)."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: connections are refused
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=f"http://127.0.0.1:{port}", COLUMNS="80")
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "klsweep", "fetch", str(PAPER), "model=qwen2.5-7b"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2, out.stderr
+    assert elapsed < 90, elapsed  # the grid's plan and Python's start included; 8 items x 5 retries before
+    assert out.stderr.count("cannot be reached") == 1 and "Traceback" not in out.stderr, out.stderr
+    for what in ("Qwen/Qwen2.5-7B", "HuggingFaceH4/MATH-500", "cais/mmlu college_physics test"):
+        assert what in out.stderr
+    assert f"http://127.0.0.1:{port}" in out.stderr
+
+
+def test_offline_eval_refuses_a_partial_cache(hf_home, hf_caches, tmp_path, monkeypatch, capsys):
+    from klsweep import grid, store
+    from klsweep.config import write_run
+
+    _copy_caches(hf_caches, hf_home)
+    what, why = _arrow_gone(hf_home)
+    plan = grid.load_plan(PAPER, ["model=qwen2.5-7b", "kl.beta=0.0", "seed=0"], out=tmp_path / "results")
+    run = plan.runs[0]
+    write_run(run.run_dir, run.config)
+    store.write_status(run.run_dir, "done")
+    code, out, err = cli(["eval", plan.sweep_dir, "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2, out
+    assert what in err and why in err and "cais/mmlu" not in err

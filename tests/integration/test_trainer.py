@@ -359,6 +359,54 @@ def test_lag_and_iterations(model_dir, dataset, tmp_path, lag, num_iterations, e
     assert len(trainer._lag_queue) == lag
 
 
+def record_prompts(trainer) -> tuple[list[list[str]], list[set[tuple[int, ...]]]]:
+    """Spies on the trainer: the prompts of every batch it generates from now on, in order (``_rollout``),
+    and the prompt token ids of every batch it trains on (``_compute_loss``)."""
+    generated: list[list[str]] = []
+    trained: list[set[tuple[int, ...]]] = []
+    rollout, compute_loss = trainer._rollout, trainer._compute_loss
+
+    def spy_rollout(inputs):
+        generated.append([row["prompt"][0]["content"] for row in inputs[::GROUP]])
+        return rollout(inputs)
+
+    def spy_loss(model, inputs):
+        trained.append({tuple(ids) for ids in inputs["prompt_ids"].tolist()})
+        return compute_loss(model, inputs)
+
+    trainer._rollout, trainer._compute_loss = spy_rollout, spy_loss
+    return generated, trained
+
+
+def test_lag_fill_reads_fresh_prompts_in_data_order(model_dir, dataset, tmp_path):
+    """At lag k every fill batch holds new prompts: the generations read the data in the order an on-policy
+    run reads it, k rounds ahead, so the batch trained at step t holds the on-policy run's step-t prompts; a
+    resume from a checkpoint reads on from where the saved run was."""
+    config = KLConfig("k1", "reward", beta=0.1)
+    lag, steps = 2, 5
+    on_policy = make_trainer(model_dir, dataset, tmp_path / "on", config, max_steps=steps + lag)
+    order, on_policy_trained = record_prompts(on_policy)
+    on_policy.train()
+
+    lagged = make_trainer(model_dir, dataset, tmp_path / "lag", config, lag=lag, max_steps=steps)
+    generated, trained = record_prompts(lagged)
+    lagged.train()
+    assert generated == order  # rounds 0..k first (the fill), then one round ahead a step
+    assert len({tuple(p) for p in generated[: lag + 1]}) == lag + 1
+    assert trained == on_policy_trained[:steps]
+
+    resume = tmp_path / "resume"
+    saved = make_trainer(
+        model_dir, dataset, resume, config, lag=lag, max_steps=2, save_strategy="steps", save_steps=2
+    )
+    first, _ = record_prompts(saved)
+    saved.train()
+    resumed = make_trainer(model_dir, dataset, resume, config, lag=lag, max_steps=steps)
+    rest, _ = record_prompts(resumed)
+    resumed.train(resume_from_checkpoint=str(resume / "checkpoint-2"))
+    assert first + rest == order
+
+
 def test_lag_uses_behaviour_logps(model_dir, dataset, tmp_path):
     """A batch in flight carries the log-probs of the policy that generated it, which the ratio is taken
     against: after an update they differ from the current policy's."""

@@ -77,6 +77,8 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 # Where a MATH answer ends for a base model (plain-text prompts), as in lm-eval's minerva_math500: the model goes
 # on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/integration/test_scores.py checks it).
 MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
+# Where a tiny answer ends for a plain-text prompt: the tiny eval tasks' ``until`` besides the end tokens.
+TINY_STOP_SEQUENCES: tuple[str, ...] = ("\n",)
 
 
 # ---------------------------------------------------------------------------------------------- tiny tasks
@@ -353,6 +355,16 @@ def drop_long_prompts(ds: datasets.Dataset, tokenizer: Any, max_length: int) -> 
             )
         )
     return kept.remove_columns("_length"), len(ds) - len(kept)
+
+
+def stop_sequences(task: TaskSection) -> tuple[str, ...]:
+    """Where an answer to a plain-text prompt (a base model's) ends besides the tokenizer's end token: the eval
+    task's ``until``, which training generation stops at too (``KLGRPOTrainer``'s ``stop_sequences``)."""
+    if task.name == "tiny":
+        return TINY_STOP_SEQUENCES
+    if task.name == "math":
+        return MATH_STOP_SEQUENCES
+    raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))
 
 
 def reward_function(task: TaskSection) -> Callable[..., list[float]]:

@@ -45,6 +45,10 @@ MMLU_DOCS = {
     "biology": [
         ("Powerhouse of the cell?", 2, "The mitochondrion: \\boxed{C. mitochondrion}", 1),
         ("Carrier of heredity?", 0, "DNA \\boxed{Adenine}", 0),  # a word, not a letter
+        ("Site of photosynthesis?", 1, "Chloroplasts.\n\n**Answer: B**", 1),
+        ("Site of protein synthesis?", 3, "Ribosomes, so\n\nAnswer: (D)", 1),
+        ("Unit of life?", 1, "The cell. Final answer: B", 1),
+        ("Basic unit of heredity?", 0, "Genes; answer choices B and C are wrong. Answer: A is it", 1),
     ],
 }
 CANNED = {q: c for q, _, c, _ in MATH500} | {q: c for docs in MMLU_DOCS.values() for q, _, c, _ in docs}
@@ -215,6 +219,14 @@ def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
         ("the answer is: \\textbf{A}", "A"),
         ("\\boxed{B} then the answer is (C)", "B"),  # the box comes first
         ("The answer is a bit unclear", ""),
+        ("**Answer: C**", "C"),
+        ("**Answer:** C", "C"),
+        ("Answer: (D)", "D"),
+        ("Final answer: B", "B"),
+        ("ANSWER: A.", "A"),
+        ("Answer: (B)\n\nthen Final Answer: $C$", "C"),  # the last statement counts
+        ("the answer choices are long", ""),
+        ("Answer: Because", ""),
         ("\\boxed{42}", ""),
         ("no answer at all", ""),
     ],

@@ -522,11 +522,13 @@ def test_train_command(tmp_path, model_dir, monkeypatch):
 
 @pytest.mark.slow
 def test_data_parallel_two_processes(tmp_path, model_dir):
-    """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files."""
+    """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files. With a policy
+    lag each rank reads its share of the prompts ahead (the trainer's second dataloader) and keeps its own
+    lag buffer."""
     import socket
 
     run = tmp_path / "run"
-    write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both"})
+    write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both", "offpolicy.lag": 1})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -554,6 +556,7 @@ def test_data_parallel_two_processes(tmp_path, model_dir):
     assert store.read_status(run)["state"] == "done"
     rows = store.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
+    assert [r["policy_lag"] for r in rows] == [0, 1]
     for rank in (0, 1):  # each rank's lag buffer is its own
         assert (store.checkpoints(run)[-1] / f"klsweep_buffers_rank{rank}.pt").is_file()
 

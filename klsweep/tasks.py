@@ -79,6 +79,9 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
 # Where a tiny answer ends for a plain-text prompt: the tiny eval tasks' ``until`` besides the end tokens.
 TINY_STOP_SEQUENCES: tuple[str, ...] = ("\n",)
+# The end tokens of the paper's and the tiny model's tokenizers as text, first in every eval task's ``until``:
+# a base model may write another model family's end token (Qwen2.5's <|im_end|>) where its own would end it.
+END_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 
 
 # ---------------------------------------------------------------------------------------------- tiny tasks
@@ -358,12 +361,13 @@ def drop_long_prompts(ds: datasets.Dataset, tokenizer: Any, max_length: int) -> 
 
 
 def stop_sequences(task: TaskSection) -> tuple[str, ...]:
-    """Where an answer to a plain-text prompt (a base model's) ends besides the tokenizer's end token: the eval
-    task's ``until``, which training generation stops at too (``KLGRPOTrainer``'s ``stop_sequences``)."""
+    """Where an answer to a plain-text prompt (a base model's) ends besides the tokenizer's end token id: the
+    eval task's ``until`` (its end tokens as text and the task's own), which training generation stops at too
+    (``KLGRPOTrainer``'s ``stop_sequences``)."""
     if task.name == "tiny":
-        return TINY_STOP_SEQUENCES
+        return END_TOKENS + TINY_STOP_SEQUENCES
     if task.name == "math":
-        return MATH_STOP_SEQUENCES
+        return END_TOKENS + MATH_STOP_SEQUENCES
     raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))
 
 

@@ -179,8 +179,8 @@ class KLGRPOTrainer(GRPOTrainer):
     def _stop_end(self, ids: list[int]) -> int:
         """The length of the shortest prefix of ``ids`` whose text holds a stop sequence (all of it if none)."""
 
-        def stops(n: int) -> bool:
-            text = self._tokenizer.decode(ids[:n], skip_special_tokens=True)
+        def stops(n: int) -> bool:  # special tokens kept: an end token of another family is a stop too
+            text = self._tokenizer.decode(ids[:n], skip_special_tokens=False)
             return any(s in text for s in self.stop_sequences)
 
         if not stops(len(ids)):

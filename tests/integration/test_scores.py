@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from klsweep import evaluate as ev
 from klsweep import store, tasks
-from klsweep.config import EvalSection
+from klsweep.config import EvalSection, TaskSection
 
 PAPER = ev.TASKS_DIR / "paper"
 MMLU = ("physics", "chemistry", "biology")
@@ -195,8 +195,9 @@ def test_canned_completions_score_by_the_rule_through_lm_eval(
 
 
 def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
-    """The MATH-500 task stops where the reward cuts (tasks.MATH_STOP_SEQUENCES); every task of the suite has
-    one filter chain at most, so that lm-eval's table has one score per task."""
+    """The MATH-500 task stops where the reward cuts (tasks.MATH_STOP_SEQUENCES) and where a base model's
+    training generation stops (tasks.stop_sequences); every task of the suite has one filter chain at most, so
+    that lm-eval's table has one score per task."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     found = ev.resolve_tasks(ev.load_suite("paper"))
@@ -204,8 +205,10 @@ def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
         task = load_yaml(yaml_path, resolve_func=False)
         assert len(task.get("filter_list") or []) <= 1, name
         until = task["generation_kwargs"]["until"]
+        assert set(tasks.END_TOKENS) <= set(until), name
         if name == "klsweep_math500":
             assert set(tasks.MATH_STOP_SEQUENCES) <= set(until)
+            assert set(until) == set(tasks.stop_sequences(TaskSection(name="math")))
         else:
             assert "Question:" in until
 

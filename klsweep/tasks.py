@@ -77,6 +77,11 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 # Where a MATH answer ends for a base model (plain-text prompts), as in lm-eval's minerva_math500: the model goes
 # on with a problem of its own. The MATH-500 task's ``until`` holds these (tests/integration/test_scores.py checks it).
 MATH_STOP_SEQUENCES: tuple[str, ...] = ("Problem:",)
+# Where a tiny answer ends for a plain-text prompt: the tiny eval tasks' ``until`` besides the end tokens.
+TINY_STOP_SEQUENCES: tuple[str, ...] = ("\n",)
+# The end tokens of the paper's and the tiny model's tokenizers as text, first in every eval task's ``until``:
+# a base model may write another model family's end token (Qwen2.5's <|im_end|>) where its own would end it.
+END_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 
 
 # ---------------------------------------------------------------------------------------------- tiny tasks
@@ -353,6 +358,17 @@ def drop_long_prompts(ds: datasets.Dataset, tokenizer: Any, max_length: int) -> 
             )
         )
     return kept.remove_columns("_length"), len(ds) - len(kept)
+
+
+def stop_sequences(task: TaskSection) -> tuple[str, ...]:
+    """Where an answer to a plain-text prompt (a base model's) ends besides the tokenizer's end token id: the
+    eval task's ``until`` (its end tokens as text and the task's own), which training generation stops at too
+    (``KLGRPOTrainer``'s ``stop_sequences``)."""
+    if task.name == "tiny":
+        return END_TOKENS + TINY_STOP_SEQUENCES
+    if task.name == "math":
+        return END_TOKENS + MATH_STOP_SEQUENCES
+    raise UserError(Problem("task.name", f"unknown task {task.name!r}", "tiny, math"))
 
 
 def reward_function(task: TaskSection) -> Callable[..., list[float]]:

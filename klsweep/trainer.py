@@ -10,10 +10,14 @@ docs/DESIGN.md (The trainer); the estimators: docs/KL.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import glob
+import itertools
 import os
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -57,6 +61,7 @@ class KLGRPOTrainer(GRPOTrainer):
         *,
         kl: KLConfig,
         lag: int = 0,
+        stop_sequences: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
         from transformers import PreTrainedModel
@@ -82,6 +87,14 @@ class KLGRPOTrainer(GRPOTrainer):
             )
         self.kl = kl
         self.lag = lag
+        self.stop_sequences = tuple(stop_sequences)
+        if self.stop_sequences and args is not None:
+            # TRL hands generation_kwargs to vLLM's SamplingParams (``stop``) or to HF's GenerationConfig
+            # (``stop_strings``, which needs the tokenizer: _generate_single_turn passes it)
+            key = "stop" if args.use_vllm else "stop_strings"
+            given = dict(args.generation_kwargs or {})
+            given[key] = list(dict.fromkeys([*(given.get(key) or []), *self.stop_sequences]))
+            args.generation_kwargs = given
         # Copy the policy before TRL patches its forward (fused LM head); a model id is loaded again below.
         ref_model = copy.deepcopy(model) if isinstance(model, PreTrainedModel) else None
 
@@ -98,6 +111,8 @@ class KLGRPOTrainer(GRPOTrainer):
         self.ref_model = self._prepare_reference(ref_model)
 
         self._lag_queue: deque[dict[str, Any]] = deque()
+        self._prompts: Iterator[Any] | None = None  # at lag k: the generation batches, read k ahead
+        self._prompt_batches_read = 0  # generation batches taken from self._prompts (saved with the buffers)
         self._rewards_per_func: torch.Tensor | None = None  # stash of the last _calculate_rewards
         self._train_logps: torch.Tensor | None = None  # differentiable log-probs of the last training forward
         self._deterministic_forward = not _has_dropout(self.model)
@@ -134,14 +149,83 @@ class KLGRPOTrainer(GRPOTrainer):
             self._train_logps = out[0]
         return out
 
+    def _generate_single_turn(self, prompt_ids, *args: Any, **kwargs: Any):
+        """TRL's generation, each completion cut after the token that completes its first stop sequence: the
+        text after the end of the answer is neither scored nor trained, whichever engine generated it."""
+        if not self.stop_sequences:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        with self._generate_with_tokenizer():
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        ends = [self._stop_end(ids) for ids in completion_ids]
+        completion_ids = [ids[:end] for ids, end in zip(completion_ids, ends, strict=True)]
+        if logprobs is not None:
+            logprobs = [lp[:end] for lp, end in zip(logprobs, ends, strict=True)]
+        return completion_ids, logprobs
+
+    @contextlib.contextmanager
+    def _generate_with_tokenizer(self) -> Iterator[None]:
+        """HF generate with ``stop_strings`` needs the tokenizer as an argument, which TRL does not pass: the
+        model TRL generates with (``unwrap_model_for_generation``: the unwrapped model) gets it for the call."""
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        if self.use_vllm or "generate" in vars(model):
+            yield
+            return
+        model.generate = functools.partial(type(model).generate, model, tokenizer=self._tokenizer)
+        try:
+            yield
+        finally:
+            del model.generate
+
+    def _stop_end(self, ids: list[int]) -> int:
+        """The length of the shortest prefix of ``ids`` whose text holds a stop sequence (all of it if none)."""
+
+        def stops(n: int) -> bool:  # special tokens kept: an end token of another family is a stop too
+            text = self._tokenizer.decode(ids[:n], skip_special_tokens=False)
+            return any(s in text for s in self.stop_sequences)
+
+        if not stops(len(ids)):
+            return len(ids)
+        low, high = 0, len(ids)  # stops(high) holds; a longer prefix holds what a shorter one does
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if stops(mid) else (mid, high)
+        return high
+
     def _generate_and_score_completions(self, inputs):
         if self.lag == 0 or not self.model.training:
             return self._rollout(inputs)
-        if not self._lag_queue:  # pipeline fill: the first k+1 batches all come from the initial policy
+        # At lag k the batch trained at round t holds round t's prompts, generated at round t-k: the prompts
+        # are read k rounds ahead of the training loop, from the same data order (_next_prompts). The loop's
+        # own ``inputs`` are the batch generated k rounds ago.
+        if not self._lag_queue:  # pipeline fill: rounds 0..k-1, generated by the initial policy
             for _ in range(self.lag):
-                self._lag_queue.append(self._rollout(inputs))
-        self._lag_queue.append(self._rollout(inputs))
+                self._lag_queue.append(self._rollout(self._next_prompts()))
+        self._lag_queue.append(self._rollout(self._next_prompts()))
         return self._lag_queue.popleft()
+
+    def _next_prompts(self) -> Any:
+        """The next generation batch of the training data, in the order TRL's training loop reads them (its
+        dataloader: the same sampler and seed, this process's share), epoch after epoch; after a resume, from
+        where the checkpoint's reader was."""
+        if self._prompts is None:
+            self._prompts = self._generation_batches(skip=self._prompt_batches_read)
+        self._prompt_batches_read += 1
+        return next(self._prompts)
+
+    def _generation_batches(self, skip: int) -> Iterator[Any]:
+        loader = self.get_train_dataloader()
+        # TRL's sampler repeats each generation batch for every micro-step that trains on it; TRL generates on
+        # the first of them
+        repeats = self.args.steps_per_generation * self.num_iterations
+        seen = 0
+        for epoch in itertools.count():
+            if hasattr(loader, "set_epoch"):  # as the training loop does at each epoch
+                loader.set_epoch(epoch)
+            for i, batch in enumerate(loader):
+                if i % repeats == 0:
+                    if seen >= skip:
+                        yield batch
+                    seen += 1
 
     def _rollout(self, inputs):
         """Generate and score one batch (TRL), then add what the KL needs: reference log-probs, behaviour
@@ -307,6 +391,7 @@ class KLGRPOTrainer(GRPOTrainer):
             "lag_queue": list(self._lag_queue),
             "buffered_inputs": self._buffered_inputs,
             "step": self._step,
+            "prompt_batches_read": self._prompt_batches_read,
         }
         torch.save(buffers, self._buffers_path(folder))
         self.accelerator.wait_for_everyone()  # every rank's buffers are complete before trainer_state.json
@@ -335,6 +420,11 @@ class KLGRPOTrainer(GRPOTrainer):
         )
         self._lag_queue = deque(buffers["lag_queue"])
         self._buffered_inputs, self._step = self._relaid(buffers["buffered_inputs"], buffers["step"])
+        # A checkpoint saved before the prompts were read ahead: its generations read the loop's batches, one
+        # a round (the fill repeated the first); go on from the loop's place.
+        rounds = -(-self._step // (self.args.steps_per_generation * self.num_iterations))
+        self._prompt_batches_read = buffers.get("prompt_batches_read", rounds)
+        self._prompts = None
 
     def _relaid(
         self, buffered: list[dict[str, Any]] | None, step: int

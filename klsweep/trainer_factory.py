@@ -101,6 +101,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         processing_class=tokenizer,
         kl=kl,
         lag=config.offpolicy.lag,
+        # a base model's answer ends where the eval's does (a chat model's at its end-of-turn token)
+        stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
     )
     trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
     return trainer

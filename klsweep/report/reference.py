@@ -4,6 +4,7 @@ configuration of the sweep that matches its model, training task and configurati
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 REFERENCE_CSV = Path(__file__).resolve().parent / "paper_reference.csv"
+# A figure is shown only with the table or figure of the paper it was read from: a number quoted second-hand
+# cannot be checked, and one read off a plot is not a reported figure.
+_TRACED = re.compile(r"\b(?:Table|Figure|Fig\.)\s*[A-Z]?\d+", re.IGNORECASE)
+TRACED = 'a source naming the paper\'s table or figure, e.g. "arXiv 2512.21852, Table 2"'
 
 
 def reference_table(
@@ -51,6 +56,13 @@ def reference_table(
             )
         )
     ref = pd.read_csv(reference_csv)
+    untraced = [
+        Problem(f"{reference_csv}: row {i + 2}", f"source {source!r} names no table or figure", TRACED)
+        for i, source in enumerate(ref["source"])
+        if not _TRACED.search(str(source))
+    ]
+    if untraced:
+        raise UserError(untraced, title="reference figures without their place in the paper")
     rows = []
     for _, f in ref.iterrows():
         model = str(f["model"]).lower()

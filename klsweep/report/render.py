@@ -151,7 +151,10 @@ def _reference_note(report: Report) -> str | None:
     """What the reference section says when no figure of the study matches this sweep (md and HTML)."""
     if len(report.reference):
         return None
-    return "No configuration of this sweep matches a reported figure."
+    return (
+        "No configuration of this sweep matches a reported figure. klsweep's own table is empty until figures "
+        "are traced to a table or figure of the paper (klsweep/report/paper_reference.md)."
+    )
 
 
 def _html_table(cells: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:

@@ -360,6 +360,38 @@ def test_a_base_model_trains_on_plain_text_prompts(tmp_path, model_dir):
     assert store.read_metrics(run)[0]["reward_mean"] is not None
 
 
+def test_a_base_model_stops_at_the_tasks_stop_sequence(tmp_path, model_dir):
+    """model.chat_template false: training generation (HF generate, TRL's generation_kwargs) stops at the eval's
+    stop sequence of the task (tiny: a newline) and each completion is cut right after it: the text after the
+    answer is neither scored nor trained. A chat model's completions are not cut."""
+    import torch
+
+    from klsweep import tasks
+
+    stops = tasks.TINY_STOP_SEQUENCES
+    texts = {}
+    for chat in (False, True):
+        run = tmp_path / f"chat-{chat}"
+        write_config(run, model_dir, **{"model.chat_template": chat, "train.max_completion_length": 48})
+        trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        rows = [trainer.train_dataset[i] for i in range(4) for _ in range(4)]
+        torch.manual_seed(0)
+        out = trainer._generate_and_score_completions(rows)
+        texts[chat] = [
+            trainer.processing_class.decode(ids[mask.bool()], skip_special_tokens=True)
+            for ids, mask in zip(out["completion_ids"], out["completion_mask"], strict=True)
+        ]
+    assert trainer.args.generation_kwargs is None  # a chat model's generation is TRL's own
+    base = texts[False]
+    stopped = [t for t in base if any(s in t for s in stops)]
+    assert len(stopped) >= 4, base  # the random model writes newlines: the case is exercised
+    for text in stopped:  # the stop sequence ends the completion: nothing after it is trained
+        assert any(text.endswith(s) for s in stops) and sum(text.count(s) for s in stops) == 1, text
+    assert any(t.count("\n") > 1 or not t.endswith("\n") for t in texts[True] if "\n" in t)
+
+
 def test_prompts_longer_than_max_prompt_length_are_dropped(tmp_path, model_dir):
     """Too long for every prompt: the run fails saying so (the count is a metrics column otherwise)."""
     run = tmp_path / "run"
@@ -490,11 +522,13 @@ def test_train_command(tmp_path, model_dir, monkeypatch):
 
 @pytest.mark.slow
 def test_data_parallel_two_processes(tmp_path, model_dir):
-    """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files."""
+    """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files. With a policy
+    lag each rank reads its share of the prompts ahead (the trainer's second dataloader) and keeps its own
+    lag buffer."""
     import socket
 
     run = tmp_path / "run"
-    write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both"})
+    write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both", "offpolicy.lag": 1})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -522,6 +556,7 @@ def test_data_parallel_two_processes(tmp_path, model_dir):
     assert store.read_status(run)["state"] == "done"
     rows = store.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
+    assert [r["policy_lag"] for r in rows] == [0, 1]
     for rank in (0, 1):  # each rank's lag buffer is its own
         assert (store.checkpoints(run)[-1] / f"klsweep_buffers_rank{rank}.pt").is_file()
 

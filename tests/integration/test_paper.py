@@ -269,7 +269,7 @@ def test_latex_numbers_are_right_aligned(nasty):
 
 
 def _reference_sweep(root: Path) -> Path:
-    """A sweep that matches the study's figures: Qwen2.5-7B on MATH, k1 in the reward and k3 in the loss."""
+    """A sweep that matches the figures of REFERENCE: Qwen2.5-7B on MATH, k1 in the reward and k3 in the loss."""
     grid = [
         {
             "model.name": "qwen2.5-7b",
@@ -288,8 +288,8 @@ def _reference_sweep(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_reference_numbers_ship_in_a_regular_install(tmp_path):
-    """A wheel of klsweep holds the study's figures, and an install of it (not editable, outside the checkout)
-    puts them beside ours."""
+    """A wheel of klsweep holds the study's figures table (empty: none is traced to a table of the paper yet),
+    and an install of it (not editable, outside the checkout) reads it and says so."""
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside pyproject.toml
     shutil.copytree(REPO / "klsweep", source / "klsweep", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
@@ -344,13 +344,22 @@ def test_reference_numbers_ship_in_a_regular_install(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     where, count = proc.stdout.split()[-2:]
-    assert Path(where).is_relative_to(site) and int(count) == 2
+    assert Path(where).is_relative_to(site) and int(count) == 0
     md = (sweep / "report" / "report.md").read_text()
-    assert "0.508" in md and "0.429" in md and "No configuration" not in md
+    assert "klsweep's own table is empty" in md
+
+
+REFERENCE = (
+    "model,task,estimator,placement,level,beta,lag,eval,metric_label,value,source\n"
+    "Qwen2.5-7B,math,k1,reward,,,0,college_physics,MMLU college physics,0.508,test Table 1\n"
+    "Qwen2.5-7B,math,k3,loss,,,0,college_physics,MMLU college physics,0.429,test Table 1\n"
+)
 
 
 def test_reference_in_md_and_html(tmp_path):
-    report = rp.build_report(_reference_sweep(tmp_path), formats=("md", "html"))
+    reference = tmp_path / "reference.csv"
+    reference.write_text(REFERENCE)
+    report = rp.build_report(_reference_sweep(tmp_path), formats=("md", "html"), reference_csv=reference)
     assert list(report.reference["paper"]) == [0.508, 0.429]
     html = (report.out_dir / "report.html").read_text()
     assert "0.508" in html and "MMLU college physics" in html

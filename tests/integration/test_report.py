@@ -387,15 +387,22 @@ def test_reference_figures_beside_ours(tmp_path):
     import pandas as pd
 
     shipped = pd.read_csv(REPO / "klsweep" / "report" / "paper_reference.csv")
-    assert sorted(shipped["value"]) == [0.429, 0.508]  # only what docs/KL.md states
-    assert shipped["source"].str.contains("2512.21852").all()
-    assert set(shipped["model"]) == {"Qwen2.5-7B"}
+    # only figures traced to a named table or figure of the paper; none could be (paper_reference.md)
+    assert shipped.empty and "source" in shipped.columns
+
+    header = "model,task,estimator,placement,level,beta,lag,eval,metric_label,value,source\n"
+    untraced = tmp_path / "untraced.csv"
+    untraced.write_text(
+        header
+        + 'Qwen2.5-7B,math,k1,reward,,,0,college_physics,MMLU physics,0.508,"arXiv 2512.21852, as quoted"\n'
+    )
+    with pytest.raises(UserError, match="row 2.*names no table or figure"):
+        rp.build_report(FIXTURE, tmp_path / "out0", formats=("md",), reference_csv=untraced)
 
     ref = tmp_path / "ref.csv"
     ref.write_text(
-        "model,task,estimator,placement,level,beta,lag,eval,metric_label,value,source\n"
-        "TINY,tiny,k1,reward,,,0,mul,tiny multiplication,0.5,test\n"
-        "tiny,tiny,k1,reward,,0.3,0,mul,tiny multiplication,0.6,test (beta does not match)\n"
+        header + "TINY,tiny,k1,reward,,,0,mul,tiny multiplication,0.5,test Table 1\n"
+        "tiny,tiny,k1,reward,,0.3,0,mul,tiny multiplication,0.6,test Figure 2 (beta does not match)\n"
     )
     r = rp.build_report(FIXTURE, tmp_path / "out", formats=("md",), reference_csv=ref)
     assert len(r.reference) == 1

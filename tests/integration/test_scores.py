@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from klsweep import evaluate as ev
 from klsweep import store, tasks
-from klsweep.config import EvalSection
+from klsweep.config import EvalSection, TaskSection
 
 PAPER = ev.TASKS_DIR / "paper"
 MMLU = ("physics", "chemistry", "biology")
@@ -45,6 +45,10 @@ MMLU_DOCS = {
     "biology": [
         ("Powerhouse of the cell?", 2, "The mitochondrion: \\boxed{C. mitochondrion}", 1),
         ("Carrier of heredity?", 0, "DNA \\boxed{Adenine}", 0),  # a word, not a letter
+        ("Site of photosynthesis?", 1, "Chloroplasts.\n\n**Answer: B**", 1),
+        ("Site of protein synthesis?", 3, "Ribosomes, so\n\nAnswer: (D)", 1),
+        ("Unit of life?", 1, "The cell. Final answer: B", 1),
+        ("Basic unit of heredity?", 0, "Genes; answer choices B and C are wrong. Answer: A is it", 1),
     ],
 }
 CANNED = {q: c for q, _, c, _ in MATH500} | {q: c for docs in MMLU_DOCS.values() for q, _, c, _ in docs}
@@ -191,8 +195,9 @@ def test_canned_completions_score_by_the_rule_through_lm_eval(
 
 
 def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
-    """The MATH-500 task stops where the reward cuts (tasks.MATH_STOP_SEQUENCES); every task of the suite has
-    one filter chain at most, so that lm-eval's table has one score per task."""
+    """The MATH-500 task stops where the reward cuts (tasks.MATH_STOP_SEQUENCES) and where a base model's
+    training generation stops (tasks.stop_sequences); every task of the suite has one filter chain at most, so
+    that lm-eval's table has one score per task."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     found = ev.resolve_tasks(ev.load_suite("paper"))
@@ -200,8 +205,10 @@ def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
         task = load_yaml(yaml_path, resolve_func=False)
         assert len(task.get("filter_list") or []) <= 1, name
         until = task["generation_kwargs"]["until"]
+        assert set(tasks.END_TOKENS) <= set(until), name
         if name == "klsweep_math500":
             assert set(tasks.MATH_STOP_SEQUENCES) <= set(until)
+            assert set(until) == set(tasks.stop_sequences(TaskSection(name="math")))
         else:
             assert "Question:" in until
 
@@ -215,6 +222,14 @@ def test_shipped_stop_sequences_and_one_filter_per_task() -> None:
         ("the answer is: \\textbf{A}", "A"),
         ("\\boxed{B} then the answer is (C)", "B"),  # the box comes first
         ("The answer is a bit unclear", ""),
+        ("**Answer: C**", "C"),
+        ("**Answer:** C", "C"),
+        ("Answer: (D)", "D"),
+        ("Final answer: B", "B"),
+        ("ANSWER: A.", "A"),
+        ("Answer: (B)\n\nthen Final Answer: $C$", "C"),  # the last statement counts
+        ("the answer choices are long", ""),
+        ("Answer: Because", ""),
         ("\\boxed{42}", ""),
         ("no answer at all", ""),
     ],

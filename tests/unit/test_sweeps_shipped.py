@@ -40,6 +40,9 @@ def test_paper_sweep_is_the_study(tmp_path):
     assert {c["train"]["group_size"] for c in runs} == {5}
     assert {c["train"]["sharding"] for c in runs} == {"fsdp"}
     assert {c["seed"] for c in runs} == {0, 1, 2}
+    # the eval writes as long as the paper's wordiest model needs: Qwen3-4B-Instruct-2507's MATH-500 answers
+    # run past 2,048 tokens (its card recommends 16,384), and a cut answer has no box and scores 0
+    assert {c["eval"]["max_gen_toks"] for c in runs} == {16384}
     assert {c["kl"]["beta"] for c in runs} == {0.0, 0.05, 0.1, 0.3, 1.0}
     kl_runs = [c for c in runs if c["kl"]["beta"] > 0]
     assert {(c["kl"]["estimator"], c["kl"]["placement"]) for c in kl_runs} == {

@@ -3,8 +3,9 @@ as cut by the task's stop sequences, its last ``\\boxed{}`` the final answer.
 
 - MATH-500 (``process_math500``): ``klsweep.tasks.math_correct``, the MATH reward itself (no box, no credit).
 - MMLU (``choice_letters``, the tasks' one filter): the letter A-D in the last ``\\boxed{}`` (``\\text{}``,
-  ``\\textbf{}`` and parentheses around it allowed: ``\\boxed{\\textbf{(D)}}``), else the last "answer is (X)",
-  else the last ``\\textbf{X}``; nothing (a score of 0) when none is there.
+  ``\\textbf{}`` and parentheses around it allowed: ``\\boxed{\\textbf{(D)}}``), else the last statement of the
+  answer ("the answer is (X)", "Answer: X", "**Answer: X**", "Final answer: X"; any case, bold, ``$``, parentheses
+  allowed), else the last ``\\textbf{X}``; nothing (a score of 0) when none is there.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import Any
 
 _WRAPPED = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 _LETTER = re.compile(r"^\(?([A-D])\)?(?=$|[\s.,:;)])")
-_ANSWER_IS = re.compile(r"[Aa]nswer is:?\s*(?:\\textbf\{|\*\*|\$)?\s*\(?([A-D])(?![A-Za-z])")
+# "answer is", "Answer:", "**Answer: C**", "Final answer: (B)", "The answer is: $A$": the word answer (any case)
+# followed by "is" or a colon (not "answer choices B and C"), then the letter, maybe bold, in $ or parentheses.
+_ANSWER_IS = re.compile(
+    r"(?i:answer)(?:\s+is\s*:?|\s*:)\s*(?:\*\*)?\s*(?:\\textbf\{|\$)?\s*\(?([A-D])(?![A-Za-z])"
+)
 _BOLD = re.compile(r"\\textbf\{\s*\(?([A-D])\)?\s*\}")
 
 

@@ -207,3 +207,69 @@ def test_eval_scores_only_checkpoints_with_hugging_face_weights(tmp_path):
         runs._checkpoint_items(run, suite, "last")
     shutil.copytree(shipped_model_path(), run / store.CHECKPOINTS_DIR / "checkpoint-2")
     assert [i.checkpoint for i in runs._checkpoint_items(run, suite, "all")] == ["checkpoint-2"]
+
+
+@pytest.mark.fsdp
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_preemption_of_an_fsdp_job_requeues_and_resumes_from_its_shards(tmp_path, monkeypatch):
+    """2 Slurm tasks, ``train.sharding: fsdp``, lag 1: USR2 (what Slurm sends before preemption or the time limit)
+    makes every rank write its shard of a checkpoint at the end of the step in progress; the job requeues itself
+    and resumes from those shards: every metrics step written once, the steps before the save kept as they were,
+    every step after the fill trained on a batch generated one step earlier (each rank's lag buffers back)."""
+    import subprocess
+
+    import launcher_jobs as jobs
+
+    from klsweep import layout, submit
+    from klsweep.tinymodel import shipped_model_path
+
+    monkeypatch.setenv(layout.TEST_FSDP_ON_CPU, "1")  # sbatch hands the job this environment
+    lag, steps = 1, 8
+    sweep = tmp_path / "fsdppreempt"
+    plan = jobs.make_plan(
+        sweep,
+        [0],
+        **{
+            "model.path": str(shipped_model_path()),
+            "model.resources.tasks_per_node": 2,
+            "train.sharding": "fsdp",
+            "train.steps": steps,
+            "train.save_steps": 1000,  # the preemption's save only (and the final one)
+            "train.keep_checkpoints": None,
+            "train.prompts_per_step": 2,
+            "train.max_completion_length": 8,
+            "train.learning_rate": 1e-4,
+            "kl.beta": 0.1,
+            "offpolicy.lag": lag,
+            "wandb.mode": "disabled",
+        },
+    )
+    run_dir = plan.runs[0].run_dir
+    (job_id,) = [r["job_id"] for r in submit.submit(plan, "slurm").jobs]
+
+    def rows() -> list[dict]:
+        return store.read_metrics(run_dir)
+
+    jobs.follow(sweep, lambda _: len(rows()) >= 2, "first steps", timeout_s=400)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    signalled = {r["step"]: r["time"] for r in rows()}
+
+    def ended(r: submit.RunStatus) -> bool:
+        return r.state in store.FINAL_STATES
+
+    run = jobs.follow(sweep, ended, "the end", timeout_s=400)
+    if run.state == "failed":  # the flaky in-job requeue report (test_slurm.py): the requeued job goes on
+        run = jobs.follow(sweep, lambda r: ended(r) and r.state != "failed", "the end after a requeue")
+    assert run.state == "done" and run.step == steps, run.log_tail
+    assert run.job_id == job_id  # the same job, requeued
+    saved = [c for c in store.checkpoints(run_dir) if store.checkpoint_step(c) < steps]
+    assert len(saved) == 1 and store.checkpoint_step(saved[0]) >= max(signalled)  # the preemption's save
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (saved[0] / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert not store.has_weights(saved[0]) and store.has_weights(store.checkpoints(run_dir)[-1])
+    final = rows()
+    assert [r["step"] for r in final] == list(range(1, steps + 1))
+    times = {r["step"]: r["time"] for r in final}
+    assert {s: times[s] for s in signalled} == signalled  # resumed from the preemption save, not restarted
+    assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)

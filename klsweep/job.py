@@ -168,6 +168,7 @@ def _save_final(trainer: KLGRPOTrainer, state: str, reason: str | None, is_main:
     folder = Path(trainer.args.output_dir) / f"checkpoint-{step}"
     if not (folder / store.TRAINER_STATE).exists():
         trainer._save_checkpoint(trainer.model, trial=None)
+    trainer.save_consolidated(folder)  # sharded (FSDP): the final weights also whole, for eval
     if is_main:
         store.write_json(folder / store.FINAL_MARKER, {"state": state, "step": step, "reason": reason})
     return folder.name

@@ -24,15 +24,18 @@ Sharding (``train.sharding``):
   (the model's ``_no_split_modules``), all-gathered layer by layer in the compute dtype, with FSDP's activation
   checkpointing; gradients are reduce-scattered in the compute dtype (accelerate's mixed-precision policy) and
   applied to the float32 shards. The reference is sharded by TRL's ``prepare_fsdp`` as one unit: each of its
-  forwards all-gathers its whole weights (compute dtype) for a moment. Checkpoints are full state dicts
-  gathered on rank 0: ``model.safetensors`` (what eval reads) and accelerate's ``pytorch_model_fsdp.bin`` (the
-  same float32 weights, what a resume reads) beside the optimizer state, 16 bytes a parameter (12 with
-  ``none``: float32 weights and AdamW's two moments). GPUs only: accelerate applies its FSDP plugin only to
-  accelerator processes (on CPUs it would silently train unsharded), so ``fsdp`` on a CPU is refused.
+  forwards all-gathers its whole weights (compute dtype) for a moment. Checkpoints are sharded
+  (``SHARDED_STATE_DICT``, torch.distributed.checkpoint): each rank writes its own shard of the float32 policy
+  (``pytorch_model_fsdp_0/__<rank>_0.distcp``) and of the AdamW state (``optimizer_0/``), what a resume reads,
+  beside the model's config and tokenizer; the final checkpoint also gets the whole weights gathered into
+  ``model.safetensors`` (what eval reads; ``KLGRPOTrainer.save_consolidated``). On GPUs; on CPUs only in the
+  tests (``TEST_FSDP_ON_CPU``): accelerate applies its FSDP plugin only to accelerator processes (on CPUs it
+  would silently train unsharded), so ``fsdp`` on a CPU is refused otherwise. docs/DESIGN.md (FSDP2).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,14 @@ from klsweep.errors import Problem, UserError
 SHARDING = ("none", "fsdp")  # train.sharding
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype
 MASTER_DTYPE = "float32"  # the trained policy's weights, gradients and optimizer state
+# Test-only: "1" lets ``fsdp`` run on CPU processes (gloo), accelerate made to apply its FSDP2 plugin there
+# (``shard_cpu_processes``). Only the tests marked ``fsdp`` set it; a user's CPU run is still refused.
+TEST_FSDP_ON_CPU = "KLSWEEP_TEST_FSDP_ON_CPU"
+
+
+def fsdp_on_cpu() -> bool:
+    """Whether this process may shard over CPU processes (the test-only ``TEST_FSDP_ON_CPU``)."""
+    return os.environ.get(TEST_FSDP_ON_CPU) == "1"
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,7 @@ def layout(model_dtype: str, sharding: str, gpu: bool) -> Layout:
         problems.append(Problem("model.dtype", "float16 autocast needs a GPU", "auto, float32, bfloat16"))
     if sharding not in SHARDING:
         problems.append(Problem("train.sharding", f"{sharding!r} is not valid", ", ".join(SHARDING)))
-    elif sharding == "fsdp" and not gpu:
+    elif sharding == "fsdp" and not gpu and not fsdp_on_cpu():
         problems.append(
             Problem(
                 "train.sharding",
@@ -97,10 +108,36 @@ def training_arguments(lay: Layout, gpu: bool, world: int) -> dict[str, Any]:
             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",  # one unit per decoder layer
             "reshard_after_forward": True,
             "activation_checkpointing": True,  # FSDP's own (the Trainer's would all-gather again)
-            "state_dict_type": "FULL_STATE_DICT",
+            "state_dict_type": "SHARDED_STATE_DICT",  # each rank writes its own shard (DCP)
         }
         args["activation_checkpointing"] = False
     return args
+
+
+def shard_cpu_processes() -> None:
+    """Test-only (``TEST_FSDP_ON_CPU``): make accelerate apply its FSDP plugin to a multi-process CPU run, as it
+    does to GPU processes. accelerate's ``AcceleratorState`` turns a plugin into ``DistributedType.FSDP`` only
+    for accelerator process groups (MULTI_GPU, MULTI_XPU, ...) and drops it for MULTI_CPU; torch's FSDP2
+    (``fully_shard``) itself shards over a CPU device mesh (gloo). Wraps ``AcceleratorState.__init__`` once
+    in this process to do the same for MULTI_CPU."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+    if getattr(original, "klsweep_cpu_fsdp", False):
+        return
+
+    def __init__(self, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type  # as accelerate's own end
+
+    __init__.klsweep_cpu_fsdp = True  # type: ignore[attr-defined]
+    AcceleratorState.__init__ = __init__  # type: ignore[method-assign]
 
 
 def torch_dtype(name: str) -> Any:

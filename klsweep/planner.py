@@ -45,7 +45,7 @@ Time and GPU-hours (``klsweep.cost``): each run's step time estimated from the G
 time limit x GPUs x tries, 1 + ``cluster.max_requeues``, plus the eval job's limit). ``warnings`` flags runs that
 need requeues, memory within ``AT_RISK`` of the GPU and checkpoints past ``STORAGE_WARN_GB``. Storage: the checkpoints a run keeps
 (``train.keep_checkpoints`` of its ``ceil(steps / save_steps)`` saves), each fp32 weights and AdamW moments
-(12 bytes per parameter; 16 under FSDP, where accelerate also writes a full fp32 copy of the weights); one more
+(12 bytes per parameter; under FSDP sharded, and the final one 4 more: its whole fp32 weights for eval); one more
 exists briefly while a new one is written.
 """
 
@@ -71,9 +71,10 @@ GIB = 2**30
 OVERHEAD_GB = 2.0  # per process: CUDA context, NCCL and cuBLAS workspaces
 FRAGMENTATION = 0.10  # caching-allocator headroom on the estimated tensors
 VLLM_SHARE = 0.3  # TRL's vllm_gpu_memory_utilization (colocate mode), the GPU fraction vLLM reserves
-# fp32 weights (4) + AdamW moments (8); under FSDP accelerate writes a second full fp32 copy of the weights
-# (pytorch_model_fsdp.bin) beside the model's own: 16
-CHECKPOINT_BYTES_PER_PARAM = {"none": 12, "fsdp": 16}
+# fp32 weights (4) + AdamW moments (8); under FSDP the same, sharded (each rank writes 12/W of it), and the final
+# checkpoint also the whole fp32 weights for eval (FINAL_BYTES_PER_PARAM; docs/DESIGN.md, FSDP2)
+CHECKPOINT_BYTES_PER_PARAM = {"none": 12, "fsdp": 12}
+FINAL_BYTES_PER_PARAM = {"none": 0, "fsdp": 4}
 _LAG_BYTES_PER_TOKEN = 24  # a queued batch per token: ids, masks, behaviour and reference log-probs
 _EXAMPLES = 3  # run ids named in a grouped problem
 AT_RISK = 0.10  # a peak within this fraction of the GPU's memory is flagged (slurm/README.md)
@@ -345,6 +346,7 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     saves = math.ceil(int(train["steps"]) / int(train["save_steps"]))
     keep = train.get("keep_checkpoints")
     kept = saves if keep is None else min(int(keep), saves)
+    sharding = train.get("sharding", "none")
     # vLLM's KV cache: its share of the GPU less its bf16 copy of the weights
     share = vllm_share(config)
     kv_room = share - cost.COMPUTE_BYTES * arch.params if share is not None else None
@@ -352,7 +354,9 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     return Estimate(
         peak_gb=sum(parts.values()),
         limit_gpu_hours=train_limit + eval_limit,
-        storage_gb=kept * CHECKPOINT_BYTES_PER_PARAM[train.get("sharding", "none")] * arch.params / GIB,
+        storage_gb=(kept * CHECKPOINT_BYTES_PER_PARAM[sharding] + FINAL_BYTES_PER_PARAM[sharding])
+        * arch.params
+        / GIB,
         parts=parts,
         gpus=gpus,
         gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,

@@ -3,7 +3,8 @@
 ``PREEMPTION`` (this process's ``Preemption``) knows the trainer training here; the submission layer's signal
 handler hands it submitit's checkpoint-and-requeue (``defer_to_step_end``), the trainer's callback
 (``Preemption.callback``) saves a checkpoint on every rank at the end of the step and runs it there.
-``save_on_preemption``: submitit's own checkpoint hook, a save where no deferral happened.
+``save_on_preemption``: submitit's own checkpoint hook, a save where no deferral happened. Under FSDP the
+save is sharded (each rank writes its own shard, ``KLGRPOTrainer``), and the requeued job resumes from it.
 Why and the whole path (signal, save, requeue, resume): docs/DESIGN.md (Preemption).
 """
 

@@ -65,6 +65,13 @@ REPORT_DIR = "report"
 FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"state", "step", "reason"}
 TRAIN_LOCK = ".train.lock"  # held (flock) by the process training the run; holds its pid, host, job id
 TRAIN_LOCK_WAIT_S = 30.0  # how long a trainer waits for the lock (a dying trainer releases it at its exit)
+# Hugging Face weights files (one of them): what eval loads from a checkpoint
+HF_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
 
 
@@ -300,6 +307,13 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
         return []
     found = [p for p in d.glob("checkpoint-*") if p.is_dir() and (p / "config.json").exists()]
     return sorted(found, key=checkpoint_step)
+
+
+def has_weights(checkpoint: str | os.PathLike) -> bool:
+    """Whether a checkpoint holds Hugging Face weights (what eval loads): not so a sharded FSDP checkpoint but
+    the final one (docs/DESIGN.md, FSDP2)."""
+    folder = Path(checkpoint)
+    return any((folder / name).exists() for name in HF_WEIGHTS)
 
 
 def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:

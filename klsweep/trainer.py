@@ -394,8 +394,27 @@ class KLGRPOTrainer(GRPOTrainer):
             "prompt_batches_read": self._prompt_batches_read,
         }
         torch.save(buffers, self._buffers_path(folder))
+        if self.sharded_checkpoints and self.args.should_save:
+            # transformers writes no Hugging Face files beside the shards: the config makes the folder a
+            # checkpoint (klsweep.store.checkpoints), the tokenizer goes with it as in a full save
+            self.accelerator.unwrap_model(self.model).config.save_pretrained(folder)
+            self.processing_class.save_pretrained(folder)
         self.accelerator.wait_for_everyone()  # every rank's buffers are complete before trainer_state.json
         super()._save_checkpoint(model, trial)
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether checkpoints hold each rank's shard of the policy and optimizer (FSDP's SHARDED_STATE_DICT,
+        torch.distributed.checkpoint) rather than Hugging Face weights."""
+        return self.is_fsdp_enabled and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)
+
+    def save_consolidated(self, folder: str | os.PathLike) -> None:
+        """Write the policy's whole weights into the checkpoint ``folder`` in Hugging Face format
+        (``model.safetensors``, float32: what eval reads), gathered from the ranks' shards; a no-op unless
+        checkpoints are sharded. Collective: every rank calls it."""
+        if not self.sharded_checkpoints:
+            return
+        self._save(os.fspath(folder), state_dict=self.accelerator.get_state_dict(self.model))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

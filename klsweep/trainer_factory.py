@@ -41,6 +41,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     kl = KLConfig(**vars(config.kl))
     gpu = torch.cuda.is_available()
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
+    if lay.sharding == "fsdp" and not gpu:  # only where the tests allow it (layout.TEST_FSDP_ON_CPU)
+        layout.shard_cpu_processes()
     vllm_ready = gpu and importlib.util.find_spec("vllm") is not None
     if train.use_vllm and not vllm_ready:  # never HF generate in its place
         why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"

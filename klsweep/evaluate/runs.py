@@ -45,9 +45,12 @@ def _checkpoint_items(run_dir: Path, suite: Suite, checkpoints: str) -> list[Ite
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
     model = run_config(run_dir).model
-    found = store.checkpoints(run_dir)
+    found = [c for c in store.checkpoints(run_dir) if store.has_weights(c)]  # not an FSDP shard's only
     if not found:
-        raise EvalError(f"{run_dir.name}: no complete checkpoint under {run_dir / store.CHECKPOINTS_DIR}")
+        raise EvalError(
+            f"{run_dir.name}: no complete checkpoint with Hugging Face weights under "
+            f"{run_dir / store.CHECKPOINTS_DIR} (sharded FSDP checkpoints have them only where the run ended)"
+        )
     chosen = found if checkpoints == "all" else found[-1:]
     hash_dir = run_dir / store.EVAL_DIR / suite.hash
     return [

@@ -435,11 +435,12 @@ def test_bf16_compute_trains_float32_master_weights(tmp_path, model_dir, monkeyp
     assert in_bf16 / total < 0.1
 
 
-def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path, model_dir):
+def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path, model_dir, monkeypatch):
     """``train.sharding: fsdp`` gives accelerate an FSDP2 plugin (transformers' ``fsdp``/``fsdp_config``) that
-    shards the policy per decoder layer, with FSDP's activation checkpointing and full state-dict checkpoints.
-    accelerate applies an FSDP plugin only to accelerator processes (a CPU run would silently train unsharded),
-    so on a CPU this checks the plugin accelerate would build, and that a CPU run is refused."""
+    shards the policy per decoder layer, with FSDP's activation checkpointing and sharded checkpoints (each rank
+    its own shard). accelerate applies an FSDP plugin only to accelerator processes (a CPU run would silently
+    train unsharded), so a CPU run is refused unless the tests allow it (tests/integration/test_fsdp.py trains
+    it on 2 CPU processes)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
     from transformers import AutoModelForCausalLM
@@ -457,7 +458,7 @@ def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path
     assert not args.activation_checkpointing  # with FSDP's own, the Trainer refuses to start
     plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward and plugin.activation_checkpointing
-    assert "FULL_STATE_DICT" in str(plugin.state_dict_type)
+    assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     wraps = fsdp2_prepare_auto_wrap_policy(plugin, model)
     units = [m for m in model.modules() if wraps(m)]
@@ -466,6 +467,7 @@ def test_fsdp_shards_each_decoder_layer_on_gpus_and_is_refused_on_a_cpu(tmp_path
 
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.sharding": "fsdp"})
+    monkeypatch.delenv(layout.TEST_FSDP_ON_CPU, raising=False)
     with pytest.raises(UserError, match="train.sharding: fsdp needs GPUs"):
         trainer_factory.build_trainer(config_mod.load_run(run), run)
 

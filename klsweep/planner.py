@@ -507,7 +507,20 @@ def check(plan: Plan) -> dict[str, Estimate]:
             for (key, what, allowed), ids in grouped.items()
         ]
         raise UserError(problems, title="runs that cannot start or fit")
+    _check_tiny_model(plan)
     return estimates
+
+
+def _check_tiny_model(plan: Plan) -> None:
+    """The shipped tiny model checked against its ``SHA256SUMS`` (``tinymodel.verified``) when a run uses it,
+    before anything is written: a damaged one is found at plan time, not in the jobs."""
+    if any(r.config["model"].get("path") == "tiny" for r in plan.runs):
+        from klsweep import tinymodel
+
+        try:
+            tinymodel.shipped_model_path()
+        except tinymodel.TinyModelError as e:
+            raise UserError(Problem("model.path: tiny", str(e)), title="the tiny model is damaged") from e
 
 
 def run_label(plan: Plan, run_id: str) -> str:

@@ -22,8 +22,12 @@ Layout (one sweep)::
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
                                    (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
-            .train.lock            flock'd by the process training the run (``training``; its pid, host, job id)
+            .train.lock            flock'd, with the run folder, by the process training the run (``training``;
+                                   its pid, host, job id)
         report/                    tables and plots (`klsweep report`)
+
+A rehearsal's folder and its run folders hold ``REHEARSAL_MARKER``: the readers of a sweep refuse them
+(``refuse_rehearsal``), whatever their runs' states say.
 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the
 JSONL files are appended to line by line. What a reader does when a file is damaged anyway (a full disk, a copy
@@ -441,6 +445,22 @@ def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
         for p in d.iterdir()
         if p.is_dir() and p.name not in (BASELINE_DIR, REPORT_DIR) and (p / CONFIG_FILE).exists()
     )
+
+
+def sweep_runs(sweep_dir: str | os.PathLike) -> list[Path]:
+    """The run folders of a sweep (``run_dirs``); ``UserError`` when it has none: the folder is not a sweep's
+    (``klsweep status /``), or nothing was launched in it."""
+    dirs = run_dirs(sweep_dir)
+    if not dirs:
+        raise UserError(
+            Problem(
+                str(sweep_dir),
+                "has no runs (no sub-folder with a config.yaml)",
+                "a sweep folder: plan and launch it with `klsweep run`",
+            ),
+            title="no runs",
+        )
+    return dirs
 
 
 def resolve_sweep(

@@ -59,16 +59,7 @@ def build_report(
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
     tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
-    dirs = store.run_dirs(sweep)
-    if not dirs:
-        raise UserError(
-            Problem(
-                str(sweep),
-                "has no runs (no sub-folder with a config.yaml)",
-                "plan and launch it: `klsweep run`",
-            ),
-            title="nothing to report",
-        )
+    dirs = store.sweep_runs(sweep)
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
     store.check_writable(
         out, "--out" if out_dir is not None else str(sweep), "a folder you can write to: --out DIR"

@@ -113,3 +113,16 @@ def test_one_trainer_per_run_even_when_its_lock_file_is_removed(tmp_path):
     assert store.trainer_of(run_dir) is None
     with store.training(run_dir, wait_s=0.5):
         assert store.trainer_of(run_dir)["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("command", ["status", "report"])
+def test_status_and_report_agree_on_a_folder_without_runs(command, tmp_path, monkeypatch, capsys):
+    """Issue 32 D27: `klsweep status /` exited 0 with an empty table where `report /` said "has no runs"."""
+    from clitools import cli
+
+    (tmp_path / "notes").mkdir()
+    for folder in (tmp_path, Path("/")):
+        code, out, err = cli([command, folder], monkeypatch, capsys)
+        assert code == 2 and f"{folder}: has no runs" in " ".join(err.split()), out + err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]

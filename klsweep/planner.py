@@ -541,10 +541,12 @@ def summary(plan: Plan) -> dict[str, Any]:
     GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
     estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, largest
     per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
-    Raises ``check``'s ``UserError``."""
+    Raises ``check``'s ``UserError``, and ``store.refuse_rehearsal``'s when the out folder holds a
+    rehearsal."""
     from klsweep import store
 
     estimates = check(plan)
+    store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
     todo = [r for r in plan.runs if store.read_status(r.run_dir).get("state") != "done"]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:

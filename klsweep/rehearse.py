@@ -45,7 +45,7 @@ STAGES = ("train", "resume", "eval", "report")
 DEFAULT_OUT = Path("results") / ".rehearsal"
 MARKER = store.REHEARSAL_MARKER  # in a rehearsal's folder and run folders: a rerun replaces only a marked
 # folder, and run, status, eval and report refuse one (store.refuse_rehearsal)
-MARKER_TEXT = "a klsweep rehearsal: tiny random models, never a sweep's results\n"
+MARKER_TEXT = "a klsweep rehearsal: stand-in models trained a few steps, never a sweep's results\n"
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)  # fmt: skip
 
@@ -353,7 +353,8 @@ def rehearse(
     on_run: Callable[[RunRehearsal], None] | None = None,
 ) -> Rehearsal:
     """Rehearse the covering runs of a grid in this process (see the module docstring). ``UserError`` when
-    another rehearsal writes the same folder, or the folder holds anything but a rehearsal (``_only_rehearsal``)."""
+    another rehearsal writes the same folder, or the folder holds anything but a rehearsal
+    (``_only_rehearsal``)."""
     from klsweep import grid, planner
 
     start = time.time()
@@ -368,11 +369,12 @@ def rehearse(
 
 
 def _only_rehearsal(folder: Path) -> int:
-    """Before a rehearsal into ``folder``: a lock (``flock``) on ``.<name>.rehearse.lock`` beside it, held until
-    the returned fd is closed, so that a second rehearsal into the same folder is refused instead of removing
-    the first one's files; then the folder emptied, when it holds a previous rehearsal. ``UserError`` (nothing
-    touched) when another rehearsal holds the lock, or the folder holds something else: a sweep's results
-    (``klsweep run`` leaves its jobs.jsonl even in a marked folder), whatever a user put there."""
+    """Before a rehearsal into ``folder``: a lock (``flock``) on ``.<name>.rehearse.lock`` beside it, held
+    until the returned fd is closed, so that a second rehearsal into the same folder is refused instead of
+    removing the first one's files; then the folder emptied, when it holds a previous rehearsal.
+    ``UserError`` (nothing touched) when another rehearsal holds the lock, or the folder holds something
+    else: a sweep's results (``klsweep run`` leaves its jobs.jsonl even in a marked folder), whatever a user
+    put there."""
     import fcntl
 
     problem = store.not_a_folder(folder)

@@ -22,8 +22,8 @@ Layout (one sweep)::
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
                                    (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
-            .train.lock            flock'd, with the run folder, by the process training the run (``training``;
-                                   its pid, host, job id)
+            .train.lock            flock'd, with the run folder, by the process training the run
+                                   (``training``; its pid, host, job id)
         report/                    tables and plots (`klsweep report`)
 
 A rehearsal's folder and its run folders hold ``REHEARSAL_MARKER``: the readers of a sweep refuse them
@@ -71,9 +71,7 @@ FINAL_MARKER = "klsweep_final.json"  # in the checkpoint where a run ended: {"st
 TRAIN_LOCK = ".train.lock"  # held (flock) by the process training the run; holds its pid, host, job id
 TRAIN_LOCK_WAIT_S = 30.0  # how long a trainer waits for the lock (a dying trainer releases it at its exit)
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
-REHEARSAL_MARKER = (
-    ".klsweep-rehearsal"  # in a rehearsal's folder and in each of its run folders (rehearse.py)
-)
+REHEARSAL_MARKER = ".klsweep-rehearsal"  # in a rehearsal's folder and its run folders (rehearse.py)
 
 
 class UnreadableFile(UserError):
@@ -495,8 +493,8 @@ def rehearsals_in(folder: str | os.PathLike) -> list[Path]:
 
 
 def refuse_rehearsal(folder: str | os.PathLike) -> None:
-    """``UserError`` when ``folder`` is, lies in or holds a rehearsal (``rehearsals_in``): its runs are tiny
-    random models trained a few steps, never a sweep's results, whatever their state says."""
+    """``UserError`` when ``folder`` is, lies in or holds a rehearsal (``rehearsals_in``): its runs are
+    stand-in models trained a few steps, never a sweep's results, whatever their state says."""
     marked = rehearsals_in(folder)
     if not marked:
         return
@@ -506,7 +504,8 @@ def refuse_rehearsal(folder: str | os.PathLike) -> None:
         Problem(
             str(folder),
             f"{where} a rehearsal (`klsweep rehearse`: stand-in models, a few steps), not a sweep's results",
-            f"a sweep folder made by `klsweep run`; remove the rehearsal (rm -r {rehearsal}) or use another --out",
+            f"a sweep folder made by `klsweep run`; remove the rehearsal (rm -r {rehearsal}) "
+            "or use another --out",
         ),
         title="a rehearsal is not a sweep",
     )
@@ -571,9 +570,9 @@ def training(run_dir: str | os.PathLike, wait_s: float | None = None) -> Iterato
     cannot miss: a user who removes ``.train.lock`` while a run trains removes only the record, and a second
     trainer still finds the folder locked; the file's lock stays for what reads it (an older klsweep). Waits
     up to ``wait_s`` (default ``TRAIN_LOCK_WAIT_S``) for another holder to let go, then raises
-    ``AlreadyTraining`` naming it. Reentrant in one process. On a file system without ``flock`` (Lustre mounted
-    without it, some NFS setups) it trains unlocked, with a line on stderr: there the scheduler's one job per
-    run is the guarantee."""
+    ``AlreadyTraining`` naming it. Reentrant in one process. On a file system without ``flock`` (Lustre
+    mounted without it, some NFS setups) it trains unlocked, with a line on stderr: there the scheduler's one
+    job per run is the guarantee."""
     run_dir = Path(run_dir)
     key = os.path.realpath(run_dir)
     if key in _held:

@@ -51,9 +51,9 @@ def build_report(
     tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``:
     called with the report once its tables are built, while its figures are still being drawn (the CLI prints
     them then, seconds before a large sweep's figures are done). ``rehearsal``: the folder is a rehearsal's
-    (``klsweep rehearse`` reports it; any other caller is refused one). UserError when the sweep does not exist or has
-    no readable run, a format or the eval hash is unknown, or the report cannot be written there. A run whose
-    files cannot be read is left out and named in ``Report.set_aside``."""
+    (``klsweep rehearse`` reports it; any other caller is refused one). UserError when the sweep does not
+    exist or has no readable run, a format or the eval hash is unknown, or the report cannot be written there.
+    A run whose files cannot be read is left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir, rehearsal=rehearsal)
     formats = _check_formats(formats)
     if window < 1:

@@ -187,7 +187,8 @@ def test_a_rehearsal_is_never_a_sweep(tmp_path, monkeypatch, capsys):
     code, out, err = cli(["run", "g.yaml", "--out", "R", "--wait"], monkeypatch, capsys)
     assert code == 2 and "is a rehearsal" in err and f"rm -r {folder}" in err, out + err
     assert "skip-done" not in out and not (folder / store.JOBS_FILE).exists()
-    for args in (["status", folder], ["eval", folder], ["eval", run_dir], ["report", folder]):
+    for args in (["plan", "g.yaml", "--out", "R"], ["status", folder], ["eval", folder], ["eval", run_dir],
+                 ["report", folder]):  # fmt: skip
         code, out, err = cli(args, monkeypatch, capsys)
         assert code == 2 and "a rehearsal is not a sweep" in err and "Traceback" not in err, (args, out + err)
     assert sorted(str(p) for p in folder.rglob("*")) == before

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from klsweep import store
+from klsweep.errors import UserError
 
 
 @contextlib.contextmanager
@@ -72,6 +73,7 @@ def test_the_shared_copy_of_an_eval_task_folder_honours_the_umask(tmp_path):
 HOLD = """
 import sys, time
 from klsweep import store
+from klsweep.errors import UserError
 with store.training(sys.argv[1]):
     print("training", flush=True)
     time.sleep(600)
@@ -80,6 +82,7 @@ with store.training(sys.argv[1]):
 SECOND = """
 import sys
 from klsweep import store
+from klsweep.errors import UserError
 try:
     with store.training(sys.argv[1], wait_s=1.0):
         print("second trainer trains")
@@ -126,3 +129,18 @@ def test_status_and_report_agree_on_a_folder_without_runs(command, tmp_path, mon
         assert code == 2 and f"{folder}: has no runs" in " ".join(err.split()), out + err
         assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+
+
+def test_a_rehearsals_run_folder_moved_into_a_sweep_is_refused(tmp_path):
+    """A rehearsal's run folder copied into a sweep keeps its mark: the sweep is refused, naming it."""
+    sweep = tmp_path / "sweep"
+    for run in ("a1", "b2"):
+        (sweep / run).mkdir(parents=True)
+        (sweep / run / store.CONFIG_FILE).write_text("{}\n")
+    store.refuse_rehearsal(sweep)  # a sweep's own runs
+    (sweep / "b2" / store.REHEARSAL_MARKER).write_text("")
+    with pytest.raises(UserError, match=r"holds \(b2\) a rehearsal.*rm -r .*b2"):
+        store.refuse_rehearsal(sweep)
+    with pytest.raises(UserError, match="is a rehearsal"):
+        store.resolve_sweep(sweep / "b2")
+    assert store.resolve_sweep(sweep / "b2", rehearsal=True) == sweep / "b2"

@@ -549,6 +549,7 @@ def status_command(
     from klsweep.console import print_failures, print_warning, status_table, table_width
 
     sweep_dir = store.resolve_sweep(sweep)
+    store.sweep_runs(sweep_dir)  # a folder without runs is said, as report says it (exit 2)
     problem = submit.scheduler_problem(sweep_dir)
     if problem is not None:
         print_warning(_console(stderr=True), problem)

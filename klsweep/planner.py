@@ -511,7 +511,20 @@ def check(plan: Plan) -> dict[str, Estimate]:
             for (key, what, allowed), ids in grouped.items()
         ]
         raise UserError(problems, title="runs that cannot start or fit")
+    _check_tiny_model(plan)
     return estimates
+
+
+def _check_tiny_model(plan: Plan) -> None:
+    """The shipped tiny model checked against its ``SHA256SUMS`` (``tinymodel.verified``) when a run uses it,
+    before anything is written: a damaged one is found at plan time, not in the jobs."""
+    if any(r.config["model"].get("path") == "tiny" for r in plan.runs):
+        from klsweep import tinymodel
+
+        try:
+            tinymodel.shipped_model_path()
+        except tinymodel.TinyModelError as e:
+            raise UserError(Problem("model.path: tiny", str(e)), title="the tiny model is damaged") from e
 
 
 def run_label(plan: Plan, run_id: str) -> str:
@@ -532,10 +545,12 @@ def summary(plan: Plan) -> dict[str, Any]:
     GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
     estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, largest
     per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
-    Raises ``check``'s ``UserError``."""
+    Raises ``check``'s ``UserError``, and ``store.refuse_rehearsal``'s when the out folder holds a
+    rehearsal."""
     from klsweep import store
 
     estimates = check(plan)
+    store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
     todo = [r for r in plan.runs if store.read_status(r.run_dir).get("state") != "done"]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:

@@ -9,13 +9,19 @@ and with the samples shipped in ``klsweep/rehearsal/`` in place of the hub datas
 the one before), ``eval`` (lm-eval with the grid's suite, its tasks pointed at the samples), ``report``. The
 wires are checked on the way: the chat template, the eval tasks' prompt fields, the end token among the eval
 stop sequences, train.max_prompt_length (the trainer's own refusal). Output: ``<out>/<name>/``, apart from the
+<<<<<<< HEAD
 sweep's results. See docs/CLUSTER.md.
+=======
+sweep's results: marked (``MARKER``), so that run, status, eval and report refuse it, and locked while a
+rehearsal writes it (``.<name>.rehearse.lock`` beside it). See README.md ("Before a sweep").
+>>>>>>> rel-store
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 import traceback
@@ -41,7 +47,9 @@ EVAL_SAMPLES = {  # (dataset_path, dataset_name) of an lm-eval task -> its shipp
 COVERED = ("model.name", "kl.estimator", "kl.placement", "kl.level", "kl.reward_mode", "offpolicy.lag")
 STAGES = ("train", "resume", "eval", "report")
 DEFAULT_OUT = Path("results") / ".rehearsal"
-MARKER = ".klsweep-rehearsal"  # in every rehearsal folder: a rerun replaces only a folder holding it
+MARKER = store.REHEARSAL_MARKER  # in a rehearsal's folder and run folders: a rerun replaces only a marked
+# folder, and run, status, eval and report refuse one (store.refuse_rehearsal)
+MARKER_TEXT = "a klsweep rehearsal: stand-in models trained a few steps, never a sweep's results\n"
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)  # fmt: skip
 
@@ -348,28 +356,77 @@ def rehearse(
     out: str | Path | None = None,
     on_run: Callable[[RunRehearsal], None] | None = None,
 ) -> Rehearsal:
-    """Rehearse the covering runs of a grid in this process (see the module docstring)."""
-    import torch
-
+    """Rehearse the covering runs of a grid in this process (see the module docstring). ``UserError`` when
+    another rehearsal writes the same folder, or the folder holds anything but a rehearsal
+    (``_only_rehearsal``)."""
     from klsweep import grid, planner
-    from klsweep.evaluate import include_dir
-    from klsweep.report import build_report
-    from klsweep.submit.sweep import write_sweep_file
 
     start = time.time()
     plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT))
     planner.check(plan)
     folder = Path(plan.sweep_dir)
+    lock = _only_rehearsal(folder)
+    try:
+        return _rehearse(plan, folder, on_run, start)
+    finally:
+        os.close(lock)  # releases it; the file stays (removing it would let a third one lock another file)
+
+
+def _only_rehearsal(folder: Path) -> int:
+    """Before a rehearsal into ``folder``: a lock (``flock``) on ``.<name>.rehearse.lock`` beside it, held
+    until the returned fd is closed, so that a second rehearsal into the same folder is refused instead of
+    removing the first one's files; then the folder emptied, when it holds a previous rehearsal.
+    ``UserError`` (nothing touched) when another rehearsal holds the lock, or the folder holds something
+    else: a sweep's results (``klsweep run`` leaves its jobs.jsonl even in a marked folder), whatever a user
+    put there."""
+    import fcntl
+
+    problem = store.not_a_folder(folder)
+    if problem is not None:
+        raise UserError(Problem("--out", problem, "a folder"))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(
+        folder.parent / f".{folder.name}.rehearse.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        raise UserError(
+            Problem(
+                "--out",
+                f"another `klsweep rehearse` is writing {folder} now",
+                "wait for it, or another --out",
+            ),
+            title="rehearsal under way",
+        ) from None
+    except OSError:  # no flock on this file system: unlocked, as before
+        pass
     if folder.exists() and any(folder.iterdir()):
-        if not (folder / MARKER).is_file():
-            raise UserError(
-                Problem(
-                    "--out", f"{folder} holds something else than a rehearsal (a sweep?)", "another --out"
-                )
+        sweep = (folder / store.JOBS_FILE).exists() or (folder / "submitit").exists()
+        if sweep or not (folder / MARKER).is_file():
+            os.close(lock)
+            what = (
+                "a sweep's results (its jobs.jsonl)"
+                if sweep
+                else "something else than a rehearsal (a sweep?)"
             )
+            raise UserError(Problem("--out", f"{folder} holds {what}", "another --out"))
         shutil.rmtree(folder)  # the previous rehearsal
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text("a klsweep rehearsal: not a sweep's results\n")
+    (folder / MARKER).write_text(MARKER_TEXT)
+    return lock
+
+
+def _rehearse(
+    plan: Any, folder: Path, on_run: Callable[[RunRehearsal], None] | None, start: float
+) -> Rehearsal:
+    import torch
+
+    from klsweep.evaluate import include_dir
+    from klsweep.report import build_report
+    from klsweep.submit.sweep import write_sweep_file
+
     gpus = torch.cuda.device_count()
     chosen = covering_runs(plan.runs)
     models: dict[str, tuple[Path, list[str]]] = {}
@@ -400,6 +457,7 @@ def rehearse(
             config, notes = rehearsal_config(run.config, model_dir, tasks_dir, gpus)
             rr.notes += notes
             rr.run_dir.mkdir(parents=True, exist_ok=True)
+            (rr.run_dir / MARKER).write_text(MARKER_TEXT)
             from klsweep.config import write_run
 
             write_run(rr.run_dir, config)
@@ -418,7 +476,7 @@ def rehearse(
     sweep_plan = type(plan)(plan.name, folder, [r for r in chosen], plan.axes, 0, plan.grid_text)
     write_sweep_file(sweep_plan, "local")
     report = RunRehearsal("", "", folder)
-    _stage(report, "report", lambda: build_report(folder, formats=["md"], wandb=False))
+    _stage(report, "report", lambda: build_report(folder, formats=["md"], wandb=False, rehearsal=True))
     for rr in rehearsed:
         if any(v == "failed" for v in rr.stages.values()):
             rr.stages["report"] = "skipped"

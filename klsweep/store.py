@@ -22,8 +22,12 @@ Layout (one sweep)::
             wandb/offline-run-*/   W&B's files (offline; `wandb sync` uploads them), or run-*/ (online)
             logs/                  stdout/stderr of the jobs that worked on it: <kind>-<job id>.out|err
                                    (hard links of submitit's files, or the run's part copied; klsweep.submit.joblogs)
-            .train.lock            flock'd by the process training the run (``training``; its pid, host, job id)
+            .train.lock            flock'd, with the run folder, by the process training the run
+                                   (``training``; its pid, host, job id)
         report/                    tables and plots (`klsweep report`)
+
+A rehearsal's folder and its run folders hold ``REHEARSAL_MARKER``: the readers of a sweep refuse them
+(``refuse_rehearsal``), whatever their runs' states say.
 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the
 JSONL files are appended to line by line. What a reader does when a file is damaged anyway (a full disk, a copy
@@ -38,6 +42,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import socket
 import stat
 import sys
@@ -73,6 +78,7 @@ HF_WEIGHTS = (
     "pytorch_model.bin.index.json",
 )
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
+REHEARSAL_MARKER = ".klsweep-rehearsal"  # in a rehearsal's folder and its run folders (rehearse.py)
 
 
 class UnreadableFile(UserError):
@@ -111,16 +117,41 @@ STATUS_TODO = "delete it and rerun `klsweep run`: the run resumes from its last 
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, renamed over it. Its mode is what
+    ``open`` gives a new file (0666 less the umask), not ``mkstemp``'s 0600: colleagues sharing a results
+    folder read it as they read the rest."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp_file(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _new_temp_file(path: Path) -> tuple[int, Path]:
+    """A new empty file beside ``path`` (``.<name>.<random>.tmp``) opened for writing, created with mode 0666
+    so that the kernel applies the umask, as it does for ``open``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
+
+
+def umask() -> int:
+    """This process's umask (Linux reads it without changing it; elsewhere it is set and set back)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -428,11 +459,32 @@ def run_dirs(sweep_dir: str | os.PathLike) -> list[Path]:
     )
 
 
-def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "results") -> Path:
-    """A sweep folder, or the name of one under ``results_root``; UserError if neither exists."""
+def sweep_runs(sweep_dir: str | os.PathLike) -> list[Path]:
+    """The run folders of a sweep (``run_dirs``); ``UserError`` when it has none: the folder is not a sweep's
+    (``klsweep status /``), or nothing was launched in it."""
+    dirs = run_dirs(sweep_dir)
+    if not dirs:
+        raise UserError(
+            Problem(
+                str(sweep_dir),
+                "has no runs (no sub-folder with a config.yaml)",
+                "a sweep folder: plan and launch it with `klsweep run`",
+            ),
+            title="no runs",
+        )
+    return dirs
+
+
+def resolve_sweep(
+    sweep: str | os.PathLike, results_root: str | os.PathLike = "results", *, rehearsal: bool = False
+) -> Path:
+    """A sweep folder, or the name of one under ``results_root``; UserError if neither exists, or when it is a
+    rehearsal's (``refuse_rehearsal``) unless ``rehearsal``."""
     p, q = Path(sweep), Path(results_root) / str(sweep)
     for candidate in (p, q):
         if candidate.is_dir():
+            if not rehearsal:
+                refuse_rehearsal(candidate)
             return candidate
     root = Path(results_root)
     known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
@@ -443,6 +495,33 @@ def resolve_sweep(sweep: str | os.PathLike, results_root: str | os.PathLike = "r
             ", ".join(known) if known else "a sweep folder made by `klsweep run`",
         ),
         title="no such sweep",
+    )
+
+
+def rehearsals_in(folder: str | os.PathLike) -> list[Path]:
+    """The folders that ``klsweep rehearse`` marked (``REHEARSAL_MARKER``) among ``folder`` (a sweep or a run
+    folder), the folder it is in, and its run folders."""
+    folder = Path(folder)
+    near = [folder, folder.parent, *run_dirs(folder)] if folder.is_dir() else [folder.parent]
+    return [p for p in near if (p / REHEARSAL_MARKER).is_file()]
+
+
+def refuse_rehearsal(folder: str | os.PathLike) -> None:
+    """``UserError`` when ``folder`` is, lies in or holds a rehearsal (``rehearsals_in``): its runs are
+    stand-in models trained a few steps, never a sweep's results, whatever their state says."""
+    marked = rehearsals_in(folder)
+    if not marked:
+        return
+    folder, rehearsal = Path(folder), marked[0]
+    where = {folder: "is", folder.parent: "lies in"}.get(rehearsal, f"holds ({rehearsal.name})")
+    raise UserError(
+        Problem(
+            str(folder),
+            f"{where} a rehearsal (`klsweep rehearse`: stand-in models, a few steps), not a sweep's results",
+            f"a sweep folder made by `klsweep run`; remove the rehearsal (rm -r {rehearsal}) "
+            "or use another --out",
+        ),
+        title="a rehearsal is not a sweep",
     )
 
 
@@ -499,35 +578,25 @@ def describe_trainer(holder: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def training(run_dir: str | os.PathLike, wait_s: float | None = None) -> Iterator[None]:
-    """Hold the run's training lock while the body trains it: an exclusive ``flock`` on ``<run>/.train.lock``,
-    which the kernel releases when this process ends, however it ends (kill -9, out of memory). Waits up to
-    ``wait_s`` (default ``TRAIN_LOCK_WAIT_S``) for another holder to let go, then raises ``AlreadyTraining``
-    naming it. Reentrant in one process. On a file system without ``flock`` (Lustre mounted without it, some
-    NFS setups) it trains unlocked, with a line on stderr: there the scheduler's one job per run is the
-    guarantee."""
-    import fcntl
-
+    """Hold the run's training lock while the body trains it: an exclusive ``flock`` on the run folder itself
+    and on ``<run>/.train.lock`` (which holds the trainer's pid, host and job id), both released by the kernel
+    when this process ends, however it ends (kill -9, out of memory). The folder's lock is what a newcomer
+    cannot miss: a user who removes ``.train.lock`` while a run trains removes only the record, and a second
+    trainer still finds the folder locked; the file's lock stays for what reads it (an older klsweep). Waits
+    up to ``wait_s`` (default ``TRAIN_LOCK_WAIT_S``) for another holder to let go, then raises
+    ``AlreadyTraining`` naming it. Reentrant in one process. On a file system without ``flock`` (Lustre
+    mounted without it, some NFS setups) it trains unlocked, with a line on stderr: there the scheduler's one
+    job per run is the guarantee."""
     run_dir = Path(run_dir)
     key = os.path.realpath(run_dir)
     if key in _held:
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / TRAIN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    folder_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = -1
     try:
-        deadline = time.time() + (TRAIN_LOCK_WAIT_S if wait_s is None else wait_s)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() >= deadline:
-                    raise AlreadyTraining(run_dir, _lock_record(fd)) from None
-                time.sleep(0.2)
-            except OSError as e:
-                print(f"klsweep warning: {run_dir / TRAIN_LOCK}: no lock ({e}); training unlocked",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                break
+        fd = _lock_both(run_dir, folder_fd, TRAIN_LOCK_WAIT_S if wait_s is None else wait_s)
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -543,28 +612,103 @@ def training(run_dir: str | os.PathLike, wait_s: float | None = None) -> Iterato
         finally:
             _held.discard(key)
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            os.close(fd)  # releases the locks
+        os.close(folder_fd)
+
+
+def _lock_both(run_dir: Path, folder_fd: int, wait_s: float) -> int:
+    """``training``'s locks, the folder's then the file's, waiting up to ``wait_s``: the locked file's fd. A
+    file the path no longer names once locked (removed or replaced meanwhile) is let go and the path opened
+    again."""
+    import fcntl
+
+    deadline = time.time() + wait_s
+    path = run_dir / TRAIN_LOCK
+    while True:
+        folder_locked = _try_flock(folder_fd, fcntl.LOCK_EX)
+        if folder_locked is False:
+            if time.time() >= deadline:
+                raise AlreadyTraining(run_dir, _record_at(path))
+            time.sleep(0.2)
+            continue
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        file_locked = _try_flock(fd, fcntl.LOCK_EX)
+        if file_locked is None and folder_locked is None:
+            print(f"klsweep warning: {path}: no lock (no flock on this file system); training unlocked",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return fd
+        if file_locked is not False and _names(path, fd):
+            return fd
+        busy = _lock_record(fd) if file_locked is False else {}
+        os.close(fd)
+        if folder_locked:
+            fcntl.flock(folder_fd, fcntl.LOCK_UN)
+        if file_locked is False:  # held by a trainer that locks only the file
+            if time.time() >= deadline:
+                raise AlreadyTraining(run_dir, busy)
+            time.sleep(0.2)
+
+
+def _try_flock(fd: int, kind: int) -> bool | None:
+    """``flock(fd, kind)`` without waiting: True when locked, False when another holds it, None when this file
+    system has no ``flock`` there."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def trainer_of(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """Who trains the run now: its training lock's record (``pid``, ``host``, ``job_id``, ``since``; {} when
-    it cannot be read) while a process holds the lock, else None. Read-only: creates nothing."""
+    it cannot be read: ``.train.lock`` removed by hand) while a process holds the lock (the file's, or the
+    folder's: ``training``), else None. Read-only: creates nothing."""
     import fcntl
 
+    path = Path(run_dir) / TRAIN_LOCK
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # no link followed, no wait on a FIFO planted there
+    with contextlib.suppress(OSError):
+        fd = os.open(path, flags)
+        try:
+            if _try_flock(fd, fcntl.LOCK_SH) is False:
+                return _lock_record(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
     try:
-        fd = os.open(Path(run_dir) / TRAIN_LOCK, flags)
+        folder_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _lock_record(fd)
-        except OSError:  # no flock on this file system: nothing to tell
-            return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        held = _try_flock(folder_fd, fcntl.LOCK_SH) is False
+        return _record_at(path) if held else None
+    finally:
+        os.close(folder_fd)  # releases a shared lock taken
+
+
+def _record_at(path: Path) -> dict[str, Any]:
+    """The record of the training lock file at ``path``; {} when there is none to read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        return _lock_record(fd)
     finally:
         os.close(fd)
 

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -343,24 +344,47 @@ def write_checksums(folder: Path) -> Path:
 
 
 def read_checksums(folder: Path) -> dict[str, str]:
-    """``SHA256SUMS`` of ``folder`` as {file name: sha256}."""
-    rows = (line.split(maxsplit=1) for line in (Path(folder) / CHECKSUMS).read_text().splitlines() if line)
-    return {name.strip(): digest for digest, name in rows}
+    """``SHA256SUMS`` of ``folder`` as {file name: sha256}; ``TinyModelError`` when it is missing, empty, or a
+    line is not ``<64 hex digits>  <name>`` (a name listed twice included)."""
+    path = Path(folder) / CHECKSUMS
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TinyModelError(_damaged(folder, f"its {CHECKSUMS} cannot be read ({e})")) from e
+    sums: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        match = re.fullmatch(r"([0-9a-f]{64}) [ *]([^/\\]+)", line)
+        if match is None or match[2] in sums:
+            raise TinyModelError(
+                _damaged(folder, f"line {number} of its {CHECKSUMS} is not `<sha256>  <file>`")
+            )
+        sums[match[2]] = match[1]
+    if not sums:
+        raise TinyModelError(_damaged(folder, f"its {CHECKSUMS} lists no file"))
+    return sums
+
+
+def _damaged(folder: Path, what: str) -> str:
+    return (
+        f"the tiny model in {folder} cannot be trusted: {what}; reinstall klsweep, or rebuild it with "
+        f"`python -m klsweep.tinymodel {folder}`"
+    )
 
 
 def verified(folder: Path) -> Path:
-    """``folder``, after checking its files against its ``SHA256SUMS`` (``TinyModelError`` naming the files
-    that are missing or differ)."""
+    """``folder``, after checking it is exactly what its ``SHA256SUMS`` lists: every file listed is there with
+    its hash, and no other file is (``TinyModelError`` naming what differs). A missing, empty or partial
+    ``SHA256SUMS`` is refused, not taken as fewer files to check."""
+    sums = read_checksums(folder)
+    present = {p.name for p in Path(folder).iterdir() if p.name != CHECKSUMS}
     bad = [
-        name
-        for name, digest in read_checksums(folder).items()
+        f"{name} differs" if (folder / name).is_file() else f"{name} missing"
+        for name, digest in sums.items()
         if not (folder / name).is_file() or _sha256(folder / name) != digest
     ]
+    bad += [f"{name} not listed" for name in sorted(present - set(sums))]
     if bad:
-        raise TinyModelError(
-            f"the tiny model in {folder} does not match its {CHECKSUMS} ({', '.join(bad)}): reinstall klsweep, "
-            f"or rebuild it with `python -m klsweep.tinymodel {folder}`"
-        )
+        raise TinyModelError(_damaged(folder, f"it does not match its {CHECKSUMS} ({', '.join(bad)})"))
     return folder
 
 

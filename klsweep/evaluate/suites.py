@@ -10,12 +10,14 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from klsweep import store
 from klsweep.config import EvalSection
 from klsweep.errors import KLSweepError, Problem, UserError, not_loaded
 
@@ -129,6 +131,7 @@ def materialise_tasks(folder: Path) -> Path:
         return target
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
+        os.chmod(tmp, 0o777 & ~store.umask())  # mkdtemp's 0700 would shut other users out of the shared copy
         for src in _task_files(folder):
             dst = tmp / src.relative_to(folder)
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -9,18 +9,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import did_you_mean, unknown
 from klsweep.grid.validate import NAME_ALLOWED, hashable, name_problem
 
 TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims")
+MAX_FILE_BYTES = 16 << 20  # a grid, claims or run file larger than this is not one (read no further)
 MAX_YAML_VALUES = 1_000_000  # values a YAML file may hold once its aliases are expanded (an alias bomb: more)
 
 
 def read_text(path: Path, where: str, what: str) -> str:
-    """A grid or run file's text; ``UserError`` when it cannot be read or is not UTF-8 text."""
+    """A grid, claims or run file's text; ``UserError`` when it cannot be read, is not a regular file (a FIFO
+    would block for ever, /dev/zero never end), is larger than ``MAX_FILE_BYTES`` or is not UTF-8 text."""
     try:
-        return path.read_text()
+        with store.open_regular(path) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise UserError(
+                [
+                    Problem(
+                        where, f"larger than {MAX_FILE_BYTES >> 20} MiB: is this the {what}?", "a YAML file"
+                    )
+                ]
+            )
+        return data.decode()
+    except store.UnreadableFile as e:
+        raise UserError([Problem(where, f"{e.what}: is this the {what}?", "a YAML file")]) from e
     except UnicodeDecodeError as e:
         raise UserError(
             [

@@ -94,6 +94,14 @@ NAME_ALLOWED = f"ASCII letters A-Z a-z, digits 0-9, . _ - (not first), at most {
 
 def name_problem(value: Any) -> str | None:
     """What is wrong with ``value`` as a sweep's name, or None."""
+    if isinstance(value, bool):  # YAML 1.1: an unquoted off, no, false (on, yes, true) is a boolean
+        words = "on, yes or true" if value else "off, no or false"
+        first = words.split(",")[0]
+        said = f"YAML reads an unquoted {words} as {value}"
+        return f'{value!r} is not a valid sweep name: {said}: quote it (name: "{first}")'
+    if isinstance(value, int | float):
+        said = "YAML reads an unquoted number as one"
+        return f'{value!r} is not a valid sweep name: {said}: quote it (name: "...")'
     if not isinstance(value, str) or not NAME_PATTERN.match(value):
         bad = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", value))) if isinstance(value, str) else []
         which = f": {', '.join(map(repr, bad))} not allowed" if bad else ""

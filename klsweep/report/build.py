@@ -42,6 +42,7 @@ def build_report(
     wandb: bool | None = None,
     claims: str | Path | None = None,
     on_tables: Callable[[Report], None] | None = None,
+    rehearsal: bool = False,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
@@ -49,24 +50,16 @@ def build_report(
     stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
     tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``:
     called with the report once its tables are built, while its figures are still being drawn (the CLI prints
-    them then, seconds before a large sweep's figures are done). UserError when the sweep does not exist or has
-    no readable run, a format or the eval hash is unknown, or the report cannot be written there. A run whose
-    files cannot be read is left out and named in ``Report.set_aside``."""
-    sweep = store.resolve_sweep(sweep_dir)
+    them then, seconds before a large sweep's figures are done). ``rehearsal``: the folder is a rehearsal's
+    (``klsweep rehearse`` reports it; any other caller is refused one). UserError when the sweep does not
+    exist or has no readable run, a format or the eval hash is unknown, or the report cannot be written there.
+    A run whose files cannot be read is left out and named in ``Report.set_aside``."""
+    sweep = store.resolve_sweep(sweep_dir, rehearsal=rehearsal)
     formats = _check_formats(formats)
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
     tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
-    dirs = store.run_dirs(sweep)
-    if not dirs:
-        raise UserError(
-            Problem(
-                str(sweep),
-                "has no runs (no sub-folder with a config.yaml)",
-                "plan and launch it: `klsweep run`",
-            ),
-            title="nothing to report",
-        )
+    dirs = store.sweep_runs(sweep)
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
     store.check_writable(
         out, "--out" if out_dir is not None else str(sweep), "a folder you can write to: --out DIR"

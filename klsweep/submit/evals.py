@@ -38,9 +38,10 @@ class EvalSubmission(evaluate.EvalOutcome):
 
 def check_target(target: Path) -> None:
     """An eval writes into its target folder: refuse (exit 2) one this process cannot write to, before any
-    other check reads it."""
+    other check reads it; and a rehearsal's folder (``store.refuse_rehearsal``)."""
     if Path(target).is_dir():
         store.check_writable(target, str(target), "a sweep or run folder you can write to (results go there)")
+        store.refuse_rehearsal(target)
 
 
 def submit_eval(

@@ -115,6 +115,7 @@ def submit(
     engines.require(r.config for r in plan.runs)
     sweep_dir = Path(plan.sweep_dir)
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
+    store.refuse_rehearsal(sweep_dir)  # its done runs are a rehearsal's tiny ones: never skipped as done
     _check_inside(plan)
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from clitools import cli
 
-from klsweep import grid, rehearse
+from klsweep import grid, rehearse, store
 from klsweep.config import NO_KL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,3 +135,72 @@ def test_a_sweeps_results_are_never_replaced(tmp_path, monkeypatch, capsys):
     code, out, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", tmp_path], monkeypatch, capsys)
     assert code == 2 and "holds something else than a rehearsal" in err
     assert (sweep / "abc").is_dir()
+
+
+ONE_TINY_RUN = """\
+name: g
+base:
+  model: tiny
+  task: tiny
+  cluster: local
+  train.steps: 4
+  train.save_steps: 2
+  train.prompts_per_step: 2
+  train.group_size: 2
+  train.max_completion_length: 6
+grid:
+  kl.estimator: k1
+  kl.placement: loss
+  seed: 0
+"""
+
+
+def test_a_rehearsal_is_never_a_sweep(tmp_path, monkeypatch, capsys):
+    """Issue 32 D1 and D14: `rehearse G --out R` then `run G --out R --wait` used to skip the real run as done
+    (the rehearsal's 2-step run under the same id) and eval/report scored it; a second rehearsal into the same
+    folder meanwhile removed the first one's files. Now the second rehearsal is refused while the first runs,
+    and run, status, eval and report refuse the rehearsal's folder (exit 2), writing nothing."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.yaml").write_text(ONE_TINY_RUN)
+    folder = tmp_path / "R" / "g"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "klsweep", "rehearse", "g.yaml", "--out", "R"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not list(folder.glob("*/config.yaml")) and first.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        code, out, err = cli(["rehearse", "g.yaml", "--out", "R"], monkeypatch, capsys)
+        assert code == 2 and "another `klsweep rehearse` is writing" in err, out + err
+        assert first.wait(timeout=600) == 0, first.stdout.read()
+    finally:
+        first.kill()
+    (run_dir,) = [p.parent for p in folder.glob("*/config.yaml")]
+    assert (folder / "report" / "report.md").is_file()  # the first one whole
+    assert store.read_status(run_dir)["total_steps"] == 2
+    before = sorted(str(p) for p in folder.rglob("*"))
+
+    code, out, err = cli(["run", "g.yaml", "--out", "R", "--wait"], monkeypatch, capsys)
+    assert code == 2 and "is a rehearsal" in err and f"rm -r {folder}" in err, out + err
+    assert "skip-done" not in out and not (folder / store.JOBS_FILE).exists()
+    for args in (["plan", "g.yaml", "--out", "R"], ["status", folder], ["eval", folder], ["eval", run_dir],
+                 ["report", folder]):  # fmt: skip
+        code, out, err = cli(args, monkeypatch, capsys)
+        assert code == 2 and "a rehearsal is not a sweep" in err and "Traceback" not in err, (args, out + err)
+    assert sorted(str(p) for p in folder.rglob("*")) == before
+    assert store.read_status(run_dir)["total_steps"] == 2
+
+
+def test_a_marked_folder_that_a_sweep_ran_in_is_never_replaced(tmp_path, monkeypatch, capsys):
+    """A folder marked as a rehearsal where a sweep was run anyway (an older klsweep): rehearse leaves it."""
+    sweep = tmp_path / "paper"
+    sweep.mkdir()
+    (sweep / rehearse.MARKER).write_text("")
+    (sweep / store.JOBS_FILE).write_text("{}\n")
+    code, out, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", tmp_path], monkeypatch, capsys)
+    assert code == 2 and "holds a sweep's results" in err, out + err
+    assert (sweep / store.JOBS_FILE).is_file()

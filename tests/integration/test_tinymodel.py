@@ -190,3 +190,70 @@ def test_the_build_reproduces_the_shipped_model_on_its_kind_of_cpu(tmp_path: Pat
     assert rebuilt == ships
     info = json.loads((out / tinymodel.BUILD_INFO).read_text())
     assert info["accuracy"] == shipped["accuracy"] and info["sft_steps"] == shipped["sft_steps"]
+
+
+def _copy_of_shipped(tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(tinymodel.SHIPPED, tmp_path / "copy"))
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("empty", "lists no file"),
+        ("short", "model.safetensors not listed"),
+        ("missing", "SHA256SUMS cannot be read"),
+        ("garbled", "line 1 of its SHA256SUMS is not"),
+        ("extra", "extra.bin not listed"),
+        ("listed twice", "line 2 of its SHA256SUMS is not"),
+    ],
+)
+def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damage: str, said: str) -> None:
+    """Issue 32 D19: an empty or short SHA256SUMS passed tampered weights, a missing one raised a raw
+    FileNotFoundError. Each with tampered weights: refused, naming what is wrong."""
+    copy = _copy_of_shipped(tmp_path)
+    sums = copy / tinymodel.CHECKSUMS
+    lines = sums.read_text().splitlines(keepends=True)
+    (copy / "model.safetensors").write_bytes(b"tampered")
+    if damage == "empty":
+        sums.write_text("")
+    elif damage == "short":
+        sums.write_text("".join(line for line in lines if "model.safetensors" not in line))
+    elif damage == "missing":
+        sums.unlink()
+    elif damage == "garbled":
+        sums.write_text("not a checksum\n" + "".join(lines))
+    elif damage == "extra":
+        (copy / "extra.bin").write_bytes(b"")
+        (copy / "model.safetensors").write_bytes((tinymodel.SHIPPED / "model.safetensors").read_bytes())
+    elif damage == "listed twice":
+        sums.write_text(lines[0] + lines[0])
+    with pytest.raises(tinymodel.TinyModelError, match=said) as e:
+        tinymodel.verified(copy)
+    assert "python -m klsweep.tinymodel" in str(e.value)
+
+
+def test_a_damaged_tiny_model_is_refused_before_the_sweep_folder_exists(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A flipped byte was found only by the jobs of `run`, after the sweep folder existed: now plan and run
+    refuse it (exit 2) and write nothing."""
+    from clitools import cli
+
+    copy = _copy_of_shipped(tmp_path)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    monkeypatch.setattr(tinymodel, "SHIPPED", copy)  # as if the installed package's copy were damaged
+    tinymodel.shipped_model_path.cache_clear()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.yaml").write_text("name: g\nbase:\n  model: tiny\n  task: tiny\ngrid:\n  seed: 0\n")
+    try:
+        for args in (["plan", "g.yaml", "--out", "R"], ["run", "g.yaml", "--out", "R", "--cluster", "debug"]):
+            code, out, err = cli(args, monkeypatch, capsys)
+            assert code == 2 and "model.path: tiny" in err and "model.safetensors differs" in err, out + err
+            assert "Traceback" not in err and not (tmp_path / "R").exists()
+    finally:
+        tinymodel.shipped_model_path.cache_clear()

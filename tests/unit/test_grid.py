@@ -13,6 +13,7 @@ from gridfiles import TINY, nothing_under, write
 
 from klsweep import grid, planner
 from klsweep.config import COSMETIC_KEYS
+from klsweep.grid import parse
 
 # --------------------------------------------------------------------------------------------------------
 # Valid grids
@@ -455,6 +456,16 @@ MALFORMED = {
         [],
         ["'tïny-実験' is not a valid sweep name", "'ï', '実', '験' not allowed", "ASCII letters A-Z a-z"],
     ),
+    "name that YAML reads as a boolean": (  # issue 32 D26: say to quote it
+        "name: off\ngrid:\n  seed: 1,2\n",
+        [],
+        ["False is not a valid sweep name", "unquoted off, no or false", 'quote it (name: "off")'],
+    ),
+    "name that YAML reads as a number": (
+        "name: 2024\ngrid:\n  seed: 1,2\n",
+        [],
+        ["2024 is not a valid sweep name", "unquoted number", "quote it"],
+    ),
     "unknown top-level key": (
         "name: bad\ngrids:\n  seed: 1,2\n",
         [],
@@ -556,6 +567,31 @@ grid:
 def test_missing_grid_file(tmp_path, monkeypatch, capsys):
     code, _, err = cli(["plan", tmp_path / "nope.yaml"], monkeypatch, capsys)
     assert code == 2 and "cannot read the grid file" in err
+
+
+def test_a_grid_or_claims_file_that_is_not_a_regular_file_or_too_large_is_refused(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 32 D16: /dev/zero was read until memory ran out, a FIFO waited for a writer for ever. Each in a
+    child process with a timeout (a hang fails the test instead of hanging it); a located message, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(parse.MAX_FILE_BYTES + 1)  # sparse: no disk used
+    for path, said in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device"), (big, "larger than 16 MiB")):
+        for args in (["plan", path], ["report", tmp_path, "--claims", path]):
+            args = [sys.executable, "-m", "klsweep", *map(str, args)]
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            what = "grid file" if args[3] == "plan" else "claims file"
+            assert proc.returncode == 2, (args, proc.stdout + proc.stderr)
+            flat = " ".join(proc.stderr.split())
+            assert f"{path}: " in flat and said in flat and f"is this the {what}?" in flat, flat
+            assert "Traceback" not in proc.stderr
 
 
 def test_claims_are_validated_up_front(tmp_path):

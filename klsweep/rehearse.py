@@ -9,12 +9,8 @@ and with the samples shipped in ``klsweep/rehearsal/`` in place of the hub datas
 the one before), ``eval`` (lm-eval with the grid's suite, its tasks pointed at the samples), ``report``. The
 wires are checked on the way: the chat template, the eval tasks' prompt fields, the end token among the eval
 stop sequences, train.max_prompt_length (the trainer's own refusal). Output: ``<out>/<name>/``, apart from the
-<<<<<<< HEAD
-sweep's results. See docs/CLUSTER.md.
-=======
 sweep's results: marked (``MARKER``), so that run, status, eval and report refuse it, and locked while a
-rehearsal writes it (``.<name>.rehearse.lock`` beside it). See README.md ("Before a sweep").
->>>>>>> rel-store
+rehearsal writes it (``.<name>.rehearse.lock`` beside it). See docs/CLUSTER.md.
 """
 
 from __future__ import annotations

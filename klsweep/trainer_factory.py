@@ -55,8 +55,10 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     # hold one per process: planner, host memory).
     pin = {"revision": config.model.revision} if config.model.revision else {}
     dtype = layout.torch_dtype(lay.compute)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    onto = {"device_map": f"cuda:{local}"} if gpu else {}  # the device accelerate gives this process
+    if gpu:  # the device accelerate gives this process (PartialState.set_device)
+        onto = {"device_map": f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"}
+    else:
+        onto = {}
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **pin)
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **onto, **pin)

@@ -78,9 +78,11 @@ def slurm_parameters(
     res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool, signal_delay_s: int | None = None
 ) -> dict[str, Any]:
     """submitit's parameters of a job; ``signal_delay_s``: a training job's (``klsweep.planner.
-    job_signal_delay``), else ``cluster.signal_delay_s`` or ``planner.default_signal_delay``."""
+    job_signal_delay``), else ``cluster.signal_delay_s`` for a training job, ``planner.default_signal_delay``
+    for an eval job (it has no checkpoint to save)."""
     if signal_delay_s is None:
-        signal_delay_s = int(cl.get("signal_delay_s") or default_signal_delay(res))
+        chosen = None if eval_job else cl.get("signal_delay_s")
+        signal_delay_s = int(chosen or default_signal_delay(res))
     p: dict[str, Any] = {
         "job_name": f"klsweep-{name}{'-eval' if eval_job else ''}",
         "time": int(res.get("eval_timeout_min" if eval_job else "timeout_min", 60)),

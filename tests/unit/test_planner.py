@@ -647,9 +647,9 @@ def test_a_signal_delay_set_too_short_is_flagged_and_one_past_the_limit_refused(
 
     config = one_run("model=qwen2.5-7b", "cluster=slurm", "cluster.signal_delay_s=900")
     assert planner.job_signal_delay(config) == 900
-    assert (
-        slurm_parameters(config["model"]["resources"], config["cluster"], "x", True)["signal_delay_s"] == 900
-    )
+    res = config["model"]["resources"]
+    assert slurm_parameters(res, config["cluster"], "x", False)["signal_delay_s"] == 900
+    assert slurm_parameters(res, config["cluster"], "x", True)["signal_delay_s"] == 60  # eval: no save
     code, _, err = cli([*base, "model.resources.timeout_min=5"], monkeypatch, capsys)
     assert code == 2 and "model.resources.timeout_min" in err and "requeue at once" in " ".join(err.split())
     code, _, err = cli([*base, "cluster.signal_delay_s=70000"], monkeypatch, capsys)

@@ -19,7 +19,15 @@ reference model on the GPU), with a parity reward on the completion ids so that 
 Everything is printed as one table and written to ``--out`` as JSON. Sizes run in order and a size is skipped
 when the time left (``--budget-s``) looks too short for it.
 
+``--calibrate`` measures the parts of a step the time model takes as assumptions (``klsweep.cost.Assumptions``,
+slurm/README.md "Time estimate") and prints the values to put there: the training forward/backward's MFU (fp32
+master weights, bf16 autocast, activation checkpointing: 8 FLOPs a parameter a token, on the GPU; ``--sizes``'
+first), the CPU seconds of math-verify per completion (``reward_s``: klsweep's MATH reward on MATH-style
+answers), the GB/s of writing a checkpoint file under ``--write-dir`` (``cluster.checkpoint_write_gbps``: run it
+on the results folder's file system). The weight sync into vLLM is not measured (vLLM is not carried).
+
     bash bench/gpu_check.sh                                      # the GPU machine: carried wheels, then this
+    bash bench/gpu_check.sh --calibrate --sizes 1.5b             # the band's assumptions, measured
     python bench/gpu_check.py --sizes tiny --length 8 --steps 2  # CPU smoke run (the test suite runs it)
 """
 
@@ -247,10 +255,10 @@ HEADER = (
     f"{'size':<5} {'variant':<7} {'s/step':>7} {'vs TRL':>7} {'peak GB':>8} {'plan GB':>8} {'ratio':>6} "
     f"{'changed':>8} {'est s':>6} {'meas/est':>8}"
 )
-CALIBRATE = """meas/est: the measured step time over klsweep plan's estimate (klsweep/cost.py). Off by more than a
-factor 1.5: on long completions (--length 1024) generation dominates, set HF_LAUNCH_S_PER_LAYER or
-HBM_EFFICIENCY so that its decode matches; on short ones training dominates, scale MFU by meas/est. Record the
-GPU, the sizes and the ratios in slurm/README.md ("Time estimate")."""
+CALIBRATE = """meas/est: the measured step time over klsweep plan's estimate at its band's low end (klsweep/cost.py).
+Off by more than a factor 1.5: on long completions (--length 1024) generation dominates, set HF_LAUNCH_S_PER_LAYER
+or HBM_EFFICIENCY so that its decode matches; on short ones training dominates: --calibrate measures the MFU to
+put in cost.LOW/HIGH. Record the GPU, the sizes and the ratios in slurm/README.md ("Time estimate")."""
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -267,6 +275,142 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------- calibration
+
+# MATH-style final answers, and completions that box them right or wrong (math-verify parses and compares both)
+_ANSWERS = [
+    "\\frac{3}{4}",
+    "2\\sqrt{5}",
+    "x^2 + 2x + 1",
+    "(1, -2)",
+    "\\frac{\\pi}{6}",
+    "144",
+    "[0, 3)",
+    "-\\frac{7}{2}",
+]
+_WRONG = ["0.7", "\\sqrt{20}", "(x+1)^2", "(-2, 1)", "30^\\circ", "12^2", "[0, 3]", "-3.5"]
+
+
+def reward_seconds(n: int = 200) -> float:
+    """CPU seconds per completion of klsweep's MATH reward (``tasks.math_reward``: math-verify), over ``n``
+    completions, half right, half wrong (some equal in value but not in form: math-verify's slow path)."""
+    from klsweep import tasks
+
+    completions, answers = [], []
+    for i in range(n):
+        k = i % len(_ANSWERS)
+        boxed = _ANSWERS[k] if i % 2 else _WRONG[k]
+        completions.append(f"Let us work it out step by step. ... So the answer is $\\boxed{{{boxed}}}$.")
+        answers.append(_ANSWERS[k])
+    tasks.math_reward([""] * n, completions, answers)  # warm-up: imports, sympy's caches
+    start = time.perf_counter()
+    tasks.math_reward([""] * n, completions, answers)
+    return (time.perf_counter() - start) / n
+
+
+def write_gbps(folder: Path, nbytes: int) -> float:
+    """GB/s (1e9 bytes) of writing ``nbytes`` as a checkpoint file (``torch.save`` of one tensor, flushed to
+    the disk with fsync) under ``folder``; the file is removed."""
+    import os
+
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    path = folder / f".gpu_check_write_{os.getpid()}.pt"
+    try:
+        start = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(tensor, f)
+            f.flush()
+            os.fsync(f.fileno())
+        return tensor.numel() * 4 / 1e9 / (time.perf_counter() - start)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: ``flops`` done in ``seconds`` over the GPU's peak."""
+    return flops / seconds / (peak_tflops * 1e12)
+
+
+def train_mfu(model_dir: Path, gpu: str, micro: int, seq: int, repeats: int = 3) -> float:
+    """The MFU of the training forward/backward as klsweep trains on a GPU: fp32 weights, bf16 autocast,
+    activation checkpointing; ``micro`` sequences of ``seq`` tokens, the median of ``repeats`` timed passes
+    after a warm-up. FLOPs as ``klsweep.cost`` counts them (forward 2P + attention; backward twice; the
+    recomputed forward)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from klsweep import cost, planner
+
+    arch = planner.architecture({"path": str(model_dir)})
+    assert arch is not None
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (micro, seq), device="cuda")
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    flops = 8 * cost.forward_flops(arch, seq / 2) / 2 * micro * seq
+    del model
+    torch.cuda.empty_cache()
+    return mfu(flops, statistics.median(times[1:]), cost.GPUS[gpu].tflops)
+
+
+def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    """The measured values of the time model's assumptions (None where this machine cannot measure one)."""
+    import torch
+
+    from klsweep.config import ClusterSection
+
+    found: dict[str, Any] = {"mfu": None, "reward_s": reward_seconds(), "weight_sync_s": None}
+    folder = args.write_dir or Path(tempfile.gettempdir())
+    found["checkpoint_write_gbps"] = write_gbps(folder, int(args.write_gb * 1e9))
+    found["write_dir"] = str(folder)
+    gpu = gpu_name()
+    if torch.cuda.is_available() and gpu:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = build_model(args.sizes[0], Path(tmp) / "m", "cuda")
+            # the paper's micro-batch (8) of a 512-token prompt and its completion
+            found["mfu"] = train_mfu(model_dir, gpu, micro=8, seq=512 + args.length)
+    found["defaults"] = {"checkpoint_write_gbps": ClusterSection().checkpoint_write_gbps}
+    return found
+
+
+def calibration_lines(found: dict[str, Any]) -> list[str]:
+    """What to put in ``klsweep.cost.LOW``/``HIGH`` and ``cluster.checkpoint_write_gbps``, one line each."""
+    from klsweep import cost
+
+    def band(name: str, spec: str) -> str:
+        value = found.get(name)
+        shown = "not measured here" if value is None else format(value, spec)
+        low, high = getattr(cost.LOW, name, None), getattr(cost.HIGH, name, None)
+        return f"{name:<22} {shown:>18}  (cost.LOW {low:g}, cost.HIGH {high:g})"
+
+    rate = found.get("checkpoint_write_gbps")
+    where = f" under {found['write_dir']}" if found.get("write_dir") else ""
+    return [
+        "calibration (klsweep/cost.py Assumptions; slurm/README.md, Time estimate):",
+        band("mfu", ".3f") + ("" if found.get("mfu") is not None else ": a GPU of klsweep.cost.GPUS"),
+        band("reward_s", ".4f"),
+        band("weight_sync_s", ".2f") + ": needs vLLM (not carried)",
+        f"{'checkpoint_write_gbps':<22} {'-' if rate is None else format(rate, '.2f'):>18}  (cluster default "
+        f"{found['defaults']['checkpoint_write_gbps']:g}){where}",
+        "Set cost.LOW/HIGH so the measured mfu and reward_s lie inside them, and cluster.checkpoint_write_gbps "
+        "below the write rate of the results folder's file system (one node, all its processes writing).",
+    ]
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: s.split(","), default=["0.5b", "1.5b", "3b"])
@@ -278,6 +422,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--lr", type=float, default=1e-6, help="the paper's learning rate")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip sizes that would end past this")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument(
+        "--calibrate", action="store_true", help="measure the time model's assumptions instead"
+    )
+    parser.add_argument("--write-dir", type=Path, default=None, help="--calibrate: where to time a write")
+    parser.add_argument("--write-gb", type=float, default=2.0, help="--calibrate: GB to write")
     args = parser.parse_args(argv)
     unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
@@ -288,6 +437,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     logging.set_verbosity_error()
     datasets.disable_progress_bars()
+    if args.calibrate:
+        found = calibrate(args)
+        print("\n".join(calibration_lines(found)))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"calibration": found}, indent=1))
+        print(f"written: {args.out}")
+        return [found]
     print(HEADER, flush=True)
     rows = check(args)
     import torch

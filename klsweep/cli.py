@@ -183,12 +183,13 @@ def plan_command(
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
     or fit its GPUs; nothing is written or submitted)."""
-    from klsweep import console, planner
+    from klsweep import console, fetch, planner
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     summary = planner.summary(plan)
     _require_cached(plan, grid, overrides)
+    summary["warnings"] += fetch.node_local_warnings(r.config for r in plan.runs)
     estimates = summary.pop("estimates")
     if as_json:
         import json

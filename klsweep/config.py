@@ -258,6 +258,16 @@ class ClusterSection:
     constraint: str | None = key(None, "sbatch --constraint")
     array_parallelism: int = key(64, "tasks of a job array running at once (--array=0-N%this)")
     max_requeues: int = key(3, "preemption/timeout requeues per job (submitit's max_num_timeout)")
+    signal_delay_s: int | None = key(
+        None,
+        "seconds before the time limit Slurm sends USR2 (the job then ends its step, saves and requeues); "
+        "null: derived from the step time, the checkpoint's size and checkpoint_write_gbps (klsweep plan)",
+    )
+    checkpoint_write_gbps: float = key(
+        0.5,
+        "GB/s a training job writes a checkpoint at, all its processes together, to the results folder's "
+        "file system (a conservative default: measure yours); sets the derived signal_delay_s",
+    )
     max_local_jobs: int | None = key(None, "local: parallel jobs (null: the cores klsweep may run on)")
     local_jobs_per_worker: int = key(
         0, "local: jobs one worker process runs one after the other (0: no limit; 1: a process per job)"

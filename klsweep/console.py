@@ -198,10 +198,10 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     its largest per-GPU memory estimate in the caption."""
     from klsweep.report.terminal import fitted_table
 
-    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "storage"]
+    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "host GiB", "storage"]
     rows = []
     for row in counts["resources"]:
-        mem = row["gpu_memory_gb"]
+        mem, host = row["gpu_memory_gb"], row.get("host_memory_gb")
         rows.append(
             [
                 str(row["model"]),
@@ -210,6 +210,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
                 row["sharding"],
                 "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
                 "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
+                "—" if host is None else f"{host:.0f}/{row['mem_gb']:g}",
                 _size(row["storage_gb"]),
             ]
         )
@@ -230,7 +231,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         header,
         rows,
         width=width,
-        right=["runs", "GPUs", "micro", "GiB/GPU", "storage"],
+        right=["runs", "GPUs", "micro", "GiB/GPU", "host GiB", "storage"],
         whole=["model"],  # a model's name is never cut nor folded
         optional=["micro", "storage"],
         caption=caption,
@@ -239,25 +240,27 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
 
 def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None:
     """The time estimate (``planner.summary``, ``klsweep.cost``) beside the limits, one row per model and
-    launch shape: the GPU, the slowest step (its generation part), training hours of a run against a job's
-    time limit, the jobs a run needs, the estimated GPU-hours and those at the limits; the totals (training
-    and eval) in the caption. None when no run has GPUs."""
+    launch shape: the GPU, the slowest step as a band (low-high) and its generation part, training hours of a
+    run (the band's high end) against a job's time limit, the jobs a run may need, the preemption signal's
+    delay (USR2 s), the estimated GPU-hours (low-high) and those at the limits; the totals (training and eval)
+    in the caption. None when no run has GPUs."""
     from klsweep.report.terminal import fitted_table
 
-    shown = [r for r in counts["resources"] if r.get("step_seconds") is not None]
+    shown = [r for r in counts["resources"] if r.get("step_seconds_low") is not None]
     if not shown:
         return None
-    header = ["model", "runs", "GPU", "s/step", "gen s", "h/run", "jobs", "GPU-h", "limit"]
+    header = ["model", "runs", "GPU", "s/step", "gen s", "h/run", "jobs", "USR2 s", "GPU-h", "limit"]
     rows = [
         [
             str(r["model"]),
             str(r["runs"]),
             str(r["gpu"]),
-            f"{r['step_seconds']:.0f}",
+            f"{r['step_seconds_low']:.0f}-{r['step_seconds_high']:.0f}",
             f"{r['generation_seconds']:.0f}",
-            f"{r['train_hours']:.1f}/{r['limit_hours']:g}",
+            f"{r['train_hours_high']:.1f}/{r['limit_hours']:g}",
             str(r["jobs"]),
-            _hours(r["gpu_hours_estimate"]),
+            str(r["signal_delay_s"]),
+            f"{_hours(r['gpu_hours_estimate_low'])}-{_hours(r['gpu_hours_estimate_high'])}",
             _hours(r["gpu_hours"]),
         ]
         for r in shown
@@ -268,7 +271,8 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
         else "not estimated (a task of unknown size)"
     )
     caption = (
-        f"~{_hours(counts['gpu_hours_estimate'])} GPU-hours estimated to submit (limit: at most "
+        f"{_hours(counts['gpu_hours_estimate_low'])}-{_hours(counts['gpu_hours_estimate_high'])} GPU-hours "
+        f"estimated to submit (a band: slurm/README.md; limit: at most "
         f"{_hours(counts['gpu_hours_upper_bound'])}), of which eval {evals} (at most "
         f"{_hours(counts['eval_gpu_hours_limit'])})"
     )
@@ -277,7 +281,7 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
         header,
         rows,
         width=width,
-        right=["runs", "s/step", "gen s", "h/run", "jobs", "GPU-h", "limit"],
+        right=["runs", "s/step", "gen s", "h/run", "jobs", "USR2 s", "GPU-h", "limit"],
         whole=["model"],
         optional=["GPU", "gen s", "jobs"],
         caption=caption,

@@ -1,12 +1,14 @@
-"""How long a run's step takes and what a run costs in GPU-hours: a first-principles model, not a measurement.
+"""How long a run's step takes and what a run costs in GPU-hours: a first-principles model, not a measurement,
+given as a band: each figure at the optimistic end (``LOW``) and the pessimistic one (``HIGH``).
 
 A step is generation (prefill, then one decode step per completion token: the slowest of the GPU's memory
-reads, its FLOPs, FSDP's parameter all-gathers over NVLink and HF's kernel launches), then training FLOPs at a
-stated utilisation (``MFU``). The GPU's figures (``GPUS``: data-sheet bf16 TFLOP/s, HBM and NVLink bandwidth)
-are those of ``model.resources.gpu``. The derivation, the constants and their sources: slurm/README.md
-("Time estimate"); ``bench/gpu_check.py`` measures step times to calibrate them. ``klsweep.planner`` calls it
-for every run of a plan; it reads plain numbers (an architecture, a batch shape) and imports nothing of
-klsweep.
+reads, its FLOPs, FSDP's parameter all-gathers over NVLink and HF's kernel launches), the weight sync into vLLM,
+the reward (math-verify on the CPU), then training FLOPs at a stated utilisation (``Assumptions.mfu``), and its
+share of the periodic checkpoint saves (bytes over ``cluster.checkpoint_write_gbps``). The GPU's figures
+(``GPUS``: data-sheet bf16 TFLOP/s, HBM and NVLink bandwidth) are those of ``model.resources.gpu``. The
+derivation, the constants and their sources: slurm/README.md ("Time estimate"); ``bench/gpu_check.py``
+measures step parts on a GPU to calibrate them. ``klsweep.planner`` calls it for every run of a plan; it reads
+plain numbers (an architecture, a batch shape) and imports nothing of klsweep.
 """
 
 from __future__ import annotations
@@ -34,7 +36,20 @@ GPUS = {
     "h100-80gb": GPU(tflops=989, hbm_tb_s=3.35, nvlink_gb_s=900, memory_gb=80),  # H100 SXM5
     "h200": GPU(tflops=989, hbm_tb_s=4.8, nvlink_gb_s=900, memory_gb=141),  # H200 SXM
 }
-MFU = 0.40  # model FLOPs utilisation of training and prefill (matmuls of micro-batches of long sequences)
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the model cannot derive from data sheets: one end of the band (slurm/README.md, "Time estimate")."""
+
+    mfu: float  # model FLOPs utilisation of training and prefill (HF + FSDP2 + activation checkpointing)
+    weight_sync_s: float  # vLLM colocate: a step's weight sync takes at least this (per-tensor gather + load,
+    # wake/sleep), whatever the bandwidths give
+    reward_s: float  # seconds of CPU to score one completion (math-verify; the tiny task: 0)
+
+
+LOW = Assumptions(mfu=0.30, weight_sync_s=1.0, reward_s=0.01)  # the optimistic end of the band
+HIGH = Assumptions(mfu=0.20, weight_sync_s=5.0, reward_s=0.10)  # the pessimistic end
 HBM_EFFICIENCY = 0.80  # fraction of the HBM bandwidth a decode step's reads reach
 NVLINK_EFFICIENCY = 0.80  # NCCL all-gather bus bandwidth over one direction's NVLink bandwidth (nccl-tests)
 HF_LAUNCH_S_PER_LAYER = 0.4e-3  # HF generate (eager PyTorch): CPU time to launch a decoder layer's kernels
@@ -94,19 +109,24 @@ def gather_s(gpu: GPU, nbytes: float, world: int) -> float:
     return nbytes * (world - 1) / world / link_bytes_per_s(gpu) if world > 1 else 0.0
 
 
-def compute_s(gpu: GPU, flops: float) -> float:
-    return flops / (gpu.tflops * 1e12 * MFU)
+def compute_s(gpu: GPU, flops: float, at: Assumptions = LOW) -> float:
+    return flops / (gpu.tflops * 1e12 * at.mfu)
 
 
 def decode_step_s(
-    gpu: GPU, read_bytes: float, flops: float, gathered_bytes: float = 0.0, launch_s: float = 0.0
+    gpu: GPU,
+    read_bytes: float,
+    flops: float,
+    gathered_bytes: float = 0.0,
+    launch_s: float = 0.0,
+    at: Assumptions = LOW,
 ) -> float:
     """One decode step (one new token for every sequence of the batch): the slowest of reading ``read_bytes``
     (weights and KV cache) from HBM, ``flops``, receiving ``gathered_bytes`` of an all-gather, and launching
     the kernels, which overlap (FSDP prefetches the next layer's gather; launches are asynchronous)."""
     hbm = read_bytes / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
     comm = gathered_bytes / link_bytes_per_s(gpu)
-    return max(hbm, compute_s(gpu, flops), comm, launch_s)
+    return max(hbm, compute_s(gpu, flops, at), comm, launch_s)
 
 
 # ---------------------------------------------------------------------------------------------- one step
@@ -120,6 +140,8 @@ class StepTime:
     decode: float
     weight_sync: float  # vLLM colocate: the trained weights loaded into vLLM (and woken from sleep)
     train: float  # policy forward/backward, reference and behaviour forwards
+    reward: float = 0.0  # scoring the process's completions on the CPU
+    checkpoint: float = 0.0  # a save's seconds over the steps between two saves
 
     @property
     def generation(self) -> float:
@@ -127,7 +149,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.generation + self.train
+        return self.generation + self.reward + self.train + self.checkpoint
 
 
 def uses_behaviour_forward(config: Mapping[str, Any]) -> bool:
@@ -143,13 +165,27 @@ def uses_behaviour_forward(config: Mapping[str, Any]) -> bool:
     )
 
 
+def save_seconds(checkpoint_bytes: float, write_gbps: float) -> float:
+    """Seconds to write a checkpoint of ``checkpoint_bytes`` at ``write_gbps`` GB/s (all the job's processes
+    together: ``cluster.checkpoint_write_gbps``)."""
+    return checkpoint_bytes / (write_gbps * 1e9)
+
+
 def step_time(
-    config: Mapping[str, Any], arch: Arch, shape: Shape, gpu: GPU, kv_room: float | None = None
+    config: Mapping[str, Any],
+    arch: Arch,
+    shape: Shape,
+    gpu: GPU,
+    kv_room: float | None = None,
+    at: Assumptions = LOW,
+    save_s: float = 0.0,
 ) -> StepTime:
-    """One step of a run on ``gpu`` (the module docstring; slurm/README.md, "Time estimate"). Every completion
-    is taken to run to ``max_completion_length`` (a batch decodes until its longest ends) and every prompt to
-    be ``max_prompt_length`` long: an estimate from above for the sequence lengths. ``kv_room``: the bytes of
-    KV cache vLLM's share of the GPU holds (colocate); a batch whose cache is larger decodes in waves."""
+    """One step of a run on ``gpu`` under the assumptions ``at`` (the module docstring; slurm/README.md, "Time
+    estimate"). Every completion is taken to run to ``max_completion_length`` (a batch decodes until its
+    longest ends) and every prompt to be ``max_prompt_length`` long: an estimate from above for the sequence
+    lengths. ``kv_room``: the bytes of KV cache vLLM's share of the GPU holds (colocate); a batch whose cache
+    is larger decodes in waves. ``save_s``: one checkpoint save's seconds (``save_seconds``), spread over the
+    ``train.save_steps`` steps between saves."""
     train = config["train"]
     p, w, layers = arch.params, shape.processes, arch.num_hidden_layers
     fsdp = train.get("sharding", "none") == "fsdp" and w > 1
@@ -161,7 +197,7 @@ def step_time(
 
     def step(n: float, gathered: float = 0.0, launch: float = 0.0) -> float:  # n sequences decoding
         read = weights + n * context * kv_bytes_per_token(arch)
-        return decode_step_s(gpu, read, n * forward_flops(arch, context), gathered, launch)
+        return decode_step_s(gpu, read, n * forward_flops(arch, context), gathered, launch, at)
 
     if vllm:  # its own copy of the weights, CUDA graphs: no gathers, no launch overhead
         need = batch * (prompt + completion) * kv_bytes_per_token(arch)
@@ -171,6 +207,7 @@ def step_time(
         sync += weights / (gpu.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
         if (train.get("trl") or {}).get("vllm_enable_sleep_mode"):
             sync += weights / (PCIE_GB_S * 1e9)  # woken: the weights back from host memory
+        sync = max(sync, at.weight_sync_s)  # tensor by tensor, wake/sleep: seconds whatever the bandwidths
         gathered = 0.0
     else:  # HF generate; under FSDP every decode step gathers the whole model (reshard_after_forward)
         gathered = weights * (w - 1) / w if fsdp else 0.0
@@ -178,24 +215,29 @@ def step_time(
         decode = completion * step(batch, gathered, launch)
         sync = 0.0
     prefill_flops = batch * prompt * forward_flops(arch, prompt / 2)
-    prefill = max(compute_s(gpu, prefill_flops), gathered / link_bytes_per_s(gpu))
+    prefill = max(compute_s(gpu, prefill_flops, at), gathered / link_bytes_per_s(gpu))
     # training: fwd + bwd of the policy (6 FLOPs a parameter a token), the recomputed forward of activation
     # checkpointing (2, on GPUs), the reference forward (2: always, klsweep.trainer) and the behaviour forward
     tokens = batch * (prompt + completion)
     per_token = forward_flops(arch, (prompt + completion) / 2) / 2  # FLOPs of one forward, per 2 FLOPs
     factor = 6 + 2 + 2 + (2 if uses_behaviour_forward(config) else 0)
-    work = compute_s(gpu, factor * per_token * tokens)
+    work = compute_s(gpu, factor * per_token * tokens, at)
     if fsdp:  # per micro-batch: the policy's forward and backward gathers, its gradients' reduce-scatter
         # (same volume), the reference's (and behaviour) forward gathers; overlapped with the compute
         passes = 3 + 1 + (1 if uses_behaviour_forward(config) else 0)
         work = max(work, batch // shape.per_device * passes * gather_s(gpu, weights, w))
-    return StepTime(prefill=prefill, decode=decode, weight_sync=sync, train=work)
+    # the reward: each process scores its own completions, one after the other (TRL), on the CPU
+    reward = batch * at.reward_s if config.get("task", {}).get("name") == "math" else 0.0
+    checkpoint = save_s / max(1, int(train.get("save_steps") or 1))
+    return StepTime(
+        prefill=prefill, decode=decode, weight_sync=sync, train=work, reward=reward, checkpoint=checkpoint
+    )
 
 
 # ---------------------------------------------------------------------------------------------- eval
 
 
-def eval_seconds(config: Mapping[str, Any], arch: Arch, gpu: GPU) -> float | None:
+def eval_seconds(config: Mapping[str, Any], arch: Arch, gpu: GPU, at: Assumptions = LOW) -> float | None:
     """An eval job's seconds: startup, then generating every answer of the suite (``max_gen_toks`` tokens
     each, greedy or ``num_samples``) with vLLM (one engine per ``tensor_parallel_size`` GPUs, continuous
     batching) or HF (one GPU, batches of ``batch_size``), prompts of ``train.max_prompt_length`` tokens. None
@@ -219,8 +261,8 @@ def eval_seconds(config: Mapping[str, Any], arch: Arch, gpu: GPU) -> float | Non
         launch = arch.num_hidden_layers * HF_LAUNCH_S_PER_LAYER
     context = prompt + tokens / 2
     read = (weights + batch * context * kv_bytes_per_token(arch)) / shard
-    step = decode_step_s(gpu, read, batch * forward_flops(arch, context) / shard, launch_s=launch)
-    prefill = compute_s(gpu, batch * prompt * forward_flops(arch, prompt / 2) / shard)
+    step = decode_step_s(gpu, read, batch * forward_flops(arch, context) / shard, launch_s=launch, at=at)
+    prefill = compute_s(gpu, batch * prompt * forward_flops(arch, prompt / 2) / shard, at)
     return EVAL_STARTUP_S + batches * (prefill + tokens * step)
 
 
@@ -239,6 +281,7 @@ class RunCost:
     tries: int  # 1 + cluster.max_requeues: jobs a run may use
     eval_seconds: float | None  # the estimate of its eval job (None: no eval, or a task of unknown size)
     eval_gpus: int
+    save_seconds: float = 0.0  # one checkpoint save (its share of each step is in ``step.checkpoint``)
 
     @property
     def train_hours(self) -> float:
@@ -266,10 +309,15 @@ class RunCost:
 
 
 def run_cost(
-    config: Mapping[str, Any], arch: Arch, shape: Shape, kv_room: float | None = None
+    config: Mapping[str, Any],
+    arch: Arch,
+    shape: Shape,
+    kv_room: float | None = None,
+    at: Assumptions = LOW,
+    save_s: float = 0.0,
 ) -> RunCost | None:
-    """The cost of a GPU run (None without GPUs, or on a GPU not in ``GPUS``: the grid refuses it);
-    ``kv_room``: ``step_time``'s."""
+    """The cost of a GPU run under the assumptions ``at`` (None without GPUs, or on a GPU not in ``GPUS``: the
+    grid refuses it); ``kv_room``, ``save_s``: ``step_time``'s."""
     res = config["model"]["resources"]
     gpu = GPUS.get(str(res.get("gpu")))
     per_node = int(res.get("gpus_per_node", 0))
@@ -277,11 +325,12 @@ def run_cost(
         return None
     return RunCost(
         gpu=str(res["gpu"]),
-        step=step_time(config, arch, shape, gpu, kv_room),
+        step=step_time(config, arch, shape, gpu, kv_room, at, save_s),
         steps=int(config["train"]["steps"]),
         gpus=per_node * int(res.get("nodes", 1)),
         limit_hours=int(res["timeout_min"]) / 60,
         tries=1 + int(config.get("cluster", {}).get("max_requeues", 0)),
-        eval_seconds=eval_seconds(config, arch, gpu),
+        eval_seconds=eval_seconds(config, arch, gpu, at),
         eval_gpus=per_node,
+        save_seconds=save_s,
     )

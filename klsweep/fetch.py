@@ -187,6 +187,51 @@ def datasets_cache() -> Path:
     return Path(os.environ.get("HF_HOME") or constants.HF_HOME).expanduser() / "datasets"
 
 
+# Where a path is node-local (each compute node sees its own, empty one): under one of these roots, or under
+# the TMPDIR / SLURM_TMPDIR of the environment klsweep runs in (slurm/README.md, "Compute nodes without internet")
+NODE_LOCAL_ROOTS = (
+    "/tmp",
+    "/var/tmp",
+    "/dev/shm",
+    "/run",
+    "/scratch-local",
+    "/scratch/local",
+    "/localscratch",
+    "/local_scratch",
+    "/lscratch",
+)
+NODE_LOCAL_ENV = ("TMPDIR", "SLURM_TMPDIR")
+
+
+def node_local_root(path: Path) -> str | None:
+    """The node-local root ``path`` is under (``NODE_LOCAL_ROOTS``, ``$TMPDIR``, ``$SLURM_TMPDIR``), or None."""
+    roots = [*NODE_LOCAL_ROOTS, *(os.environ[v] for v in NODE_LOCAL_ENV if os.environ.get(v, "/") != "/")]
+    absolute = Path(os.path.abspath(path.expanduser()))
+    for candidate in dict.fromkeys((absolute, absolute.resolve())):
+        for root in roots:
+            if candidate.is_relative_to(root) or candidate.is_relative_to(Path(root).resolve()):
+                return root
+    return None
+
+
+def node_local_warnings(configs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """For runs on a Slurm cluster: a warning for each Hugging Face cache (``hub_cache``, ``datasets_cache``)
+    on node-local storage, where the compute nodes do not see what was fetched on the login node."""
+    if not any(c.get("cluster", {}).get("kind") == "slurm" for c in configs):
+        return []
+    out = []
+    home = os.environ.get("HF_HOME")
+    for name, path in (("the hub cache", hub_cache()), ("the datasets cache", datasets_cache())):
+        root = node_local_root(path)
+        if root is not None:
+            out.append(
+                f"{name} {path} (HF_HOME {home or 'unset'}) is on node-local storage (under {root}): the jobs "
+                "on the Slurm nodes would not see what is cached here and load from the hub, or fail offline: "
+                "set HF_HOME to a shared file system (slurm/README.md)"
+            )
+    return out
+
+
 def check(items: Iterable[Need]) -> list[Found]:
     """What the local caches hold of each need, checked to load (``model_problems``, ``dataset_problems``);
     no network."""

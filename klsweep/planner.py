@@ -40,13 +40,27 @@ fp32 gradients and fp32 AdamW moments and computes in bf16 (``model.dtype: float
 - ``FRAGMENTATION`` on top of the above (the caching allocator), then ``OVERHEAD_GB`` per process (CUDA
   context, NCCL and cuBLAS workspaces).
 
+Host memory per node (GiB; ``host_parts``): each training process holds on the host, while it builds its
+trainer, the policy as loaded (compute dtype, moved to its GPU before the float32 cast; under FSDP cast to
+float32 on the host before FSDP shards it: 4P), the reference only without GPUs (``trainer_factory`` loads it
+onto the GPU, never as a host copy), and ``HOST_PROCESS_GB`` of its own (``VLLM_HOST_GB`` more with vLLM); without
+GPUs a process's whole estimate is host memory. ``tasks_per_node`` of them against ``model.resources.mem_gb``:
+more is refused (Slurm would kill the job: OUT_OF_MEMORY).
+
 Time and GPU-hours (``klsweep.cost``): each run's step time estimated from the GPU's data-sheet figures
-(``model.resources.gpu``), its GPU-hours (steps x step time x GPUs, plus its eval job) beside its limit (the
-time limit x GPUs x tries, 1 + ``cluster.max_requeues``, plus the eval job's limit). ``warnings`` flags runs that
-need requeues, memory within ``AT_RISK`` of the GPU and checkpoints past ``STORAGE_WARN_GB``. Storage: the checkpoints a run keeps
+(``model.resources.gpu``), as a band (``cost.LOW`` to ``cost.HIGH``), its GPU-hours (steps x step time x GPUs,
+plus its eval job) beside its limit (the time limit x GPUs x tries, 1 + ``cluster.max_requeues``, plus the eval
+job's limit). ``warnings`` flags runs that may need requeues (at the band's high end), memory within
+``AT_RISK`` of the GPU, checkpoints past ``STORAGE_WARN_GB``, a ``cluster.signal_delay_s`` shorter than the
+derived one and a Hugging Face cache on node-local storage. Storage: the checkpoints a run keeps
 (``train.keep_checkpoints`` of its ``ceil(steps / save_steps)`` saves), each fp32 weights and AdamW moments
 (12 bytes per parameter; under FSDP sharded, and the final one 4 more: its whole fp32 weights for eval); one more
 exists briefly while a new one is written.
+
+Preemption (``signal_delay``): Slurm sends USR2 ``signal_delay_s`` before the time limit; the job ends the step
+in progress, saves and requeues (docs/DESIGN.md, Preemption). Unless ``cluster.signal_delay_s`` sets it, the
+delay is the step time (the band's high end) plus one save (the checkpoint's bytes over
+``cluster.checkpoint_write_gbps``) plus ``SIGNAL_MARGIN_S``; ``klsweep.submit.slurm`` asks Slurm for it.
 """
 
 from __future__ import annotations
@@ -79,6 +93,9 @@ _LAG_BYTES_PER_TOKEN = 24  # a queued batch per token: ids, masks, behaviour and
 _EXAMPLES = 3  # run ids named in a grouped problem
 AT_RISK = 0.10  # a peak within this fraction of the GPU's memory is flagged (slurm/README.md)
 STORAGE_WARN_GB = 10 * 1024  # checkpoints past 10 TiB are flagged
+HOST_PROCESS_GB = 4.0  # host memory of a training process: Python, torch, CUDA/NCCL host buffers, data
+VLLM_HOST_GB = 4.0  # and of its colocated vLLM engine (no weights: TRL's sleep mode discards them, level 2)
+SIGNAL_MARGIN_S = 60  # after the preemption save: the requeue and the processes' exit
 
 
 # ---------------------------------------------------------------------------------------------- architecture
@@ -231,6 +248,14 @@ class Estimate:
     limit_hours: float = 0.0  # a training job's time limit
     tries: int = 1  # 1 + cluster.max_requeues
     eval_limit_gpu_hours: float = 0.0  # the eval job's GPUs for its whole time limit (0: no eval)
+    cost_high: cost.RunCost | None = None  # the time estimate at the band's pessimistic end (``cost.HIGH``)
+    host_parts: dict[str, float] = field(default_factory=dict)  # GiB per component of a process's host memory
+    tasks_per_node: int = 1
+    mem_gb: float = 0.0  # model.resources.mem_gb: a node's job's host memory
+    save_seconds: float | None = None  # one checkpoint save at cluster.checkpoint_write_gbps (None: no GPUs)
+    signal_delay_s: int = 60  # what Slurm is asked for: cluster.signal_delay_s, else derived
+    derived_delay_s: int = 60  # the derived delay (``signal_delay``)
+    delay_set: bool = False  # cluster.signal_delay_s set by the user
 
     @property
     def fits(self) -> bool:
@@ -243,24 +268,54 @@ class Estimate:
 
     @property
     def gpu_hours(self) -> float:
-        """The estimate (0 without GPUs)."""
+        """The estimate at the band's low end (0 without GPUs)."""
         return self.cost.gpu_hours if self.cost else 0.0
+
+    @property
+    def gpu_hours_high(self) -> float:
+        """The estimate at the band's high end (0 without GPUs)."""
+        return self.cost_high.gpu_hours if self.cost_high else 0.0
+
+    @property
+    def host_gb(self) -> float:
+        """The estimated host memory of a node: its processes' together."""
+        return self.tasks_per_node * sum(self.host_parts.values())
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_gb <= self.mem_gb
 
     def as_json(self) -> dict[str, Any]:
         """``plan --json``'s per-run estimate (``gpu_memory_gb``: the estimated peak per GPU; the time fields:
-        null without GPUs)."""
-        c = self.cost
+        null without GPUs; ``_low``/``_high``: the band's ends, ``jobs`` and ``exceeds_time_limit`` at its high
+        end)."""
+        lo, hi = self.cost, self.cost_high
+
+        def band(name: str, value: Any, digits: int) -> dict[str, Any]:
+            ends = (("low", lo), ("high", hi))
+            return {
+                f"{name}_{end}": None if (v := c and value(c)) is None else round(v, digits)
+                for end, c in ends
+            }
+
         return {
             "gpu_memory_gb": round(self.peak_gb, 1) if self.gpus else None,
             "memory_at_risk": self.at_risk,
-            "step_seconds": round(c.step.total, 1) if c else None,
-            "generation_seconds": round(c.step.generation, 1) if c else None,
-            "train_hours": round(c.train_hours, 2) if c else None,
-            "jobs": c.jobs if c else None,
-            "exceeds_time_limit": c.exceeds_limit if c else False,
-            "eval_gpu_hours": round(c.eval_gpu_hours, 2) if c and c.eval_seconds is not None else None,
-            "gpu_hours": round(self.gpu_hours, 2),
+            "host_memory_gb": round(self.host_gb, 1),
+            "host_memory_of_gb": self.mem_gb,
+            **band("step_seconds", lambda c: c.step.total, 1),
+            "generation_seconds": round(lo.step.generation, 1) if lo else None,
+            **band("train_hours", lambda c: c.train_hours, 2),
+            "jobs": hi.jobs if hi else None,
+            "exceeds_time_limit": hi.exceeds_limit if hi else False,
+            **band("eval_gpu_hours", lambda c: None if c.eval_seconds is None else c.eval_gpu_hours, 2),
+            "gpu_hours_low": round(self.gpu_hours, 2),
+            "gpu_hours_high": round(self.gpu_hours_high, 2),
             "storage_gb": round(self.storage_gb, 1),
+            "checkpoint_save_seconds": None if self.save_seconds is None else round(self.save_seconds, 1),
+            "signal_delay_s": self.signal_delay_s,
+            "signal_delay_derived_s": self.derived_delay_s,
+            "signal_delay_set": self.delay_set,
         }
 
     def limit_json(self) -> dict[str, Any]:
@@ -338,6 +393,56 @@ def memory_parts(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> di
     return {k: v / GIB for k, v in parts.items()}
 
 
+def host_parts(config: Mapping[str, Any], arch: Arch, parts: Mapping[str, float]) -> dict[str, float]:
+    """GiB per component of one training process's host memory (the module docstring); ``parts``: its
+    ``memory_parts`` (without GPUs, all of them are on the host)."""
+    train, model = config["train"], config["model"]
+    if not int(model["resources"].get("gpus_per_node", 0)):
+        return dict(parts)
+    compute = 4 if model.get("dtype") == "float32" else 2
+    fsdp = train.get("sharding", "none") == "fsdp"
+    out = {"policy": (4 if fsdp else compute) * arch.params / GIB, "process": HOST_PROCESS_GB}
+    if train.get("use_vllm"):
+        out["vllm"] = VLLM_HOST_GB
+    return out
+
+
+def checkpoint_bytes(config: Mapping[str, Any], arch: Arch) -> float:
+    """The bytes of one checkpoint of a run (all its processes' files together)."""
+    return CHECKPOINT_BYTES_PER_PARAM[config["train"].get("sharding", "none")] * arch.params
+
+
+def default_signal_delay(resources: Mapping[str, Any]) -> int:
+    """The delay without an estimate (no GPUs): a minute, half that for a job of 5 minutes or less."""
+    return 60 if int(resources.get("timeout_min", 60)) > 5 else 30
+
+
+def signal_delay(config: Mapping[str, Any], high: cost.RunCost | None) -> tuple[int, int]:
+    """(the delay Slurm is asked for, the derived one): ``cluster.signal_delay_s`` when set, else derived
+    from ``high``: the step in progress at the band's high end, one save, ``SIGNAL_MARGIN_S``
+    (``default_signal_delay`` without an estimate)."""
+    if high is None:
+        derived = default_signal_delay(config["model"]["resources"])
+    else:
+        step = high.step.total - high.step.checkpoint
+        derived = math.ceil(step + high.save_seconds + SIGNAL_MARGIN_S)
+    derived = min(derived, 65535)  # Slurm's bound
+    chosen = config.get("cluster", {}).get("signal_delay_s")
+    return (derived if chosen is None else int(chosen)), derived
+
+
+def job_signal_delay(config: Mapping[str, Any]) -> int:
+    """The ``signal_delay_s`` a training job of the run ``config`` asks Slurm for (``signal_delay``)."""
+    arch = architecture(config["model"])
+    try:
+        shape = batch_shape(config["train"], processes(config))
+    except UserError:  # refused by the plan before any submission
+        shape = None
+    if arch is None or shape is None:
+        return signal_delay(config, None)[0]
+    return estimate(config, arch, shape).signal_delay_s
+
+
 def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estimate:
     """The estimate of one run (its config, architecture and batch shape)."""
     res, train = config["model"]["resources"], config["train"]
@@ -351,19 +456,31 @@ def estimate(config: Mapping[str, Any], arch: Arch, shape: BatchShape) -> Estima
     share = vllm_share(config)
     kv_room = share - cost.COMPUTE_BYTES * arch.params if share is not None else None
     train_limit, eval_limit = _limit_gpu_hours(config)
+    rate = float(config.get("cluster", {}).get("checkpoint_write_gbps", 0.5))
+    save_s = cost.save_seconds(checkpoint_bytes(config, arch), rate)
+    low = cost.run_cost(config, arch, shape, kv_room, cost.LOW, save_s)
+    high = cost.run_cost(config, arch, shape, kv_room, cost.HIGH, save_s)
+    delay, derived = signal_delay(config, high)
     return Estimate(
         peak_gb=sum(parts.values()),
         limit_gpu_hours=train_limit + eval_limit,
-        storage_gb=(kept * CHECKPOINT_BYTES_PER_PARAM[sharding] + FINAL_BYTES_PER_PARAM[sharding])
-        * arch.params
+        storage_gb=(kept * checkpoint_bytes(config, arch) + FINAL_BYTES_PER_PARAM[sharding] * arch.params)
         / GIB,
         parts=parts,
         gpus=gpus,
         gpu_memory_gb=float(res["gpu_memory_gb"]) if gpus else None,
-        cost=cost.run_cost(config, arch, shape, kv_room),
+        cost=low,
         limit_hours=int(res["timeout_min"]) / 60,
         tries=_tries(config),
         eval_limit_gpu_hours=eval_limit,
+        cost_high=high,
+        host_parts=host_parts(config, arch, parts),
+        tasks_per_node=tasks_per_node(res),
+        mem_gb=float(res.get("mem_gb", 4)),
+        save_seconds=save_s if high else None,
+        signal_delay_s=delay,
+        derived_delay_s=derived,
+        delay_set=config.get("cluster", {}).get("signal_delay_s") is not None,
     )
 
 
@@ -447,7 +564,34 @@ def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple
     est = estimate(config, arch, shape)
     if not est.fits:
         found.append(("model.resources.gpu_memory_gb", _too_big(est), _fix(config, arch, shape)))
+    if not est.host_fits:
+        found.append(("model.resources.mem_gb", _host_too_big(est), _host_fix(est)))
+    if est.signal_delay_s >= int(res["timeout_min"]) * 60:
+        found.append(
+            (
+                "cluster.signal_delay_s" if est.delay_set else "model.resources.timeout_min",
+                f"the preemption signal {est.signal_delay_s} s before the time limit "
+                f"({'cluster.signal_delay_s' if est.delay_set else 'derived: a step and a save'}) comes "
+                f"before the job's {res['timeout_min']} min have begun: it would requeue at once",
+                f"a timeout_min above {math.ceil(est.signal_delay_s / 60)}, or a shorter signal_delay_s",
+            )
+        )
     return est, found
+
+
+def _host_too_big(est: Estimate) -> str:
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in est.host_parts.items() if v)
+    return (
+        f"needs ~{est.host_gb:.0f} GiB of host memory per node ({est.tasks_per_node} processes x "
+        f"{sum(est.host_parts.values()):.1f} GiB: {shown}) but a node's job asks for {est.mem_gb:g}"
+    )
+
+
+def _host_fix(est: Estimate) -> str:
+    return (
+        f"mem_gb >= {math.ceil(est.host_gb)} where the nodes have it (slurm/README.md, host memory), or fewer "
+        "processes per node"
+    )
 
 
 def _too_big(est: Estimate) -> str:
@@ -496,7 +640,15 @@ def check(plan: Plan) -> dict[str, Estimate]:
     for run in plan.runs:
         c = run.config
         ev = c.get("eval", {})
-        timing = (ev, c.get("cluster", {}).get("max_requeues"), cost.uses_behaviour_forward(c))
+        cl = c.get("cluster", {})
+        timing = (
+            ev,
+            cl.get("max_requeues"),
+            cl.get("signal_delay_s"),
+            cl.get("checkpoint_write_gbps"),
+            c.get("task", {}).get("name"),
+            cost.uses_behaviour_forward(c),
+        )
         key = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
         if key not in seen:  # runs differing only in KL settings or seed have the same needs
             seen[key] = run_problems(c)
@@ -575,6 +727,8 @@ def summary(plan: Plan) -> dict[str, Any]:
                 "micro_batch_size": micro,
                 "gpu_memory_gb": max((e.peak_gb for e in ests if e.gpus), default=None),
                 "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
+                "host_memory_gb": max((e.host_gb for e in ests), default=None),
+                "mem_gb": next((e.mem_gb for e in ests), None),
                 "gpu_hours": gpu_hours(runs),
                 "storage_gb": sum(e.storage_gb for e in ests),
                 **_time_row(ests),
@@ -607,28 +761,38 @@ def summary(plan: Plan) -> dict[str, Any]:
 
 
 def _time_row(ests: list[Estimate]) -> dict[str, Any]:
-    """A resources row's time: the GPU, the longest step and training, the limit, the estimated GPU-hours."""
-    costs = [e.cost for e in ests if e.cost]
-    if not costs:
-        return {"gpu": None, "step_seconds": None, "train_hours": None, "limit_hours": None,
-                "jobs": None, "gpu_hours_estimate": None}  # fmt: skip
-    slowest = max(costs, key=lambda c: c.step.total)
+    """A resources row's time: the GPU, the longest step and training (the band's low and high ends), the
+    limit, the jobs (high end), the estimated GPU-hours (both ends), the longest signal delay."""
+    timed = [e for e in ests if e.cost and e.cost_high]
+    if not timed:
+        return {"gpu": None, "step_seconds_low": None, "step_seconds_high": None, "train_hours_high": None,
+                "limit_hours": None, "jobs": None, "gpu_hours_estimate_low": None,
+                "gpu_hours_estimate_high": None, "signal_delay_s": max((e.signal_delay_s for e in ests),
+                                                                       default=None)}  # fmt: skip
+    slowest = max(timed, key=lambda e: e.cost_high.step.total)  # type: ignore[union-attr]
+    lo, hi = slowest.cost, slowest.cost_high
+    assert lo is not None and hi is not None
     return {
-        "gpu": slowest.gpu,
-        "step_seconds": round(slowest.step.total, 1),
-        "generation_seconds": round(slowest.step.generation, 1),
-        "train_hours": round(max(c.train_hours for c in costs), 2),
-        "limit_hours": slowest.limit_hours,
-        "jobs": max(c.jobs for c in costs),
-        "gpu_hours_estimate": round(sum(e.gpu_hours for e in ests), 1),
+        "gpu": lo.gpu,
+        "step_seconds_low": round(lo.step.total, 1),
+        "step_seconds_high": round(hi.step.total, 1),
+        "generation_seconds": round(lo.step.generation, 1),
+        "train_hours_high": round(max(e.cost_high.train_hours for e in timed), 2),  # type: ignore[union-attr]
+        "limit_hours": lo.limit_hours,
+        "jobs": max(e.cost_high.jobs for e in timed),  # type: ignore[union-attr]
+        "gpu_hours_estimate_low": round(sum(e.gpu_hours for e in ests), 1),
+        "gpu_hours_estimate_high": round(sum(e.gpu_hours_high for e in ests), 1),
+        "signal_delay_s": max(e.signal_delay_s for e in ests),
     }
 
 
 def _time_totals(todo: list[Estimate]) -> dict[str, Any]:
-    """The estimated GPU-hours of the runs to submit (training and eval) and the eval jobs' at their limits."""
+    """The estimated GPU-hours of the runs to submit (training and eval; the band's low and high ends) and the
+    eval jobs' at their limits."""
     costs = [e.cost for e in todo if e.cost]
     return {
-        "gpu_hours_estimate": round(sum(e.gpu_hours for e in todo), 1),
+        "gpu_hours_estimate_low": round(sum(e.gpu_hours for e in todo), 1),
+        "gpu_hours_estimate_high": round(sum(e.gpu_hours_high for e in todo), 1),
         "eval_gpu_hours_estimate": round(sum(c.eval_gpu_hours for c in costs), 1),
         "eval_gpu_hours_limit": round(sum(e.eval_limit_gpu_hours for e in todo), 1),
         "eval_estimated": all(
@@ -644,6 +808,7 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
     checkpoints past ``STORAGE_WARN_GB``, and an engine the jobs cannot import (``engines.missing``)."""
     slow: dict[str, list[Estimate]] = {}
     tight: dict[str, list[Estimate]] = {}
+    short: dict[str, list[Estimate]] = {}  # a cluster.signal_delay_s shorter than the derived delay
     oversold: set[str] = set()  # models whose gpu_memory_gb is more than their GPU has
     out: list[str] = []
     for run in plan.runs:
@@ -651,8 +816,10 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
         if e is None:
             continue
         model = str(run.config["model"].get("name"))
-        if e.cost and e.cost.exceeds_limit:
+        if e.cost_high and e.cost_high.exceeds_limit:
             slow.setdefault(model, []).append(e)
+        if e.delay_set and e.signal_delay_s < e.derived_delay_s:
+            short.setdefault(model, []).append(e)
         if e.at_risk:
             tight.setdefault(model, []).append(e)
         gpu = cost.GPUS[e.cost.gpu] if e.cost else None
@@ -663,9 +830,9 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
                 f"{e.cost.gpu} has ({gpu.memory_gb:g} GB); the memory check trusts gpu_memory_gb"
             )
     for model, ests in slow.items():
-        worst = max((e.cost for e in ests if e.cost), key=lambda c: c.jobs)
+        worst = max((e.cost_high for e in ests if e.cost_high), key=lambda c: c.jobs)
         out.append(
-            f"{len(ests)} runs ({model}) need ~{worst.train_hours:.1f} h of training against a "
+            f"{len(ests)} runs ({model}) may need ~{worst.train_hours:.1f} h of training against a "
             f"{worst.limit_hours:g} h time limit: {worst.jobs} jobs each ({worst.jobs - 1} requeue{'s' if worst.jobs > 2 else ''})"
             + (
                 f", more than cluster.max_requeues {worst.tries - 1} allows: raise it or "
@@ -673,6 +840,17 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
                 if worst.jobs > worst.tries
                 else f", within cluster.max_requeues {worst.tries - 1}"
             )
+        )
+    for model, ests in short.items():
+        worst = max(ests, key=lambda e: e.derived_delay_s - e.signal_delay_s)
+        c = worst.cost_high
+        step = f"a step (up to ~{c.step.total - c.step.checkpoint:.0f} s), " if c else ""
+        save = f"a save (~{c.save_seconds:.0f} s at cluster.checkpoint_write_gbps), " if c else ""
+        out.append(
+            f"{len(ests)} runs ({model}): cluster.signal_delay_s {worst.signal_delay_s} is shorter than the "
+            f"{worst.derived_delay_s} s that {step}{save}and a {SIGNAL_MARGIN_S} s margin need: a preempted "
+            "job may be killed before its checkpoint is written, losing up to train.save_steps steps "
+            "(null derives it)"
         )
     for model, ests in tight.items():
         worst = max(ests, key=lambda e: e.peak_gb)

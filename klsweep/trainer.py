@@ -62,6 +62,7 @@ class KLGRPOTrainer(GRPOTrainer):
         kl: KLConfig,
         lag: int = 0,
         stop_sequences: tuple[str, ...] = (),
+        ref_model: Any = None,
         **kwargs: Any,
     ) -> None:
         from transformers import PreTrainedModel
@@ -95,8 +96,11 @@ class KLGRPOTrainer(GRPOTrainer):
             given = dict(args.generation_kwargs or {})
             given[key] = list(dict.fromkeys([*(given.get(key) or []), *self.stop_sequences]))
             args.generation_kwargs = given
-        # Copy the policy before TRL patches its forward (fused LM head); a model id is loaded again below.
-        ref_model = copy.deepcopy(model) if isinstance(model, PreTrainedModel) else None
+        # ``ref_model``: the reference as loaded by the caller (trainer_factory: in the compute dtype, on the GPU,
+        # no host copy); else a copy of the policy before TRL patches its forward (fused LM head), or a model id
+        # loaded again below.
+        if ref_model is None and isinstance(model, PreTrainedModel):
+            ref_model = copy.deepcopy(model)
 
         super().__init__(model, reward_funcs, args, **kwargs)
         self.model.to(torch.float32)  # master weights: an update of lr 1e-6 is not rounded away

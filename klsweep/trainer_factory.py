@@ -52,10 +52,18 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)
-    # Loaded in the compute dtype: the reference is this copy; KLGRPOTrainer upcasts the policy to float32.
+    # Loaded in the compute dtype; KLGRPOTrainer upcasts the policy to float32. The reference is loaded again,
+    # in the compute dtype, straight onto this process's GPU: no host copy of it (a deepcopy of the policy would
+    # hold one per process: planner, host memory).
     pin = {"revision": config.model.revision} if config.model.revision else {}
+    dtype = layout.torch_dtype(lay.compute)
+    if gpu:  # the device accelerate gives this process (PartialState.set_device)
+        onto = {"device_map": f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"}
+    else:
+        onto = {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=layout.torch_dtype(lay.compute), **pin)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **pin)
+        reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **onto, **pin)
         tokenizer = AutoTokenizer.from_pretrained(path, **pin)
     except OSError as e:  # not in the cache offline, gated, no network: name it in the run's reason
         raise not_loaded(f"model {path}" + (f" at {config.model.revision}" if pin else ""), e) from e
@@ -105,6 +113,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         lag=config.offpolicy.lag,
         # a base model's answer ends where the eval's does (a chat model's at its end-of-turn token)
         stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
+        ref_model=reference,
     )
     trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
     return trainer

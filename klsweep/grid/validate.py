@@ -68,6 +68,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "model.resources.eval_timeout_min": _POSITIVE,
     "cluster.kind": (lambda v: v in ("local", "slurm", "debug"), "local, slurm, debug"),
     "cluster.local_jobs_per_worker": _NON_NEGATIVE,
+    "cluster.signal_delay_s": (
+        lambda v: v is None or 0 < v <= 65535,
+        "null (derived) or 1-65535 (Slurm's bound)",
+    ),
+    "cluster.checkpoint_write_gbps": _POSITIVE,
     "wandb.mode": (
         lambda v: v in ("auto", "online", "offline", "disabled"),
         "auto, online, offline, disabled",

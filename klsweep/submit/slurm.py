@@ -24,6 +24,7 @@ from typing import Any
 
 from klsweep.config import SBATCH_OPTION_ALLOWED, sbatch_option_problem, tasks_per_node
 from klsweep.errors import Problem, UserError
+from klsweep.planner import default_signal_delay, job_signal_delay
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import DOWN, _run_cmd, controller_problem, job_row, submission_folder
 
@@ -73,7 +74,15 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool) -> dict[str, Any]:
+def slurm_parameters(
+    res: dict[str, Any], cl: dict[str, Any], name: str, eval_job: bool, signal_delay_s: int | None = None
+) -> dict[str, Any]:
+    """submitit's parameters of a job; ``signal_delay_s``: a training job's (``klsweep.planner.
+    job_signal_delay``), else ``cluster.signal_delay_s`` for a training job, ``planner.default_signal_delay``
+    for an eval job (it has no checkpoint to save)."""
+    if signal_delay_s is None:
+        chosen = None if eval_job else cl.get("signal_delay_s")
+        signal_delay_s = int(chosen or default_signal_delay(res))
     p: dict[str, Any] = {
         "job_name": f"klsweep-{name}{'-eval' if eval_job else ''}",
         "time": int(res.get("eval_timeout_min" if eval_job else "timeout_min", 60)),
@@ -82,7 +91,7 @@ def slurm_parameters(res: dict[str, Any], cl: dict[str, Any], name: str, eval_jo
         "cpus_per_task": int(res.get("cpus_per_task", 1)),
         "mem": f"{int(res.get('mem_gb', 4))}GB",
         "array_parallelism": int(cl.get("array_parallelism", 64)),
-        "signal_delay_s": 60 if int(res.get("timeout_min", 60)) > 5 else 30,
+        "signal_delay_s": signal_delay_s,
     }
     if int(res.get("gpus_per_node", 0)):
         p["gpus_per_node"] = int(res["gpus_per_node"])
@@ -136,7 +145,8 @@ def submit_slurm(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
             train_ids: list[str] = []
             if t_runs:
                 ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(cl.get("max_requeues", 3)))
-                ex.update_parameters(**slurm_parameters(res, cl, name, eval_job=False))
+                delay = max(job_signal_delay(r.config) for r in t_runs)  # the array's slowest to save
+                ex.update_parameters(**slurm_parameters(res, cl, name, eval_job=False, signal_delay_s=delay))
                 jobs = sbatch(ex, [TrainJob(str(r.run_dir), train_fn) for r in t_runs])
                 calls += 1
                 train_ids = [j.job_id for j in jobs]

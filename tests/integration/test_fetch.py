@@ -72,10 +72,10 @@ def test_offline_plan_refuses_naming_every_missing_thing(hf_home, monkeypatch, c
         assert any(what in line and "would fetch" in line for line in lines), what
     # online, the same grid plans (the jobs would download)
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    code, out, err = cli(["plan", PAPER], monkeypatch, capsys)
+    code, out, err = cli(["plan", PAPER, "cluster.offline=false"], monkeypatch, capsys)
     assert code == 0, err
-    # cluster.offline asks for the same check without HF_HUB_OFFLINE
-    code, out, err = cli(["plan", PAPER, "cluster.offline=true"], monkeypatch, capsys)
+    # cluster.offline asks for the same check without HF_HUB_OFFLINE: the paper grid sets it
+    code, out, err = cli(["plan", PAPER], monkeypatch, capsys)
     assert code == 2 and "Qwen/Qwen2.5-7B" in err
 
 

@@ -39,3 +39,33 @@ def test_gpu_check_refuses_unknown_sizes() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--sizes", "70b"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and "allowed: tiny, 0.5b, 1.5b, 3b" in proc.stderr
+
+
+@pytest.mark.slow
+def test_calibration_measures_what_a_cpu_can_and_says_where_it_goes(tmp_path: Path) -> None:
+    """--calibrate (#34, 8): math-verify's seconds a completion and a checkpoint write's GB/s are measured on
+    any machine (the write under --write-dir); the MFU needs a GPU and the weight sync vLLM: null here, said
+    so, never made up. Each line names the constant and the band it belongs to."""
+    out = tmp_path / "cal.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--calibrate", "--write-gb", "0.02",
+           "--write-dir", str(tmp_path / "fs"), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(out.read_text())["calibration"]
+    assert 0 < found["reward_s"] < 5 and found["checkpoint_write_gbps"] > 0
+    assert found["mfu"] is None and found["weight_sync_s"] is None
+    assert found["write_dir"] == str(tmp_path / "fs") and not any((tmp_path / "fs").iterdir())  # removed
+    lines = proc.stdout.splitlines()
+    reward = next(line for line in lines if line.startswith("reward_s"))
+    assert f"{found['reward_s']:.4f}" in reward and "cost.LOW 0.01, cost.HIGH 0.1" in reward
+    assert any(line.startswith("mfu") and "not measured here" in line for line in lines)
+    assert any(line.startswith("checkpoint_write_gbps") and "cluster default 0.5" in line for line in lines)
+
+
+def test_mfu_is_flops_over_time_over_the_peak() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert gpu_check.mfu(989e12 * 0.25 * 2, 2.0, 989) == pytest.approx(0.25)

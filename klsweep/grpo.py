@@ -10,7 +10,9 @@ trainer (``klsweep.trainer``) and the GRPO audit (``klsweep.audit.grpo_audit``) 
   klsweep reduces a per-sequence KL term (``sequences``: sum over sequences / (sequences x accumulation));
 - ``kl_loss``: the loss-placed KL term the trainer adds (before beta); ``policy_loss``: the on-policy surrogate
   of TRL's policy loss, ``aggregate(-A * log pi)``, whose gradient at importance ratio 1 is TRL's for every loss
-  type but vespo (see its docstring for cispo; the tests check it against the real trainer).
+  type but vespo (see its docstring for cispo; the tests check it against the real trainer);
+- ``engine_agreement``: a generation engine's log-probs of its samples against the trainer's (vLLM: what TRL's
+  importance-sampling correction keeps, the mean ratio, the mean log-prob difference).
 
 Every function accepts leading batch dimensions: ``[..., N]`` completions (``[..., N, T]`` tokens) reduce to
 ``[...]``, each leading index an independent optimiser step (the audit enumerates many steps at once); the
@@ -262,3 +264,30 @@ def policy_loss(advantages: Tensor, logp: Tensor, mask: Tensor, aggregation: Agg
     if advantages.dim() == logp.dim() - 1:
         advantages = advantages.unsqueeze(-1)
     return aggregation(-advantages.detach() * logp, mask)
+
+
+def engine_agreement(
+    trainer_logps: Tensor,
+    engine_logps: Tensor,
+    mask: Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> Tensor:
+    """How the generation engine's log-probs of its own samples compare with the training engine's at the same
+    weights, as sums over this process's completions (to be added over processes): [units kept, units, sum of
+    the ratios, sum of |log-prob difference| over tokens, tokens]. A unit is a sequence (TRL's ``sequence_*``
+    modes: the ratio is exp of the summed token log-ratios) or a completion token (``token_*``); its ratio
+    pi_trainer/pi_engine is kept when it lies in [clip_min, clip_max] (what TRL's mask modes keep and its
+    truncate modes leave unclipped). Tokens the engine could not score (NaN) count as log-ratio 0, as in TRL."""
+    import torch
+
+    diff = torch.nan_to_num((trainer_logps - engine_logps).double() * mask, nan=0.0)
+    ratio = torch.exp(diff.sum(-1)) if mode.startswith("sequence") else torch.exp(diff[mask.bool()])
+    low = -torch.inf if clip_min is None else clip_min
+    high = torch.inf if clip_max is None else clip_max
+    kept = ((ratio >= low) & (ratio <= high)).sum()
+    scored = mask.bool() & ~torch.isnan(trainer_logps - engine_logps)
+    gap = (trainer_logps - engine_logps).abs().double()[scored]
+    values = [kept, ratio.numel(), ratio.sum(), gap.sum(), gap.numel()]
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=mask.device) for v in values])

@@ -111,6 +111,13 @@ def training_arguments(lay: Layout, gpu: bool, world: int) -> dict[str, Any]:
             "state_dict_type": "SHARDED_STATE_DICT",  # each rank writes its own shard (DCP)
         }
         args["activation_checkpointing"] = False
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    if "activation_checkpointing" not in {f.name for f in dataclasses.fields(TrainingArguments)}:
+        # transformers < 5.2x (the one vLLM's CPU build pins, .venv-vllm) knows it by its older name
+        args["gradient_checkpointing"] = args.pop("activation_checkpointing")
     return args
 
 

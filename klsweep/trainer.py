@@ -240,6 +240,8 @@ class KLGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         mask = _loss_mask(out)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            self._log_engine_agreement(out, mask, mode)
         input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         logits_to_keep = out["completion_ids"].size(1)
@@ -299,6 +301,29 @@ class KLGRPOTrainer(GRPOTrainer):
         out["task_reward"] = task_reward[local]
         out["policy_version"] = torch.full((n_local,), self.state.global_step, device=mask.device)
         return out
+
+    def _log_engine_agreement(self, out: dict[str, Any], mask: torch.Tensor, mode: str) -> None:
+        """vLLM against the trainer at the weights vLLM generated with (TRL syncs them before generating): the
+        fraction of units TRL's importance-sampling correction keeps, their mean ratio pi_trainer/pi_vllm, and
+        the mean absolute per-token log-prob difference (``grpo.engine_agreement``; docs/DESIGN.md)."""
+        kept, units, ratios, gaps, tokens = (
+            self.accelerator.gather(
+                grpo.engine_agreement(
+                    out["old_per_token_logps"],
+                    out["sampling_per_token_logps"],
+                    mask,
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
+                ).unsqueeze(0)
+            )
+            .sum(0)
+            .tolist()
+        )
+        metrics = self._metrics[mode]
+        metrics["vllm/kept_fraction"].append(kept / units if units else float("nan"))
+        metrics["vllm/ratio_mean"].append(ratios / units if units else float("nan"))
+        metrics["vllm/logp_mismatch"].append(gaps / tokens if tokens else float("nan"))
 
     # ------------------------------------------------------------------------------------------ loss
 

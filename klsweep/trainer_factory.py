@@ -43,12 +43,14 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     lay = layout.layout(config.model.dtype, train.sharding, gpu)
     if lay.sharding == "fsdp" and not gpu:  # only where the tests allow it (layout.TEST_FSDP_ON_CPU)
         layout.shard_cpu_processes()
-    vllm_ready = gpu and importlib.util.find_spec("vllm") is not None
-    if train.use_vllm and not vllm_ready:  # never HF generate in its place
-        why = f"vllm cannot be imported in {sys.executable}" if gpu else "no GPU is visible to this process"
-        raise UserError(
-            Problem("train.use_vllm", f"true, but {why}", f"{engines.INSTALL} on a GPU machine, or false")
-        )
+    if train.use_vllm:  # never HF generate in its place; without a GPU, vLLM's CPU build (engines.py)
+        refused = [] if gpu else engines.cpu_refusals(train.trl)
+        if importlib.util.find_spec("vllm") is None:
+            where = "" if gpu else " (without a GPU: vLLM's CPU build, ./dev.sh vllm-test)"
+            why = f"true, but vllm cannot be imported in {sys.executable}"
+            refused.insert(0, Problem("train.use_vllm", why, f"{engines.INSTALL}{where}, or false"))
+        if refused:
+            raise UserError(refused)
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)

@@ -1,5 +1,7 @@
 """Shared test setup: everything offline, W&B offline; tests marked ``slurm`` need the local Slurm cluster
-(``bash slurm/start.sh``): skipped where there is no ``sbatch``, except under CI=true, where they must run."""
+(``bash slurm/start.sh``): skipped where there is no ``sbatch``, except under CI=true, where they must run. Tests
+marked ``vllm`` need vLLM (``./dev.sh vllm-test`` runs them in ``.venv-vllm``): skipped where it cannot be imported,
+except under CI=true, where they fail."""
 
 from __future__ import annotations
 
@@ -45,7 +47,16 @@ def hf_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if shutil.which("sbatch") is not None or os.environ.get("CI") == "true":
+    import importlib.util
+
+    if os.environ.get("CI") == "true":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        no_vllm = pytest.mark.skip(reason="vllm cannot be imported here (./dev.sh vllm-test runs these)")
+        for item in items:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(no_vllm)
+    if shutil.which("sbatch") is not None:
         return
     skip = pytest.mark.skip(reason="no Slurm here (bash slurm/install.sh && bash slurm/start.sh)")
     for item in items:

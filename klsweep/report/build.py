@@ -23,6 +23,7 @@ from klsweep.report.data import (
     load_runs,
     not_there_yet,
 )
+from klsweep.report.engine import attach_engine_agreement
 from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
@@ -80,6 +81,7 @@ def build_report(
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     run_configs = dict(zip(runs["run"], configs, strict=True))
     attach_stability(runs, metrics, window, rules)
+    engine_flags = attach_engine_agreement(runs, metrics)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
     runs = label_configs(runs, axes)
@@ -104,6 +106,7 @@ def build_report(
         collapse_rule=rule_text(configs),
         set_aside=set_aside,
         missing=missing,
+        engine_flags=engine_flags,
     )
     figures = draw_figures(report, metrics, out)
     if on_tables is not None:

@@ -85,8 +85,8 @@ def test_eval_refuses_the_vllm_backend_without_vllm(
     assert "needs vllm" not in stdout + err  # eval.backend=hf stays possible
 
 
-def test_use_vllm_never_falls_back_to_hf_generate(tmp_path: Path) -> None:
-    """On a machine without a GPU (or without vllm) a run that asks for vLLM fails, saying why."""
+def test_use_vllm_never_falls_back_to_hf_generate(tmp_path: Path, without_vllm: None) -> None:
+    """On a machine without vllm a run that asks for vLLM fails, saying why."""
     from klsweep.tinymodel import random_tiny_model
 
     model = random_tiny_model(tmp_path / "model")
@@ -96,6 +96,29 @@ def test_use_vllm_never_falls_back_to_hf_generate(tmp_path: Path) -> None:
     assert status["state"] == "failed"
     assert "train.use_vllm" in status["reason"] and "klsweep[vllm]" in status["reason"]
     assert not store.checkpoints(run)
+
+
+def test_what_the_cpu_build_cannot_do_is_refused(tmp_path: Path) -> None:
+    """Without a GPU, train.use_vllm runs on vLLM's CPU build where vllm imports; what that build cannot do (sleep
+    mode, tensor parallel) is refused before any model is loaded, each named, whether vllm is installed or not."""
+    import torch
+
+    from klsweep import config as config_mod
+    from klsweep import trainer_factory
+    from klsweep.errors import UserError
+
+    assert not torch.cuda.is_available()
+    run = tmp_path / "run"
+    trl = {"vllm_enable_sleep_mode": True, "vllm_tensor_parallel_size": 2}
+    write_config(run, tmp_path / "no-model-needed", **{"train.use_vllm": True, "train.trl": trl})
+    with pytest.raises(UserError) as refused:
+        trainer_factory.build_trainer(config_mod.load_run(run), run)
+    text = " ".join(str(refused.value).split())
+    assert "train.trl.vllm_enable_sleep_mode: true, but vLLM's CPU build has no sleep mode" in text
+    assert "train.trl.vllm_tensor_parallel_size: 2, but vLLM's CPU build runs one engine" in text
+    assert ("vllm cannot be imported" in text) == (importlib.util.find_spec("vllm") is None)
+    assert not (run / store.CHECKPOINTS_DIR).exists()
+    assert engines.cpu_refusals({"vllm_enable_sleep_mode": False, "vllm_tensor_parallel_size": 1}) == []
 
 
 def test_keys_shows_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

@@ -203,3 +203,26 @@ def test_sample_weights_per_token_are_their_product_per_sequence(level):
         terms = kl.token_terms(logp, ref, mask, config)
         torch.testing.assert_close(with_tokens, agg(terms * per_token, mask))
     assert not torch.allclose(with_tokens, grpo.kl_loss(logp, ref, mask, config, agg))
+
+
+def test_engine_agreement_counts_what_trls_correction_keeps():
+    """Sequence modes: a sequence's ratio is exp of its summed token log-ratios, kept inside [min, max]; token
+    modes: each completion token's; a token the engine could not score (NaN) has ratio 1 and no difference."""
+    import math
+
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -0.5], [-2.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    log_ratio = torch.tensor(
+        [[math.log(4) / 2, math.log(4) / 2, 5.0], [0.0, 0.0, 0.0], [-0.1, math.nan, 0.1]]
+    )
+    engine = trainer - log_ratio
+    kept, units, ratios, gaps, tokens = grpo.engine_agreement(
+        trainer, engine, mask, "sequence_mask", None, 3.0
+    )
+    # the first sequence's ratio is 4 > 3; its padding token's log-ratio 5 is not counted
+    assert (kept, units) == (2, 3)
+    assert ratios.item() == pytest.approx(4 + 1 + 1)
+    assert tokens == 7 and gaps.item() == pytest.approx(2 * math.log(4) / 2 + 0.2)
+    kept, units, ratios, _, _ = grpo.engine_agreement(trainer, engine, mask, "token_truncate", 0.95, 3.0)
+    token_ratios = [2, 2, 1, 1, 1, math.exp(-0.1), 1, math.exp(0.1)]  # exp(-0.1) < 0.95: the one out
+    assert (kept, units) == (7, 8) and ratios.item() == pytest.approx(sum(token_ratios))

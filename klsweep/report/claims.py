@@ -32,7 +32,7 @@ from klsweep.report.statistics import (
     welch_power,
     welch_summary,
 )
-from klsweep.report.tables import DASH, KL_KEYS, fmt_value, kl_on
+from klsweep.report.tables import DASH, KL_KEYS, csv_cell, fmt_value, kl_on
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -331,7 +331,8 @@ def verdict_changes(expected: dict[str, str], claims: pd.DataFrame | None) -> li
     one (``read_verdicts``), in ``expected``'s order then this sweep's; a claim on one side only reads
     ``MISSING`` on the other (a sweep without claims, ``claims`` None: every expected one). Empty: every verdict
     reproduced."""
-    got = {} if claims is None else dict(zip(claims["claim"], claims["verdict"], strict=True))
+    # names as claims.csv writes them (``csv_cell``): a name "=x" is read back "'=x"
+    got = {} if claims is None else dict(zip(claims["claim"].map(csv_cell), claims["verdict"], strict=True))
     return [
         (c, expected.get(c, MISSING), got.get(c, MISSING))
         for c in dict.fromkeys([*expected, *got])

@@ -28,6 +28,7 @@ from klsweep.report.tables import (
     kl_on,
     labelled_axes,
     sort_key,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +58,21 @@ def _figure(*args: Any, **kwargs: Any):
     import matplotlib.pyplot as plt
 
     return plt.subplots(*args, **kwargs)
+
+
+def _plain_text(draw: Callable[..., list[Path]]) -> Callable[..., list[Path]]:
+    """``draw`` with every label plain text, as written: no mathtext ("$\\boxed{2}$" in a value is not
+    parsed, nor does it fail the figure), no LaTeX."""
+    import functools
+
+    @functools.wraps(draw)
+    def plain(*args: Any, **kwargs: Any) -> list[Path]:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            return draw(*args, **kwargs)
+
+    return plain
 
 
 def _margins(
@@ -121,7 +137,7 @@ def _save(fig: Any, path: Path, digest: str) -> list[Path]:
 
 
 def _key_text(axes: list[str], values: tuple[Any, ...], sep: str = ", ") -> str:
-    return sep.join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, values, strict=True))
+    return sep.join(f"{SHORT.get(a, a)}={visible(fmt_value(v))}" for a, v in zip(axes, values, strict=True))
 
 
 def _facets(configs: pd.DataFrame, shown: list[str]) -> list[str]:
@@ -199,6 +215,7 @@ def _configs(report: Report) -> pd.DataFrame:
     return configs
 
 
+@_plain_text
 def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """The training curves as small multiples (see the module docstring); PNG and PDF."""
     configs = _configs(report)
@@ -339,6 +356,7 @@ def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) 
                 ax.tick_params(labelbottom=False)
 
 
+@_plain_text
 def plot_eval(report: Report, path: Path) -> list[Path]:
     """In-domain and OOD averages per configuration (mean ± t-based 95% CI over seeds); the step-0 baseline
     dashed."""
@@ -349,7 +367,7 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
     shown = labelled_axes(report.runs, report.axes)
     cfg_cols = [SHORT.get(a, a) for a in shown]
     ticks = (
-        [" / ".join(fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
+        [" / ".join(visible(fmt_value(v)) for v in row) for row in df[cfg_cols].itertuples(index=False)]
         if cfg_cols
         else ["all runs"] * n
     )
@@ -382,7 +400,7 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
     for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):
         for col, color in ((ID_AVG, "tab:blue"), (OOD_AVG, "tab:orange")):
             if not math.isnan(base[col].iloc[i]):
-                label = f"{col}, step 0 ({base['model.name'].iloc[i]})"
+                label = f"{col}, step 0 ({visible(base['model.name'].iloc[i])})"
                 ax.axhline(base[col].iloc[i], color=color, ls=style, lw=1, label=label)
     missing = df[ID_AVG].isna() & df[OOD_AVG].isna()
     for i in np.flatnonzero(missing.to_numpy()):

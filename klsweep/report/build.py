@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
@@ -29,6 +30,9 @@ from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
 from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def build_report(
@@ -90,7 +94,7 @@ def build_report(
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
     runs = label_configs(runs, axes)
-    audit = audit_table(runs)
+    audit, cache_warnings = _audit_table(runs)
     report = Report(
         sweep_dir=sweep,
         out_dir=out,
@@ -111,6 +115,7 @@ def build_report(
         collapse_rule=rule_text(configs),
         set_aside=set_aside,
         missing=missing,
+        warnings=cache_warnings,
     )
     figures = draw_figures(report, metrics, out)
     if on_tables is not None:
@@ -125,6 +130,22 @@ def build_report(
         readable = [d for d in dirs if d.name in reported]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
+
+
+def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``audit_table``, and what its cache could not keep (``CacheWarning``s: a read-only or full cache folder),
+    as the report's warnings; other warnings go on as they were."""
+    import warnings
+
+    from klsweep.audit.cache import CacheWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CacheWarning)
+        table = audit_table(runs)
+    for w in caught:
+        if not issubclass(w.category, CacheWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return table, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, CacheWarning)))
 
 
 def _sweep_claims(sweep: Path) -> list[Claim]:

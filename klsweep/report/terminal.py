@@ -158,6 +158,8 @@ def _mean_std(mean: Any, std: Any, fmt: str, std_fmt: str) -> str:
     ``fmt`` "sig": two significant digits of the mean, the spread to as many decimals."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return DASH
+    if not math.isfinite(mean):  # a diverged metric (a KL of Infinity in metrics.jsonl): data, shown as such
+        return format(mean, "+" if fmt.startswith("+") else "")
     if fmt == "sig":
         decimals = max(0, 1 - math.floor(math.log10(abs(mean)))) if mean else 2
         fmt = std_fmt = f".{decimals}f"

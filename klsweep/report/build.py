@@ -117,13 +117,26 @@ def build_report(
         missing=missing,
         warnings=cache_warnings,
     )
-    figures = draw_figures(report, metrics, out)
-    if on_tables is not None:
-        on_tables(report)
-    written = {fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"}  # while the figures are drawn
-    report.paths += figures()
-    if "html" in formats:  # embeds the figures
-        written["html"] = WRITERS["html"](report)
+    try:
+        figures = draw_figures(report, metrics, out)
+        if on_tables is not None:
+            on_tables(report)
+        written = {
+            fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"
+        }  # while the figures are drawn
+        report.paths += figures()
+        if "html" in formats:  # embeds the figures
+            written["html"] = WRITERS["html"](report)
+    except OSError as e:  # a full disk, a quota, a folder gone: each file is its old or its new self (atomic)
+        where = f" ({e.filename})" if e.filename else ""
+        raise UserError(
+            Problem(
+                str(out),
+                f"cannot write the report: {e.strerror or e}{where}",
+                "free space there, or --out DIR",
+            ),
+            title="report not written",
+        ) from e
     report.paths += [p for fmt in formats for p in written[fmt]]
     if wandb is not False:
         reported = set(runs["run"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,12 +129,26 @@ def _save(fig: Any, path: Path, digest: str) -> list[Path]:
 
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
     _stamp(path).unlink(missing_ok=True)
-    fig.savefig(path, dpi=100)
-    with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
-        fig.savefig(vector)
-    plt.close(fig)
+    try:
+        _savefig(fig, path, dpi=100)
+        with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
+            _savefig(fig, vector)
+    finally:
+        plt.close(fig)
     store.atomic_write_text(_stamp(path), digest + "\n")
     return [path, vector]
+
+
+def _savefig(fig: Any, path: Path, **kwargs: Any) -> None:
+    """``fig.savefig(path)`` atomically: into a file of this process beside it, then renamed over it (a full
+    disk leaves the old figure, never a truncated one)."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, **kwargs)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _key_text(axes: list[str], values: tuple[Any, ...], sep: str = ", ") -> str:

@@ -89,3 +89,15 @@ def test_a_read_only_audit_cache_is_a_warning(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert "warning: audit cache" in err and "not written" in err and "Traceback" not in err
     assert (tmp_path / "r" / "report.md").is_file()
+
+
+def test_a_full_disk_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys):
+    from mounts import full_disk
+
+    sweep = _sweep(tmp_path, seeds=1)
+    with full_disk(tmp_path / "full", size="48k") as out:
+        code, _, err = cli(["report", sweep, "--out", out, "-f", "md,csv,latex,html"], monkeypatch, capsys)
+        left = sorted(p.name for p in out.iterdir())
+    assert code == 2 and "Traceback" not in err, err
+    assert "report not written" in err and "No space left on device" in err
+    assert not [name for name in left if ".tmp" in name], left  # no temporary file left behind

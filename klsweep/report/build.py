@@ -60,7 +60,13 @@ def build_report(
     formats = _check_formats(formats)
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
-    tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
+    # what is wrong with the claims, raised with the checks that need the runs (metrics, keys): all at once
+    claim_problems: list[Problem] = []
+    tested = (
+        read_claims_file(claims, claim_problems)
+        if claims is not None
+        else _sweep_claims(sweep, claim_problems)
+    )
     dirs = store.run_dirs(sweep)
     if not dirs:
         raise UserError(
@@ -77,13 +83,14 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=out / CONFIG_CACHE)
+    # bad claims: nothing written (not even the configs' cache) before they are reported with the runs' checks
+    cache = out / CONFIG_CACHE if not claim_problems else None
+    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=cache)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
             title="nothing to report",
         )
-    out.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing)
     missing[:0] = not_there_yet(runs, metrics, sweep)
@@ -109,7 +116,7 @@ def build_report(
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
         comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=claims_table(runs, audit, tested, run_configs),
+        claims=claims_table(runs, audit, tested, run_configs, claim_problems),
         environment=environment_table(runs),
         window=window,
         collapse_rule=rule_text(configs),
@@ -118,6 +125,7 @@ def build_report(
         warnings=cache_warnings,
     )
     try:
+        out.mkdir(parents=True, exist_ok=True)
         figures = draw_figures(report, metrics, out)
         if on_tables is not None:
             on_tables(report)
@@ -161,10 +169,10 @@ def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return table, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, CacheWarning)))
 
 
-def _sweep_claims(sweep: Path) -> list[Claim]:
+def _sweep_claims(sweep: Path, problems: list[Problem]) -> list[Claim]:
     """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
     text = store.read_sweep_file(sweep).get("grid")
-    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
+    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid", problems) if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

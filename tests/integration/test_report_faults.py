@@ -101,3 +101,26 @@ def test_a_full_disk_is_one_line_and_nothing_half_written(tmp_path, monkeypatch,
     assert code == 2 and "Traceback" not in err, err
     assert "report not written" in err and "No space left on device" in err
     assert not [name for name in left if ".tmp" in name], left  # no temporary file left behind
+
+
+def test_every_problem_of_a_claims_file_in_one_error(tmp_path, monkeypatch, capsys):
+    sweep = _sweep(tmp_path, seeds=1)
+    claim = "  - {{name: {}, metric: {}, test: {}, direction: greater, a: {}, b: {{kl.estimator: k1}}}}\n"
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "claims:\n"
+        + claim.format("typo", "in_domain", "welsh", "{kl.estimator: k3}")
+        + claim.format("metric", "accuracyy", "welch", "{kl.estimator: k3}")
+        + claim.format("k9", "in_domain", "welch", "{kl.estimator: k9}")
+        + claim.format("lr", "in_domain", "welch", "{train.learning_rate: 1e-5}")
+    )
+    code, _, err = cli(["report", sweep, "--out", tmp_path / "r", "--claims", path], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    text = " ".join(err.split())
+    assert "invalid claims: 3 problems" in text, text
+    assert "(typo).test: 'welsh'" in text and "did you mean 'welch'" in text  # a reading problem
+    assert (
+        "claim 'metric': metric: 'accuracyy' is not a column of runs.csv" in text
+    )  # and, at once, the runs'
+    assert "(k9).a.kl.estimator: 'k9' is not valid (allowed: k1, k2, k3)" in text
+    assert not (tmp_path / "r" / "report.md").exists()

@@ -620,6 +620,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep.console import print_failures, print_report, status_table, table_width
+    from klsweep.report.tables import visible
     from klsweep.study import run_study
 
     console = _console()
@@ -682,7 +683,9 @@ def study_command(
                 highlight=False,
             )
             for claim, want, got in res.claim_changes:
-                console.print(f"  {claim}: expected {want}, got {got}", highlight=False, markup=False)
+                console.print(
+                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
+                )
         if res.cpu_note:
             console.print(f"note: {res.cpu_note}", highlight=False, markup=False)
         if res.claim_changes:
@@ -696,7 +699,10 @@ def main() -> None:
     except UserError as e:
         from rich.markup import escape
 
-        _console(stderr=True).print(f"[bold red]error[/]: {escape(str(e))}", highlight=False)
+        from klsweep.report.tables import visible
+
+        text = "\n".join(visible(line) for line in str(e).split("\n"))  # a name's control characters visible
+        _console(stderr=True).print(f"[bold red]error[/]: {escape(text)}", highlight=False)
         sys.exit(2)
 
 

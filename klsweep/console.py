@@ -161,19 +161,13 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
     values allowed."""
     import json
 
-    from rich.markup import escape
-
     from klsweep.report.terminal import fitted_table
 
     def default(v: Any) -> str:
         return (v or "''") if isinstance(v, str) else json.dumps(v)
 
-    rows = [  # text, not rich markup: "klsweep[vllm]" and "[bool]" are shown as written
-        [
-            escape(d.key),
-            escape(default(d.default)),
-            escape(f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"),
-        ]
+    rows = [  # text, not rich markup (fitted_table): "klsweep[vllm]" and "[bool]" are shown as written
+        [d.key, default(d.default), f"{d.help} [{d.type}{': ' + d.allowed if d.allowed else ''}]"]
         for d in docs
     ]
     caption = (
@@ -311,8 +305,10 @@ def print_warning(console: Console, line: str, label: str = "warning") -> None:
 
     from rich.markup import escape
 
+    from klsweep.report.tables import visible
+
     first, *rest = textwrap.wrap(
-        f"{label}: {line}",
+        f"{label}: {visible(line)}",  # a folder's or a claim's name as written, its control characters visible
         prose_width(console),
         subsequent_indent="  ",
         break_long_words=False,

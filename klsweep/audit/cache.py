@@ -29,7 +29,6 @@ def cached_grpo_audit(**options: Any) -> list[GRPOAuditRow]:
 
 def _cached(row_type: type, compute: Callable[..., list], **options: Any) -> list:
     import hashlib
-    import json
     from importlib.metadata import version
     from pathlib import Path
 
@@ -45,11 +44,48 @@ def _cached(row_type: type, compute: Callable[..., list], **options: Any) -> lis
         ).encode()
     ).hexdigest()[:16]
     path = store.cache_dir() / "audit" / f"{key}.json"
-    if path.exists():
-        try:
-            return [row_type(**row) for row in store.read_json(path)]
-        except (OSError, TypeError, json.JSONDecodeError):
-            pass  # a stale or damaged cache entry is recomputed
+    try:
+        rows = _rows(row_type, store.read_json(path))
+    except (OSError, ValueError, store.UnreadableFile):  # missing, unreadable, not JSON: computed afresh
+        rows = None
+    if rows is not None:
+        return rows
     rows = compute(**options)
-    store.write_json(path, rows_as_dicts(rows))
+    try:
+        store.write_json(path, rows_as_dicts(rows))
+    except OSError as e:  # a read-only or full cache: the audit is still right, only computed again next time
+        import warnings
+
+        why = e.strerror or type(e).__name__
+        warnings.warn(f"audit cache {path} not written ({why}): computed again next time", CacheWarning, 3)
     return rows
+
+
+class CacheWarning(UserWarning):
+    """A cache klsweep could not write (the result stands; it is computed again next time)."""
+
+
+def _rows(row_type: type, data: Any) -> list | None:
+    """The rows a cache entry holds, or None when it is not a non-empty list of rows with exactly the fields
+    of ``row_type``, each of its type (a str, an int, a float: an int too), and a known verdict."""
+    import dataclasses
+    import typing
+
+    from klsweep.audit.exact import VERDICTS
+    from klsweep.audit.objective import GRPO_VERDICTS
+
+    types = typing.get_type_hints(row_type)
+    kinds = {str: (str,), int: (int,), float: (int, float)}
+
+    def right(name: str, v: Any) -> bool:
+        return isinstance(v, kinds.get(types[name], (types[name],))) and not isinstance(v, bool)
+
+    if not isinstance(data, list) or not data:
+        return None
+    fields = {f.name for f in dataclasses.fields(row_type)}
+    for row in data:
+        if not isinstance(row, dict) or set(row) != fields or not all(right(k, v) for k, v in row.items()):
+            return None
+        if row["verdict"] not in (*VERDICTS, *GRPO_VERDICTS):
+            return None
+    return [row_type(**row) for row in data]

@@ -39,33 +39,40 @@ class Claim:
     group: str | None = None
 
 
-def read_claims_file(path: str | Path) -> list[Claim]:
-    """The ``claims:`` list of a YAML file (a grid file, or a file holding only ``claims:``)."""
+def read_claims_file(path: str | Path, problems: list[Problem] | None = None) -> list[Claim]:
+    """The ``claims:`` list of a YAML file (a grid file, or a file holding only ``claims:``). ``problems``: where
+    to record what is wrong (the good claims returned), for the caller to report with its own checks at once
+    (the report: metrics, keys of the runs); None: raised here."""
     from klsweep.grid.parse import load_yaml, read_text
 
     where = str(path)
-    problems: list[Problem] = []
-    data = load_yaml(read_text(Path(path), where, "claims file"), where, problems)
+    found: list[Problem] = []
+    data = load_yaml(read_text(Path(path), where, "claims file"), where, found)
+    claims: list[Claim] = []
     if not isinstance(data, dict) or "claims" not in data:
-        problems.append(Problem(where, "no top-level `claims:` list", "claims: [- name: ..., metric: ...]"))
-        raise UserError(problems, title="invalid claims")
-    claims = parse_claims(data["claims"], f"{where}: claims", Schema(), problems)
-    if problems:
-        raise UserError(problems, title="invalid claims")
-    return claims
+        found.append(Problem(where, "no top-level `claims:` list", "claims: [- name: ..., metric: ...]"))
+    else:
+        claims = parse_claims(data["claims"], f"{where}: claims", Schema(), found)
+    return _checked(claims, found, problems)
 
 
-def grid_claims(grid_text: str, where: str) -> list[Claim]:
-    """The claims of a grid file's text (as a sweep's sweep.yaml keeps it); none when it has none."""
-    problems: list[Problem] = []
+def grid_claims(grid_text: str, where: str, problems: list[Problem] | None = None) -> list[Claim]:
+    """The claims of a grid file's text (as a sweep's sweep.yaml keeps it); none when it has none.
+    ``problems``: as ``read_claims_file``'s."""
     from klsweep.grid.parse import load_yaml
 
-    data = load_yaml(grid_text, where, problems)
+    found: list[Problem] = []
+    data = load_yaml(grid_text, where, found)
     if not isinstance(data, dict) or not data.get("claims"):
         return []
-    claims = parse_claims(data["claims"], f"{where}: claims", Schema(), problems)
-    if problems:
-        raise UserError(problems, title="invalid claims")
+    return _checked(parse_claims(data["claims"], f"{where}: claims", Schema(), found), found, problems)
+
+
+def _checked(claims: list[Claim], found: list[Problem], problems: list[Problem] | None) -> list[Claim]:
+    if problems is not None:
+        problems += found
+    elif found:
+        raise UserError(found, title="invalid claims")
     return claims
 
 
@@ -138,6 +145,12 @@ def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Cl
         problems.append(Problem(f"{where}.group", f"{group!r}", "the name of an any-of claim"))
     a = _filters(raw.get("a"), f"{where}.a", schema, problems)
     b = _filters(raw.get("b"), f"{where}.b", schema, problems)
+    if a and {k: sorted(map(repr, v)) for k, v in a.items()} == {
+        k: sorted(map(repr, v)) for k, v in b.items()
+    }:
+        problems.append(
+            Problem(f"{where}.b", "the same filters as a: it tests a group against itself", "two groups")
+        )
     if len(problems) > before:
         return None
     return Claim(str(name), str(metric), str(test), str(direction), a, b, margin, effect, group)
@@ -188,5 +201,73 @@ def _filters(value: Any, where: str, schema: Schema, problems: list[Problem]) ->
             problems.append(p)
         elif not values or not all(isinstance(v, str | int | float | bool) for v in values):
             problems.append(Problem(w, f"{raw!r}", "a value or a list of values"))
+        else:
+            values = _converted(schema, str(key), values, w, problems)
         out[str(key)] = values
     return out
+
+
+def _converted(schema: Schema, key: str, values: list[Any], where: str, problems: list[Problem]) -> list[Any]:
+    """The filter's values as the grid converts them (``check_leaf``: "1e-5", a string in YAML, is the float
+    1e-05 of ``train.learning_rate``); a value the key cannot take (``kl.estimator: k9`` or ``K1``) recorded."""
+    from klsweep.grid.schema import GROUPS
+    from klsweep.grid.validate import check_leaf
+
+    if key in GROUPS:  # a config group's option: its keys (model.name, ...) are what runs hold
+        return values
+    out = []
+    for v in values:
+        ok, value, error = check_leaf(schema, key, v)
+        if ok:
+            out.append(value)
+        else:
+            for e in error if isinstance(error, list) else [error]:
+                problems.append(Problem(where, *e) if isinstance(e, tuple) else Problem(where, str(e)))
+    return out
+
+
+def check_grid_values(
+    claims: list[Claim], configs: list[dict[str, Any]], where: str, problems: list[Problem], skip: set[str]
+) -> None:
+    """Each filter value of ``claims`` against the values the grid gives its key (``configs``: the runs' nested
+    configs): a value no run has (``kl.beta: 0.2`` in a grid of 0.1) is a problem, with the grid's values.
+    ``skip``: keys the command line set or removed (it may narrow the file's grid: a claim then reads
+    inconclusive)."""
+    missing = object()
+
+    def lookup(config: dict[str, Any], key: str) -> Any:
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return missing
+            node = node[part]
+        return node
+
+    grid: dict[str, dict[Any, Any]] = {}  # key -> its values in the grid, by how filters compare them
+    for c in claims:
+        for side, filters in (("a", c.a), ("b", c.b)):
+            for key, values in filters.items():
+                if key == UNBIASED or key in skip or any(key.startswith(f"{k}.") for k in skip):
+                    continue
+                if key not in grid:
+                    found = (lookup(r, key) for r in configs)
+                    grid[key] = {_plain(g): g for g in found if g is not missing}
+                for v in values:
+                    if _plain(v) not in grid[key]:
+                        shown = ", ".join(sorted(map(repr, grid[key].values()))) or "none: no run sets it"
+                        problems.append(
+                            Problem(
+                                f"{where} ({c.name}).{side}.{key}",
+                                f"{v!r}: no run of this grid has it",
+                                shown,
+                            )
+                        )
+
+
+def _plain(v: Any) -> Any:
+    """A value as filters compare it: a number by value (0 == 0.0), a bool apart from the numbers."""
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, int | float):
+        return float(v)
+    return v if isinstance(v, str) or v is None else repr(v)

@@ -89,9 +89,10 @@ def load_plan(
     # the keys the command line sets or removes (a removed section: every axis inside it)
     cmd_keys = set(cmd_single) | set(cmd_sweep) | removed | {k for k in file_axes if under(k, removed)}
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
-    claims.parse_claims(data.get("claims"), f"{where}: claims", b.reader.schema, problems)
+    claim_problems: list[Problem] = []  # with those of the claims' values against the expanded grid's
+    tested = claims.parse_claims(data.get("claims"), f"{where}: claims", b.reader.schema, claim_problems)
     if problems:
-        raise UserError(problems, title="invalid grid")
+        raise UserError(problems + claim_problems, title="invalid grid")
 
     assert isinstance(name, str)
     base = {k: v for k, v in base.items() if k not in cmd_keys and not under(k, removed)}
@@ -106,6 +107,9 @@ def load_plan(
     )
     b.values.check_kl(r.config for r in expansion.runs.values())
     problems.extend(expand.unmatched_excludes(excludes, expansion.matched, cmd_keys, where))
+    configs = [r.config for r in expansion.runs.values()]
+    claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=cmd_keys)
+    problems += claim_problems
     if not expansion.runs and not problems:
         what = "every run is excluded" if expansion.excluded else "the grid has no run"
         problems.append(Problem(f"{where}: grid", what))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klsweep import store
 from klsweep.errors import Problem, UserError
@@ -30,6 +31,9 @@ from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, WRITERS
 from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def build_report(
@@ -59,7 +63,13 @@ def build_report(
     formats = _check_formats(formats)
     if window < 1:
         raise UserError(Problem("window", f"{window}", "an integer >= 1"))
-    tested = read_claims_file(claims) if claims is not None else _sweep_claims(sweep)
+    # what is wrong with the claims, raised with the checks that need the runs (metrics, keys): all at once
+    claim_problems: list[Problem] = []
+    tested = (
+        read_claims_file(claims, claim_problems)
+        if claims is not None
+        else _sweep_claims(sweep, claim_problems)
+    )
     dirs = store.sweep_runs(sweep)
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
     store.check_writable(
@@ -67,13 +77,14 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=out / CONFIG_CACHE)
+    # bad claims: nothing written (not even the configs' cache) before they are reported with the runs' checks
+    cache = out / CONFIG_CACHE if not claim_problems else None
+    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=cache)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
             title="nothing to report",
         )
-    out.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
     chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing)
     missing[:0] = not_there_yet(runs, metrics, sweep)
@@ -85,7 +96,7 @@ def build_report(
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
     runs = label_configs(runs, axes)
-    audit = audit_table(runs)
+    audit, cache_warnings = _audit_table(runs)
     report = Report(
         sweep_dir=sweep,
         out_dir=out,
@@ -100,21 +111,36 @@ def build_report(
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
         comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=claims_table(runs, audit, tested, run_configs),
+        claims=claims_table(runs, audit, tested, run_configs, claim_problems),
         environment=environment_table(runs),
         window=window,
         collapse_rule=rule_text(configs),
         set_aside=set_aside,
         missing=missing,
         engine_flags=engine_flags,
+        warnings=cache_warnings,
     )
-    figures = draw_figures(report, metrics, out)
-    if on_tables is not None:
-        on_tables(report)
-    written = {fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"}  # while the figures are drawn
-    report.paths += figures()
-    if "html" in formats:  # embeds the figures
-        written["html"] = WRITERS["html"](report)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        figures = draw_figures(report, metrics, out)
+        if on_tables is not None:
+            on_tables(report)
+        written = {
+            fmt: WRITERS[fmt](report) for fmt in formats if fmt != "html"
+        }  # while the figures are drawn
+        report.paths += figures()
+        if "html" in formats:  # embeds the figures
+            written["html"] = WRITERS["html"](report)
+    except OSError as e:  # a full disk, a quota, a folder gone: each file is its old or its new self (atomic)
+        where = f" ({e.filename})" if e.filename else ""
+        raise UserError(
+            Problem(
+                str(out),
+                f"cannot write the report: {e.strerror or e}{where}",
+                "free space there, or --out DIR",
+            ),
+            title="report not written",
+        ) from e
     report.paths += [p for fmt in formats for p in written[fmt]]
     if wandb is not False:
         reported = set(runs["run"])
@@ -123,10 +149,26 @@ def build_report(
     return report
 
 
-def _sweep_claims(sweep: Path) -> list[Claim]:
+def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``audit_table``, and what its cache could not keep (``CacheWarning``s: a read-only or full cache folder),
+    as the report's warnings; other warnings go on as they were."""
+    import warnings
+
+    from klsweep.audit.cache import CacheWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CacheWarning)
+        table = audit_table(runs)
+    for w in caught:
+        if not issubclass(w.category, CacheWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return table, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, CacheWarning)))
+
+
+def _sweep_claims(sweep: Path, problems: list[Problem]) -> list[Claim]:
     """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
     text = store.read_sweep_file(sweep).get("grid")
-    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid") if isinstance(text, str) else []
+    return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid", problems) if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

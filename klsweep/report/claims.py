@@ -32,7 +32,7 @@ from klsweep.report.statistics import (
     welch_power,
     welch_summary,
 )
-from klsweep.report.tables import DASH, KL_KEYS, fmt_value, kl_on
+from klsweep.report.tables import DASH, KL_KEYS, csv_cell, fmt_value, kl_on
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,17 +128,46 @@ def _same(v: Any, wanted: Any) -> bool:
 def claim_side(runs: pd.DataFrame, configs: dict[str, dict], filters: dict[str, list[Any]]) -> pd.DataFrame:
     """The finished runs matching every filter (a key: one of its values); keys not in runs.csv are read from
     the runs' configs; ``unbiased``: the audit's verdict at the run's own lag."""
-    keep = []
-    for _, r in runs.iterrows():
-        ok = True
-        for key, values in filters.items():
+    return _Sides(runs, configs).side(filters)
+
+
+class _Sides:
+    """The runs each side of a table's claims selects: each (key, value) of their filters compared with the
+    runs once, as a mask, whatever the number of claims that use it; a side is the masks combined (2,000
+    claims of 200 runs: each run compared with the few distinct values, not once per claim)."""
+
+    def __init__(self, runs: pd.DataFrame, configs: dict[str, dict]) -> None:
+        self.runs, self.configs = runs, configs
+        self.columns: dict[str, list[Any]] = {}
+        self.masks: dict[tuple[str, str, str], Any] = {}
+
+    def _column(self, key: str) -> list[Any]:
+        if key not in self.columns:
             if key == UNBIASED:
-                v: Any = {"yes": True, "no": False}.get(r["unbiased"])
+                column = [{"yes": True, "no": False}.get(v) for v in self.runs["unbiased"]]
+            elif key in self.runs.columns:
+                column = list(self.runs[key])
             else:
-                v = r[key] if key in runs.columns else configs.get(r["run"], {}).get(key)
-            ok = ok and any(_same(v, w) for w in values)
-        keep.append(ok)
-    return runs[keep]
+                column = [self.configs.get(run, {}).get(key) for run in self.runs["run"]]
+            self.columns[key] = column
+        return self.columns[key]
+
+    def mask(self, key: str, wanted: Any) -> Any:
+        """Which runs have ``wanted`` at ``key`` (``_same``), computed once."""
+        import numpy as np
+
+        k = (key, type(wanted).__name__, repr(wanted))
+        if k not in self.masks:
+            self.masks[k] = np.array([_same(v, wanted) for v in self._column(key)], dtype=bool)
+        return self.masks[k]
+
+    def side(self, filters: dict[str, list[Any]]) -> pd.DataFrame:
+        import numpy as np
+
+        keep = np.ones(len(self.runs), dtype=bool)
+        for key, values in filters.items():
+            keep &= np.logical_or.reduce([self.mask(key, w) for w in values]) if values else False
+        return self.runs[keep]
 
 
 def _describe(filters: dict[str, list[Any]]) -> str:
@@ -259,21 +288,26 @@ def _group_row(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def claims_table(
-    runs: pd.DataFrame, audit: pd.DataFrame, claims: Sequence[Claim], configs: dict[str, dict] | None = None
+    runs: pd.DataFrame,
+    audit: pd.DataFrame,
+    claims: Sequence[Claim],
+    configs: dict[str, dict] | None = None,
+    problems: Sequence[Problem] = (),
 ) -> pd.DataFrame:
     """One row per claim (``klsweep.grid.claims``), tested on the finished runs, then one per group of claims
     ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``.
     ``configs``: run -> its flattened config, for filters on keys runs.csv does not hold. UserError when a
-    claim's metric or filter key is neither a column of the runs nor a config key."""
+    claim's metric or filter key is neither a column of the runs nor a config key, with ``problems`` (those
+    found reading the claims: every problem in one error)."""
     import pandas as pd
 
-    if not claims:
+    if not claims and not problems:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
     configs = configs or {}
     r = runs.assign(unbiased=run_unbiased(runs, audit))
     done = r[finished(r)]
     known = set(r.columns) | {k for c in configs.values() for k in c}
-    problems = [
+    problems = list(problems) + [
         Problem(f"claim {c.name!r}: metric", f"{c.metric!r} is not a column of runs.csv",
                 f"{', '.join(METRIC_COLUMNS)}, unstable, or a column of runs.csv")
         for c in claims
@@ -287,7 +321,8 @@ def claims_table(
     ]  # fmt: skip
     if problems:
         raise UserError(problems, title="invalid claims")
-    rows = [_test(c, claim_side(done, configs, c.a), claim_side(done, configs, c.b)) for c in claims]
+    sides = _Sides(done, configs)
+    rows = [_test(c, sides.side(c.a), sides.side(c.b)) for c in claims]
     for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
         row["p_holm"] = adj
     tested = sum(not math.isnan(row["p_value"]) for row in rows)
@@ -331,7 +366,8 @@ def verdict_changes(expected: dict[str, str], claims: pd.DataFrame | None) -> li
     one (``read_verdicts``), in ``expected``'s order then this sweep's; a claim on one side only reads
     ``MISSING`` on the other (a sweep without claims, ``claims`` None: every expected one). Empty: every verdict
     reproduced."""
-    got = {} if claims is None else dict(zip(claims["claim"], claims["verdict"], strict=True))
+    # names as claims.csv writes them (``csv_cell``): a name "=x" is read back "'=x"
+    got = {} if claims is None else dict(zip(claims["claim"].map(csv_cell), claims["verdict"], strict=True))
     return [
         (c, expected.get(c, MISSING), got.get(c, MISSING))
         for c in dict.fromkeys([*expected, *got])

@@ -196,8 +196,12 @@ class ConfigCache:
         if self.path is not None:
             try:
                 data = json.loads(store.read_bytes(self.path))
-                if data.get("code") == self.code:
-                    self.entries = data["runs"]
+                if (
+                    isinstance(data, dict)
+                    and data.get("code") == self.code
+                    and isinstance(data["runs"], dict)
+                ):
+                    self.entries = data["runs"]  # its entries each checked when used (``_entry_of``)
             except (OSError, ValueError, KeyError, TypeError, AttributeError, store.UnreadableFile):
                 pass
         return self
@@ -250,8 +254,15 @@ class ConfigCache:
 
 
 def _entry_of(entry: Any, key: list[int]) -> bool:
-    """Whether a cache entry is one of a config.yaml with this stat key: [key, config, why unreadable]."""
-    return isinstance(entry, list) and len(entry) == 3 and entry[0] == key
+    """Whether a cache entry is one of a config.yaml with this stat key: [key, config, why unreadable] (a config
+    a mapping, why None or a str: an entry of other types is read afresh)."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and entry[0] == key
+        and isinstance(entry[1], dict)
+        and isinstance(entry[2], str | None)
+    )
 
 
 def _code_hash() -> str:
@@ -412,7 +423,38 @@ def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:
     except store.UnreadableFile as e:
         set_aside.append(f"{path} skipped: {e.what}; {e.todo}")
         return None
-    return res if isinstance(res, dict) else None
+    damage = _damage(res)
+    if damage is not None:
+        set_aside.append(f"{path} skipped: {damage}; rerun `klsweep eval` to redo it")
+        return None
+    return res
+
+
+def _damage(res: Any) -> str | None:
+    """What makes a parsed results.json unusable, or None: not an object, ``metrics`` not tasks by kind, an
+    accuracy that is not a number in [0, 1] (Infinity, NaN, 1.7, "high") or a stderr that is infinite, negative
+    or not a number (lm-eval writes none of these: the file was damaged or hand-edited)."""
+    if not isinstance(res, dict):
+        return "not a JSON object"
+    metrics, stderr = res.get("metrics", {}), res.get("stderr", {})
+    if not isinstance(metrics, dict) or not all(
+        isinstance(metrics.get(k, {}), dict) for k in ("in_domain", "ood")
+    ):
+        return "`metrics` is not {in_domain: {task: accuracy}, ood: {...}}"
+    if not isinstance(stderr, dict):
+        return "`stderr` is not {task: stderr}"
+    for kind in ("in_domain", "ood"):
+        for task, v in metrics.get(kind, {}).items():
+            if v is not None and not (_number(v) and 0 <= v <= 1):
+                return f"accuracy {v!r} of {kind} task {task!r} is not a number in [0, 1]"
+    for task, v in stderr.items():
+        if v is not None and not (_number(v) and (math.isnan(v) or 0 <= v < math.inf)):  # NaN: not known
+            return f"stderr {v!r} of task {task!r} is not a finite number >= 0"
+    return None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _float(v: Any) -> float:

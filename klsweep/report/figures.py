@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from klsweep.report.tables import (
     kl_on,
     labelled_axes,
     sort_key,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +59,21 @@ def _figure(*args: Any, **kwargs: Any):
     import matplotlib.pyplot as plt
 
     return plt.subplots(*args, **kwargs)
+
+
+def _plain_text(draw: Callable[..., list[Path]]) -> Callable[..., list[Path]]:
+    """``draw`` with every label plain text, as written: no mathtext ("$\\boxed{2}$" in a value is not
+    parsed, nor does it fail the figure), no LaTeX."""
+    import functools
+
+    @functools.wraps(draw)
+    def plain(*args: Any, **kwargs: Any) -> list[Path]:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            return draw(*args, **kwargs)
+
+    return plain
 
 
 def _margins(
@@ -112,16 +129,30 @@ def _save(fig: Any, path: Path, digest: str) -> list[Path]:
 
     vector = path.with_suffix(f".{VECTOR_FORMAT}")
     _stamp(path).unlink(missing_ok=True)
-    fig.savefig(path, dpi=100)
-    with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
-        fig.savefig(vector)
-    plt.close(fig)
+    try:
+        _savefig(fig, path, dpi=100)
+        with plt.rc_context({"pdf.fonttype": 42}):  # TrueType fonts: publishers refuse Type 3
+            _savefig(fig, vector)
+    finally:
+        plt.close(fig)
     store.atomic_write_text(_stamp(path), digest + "\n")
     return [path, vector]
 
 
+def _savefig(fig: Any, path: Path, **kwargs: Any) -> None:
+    """``fig.savefig(path)`` atomically: into a file of this process beside it, then renamed over it (a full
+    disk leaves the old figure, never a truncated one)."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, **kwargs)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _key_text(axes: list[str], values: tuple[Any, ...], sep: str = ", ") -> str:
-    return sep.join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, values, strict=True))
+    return sep.join(f"{SHORT.get(a, a)}={visible(fmt_value(v))}" for a, v in zip(axes, values, strict=True))
 
 
 def _facets(configs: pd.DataFrame, shown: list[str]) -> list[str]:
@@ -199,6 +230,7 @@ def _configs(report: Report) -> pd.DataFrame:
     return configs
 
 
+@_plain_text
 def plot_curves(report: Report, metrics: pd.DataFrame, path: Path) -> list[Path]:
     """The training curves as small multiples (see the module docstring); PNG and PDF."""
     configs = _configs(report)
@@ -339,6 +371,7 @@ def _same_limits(grid: list[list[Any]], by_column: bool, bottom_row_only: bool) 
                 ax.tick_params(labelbottom=False)
 
 
+@_plain_text
 def plot_eval(report: Report, path: Path) -> list[Path]:
     """In-domain and OOD averages per configuration (mean ± t-based 95% CI over seeds); the step-0 baseline
     dashed."""
@@ -349,7 +382,7 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
     shown = labelled_axes(report.runs, report.axes)
     cfg_cols = [SHORT.get(a, a) for a in shown]
     ticks = (
-        [" / ".join(fmt_value(v) for v in row) for row in df[cfg_cols].itertuples(index=False)]
+        [" / ".join(visible(fmt_value(v)) for v in row) for row in df[cfg_cols].itertuples(index=False)]
         if cfg_cols
         else ["all runs"] * n
     )
@@ -382,7 +415,7 @@ def plot_eval(report: Report, path: Path) -> list[Path]:
     for i, style in zip(range(len(base)), ("--", ":", "-.") * 10, strict=False):
         for col, color in ((ID_AVG, "tab:blue"), (OOD_AVG, "tab:orange")):
             if not math.isnan(base[col].iloc[i]):
-                label = f"{col}, step 0 ({base['model.name'].iloc[i]})"
+                label = f"{col}, step 0 ({visible(base['model.name'].iloc[i])})"
                 ax.axhline(base[col].iloc[i], color=color, ls=style, lw=1, label=label)
     missing = df[ID_AVG].isna() & df[OOD_AVG].isna()
     for i in np.flatnonzero(missing.to_numpy()):

@@ -23,6 +23,7 @@ from klsweep.report.tables import (
     numeric_columns,
     status_text,
     view,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -171,8 +172,10 @@ def _char(ch: str) -> str:
 
 
 def tex_escape(s: str) -> str:
-    """``s`` as LaTeX text (ASCII), every character kept (see the module docstring)."""
+    """``s`` as LaTeX text (ASCII), every character kept (see the module docstring); a control character as its
+    escape (``visible``: "\\x1b", never the raw byte, which TeX reads as an invalid character)."""
     out = []
+    s = visible(s)
     for i, ch in enumerate(s):
         out.append(_char(ch))
         if ch == "-" and s[i + 1 : i + 2] == "-":  # "--" would become an en dash

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,10 +26,12 @@ from klsweep.report.tables import (
     TITLES,
     Report,
     captions,
+    csv_cell,
     numeric_columns,
     runs_view,
     status_text,
     view,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -54,14 +57,15 @@ def _shown_path(path: Path) -> str:
 
 def _summary(report: Report) -> list[str]:
     r = report.runs
+    path = visible(_shown_path(report.sweep_dir)).replace("`", "'")  # a code span: no backtick inside
     lines = [
-        f"Sweep `{_shown_path(report.sweep_dir)}`: {len(r)} runs in {r['config'].nunique()} configurations "
+        f"Sweep `{path}`: {len(r)} runs in {r['config'].nunique()} configurations "
         f"({status_text(list(r['state']))}).",
         "Configuration axes: "
         + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")
         + ".",
-        f"Eval hash: {report.eval_hash or 'none yet'}; in-domain: {', '.join(report.in_domain) or DASH}; "
-        f"out of domain: {', '.join(report.ood) or DASH}.",
+        f"Eval hash: {report.eval_hash or 'none yet'}; in-domain: {visible(', '.join(report.in_domain)) or DASH}; "
+        f"out of domain: {visible(', '.join(report.ood)) or DASH}.",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `klsweep report`.",
     ]
     if len(report.claims):
@@ -93,9 +97,24 @@ def _summary(report: Report) -> list[str]:
     return lines
 
 
+# what Markdown (CommonMark, GitHub's) would read as markup in a line of text or a table cell
+_MD_MARKUP = re.compile(r"([\\`*_\[\]|#~!])")
+# a list marker opening a line ("- x" in "- - x")
+_MD_LIST = re.compile(r"^(\s*)(?:([-+])|(\d{1,9})([.)]))(?=\s|$)")
+
+
+def md_text(text: Any) -> str:
+    """``text`` as Markdown shows it as written: control characters visible (``visible``: a "\\r" cannot
+    start a line of its own, "# heading" after it stays text), HTML escaped ("<script>" is text), Markdown's
+    markup characters and a leading list marker backslash-escaped (no emphasis, link, image, code or cell
+    break)."""
+    s = html.escape(visible(text), quote=False)
+    s = _MD_MARKUP.sub(r"\\\1", s)
+    return _MD_LIST.sub(lambda m: f"{m[1]}\\{m[2]}" if m[2] else f"{m[1]}{m[3]}\\{m[4]}", s, count=1)
+
+
 def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
-    def esc(s: Any) -> str:
-        return str(s).replace("|", "\\|").replace("\n", " ")
+    esc = md_text
 
     lines = [
         "| " + " | ".join(esc(c) for c in cells.columns) + " |",
@@ -112,7 +131,7 @@ def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
 
 def _write_md(report: Report) -> list[Path]:
     caps = captions(report)
-    parts = [f"# klsweep report: {report.sweep_dir.name}", "", *_summary(report), ""]
+    parts = [f"# klsweep report: {md_text(report.sweep_dir.name)}", "", *_summary(report), ""]
     for t in latex_sections(report):
         cells, bold = view(report, t)
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
@@ -129,9 +148,14 @@ def _write_md(report: Report) -> list[Path]:
     runs = runs_view(report)
     parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
     if report.missing:
-        parts += ["## Not there yet", "", *(f"- {line}" for line in report.missing), ""]
+        parts += ["## Not there yet", "", *(f"- {md_text(line)}" for line in report.missing), ""]
     if report.set_aside:
-        parts += ["## Set aside (unreadable files)", "", *(f"- {line}" for line in report.set_aside), ""]
+        parts += [
+            "## Set aside (unreadable files)",
+            "",
+            *(f"- {md_text(line)}" for line in report.set_aside),
+            "",
+        ]
     path = report.out_dir / "report.md"
     store.atomic_write_text(path, "\n".join(parts))
     return [path]
@@ -154,7 +178,8 @@ def _write_csv(report: Report) -> list[Path]:
         if name == "claims" and not len(report.claims):  # no claims, no table (nor a stale one)
             path.unlink(missing_ok=True)
             continue
-        store.atomic_write_text(path, getattr(report, name).to_csv(index=False))
+        table = getattr(report, name)
+        store.atomic_write_text(path, table.map(csv_cell).rename(columns=csv_cell).to_csv(index=False))
         paths.append(path)
     return paths
 
@@ -178,10 +203,10 @@ def _html_table(cells: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
         return ' class="num"' if num else ""
 
     def th(c: Any, num: bool) -> str:
-        return f"<th{cls(num)}>{html.escape(str(c))}</th>"
+        return f"<th{cls(num)}>{html.escape(visible(c))}</th>"
 
     def td(v: Any, num: bool, b: bool) -> str:
-        text = html.escape(DASH if v is None or (isinstance(v, float) and v != v) else str(v))
+        text = html.escape(DASH if v is None or (isinstance(v, float) and v != v) else visible(v))
         return f"<td{cls(num)}>{f'<b>{text}</b>' if b else text}</td>"
 
     rows = [
@@ -201,7 +226,7 @@ def _data_uri(path: Path) -> str:
 def _write_html(report: Report) -> list[Path]:
     """``report.html``: the sections of ``report.md`` in one self-contained file (the figures embedded)."""
     caps = captions(report)
-    body = [f"<h1>klsweep report: {html.escape(report.sweep_dir.name)}</h1>"]
+    body = [f"<h1>klsweep report: {html.escape(visible(report.sweep_dir.name))}</h1>"]
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report)]
     figures = {
         "main": ("eval_bars.png", "In-domain and OOD averages per configuration"),
@@ -229,7 +254,7 @@ def _write_html(report: Report) -> list[Path]:
     body += ["<h2>Runs</h2>", _html_table(runs_view(report))]
     doc = (
         '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report: '
-        + html.escape(report.sweep_dir.name)
+        + html.escape(visible(report.sweep_dir.name))
         + "</title><style>"
         "body{font-family:sans-serif;max-width:1400px;margin:auto}"
         "table.klsweep{border-collapse:collapse;font-size:13px;margin-bottom:1em}"

@@ -94,12 +94,20 @@ def smooth(
     x = np.asarray(values, dtype=float)
     idx = np.arange(len(x))
     lo = np.maximum(idx - window + 1, 0 if starts is None else starts)
-    ok = ~np.isnan(x)
-    total = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
-    count = np.concatenate([[0], np.cumsum(ok)])
-    n = count[idx + 1] - count[lo]
+
+    def in_window(v: np.ndarray) -> np.ndarray:  # the sum of v over each element's window
+        total = np.concatenate([[0], np.cumsum(v)])
+        return total[idx + 1] - total[lo]
+
+    # an infinite value (a diverged KL) makes its windows infinite, and only those: never summed, as it would
+    # turn every later difference of the cumulative sums, the other runs' too, into NaN
+    finite = np.isfinite(x)
+    n = in_window(~np.isnan(x))
+    up, down = in_window(x == np.inf), in_window(x == -np.inf)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, (total[idx + 1] - total[lo]) / n, np.nan)
+        mean = in_window(np.where(finite, x, 0.0)) / n
+    mean = np.where(up > 0, np.where(down > 0, np.nan, np.inf), np.where(down > 0, -np.inf, mean))
+    return np.where(n > 0, mean, np.nan)
 
 
 def collapse_step(

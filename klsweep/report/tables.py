@@ -102,6 +102,40 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+def visible(text: Any) -> str:
+    """``text`` as written, its control characters made visible: a newline, a carriage return, an escape
+    (ANSI colours, cursor moves), a bidirectional override or a zero-width character reads as its Python escape
+    (``\\r``, ``\\x1b``, ``\\u202e``), so a name cannot rewrite a terminal, a line or a file around it."""
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), str(text))
+
+
+# C0 and C1 controls (DEL too), Unicode format characters (bidi overrides, zero-width) and line separators
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+
+
+def csv_cell(value: Any) -> Any:
+    """A cell of a report's CSV: a number as it is; text as written (``visible``), and text that a spreadsheet
+    would run as a formula (opening with ``= + - @``, a tab or a carriage return, and not a number) behind a
+    ``'`` as OWASP recommends ("'=cmd|..." shows as typed in Excel, LibreOffice and Sheets)."""
+    if not isinstance(value, str):
+        return value
+    text = visible(value)
+    if value[:1] in _FORMULA and not _is_number(value):
+        text = "'" + text
+    return text
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def status_text(states: Sequence[str]) -> str:
     counts = {s: 0 for s in store.STATES}
     for s in states:

@@ -15,15 +15,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view, visible
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
+
+
+def _text(cell: Any) -> Any:
+    """A cell, title or caption as rich shows it: a str is text as written (not rich markup: "[/INST]",
+    "[bold]" and "[link=...]" print as they are), its control characters made visible (``visible``); a rich
+    Text is the caller's styled text."""
+    from rich.text import Text
+
+    return cell if isinstance(cell, Text) else Text(visible(cell))
 
 
 def _plain(cell: Any) -> str:
     from rich.text import Text
 
-    return cell.plain if isinstance(cell, Text) else str(cell)
+    return cell.plain if isinstance(cell, Text) else visible(cell)
 
 
 def _width(header: str, cells: Sequence[Any]) -> int:
@@ -44,7 +53,7 @@ def fitted_table(
     short: Mapping[str, str] | None = None,
     caption: str = "",
 ) -> Any:
-    """A rich Table of ``rows`` (str or rich Text cells) under ``header``. ``right``: right-aligned columns;
+    """A rich Table of ``rows`` (str cells, printed as written: ``_text``; or rich Text) under ``header``. ``right``: right-aligned columns;
     ``whole``: columns never wrapped nor cut (ids, model names); ``optional``: columns dropped, in this order,
     while the table is wider than ``width`` (None: no limit), and then named in the caption; ``short``: shorter
     headers (e.g. "place" for "placement") used when it is still wider, and then spelled out in the caption.
@@ -76,9 +85,9 @@ def fitted_table(
         note = "; ".join(notes)
         caption = f"{caption.rstrip('.')}; {note}" if caption else note  # not "collapsed (0%).; not shown"
     t = Table(
-        title=title or None,
+        title=_text(title) if title else None,
         title_justify="left",
-        caption=caption or None,
+        caption=_text(caption) if caption else None,
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -88,7 +97,7 @@ def fitted_table(
     for h in shown:
         keep = h in whole or width is None
         t.add_column(
-            names[h],
+            _text(names[h]),
             justify="right" if h in right else "left",
             no_wrap=keep,
             min_width=widths[h] if keep else None,
@@ -96,7 +105,7 @@ def fitted_table(
         )
     index = [header.index(h) for h in shown]
     for r in rows:
-        t.add_row(*(r[i] for i in index))
+        t.add_row(*(_text(r[i]) for i in index))
     return t
 
 
@@ -149,6 +158,8 @@ def _mean_std(mean: Any, std: Any, fmt: str, std_fmt: str) -> str:
     ``fmt`` "sig": two significant digits of the mean, the spread to as many decimals."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return DASH
+    if not math.isfinite(mean):  # a diverged metric (a KL of Infinity in metrics.jsonl): data, shown as such
+        return format(mean, "+" if fmt.startswith("+") else "")
     if fmt == "sig":
         decimals = max(0, 1 - math.floor(math.log10(abs(mean)))) if mean else 2
         fmt = std_fmt = f".{decimals}f"

@@ -611,3 +611,34 @@ def test_kl_md_off_policy_table_is_the_audits():
                 cells = [cell(rows[estimator, placement, level, *c]) for c in columns]
                 cells.append(cell(capped[estimator, placement, level], err=True))
                 assert f"| {name} | {' | '.join(cells)} |" in text, name
+
+
+def test_cached_audit_recomputes_an_entry_of_the_wrong_types(tmp_path, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setenv("KLSWEEP_CACHE", str(tmp_path))
+    fresh = audit.cached_audit()
+    (entry,) = (tmp_path / "audit").glob("*.json")
+    rows = json.loads(entry.read_text())
+    for damaged in (
+        [],
+        {"a": 1},
+        [dict(rows[0], rel_err_reverse="0.1")],
+        [dict(rows[0], verdict=3)],
+        [rows[0] | {"x": 1}],
+    ):
+        entry.write_text(json.dumps(damaged))
+        assert audit.cached_audit() == fresh, damaged  # valid JSON, wrong shape: recomputed, not trusted
+
+
+def test_cached_audit_on_a_read_only_cache_warns_and_gives_the_audit(tmp_path, monkeypatch) -> None:
+    from mounts import read_only
+
+    from klsweep.audit.cache import CacheWarning
+
+    fresh = audit.audit()
+    with read_only(tmp_path / "ro") as cache:
+        monkeypatch.setenv("KLSWEEP_CACHE", str(cache))
+        with pytest.warns(CacheWarning, match="not written"):
+            assert audit.cached_audit() == fresh
+        assert not any(cache.iterdir())

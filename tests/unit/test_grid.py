@@ -596,13 +596,13 @@ def test_a_grid_or_claims_file_that_is_not_a_regular_file_or_too_large_is_refuse
 
 def test_claims_are_validated_up_front(tmp_path):
     """A grid's ``claims:`` are checked with the rest of the grid: every bad claim located, all at once."""
-    base = "name: c\nbase: {model: tiny, task: tiny}\ngrid: {seed: range(2)}\n"
+    base = "name: c\nbase: {model: tiny, task: tiny}\ngrid: {seed: range(2), kl.beta: [0, 0.1]}\n"
     good = write(
         tmp_path,
         base + "claims:\n  - {name: k3 wins, metric: in_domain, test: welch, direction: greater,\n"
         "     a: {kl.estimator: k3, unbiased: true}, b: {kl.beta: [0, 0.1]}}\n",
     )
-    assert len(grid.load_plan(good, out=tmp_path / "r").runs) == 2
+    assert len(grid.load_plan(good, out=tmp_path / "r").runs) == 4
     bad = write(
         tmp_path,
         base + "claims:\n"
@@ -624,3 +624,33 @@ def test_claims_are_validated_up_front(tmp_path):
         ("claims[2] (t).margin", "missing"),
     ]:
         assert f"{where}: {what}" in text or (where in text and what in text), (where, text)
+
+
+def test_claim_sides_are_checked_against_the_grid(tmp_path):
+    """A filter's values are converted as the grid's (``1e-5``, a string in YAML, is a float), must be values
+    the key can take (k9, K1 are not) and values the grid gives it; a = b is a problem; all at once, located."""
+    base = "name: c\nbase: {model: tiny, task: tiny, train.learning_rate: 1e-5}\ngrid: {kl.beta: [0, 0.1]}\n"
+    claim = "  - {{name: {}, metric: in_domain, test: welch, direction: greater, a: {}, b: {}}}\n"
+    good = claim.format("lr", "{train.learning_rate: 1e-5, kl.beta: 0.1}", "{kl.beta: 0}")
+    assert len(grid.load_plan(write(tmp_path, base + "claims:\n" + good), out=tmp_path / "r").runs) == 2
+    bad = [
+        claim.format("k9", "{kl.estimator: k9}", "{kl.beta: 0}"),
+        claim.format("upper", "{kl.estimator: K1}", "{kl.beta: 0}"),
+        claim.format("beta", "{kl.beta: 0.2}", "{kl.beta: 0}"),
+        claim.format("same", "{kl.beta: 0}", "{kl.beta: 0.0}"),
+        claim.format("lr", "{train.learning_rate: 2e-5}", "{kl.beta: 0}"),
+    ]
+    with pytest.raises(grid.UserError) as e:
+        grid.load_plan(write(tmp_path, base + "claims:\n" + "".join(bad), "bad.yaml"), out=tmp_path / "r")
+    text = str(e.value)
+    for where, what in [
+        ("claims[0] (k9).a.kl.estimator", "'k9' is not valid (allowed: k1, k2, k3)"),
+        ("claims[1] (upper).a.kl.estimator", "'K1' is not valid"),
+        ("claims[3] (same).b", "the same filters as a"),
+    ]:
+        assert f"{where}: {what}" in text, (where, text)
+    # values the key can take but no run of the grid has: found with the other problems, in the same error
+    assert "claims (beta).a.kl.beta: 0.2: no run of this grid has it (allowed: 0.0, 0.1)" in text, text
+    assert "claims (lr).a.train.learning_rate: 2e-05: no run of this grid has it (allowed: 1e-05)" in text, (
+        text
+    )

@@ -1,0 +1,126 @@
+"""The report on damaged or odd inputs (issue #32): a metric of Infinity (data: a diverged run) crashes nothing
+and stays in its own run; an accuracy that is not a number in [0, 1] is a damaged results.json, set aside with
+its reason; caches that are wrong are rebuilt, an unwritable one skipped with a warning; a full disk is one
+line and exit 1, nothing half-written; claims are checked against the grid's keys and values up front."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import sweepgen
+from clitools import cli
+
+from klsweep import report as rp
+from klsweep import store
+
+
+def _sweep(tmp_path: Path, seeds: int = 2) -> Path:
+    grid = [{"kl.estimator": e, "kl.placement": "loss", "kl.beta": 0.1} for e in ("k1", "k3")]
+    return sweepgen.write_sweep(tmp_path / "s", grid, seeds=seeds, steps=20)
+
+
+def _runs(sweep: Path, estimator: str) -> list[Path]:
+    return sorted(
+        d for d in store.run_dirs(sweep) if f"estimator: {estimator}" in (d / "config.yaml").read_text()
+    )
+
+
+def test_an_infinite_kl_is_data_and_stays_in_its_run(tmp_path, monkeypatch, capsys):
+    sweep = _sweep(tmp_path)
+    run = _runs(sweep, "k1")[0]
+    rows = [json.loads(line) for line in (run / store.METRICS_FILE).read_text().splitlines()]
+    rows[4]["kl_k3"] = math.inf  # json writes Infinity, as a diverged run's logger would
+    (run / store.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = cli(
+        ["report", sweep, "--out", tmp_path / "r", "-f", "md,csv,latex,html"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    stab = rp.build_report(sweep, tmp_path / "r2", formats=("csv",), wandb=False).stability
+    peak = dict(zip(stab["estimator"], stab["peak KL k3"], strict=True))
+    assert peak["k1"] == math.inf and math.isfinite(peak["k3"]) and peak["k3"] > 0  # k3's runs untouched
+    assert "inf" in out
+
+
+def test_an_infinite_accuracy_is_a_damaged_file_set_aside(tmp_path):
+    sweep = _sweep(tmp_path)
+    run = _runs(sweep, "k1")[0]
+    (path,) = (run / store.EVAL_DIR).glob("*/*/results.json")
+    path.write_text(path.read_text().replace('"tiny_add": ', '"tiny_add": Infinity, "x": ', 1))
+    report = rp.build_report(sweep, tmp_path / "r", formats=("md",), wandb=False)
+    assert any(str(path) in s and "not a number in [0, 1]" in s for s in report.set_aside), report.set_aside
+    assert report.runs["in-domain avg"].dropna().between(0, 1).all()
+    assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
+
+
+def test_a_config_cache_of_the_wrong_shape_is_rebuilt(tmp_path):
+    from klsweep.report import data
+
+    sweep = _sweep(tmp_path, seeds=1)
+    out = tmp_path / "r"
+    expected = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs
+    cache = out / data.CONFIG_CACHE
+    keys = json.loads(cache.read_text())["runs"]
+    code = data._code_hash()
+    for runs in (
+        [],
+        "x",
+        dict.fromkeys(keys, "x"),
+        {k: [v[0], "not a config", None] for k, v in keys.items()},
+    ):
+        cache.write_text(json.dumps({"code": code, "runs": runs}))
+        got = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs
+        assert got[["run", "kl.estimator"]].equals(expected[["run", "kl.estimator"]]), runs
+        assert json.loads(cache.read_text())["runs"] == keys  # rebuilt
+
+
+def test_a_read_only_audit_cache_is_a_warning(tmp_path, monkeypatch, capsys):
+    from mounts import read_only
+
+    from klsweep.report import audit_table
+
+    sweep = _sweep(tmp_path, seeds=1)
+    with read_only(tmp_path / "cache") as cache:
+        monkeypatch.setenv("KLSWEEP_CACHE", str(cache))
+        audit_table._audit.cache_clear()  # computed once per process: this one must reach the cache
+        audit_table._grpo.cache_clear()
+        code, _, err = cli(["report", sweep, "--out", tmp_path / "r"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "warning: audit cache" in err and "not written" in err and "Traceback" not in err
+    assert (tmp_path / "r" / "report.md").is_file()
+
+
+def test_a_full_disk_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys):
+    from mounts import full_disk
+
+    sweep = _sweep(tmp_path, seeds=1)
+    with full_disk(tmp_path / "full", size="48k") as out:
+        code, _, err = cli(["report", sweep, "--out", out, "-f", "md,csv,latex,html"], monkeypatch, capsys)
+        left = sorted(p.name for p in out.iterdir())
+    assert code == 2 and "Traceback" not in err, err
+    assert "report not written" in err and "No space left on device" in err
+    assert not [name for name in left if ".tmp" in name], left  # no temporary file left behind
+
+
+def test_every_problem_of_a_claims_file_in_one_error(tmp_path, monkeypatch, capsys):
+    sweep = _sweep(tmp_path, seeds=1)
+    claim = "  - {{name: {}, metric: {}, test: {}, direction: greater, a: {}, b: {{kl.estimator: k1}}}}\n"
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "claims:\n"
+        + claim.format("typo", "in_domain", "welsh", "{kl.estimator: k3}")
+        + claim.format("metric", "accuracyy", "welch", "{kl.estimator: k3}")
+        + claim.format("k9", "in_domain", "welch", "{kl.estimator: k9}")
+        + claim.format("lr", "in_domain", "welch", "{train.learning_rate: 1e-5}")
+    )
+    code, _, err = cli(["report", sweep, "--out", tmp_path / "r", "--claims", path], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    text = " ".join(err.split())
+    assert "invalid claims: 3 problems" in text, text
+    assert "(typo).test: 'welsh'" in text and "did you mean 'welch'" in text  # a reading problem
+    assert (
+        "claim 'metric': metric: 'accuracyy' is not a column of runs.csv" in text
+    )  # and, at once, the runs'
+    assert "(k9).a.kl.estimator: 'k9' is not valid (allowed: k1, k2, k3)" in text
+    assert not (tmp_path / "r" / "report.md").exists()

@@ -128,6 +128,11 @@ class TaskSection:
 COLLAPSE_Z = 5.5  # train.collapse_z's default: its false-collapse rates are in docs/COLLAPSE.md
 
 
+# TRL 1.16's vllm_importance_sampling_mode (its default first), and "off": no correction at all
+VLLM_IS_MODES = ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate", "off")
+VLLM_IS_DEFAULT = VLLM_IS_MODES[0]
+
+
 @dataclass
 class TrainSection:
     """GRPO training (TRL's GRPOTrainer): steps, batch, optimiser, checkpoints, divergence."""
@@ -165,6 +170,12 @@ class TrainSection:
         False,
         "GPU only: TRL's colocate vLLM generation (needs klsweep[vllm]: run refuses it when vllm cannot be "
         "imported; sleep mode: train.trl.vllm_enable_sleep_mode); the run id is the same either way",
+    )
+    vllm_importance_sampling: str = key(
+        VLLM_IS_DEFAULT,
+        "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (docs/KL.md): "
+        "token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default), off; the bound is "
+        "train.trl.vllm_importance_sampling_clip_max (3)",
     )
     collapse_window: int = key(
         10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
@@ -322,6 +333,7 @@ LEGACY_VALUES: dict[str, Any] = {
     "kl.reward_logp": "behavior",
     "kl.importance_cap": 0.0,
     "train.trl": {},
+    "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
@@ -331,6 +343,7 @@ ID_OMITTED_AT: dict[str, Any] = {
     "kl.importance_cap": 0.0,
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
+    "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
 
 

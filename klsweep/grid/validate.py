@@ -58,6 +58,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
     "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
     "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
+    "train.vllm_importance_sampling": (
+        lambda v: v in config_mod.VLLM_IS_MODES,
+        ", ".join(config_mod.VLLM_IS_MODES),
+    ),
     "model.resources.nodes": _POSITIVE,
     "model.resources.gpus_per_node": _NON_NEGATIVE,
     "model.resources.tasks_per_node": (lambda v: v is None or v > 0, "null (one per GPU) or > 0"),

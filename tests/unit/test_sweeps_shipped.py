@@ -39,6 +39,7 @@ def test_paper_sweep_is_the_study(tmp_path):
     assert {c["cluster"]["kind"] for c in runs} == {"slurm"}
     assert {c["train"]["group_size"] for c in runs} == {5}
     assert {c["train"]["sharding"] for c in runs} == {"fsdp"}
+    assert {c["train"]["vllm_importance_sampling"] for c in runs} == {"token_truncate"}  # not TRL's default
     assert {c["seed"] for c in runs} == {0, 1, 2}
     assert {c["kl"]["beta"] for c in runs} == {0.0, 0.05, 0.1, 0.3, 1.0}
     kl_runs = [c for c in runs if c["kl"]["beta"] > 0]

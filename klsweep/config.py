@@ -256,6 +256,14 @@ class EvalSection:
     tensor_parallel_size: int = key(
         1, "vllm: GPUs per model copy; copies = model.resources.gpus_per_node // this"
     )
+    max_model_len: int | None = key(
+        None,
+        "vllm: the longest prompt + answer (tokens) vLLM makes room for; null: the model's own context "
+        "(Qwen3-4B-Instruct-2507's 262,144 leaves little memory for the KV cache); longer prompts are cut",
+    )
+    gpu_memory_utilization: float = key(
+        0.9, "vllm: the fraction of each GPU's memory vLLM takes (weights and KV cache; vLLM's default 0.9)"
+    )
 
 
 @dataclass

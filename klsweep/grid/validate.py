@@ -78,6 +78,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "wandb.init_timeout_s": _POSITIVE,
     "eval.backend": (lambda v: v in ("hf", "vllm"), "hf, vllm"),
+    "eval.max_model_len": (lambda v: v is None or v > 0, "null (the model's own) or > 0"),
+    "eval.gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
 }
 
 TRL = "train.trl"  # GRPOConfig options passed through (klsweep.trlargs)

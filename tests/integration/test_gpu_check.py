@@ -39,3 +39,18 @@ def test_gpu_check_refuses_unknown_sizes() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--sizes", "70b"],
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and "allowed: tiny, 0.5b, 1.5b, 3b" in proc.stderr
+
+
+def test_gpu_check_script_parses_and_its_vllm_step_refuses_without_vllm() -> None:
+    """bench/gpu_check.sh parses (bash -n) and has the vLLM colocate step; gpu_check.py --vllm says why it
+    cannot run where vllm does not import (exit 2); tests/integration/test_vllm_eval.py runs it where it does."""
+    import importlib.util
+
+    script = ROOT / "bench" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert "gpu_check.py --vllm" in script.read_text()
+    if importlib.util.find_spec("vllm") is not None:
+        return  # the --vllm run itself: tests/integration/test_vllm_eval.py
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--vllm", "--sizes", "tiny"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--vllm: vllm cannot be imported here" in proc.stderr

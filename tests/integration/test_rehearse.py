@@ -4,6 +4,7 @@ fails its stage with a located reason."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -59,6 +60,15 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
         }
     assert classes == {"qwen2", "llama", "qwen3"}
     assert "byte-level stand-in tokenizer" in out
+    engines = " ".join(out[out.index("what each stage ran with") :].split())
+    if importlib.util.find_spec("vllm") is None:  # what it replaced where vLLM is not installed
+        assert "train HF generate none (for fsdp) vLLM (not installed)" in engines
+        assert "eval lm-eval hf one copy (for 8) vLLM (not installed)" in engines
+        assert "HF generate in place of vLLM: vllm does not import here" in out
+    else:  # ./dev.sh vllm-test: generation and eval through vLLM (its CPU build here)
+        assert "train vLLM " in engines and " CPU colocate none (for fsdp)" in engines
+        assert "eval lm-eval vllm, vLLM " in engines and "vLLM (not installed)" not in engines
+        assert "vllm_enable_sleep_mode not exercised: not in vLLM's CPU build" in out
     assert (folder / "report").is_dir()
     print(f"rehearsal of sweeps/paper.yaml: {elapsed:.0f} s")
 

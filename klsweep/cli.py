@@ -285,7 +285,7 @@ def rehearse_command(
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
     report; exit 1 unless every stage passed."""
-    from klsweep.console import rehearsal_notes, rehearsal_table, table_width
+    from klsweep.console import rehearsal_engines, rehearsal_notes, rehearsal_table, table_width
     from klsweep.errors import Problem
     from klsweep.rehearse import rehearse, rehearse_on_slurm
 
@@ -301,6 +301,7 @@ def rehearse_command(
             on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
         )  # fmt: skip
     console.print(rehearsal_table(result, width=table_width(console)))
+    console.print(rehearsal_engines(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"{result.folder}: {'passed' if result.passed else 'FAILED'}", highlight=False)

@@ -128,6 +128,11 @@ class TaskSection:
 COLLAPSE_Z = 5.5  # train.collapse_z's default: its false-collapse rates are in docs/COLLAPSE.md
 
 
+# TRL 1.16's vllm_importance_sampling_mode (its default first), and "off": no correction at all
+VLLM_IS_MODES = ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate", "off")
+VLLM_IS_DEFAULT = VLLM_IS_MODES[0]
+
+
 @dataclass
 class TrainSection:
     """GRPO training (TRL's GRPOTrainer): steps, batch, optimiser, checkpoints, divergence."""
@@ -166,6 +171,12 @@ class TrainSection:
         "TRL's colocate vLLM generation (needs klsweep[vllm], or vLLM's CPU build without a GPU: run refuses it "
         "when vllm cannot be imported; sleep mode: train.trl.vllm_enable_sleep_mode, GPU only); the run id is "
         "the same either way",
+    )
+    vllm_importance_sampling: str = key(
+        VLLM_IS_DEFAULT,
+        "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (docs/KL.md): "
+        "token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default), off; the bound is "
+        "train.trl.vllm_importance_sampling_clip_max (3)",
     )
     collapse_window: int = key(
         10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
@@ -245,6 +256,14 @@ class EvalSection:
     backend: str = key("hf", "hf | vllm")
     tensor_parallel_size: int = key(
         1, "vllm: GPUs per model copy; copies = model.resources.gpus_per_node // this"
+    )
+    max_model_len: int | None = key(
+        None,
+        "vllm: the longest prompt + answer (tokens) vLLM makes room for; null: the model's own context "
+        "(Qwen3-4B-Instruct-2507's 262,144 leaves little memory for the KV cache); longer prompts are cut",
+    )
+    gpu_memory_utilization: float = key(
+        0.9, "vllm: the fraction of each GPU's memory vLLM takes (weights and KV cache; vLLM's default 0.9)"
     )
 
 
@@ -333,6 +352,7 @@ LEGACY_VALUES: dict[str, Any] = {
     "kl.reward_logp": "behavior",
     "kl.importance_cap": 0.0,
     "train.trl": {},
+    "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
@@ -342,6 +362,7 @@ ID_OMITTED_AT: dict[str, Any] = {
     "kl.importance_cap": 0.0,
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
+    "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
 
 

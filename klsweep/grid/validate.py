@@ -58,6 +58,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
     "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
     "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
+    "train.vllm_importance_sampling": (
+        lambda v: v in config_mod.VLLM_IS_MODES,
+        ", ".join(config_mod.VLLM_IS_MODES),
+    ),
     "model.resources.nodes": _POSITIVE,
     "model.resources.gpus_per_node": _NON_NEGATIVE,
     "model.resources.tasks_per_node": (lambda v: v is None or v > 0, "null (one per GPU) or > 0"),
@@ -79,6 +83,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "wandb.init_timeout_s": _POSITIVE,
     "eval.backend": (lambda v: v in ("hf", "vllm"), "hf, vllm"),
+    "eval.max_model_len": (lambda v: v is None or v > 0, "null (the model's own) or > 0"),
+    "eval.gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
 }
 
 TRL = "train.trl"  # GRPOConfig options passed through (klsweep.trlargs)

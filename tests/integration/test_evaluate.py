@@ -358,3 +358,30 @@ def test_materialised_tasks_point_into_their_own_folder(tmp_path):
     ma, mb = ev.materialise_tasks(a), ev.materialise_tasks(b)
     assert ma != mb
     assert str(a) in (ma / "tiny_add.yaml").read_text() and str(b) in (mb / "tiny_add.yaml").read_text()
+
+
+def test_vllm_settings_are_lm_evals_model_args(random_model: Path) -> None:
+    """eval.max_model_len and eval.gpu_memory_utilization become lm-eval's vllm model arguments (it hands them
+    to vLLM's LLM: tests/integration/test_vllm_eval.py checks they arrive); null max_model_len leaves vLLM the
+    model's own; the hash of an eval without them is what it was before the keys existed."""
+    model = ModelSection(name="tiny", path=str(random_model))
+    cfg = replace(ev.load_suite("tiny"), backend="vllm", max_model_len=512, gpu_memory_utilization=0.5)
+    item = running.Item(str(random_model), model, Path("unused"), "checkpoint-1", 1, {})
+    args = running.vllm_model_args(item, cfg)
+    assert (args["max_model_len"], args["gpu_memory_utilization"]) == (512, 0.5)
+    assert args["max_gen_toks"] == cfg.max_gen_toks
+    assert args["pretrained"] == str(random_model)
+    assert "max_model_len" not in running.vllm_model_args(item, replace(cfg, max_model_len=None))
+    with pytest.raises(UserError, match="eval.tensor_parallel_size: 2, but no GPU is visible"):
+        running.vllm_model_args(item, replace(cfg, tensor_parallel_size=2))
+
+    plain = ev.load_suite("tiny")
+    assert "max_model_len" not in ev.eval_settings(plain)  # the committed evals keep their folders
+    assert ev.eval_settings(replace(plain, gpu_memory_utilization=0.5)) == ev.eval_settings(plain)
+    assert ev.eval_settings(replace(plain, max_model_len=512))["max_model_len"] == 512
+    for bad, where in (
+        ({"max_model_len": plain.max_gen_toks}, f"eval.max_model_len: {plain.max_gen_toks} leaves no room"),
+        ({"gpu_memory_utilization": 0.0}, "eval.gpu_memory_utilization: 0.0"),
+    ):
+        with pytest.raises(UserError, match=where):
+            ev.as_eval_section(replace(plain, **bad))

@@ -69,3 +69,18 @@ def test_mfu_is_flops_over_time_over_the_peak() -> None:
     finally:
         sys.path.remove(str(ROOT / "bench"))
     assert gpu_check.mfu(989e12 * 0.25 * 2, 2.0, 989) == pytest.approx(0.25)
+
+
+def test_gpu_check_script_parses_and_its_vllm_step_refuses_without_vllm() -> None:
+    """bench/gpu_check.sh parses (bash -n) and has the vLLM colocate step; gpu_check.py --vllm says why it
+    cannot run where vllm does not import (exit 2); tests/integration/test_vllm_eval.py runs it where it does."""
+    import importlib.util
+
+    script = ROOT / "bench" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert "gpu_check.py --vllm" in script.read_text()
+    if importlib.util.find_spec("vllm") is not None:
+        return  # the --vllm run itself: tests/integration/test_vllm_eval.py
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--vllm", "--sizes", "tiny"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--vllm: vllm cannot be imported here" in proc.stderr

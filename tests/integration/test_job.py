@@ -628,3 +628,34 @@ def test_train_trl_options_reach_the_trainers_grpo_config(tmp_path, model_dir):
         bad.exception
     )
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "mode, correction, trl_mode",
+    [
+        ("token_truncate", True, "token_truncate"),
+        ("off", False, None),
+        (None, True, "sequence_mask"),  # klsweep's default: TRL 1.16's
+    ],
+)
+def test_vllm_importance_sampling_reaches_the_trainers_grpo_config(
+    tmp_path, model_dir, mode, correction, trl_mode
+):
+    """train.vllm_importance_sampling sets TRL's correction and mode (what KLGRPOTrainer reads to weigh its KL
+    terms); TRL's own names for it are refused in train.trl; an unknown mode exits 2 naming the allowed ones."""
+    from klsweep import grid
+    from klsweep.errors import UserError
+
+    run = tmp_path / "run"
+    values = {} if mode is None else {"train.vllm_importance_sampling": mode}
+    config = write_config(run, model_dir, **values)
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
+    assert trainer.vllm_importance_sampling_correction is correction
+    if trl_mode is not None:
+        assert trainer.args.vllm_importance_sampling_mode == trl_mode
+    assert (grid.run_id(config) == grid.run_id(write_config(tmp_path / "d", model_dir))) is (mode is None)
+
+    refused = tmp_path / "refused"
+    write_config(refused, model_dir, **{"train.trl": {"vllm_importance_sampling_mode": "token_mask"}})
+    with pytest.raises(UserError, match="set by klsweep from train.vllm_importance_sampling"):
+        trainer_factory.build_trainer(config_mod.load_run(refused), refused)

@@ -293,3 +293,12 @@ def test_keys_command(monkeypatch, capsys):
     assert "train.steps" not in out
     code, _, err = cli(["keys", "trian"], monkeypatch, capsys)
     assert code == 2 and "no key is under it" in err
+
+
+def test_an_unknown_vllm_importance_sampling_mode_exits_2_with_the_modes(tmp_path, monkeypatch, capsys):
+    code, out, err = cli(
+        ["plan", str(write(tmp_path, ONE)), "train.vllm_importance_sampling=seq"], monkeypatch, capsys
+    )
+    assert code == 2
+    assert "train.vllm_importance_sampling" in out + err
+    assert "sequence_mask, sequence_truncate, token_mask, token_truncate, off" in out + err

@@ -4,6 +4,7 @@ fails its stage with a located reason."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -59,8 +60,44 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
         }
     assert classes == {"qwen2", "llama", "qwen3"}
     assert "byte-level stand-in tokenizer" in out
+    engines = " ".join(out[out.index("what each stage ran with") :].split())
+    if importlib.util.find_spec("vllm") is None:  # what it replaced where vLLM is not installed
+        assert "train HF generate none (for fsdp) vLLM (not installed)" in engines
+        assert "eval lm-eval hf one copy (for 8) vLLM (not installed)" in engines
+        assert "HF generate in place of vLLM: vllm does not import here" in out
+    else:  # ./dev.sh vllm-test: generation and eval through vLLM (its CPU build here)
+        assert "train vLLM " in engines and " CPU colocate none (for fsdp)" in engines
+        assert "eval lm-eval vllm, vLLM " in engines and "vLLM (not installed)" not in engines
+        assert "vllm_enable_sleep_mode not exercised: not in vLLM's CPU build" in out
     assert (folder / "report").is_dir()
     print(f"rehearsal of sweeps/paper.yaml: {elapsed:.0f} s")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_rehearse_generates_and_evaluates_through_vllm_where_it_imports(tmp_path, monkeypatch, capsys):
+    """Where vllm imports (./dev.sh vllm-test: its CPU build), rehearse trains the paper's off-policy arm (lag 10,
+    the qwen3 class) with TRL's colocate vLLM, resumes it and scores it through lm-eval's vllm backend; the
+    stage table names vLLM for each stage and replaces nothing but the sharding and sleep mode."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    one = ["model=qwen3-4b-instruct-2507", "kl.estimator=k3", "kl.placement=both", "kl.beta=0.1",
+           "offpolicy.lag=10", "seed=0"]  # fmt: skip
+    code, out, err = cli(["rehearse", PAPER, *one], monkeypatch, capsys, columns=80, terminal=True)
+    assert code == 0, out + err
+    engines = " ".join(out[out.index("what each stage ran with") :].split())
+    for stage in ("train", "resume"):
+        assert f"{stage} vLLM " in engines and " CPU colocate none (for fsdp)" in engines
+    assert "eval lm-eval vllm, vLLM " in engines and "one copy (for 4)" in engines
+    assert "not installed" not in engines and "HF generate" not in engines
+    assert "vllm_enable_sleep_mode not exercised: not in vLLM's CPU build" in out
+    (run_dir,) = [
+        p for p in (tmp_path / "results" / ".rehearsal" / "paper").iterdir() if (p / "config.yaml").is_file()
+    ]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))  # lag 10: 12 steps, resumed without a gap or a repeat
+    (results,) = run_dir.glob("eval/*/*/results.json")
+    assert json.loads(results.read_text())["backend"] == "vllm"
 
 
 def _failed(out: str, stage: str) -> str:

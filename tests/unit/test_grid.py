@@ -98,7 +98,7 @@ def test_ids_leave_out_how_a_run_is_computed(tmp_path, monkeypatch):
         assert [r.id for r in grid.load_plan(write(tmp_path, TINY), [override]).runs] == ids, override
     changes = ["train.save_steps=10", "train.sharding=fsdp", "+train.trl.top_k=5", "kl.beta=0.3"]
     # with vLLM's importance-sampling correction off a run estimates another gradient (docs/KL.md)
-    changes.append("+train.trl.vllm_importance_sampling_correction=false")
+    changes += ["train.vllm_importance_sampling=off", "train.vllm_importance_sampling=token_truncate"]
     for override in changes:
         changed = {r.id for r in grid.load_plan(write(tmp_path, TINY), [override]).runs}
         assert changed.isdisjoint(ids), override

@@ -41,6 +41,7 @@ def test_paper_sweep_is_the_study(tmp_path):
     assert {c["train"]["sharding"] for c in runs} == {"fsdp"}
     # compute nodes load from the caches alone (klsweep fetch first): every job runs HF_HUB_OFFLINE=1 (#34)
     assert {c["cluster"]["offline"] for c in runs} == {True}
+    assert {c["train"]["vllm_importance_sampling"] for c in runs} == {"token_truncate"}  # not TRL's default
     assert {c["seed"] for c in runs} == {0, 1, 2}
     # the eval writes as long as the paper's wordiest model needs: Qwen3-4B-Instruct-2507's MATH-500 answers
     # run past 2,048 tokens (its card recommends 16,384), and a cut answer has no box and scores 0

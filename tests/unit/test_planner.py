@@ -605,7 +605,7 @@ def test_paper_plan_shows_the_band_host_memory_and_signal_delay(tmp_path, monkey
     for run in data["runs"]:
         est, config = run["estimate"], by_id[run["id"]]
         arch = planner.architecture(config["model"])
-        save = 16 * arch.params / 0.5e9  # FSDP's checkpoint bytes at the default 0.5 GB/s
+        save = 12 * arch.params / 0.5e9  # a sharded FSDP checkpoint (weights, Adam's moments) at 0.5 GB/s
         assert config["cluster"]["checkpoint_write_gbps"] == 0.5
         assert est["checkpoint_save_seconds"] == pytest.approx(save, abs=0.1)
         step = est["step_seconds_high"] - save / 50  # the step in progress, without its share of a save
@@ -620,7 +620,7 @@ def test_paper_plan_shows_the_band_host_memory_and_signal_delay(tmp_path, monkey
     code, out, err = cli(["plan", PAPER, "model=qwen2.5-7b", "cluster.checkpoint_write_gbps=2", "--out", tmp_path,
                           "--json"], monkeypatch, capsys)  # fmt: skip
     faster = json.loads(out)["runs"][0]["estimate"]
-    assert faster["signal_delay_s"] < qwen["signal_delay_s"] - 150
+    assert faster["signal_delay_s"] < qwen["signal_delay_s"] - 100  # a save of 182 s at 0.5 GB/s, 46 s at 2
     from klsweep.submit.slurm import slurm_parameters
 
     config = next(c for c in by_id.values() if c["model"]["name"] == "qwen2.5-7b")
@@ -651,7 +651,7 @@ def test_a_signal_delay_set_too_short_is_flagged_and_one_past_the_limit_refused(
     res = config["model"]["resources"]
     assert slurm_parameters(res, config["cluster"], "x", False)["signal_delay_s"] == 900
     assert slurm_parameters(res, config["cluster"], "x", True)["signal_delay_s"] == 60  # eval: no save
-    code, _, err = cli([*base, "model.resources.timeout_min=5"], monkeypatch, capsys)
+    code, _, err = cli([*base, "model.resources.timeout_min=4"], monkeypatch, capsys)  # the delay ~290 s
     assert code == 2 and "model.resources.timeout_min" in err and "requeue at once" in " ".join(err.split())
     code, _, err = cli([*base, "cluster.signal_delay_s=70000"], monkeypatch, capsys)
     assert code == 2 and "cluster.signal_delay_s" in err and "65535" in err

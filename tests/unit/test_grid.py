@@ -217,6 +217,7 @@ base:
   train: {steps: 7, learning_rate: 0.001}
   model:
     dtype: float32
+  kl.beta: 0.1  # with a KL: at beta 0 the estimator does nothing, and k1, k2 are one run
 grid:
   kl.estimator: [k1, k2]
   seed: choice(1, 2)

@@ -611,7 +611,8 @@ def study_command(
         Path | None,
         typer.Option(
             help="a claims.csv (e.g. the committed results/tiny/report/claims.csv, read before the study "
-            "overwrites it): compare this study's verdicts with it; exit 1 when one differs"
+            "overwrites it): compare this study's verdicts with it; exit 1 when one it calls robust differs "
+            "(replication >= 0.8, or no replication column)"
         ),
     ] = None,
 ) -> None:
@@ -622,6 +623,7 @@ def study_command(
 
     from klsweep.console import print_failures, print_report, status_table, table_width
     from klsweep.report.tables import visible
+    from klsweep.report.statistics import FRAGILE
     from klsweep.study import run_study
 
     console = _console()
@@ -674,16 +676,27 @@ def study_command(
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
     if res.claim_changes is not None:
         ours = res.report.claims.get("claim", []) if res.report.claims is not None else []
-        n = len({*ours, *(c for c, _, _ in res.claim_changes)})
+        fragile = res.fragile_changes or []
+        n = len({*ours, *(c for c, _, _ in [*res.claim_changes, *fragile])})
         if not res.claim_changes:
-            console.print(f"claims: all {n} verdicts as in {expect_claims}", highlight=False)
+            same = f"{n - len(fragile)} of {n}" if fragile else f"all {n}"
+            console.print(f"claims: {same} verdicts as in {expect_claims}", highlight=False)
         else:
             console.print(
-                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts differ from {expect_claims} "
-                "(a claim on one side only reads missing on the other):[/]",
+                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
+                "differ (a claim on one side only reads missing on the other):[/]",
                 highlight=False,
             )
             for claim, want, got in res.claim_changes:
+                console.print(
+                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
+                )
+        if fragile:
+            console.print(
+                f"claims: {len(fragile)} expected-fragile (replication under {FRAGILE:g} there) changed:",
+                highlight=False,
+            )
+            for claim, want, got in fragile:
                 console.print(
                     f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
                 )

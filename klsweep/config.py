@@ -414,6 +414,17 @@ KL_ONLY_KEYS: tuple[str, ...] = (
 )
 
 
+def kl_off_hashed_at(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The KL-only keys (``KL_ONLY_KEYS``) at their defaults when a resolved RunConfig (nested plain data) has
+    ``kl.beta`` 0, else nothing: hashed at that value in the run's id (``grid.run_id``), so the no-KL runs of a
+    grid that crosses beta 0 with estimators or placements are one run per seed. The defaults are what the no-KL
+    runs of the committed studies hold: their ids stand (docs/DESIGN.md, "Run configuration")."""
+    if (config.get("kl") or {}).get("beta"):
+        return {}
+    defaults = KLSection()
+    return {key: getattr(defaults, key.split(".", 1)[1]) for key in KL_ONLY_KEYS}
+
+
 def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:
     """A run's dotted keys -> values (its varying axes, or its whole flattened config), with the KL-only fields
     (``KL_ONLY_KEYS``) read as ``NO_KL`` when ``kl.beta`` is 0: the no-KL runs form one configuration whatever

@@ -125,7 +125,9 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
 
     title = f"sweep {plan.name}: {plan.sweep_dir}"
     caption = (
-        f"{counts['total']} runs, {counts['excluded']} excluded, {counts['done']} already done, "
+        f"{counts['total']} runs, {counts['excluded']} excluded, "
+        + (f"{counts['merged']} merged (the same training), " if counts.get("merged") else "")
+        + f"{counts['done']} already done, "
         f"{counts['to_submit']} to submit"
     )
     shown = {r.id: _shown(r.params) for r in plan.runs}

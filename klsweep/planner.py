@@ -693,7 +693,8 @@ def _runs_text(ids: list[str], model: str) -> str:
 
 
 def summary(plan: Plan) -> dict[str, Any]:
-    """Counts of the plan (total, excluded, done: status.json says done under the out folder, to submit), the
+    """Counts of the plan (total, excluded, merged: configurations that train the same thing as a run of the plan,
+    done: status.json says done under the out folder, to submit), the
     GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
     estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, largest
     per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
@@ -741,6 +742,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "axes": plan.axes,
         "total": len(plan.runs),
         "excluded": plan.excluded,
+        "merged": plan.merged,
         "done": len(plan.runs) - len(todo),
         "to_submit": len(todo),
         "gpu_hours_upper_bound": round(gpu_hours(todo), 1),

@@ -24,8 +24,12 @@ class StudyResult:
     runs: list[Any]  # submit.RunStatus, final
     eval: Any  # submit.EvalSubmission
     report: Any  # report.Report
-    # with expect_claims: (claim, expected verdict, this study's) for each verdict not reproduced; else None
+    # with expect_claims: (claim, expected verdict, this study's) for each robust verdict not reproduced (a
+    # failure); else None
     claim_changes: list[tuple[str, str, str]] | None = None
+    # with expect_claims: likewise for the verdicts the expected table marks fragile (replication under
+    # statistics.FRAGILE): expected to change on other seeds or CPUs, not a failure
+    fragile_changes: list[tuple[str, str, str]] | None = None
     # with expect_claims, when the expected runs trained on other CPUs than these: why verdicts may differ
     cpu_note: str | None = None
 
@@ -77,10 +81,12 @@ def run_study(
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``.
     ``expect_claims``: a ``claims.csv`` (e.g. the committed one) whose verdicts this study's are compared with;
-    it is read before anything runs (the report may overwrite it)."""
+    it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
+    ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
+    (``claim_changes``)."""
     from klsweep import grid, planner, report, submit
 
-    expected = report.read_verdicts(expect_claims) if expect_claims is not None else None
+    expected = report.read_expected(expect_claims) if expect_claims is not None else None
     expected_cpus = _expected_cpus(expect_claims) if expect_claims is not None else set()
     plan = grid.load_plan(grid_path, overrides, out=out)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -118,10 +124,12 @@ def run_study(
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats)
-    changes = None
+    changes = fragile = None
     if expected is not None:
-        changes = report.verdict_changes(expected, rep.claims)
+        verdicts = {c: v for c, (v, _) in expected.items()}
+        changes, fragile = report.split_changes(report.verdict_changes(verdicts, rep.claims), expected)
     return StudyResult(
         sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, claim_changes=changes,
+        fragile_changes=fragile,
         cpu_note=cpu_note(expected_cpus, _cpus(rep.environment)) if expected is not None else None,
     )  # fmt: skip

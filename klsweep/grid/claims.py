@@ -25,8 +25,8 @@ UNBIASED = "unbiased"  # the filter on the KL gradient audit's verdict at the ru
 class Claim:
     """One hypothesis: ``metric`` of the runs matching ``a`` is ``direction`` than (or equivalent to) that of
     ``b``, by ``test``. A filter maps a key to the values it accepts. ``margin`` (tost) and ``effect`` (the
-    smallest effect of interest, for the power of welch) are absolute, or relative to b's mean when ``relative``
-    (written "50%"). Claims with the same ``group`` also form one "any of" claim."""
+    smallest effect of interest, for the power of welch and fisher: a difference of rates for fisher) are
+    absolute, or relative to b's mean when ``relative`` (written "50%"). Claims with the same ``group`` also form one "any of" claim."""
 
     name: str
     metric: str
@@ -138,8 +138,10 @@ def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Cl
     if test != "tost" and "margin" in raw:
         problems.append(Problem(f"{where}.margin", "only tost takes a margin", "effect: (welch's power)"))
     effect = _size(raw, "effect", where, problems)
-    if "effect" in raw and test != "welch":
-        problems.append(Problem(f"{where}.effect", f"{test} takes no effect size", "effect: only with welch"))
+    if "effect" in raw and test == "tost":
+        problems.append(
+            Problem(f"{where}.effect", f"{test} takes no effect size", "effect: with welch or fisher")
+        )
     group = raw.get("group")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         problems.append(Problem(f"{where}.group", f"{group!r}", "the name of an any-of claim"))

@@ -27,6 +27,7 @@ class Expansion:
     values: dict[str, list[Any]]  # run id -> its values of ``axes`` (group axes: the option picked)
     matched: list[int]  # per exclude: the runs it dropped
     excluded: int  # runs dropped by any exclude
+    merged: int  # runs that train the same thing as an earlier one (the same id), kept once
 
 
 def expand(
@@ -40,9 +41,9 @@ def expand(
     all_axes = list(dict.fromkeys(k for axes in products for k in axes))
     runs: dict[str, PlannedRun] = {}
     matched = [0] * len(excludes)
-    excluded = 0
+    excluded = merged = 0
     effective: dict[str, list[Any]] = {}
-    memo: dict[tuple[str, int, str], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
+    memo: dict[tuple[str, int, str, str], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
     for axes in products:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
@@ -64,7 +65,13 @@ def expand(
             if rid not in runs:
                 runs[rid] = PlannedRun(rid, {}, config, sweep_dir / rid)
                 effective[rid] = values
-    return Expansion(runs, all_axes, effective, matched, excluded)
+            else:
+                merged += 1
+            if config_mod.kl_off_hashed_at(config):
+                old = run_id(config, memo, legacy=True)
+                if old != rid and old not in runs[rid].aliases:
+                    runs[rid].aliases.append(old)
+    return Expansion(runs, all_axes, effective, matched, excluded, merged)
 
 
 def unmatched_excludes(

@@ -116,7 +116,9 @@ def load_plan(
     if problems:
         raise UserError(problems, title="invalid grid")
     axes = expand.varying_axes(expansion)
-    return Plan(name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text)
+    return Plan(
+        name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text, expansion.merged
+    )
 
 
 def _limit(max_runs: int | None, problems: list[Problem]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,9 @@ class PlannedRun:
     # are shared with the other runs of its plan (copy before changing one).
     config: dict[str, Any]
     run_dir: Path
+    # the ids this run had before configurations that train the same thing were merged (a no-KL run crossed
+    # with estimators: ``config.kl_off_hashed_at``): run folders under them are moved to ``id`` on submit
+    aliases: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Plan:
     axes: list[str]  # dotted keys whose value varies across runs
     excluded: int  # runs dropped by `exclude:`
     grid_text: str  # the grid file as written
+    merged: int = 0  # configurations that train the same thing as another one of the plan, merged into it
 
     def find(self, which: str) -> PlannedRun:
         """The run ``which`` names: its id, the start of one run's id, or its index in plan order (0-based, as
@@ -49,17 +53,22 @@ class Plan:
         raise UserError(Problem(which, what, allowed), title="no such run")
 
 
-def run_id(config: dict, memo: dict[tuple[str, int, str], tuple[Any, str]] | None = None) -> str:
+def run_id(
+    config: dict, memo: dict[tuple[str, int, str, str], tuple[Any, str]] | None = None, legacy: bool = False
+) -> str:
     """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``,
     without the keys of ``config.id_omitted_at(config)`` that hold that value (``train.trl: {}``: a run that
     passes nothing to TRL keeps the id it had before the key existed; ``kl.reward_logp`` on-policy), and with
     each key of ``config.ID_HASHED_AT`` at that value whatever it holds (``train.use_vllm``: how a run is
-    computed, not what).
+    computed, not what), and, in a run without KL (``kl.beta`` 0), each KL-only key at its default
+    (``config.kl_off_hashed_at``): the no-KL runs that differ only in keys that then do nothing are one run.
+    ``legacy``: the id before that last rule (the folders of runs trained under it: ``PlannedRun.aliases``).
     ``memo`` (one per plan) keeps the JSON of each top-level section object seen: runs that share a section
     (``PlannedRun.config``) have it written once. The text is the same as ``json.dumps(..., sort_keys=True)`` of
     the whole."""
     parts = []
     omitted = config_mod.id_omitted_at(config)
+    hashed = {**config_mod.ID_HASHED_AT, **({} if legacy else config_mod.kl_off_hashed_at(config))}
     for key in sorted(config):
         if key in config_mod.COSMETIC_KEYS:
             continue
@@ -69,12 +78,13 @@ def run_id(config: dict, memo: dict[tuple[str, int, str], tuple[Any, str]] | Non
             key,
             id(value),
             repr(sorted((k, v) for k, v in omitted.items() if k.startswith(key + "."))),
+            repr(sorted((k, v) for k, v in hashed.items() if k.startswith(key + "."))),
         )
         hit = memo.get(memo_key) if memo is not None else None
         if hit is not None and hit[0] is value:
             text = hit[1]
         else:
-            text = _canonical(_without_cosmetic(key, value, omitted))
+            text = _canonical(_without_cosmetic(key, value, omitted, hashed))
             if memo is not None and isinstance(value, dict | list):
                 memo[memo_key] = (value, text)
         parts.append(f"{json.dumps(key)}:{text}")
@@ -85,21 +95,18 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any]) -> Any:
+def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any], hashed: dict[str, Any]) -> Any:
     """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
-    ``omitted`` that hold that value, its keys of ``ID_HASHED_AT`` at that value, copied on the way down: the
+    ``omitted`` that hold that value (after ``hashed``), its keys of ``hashed`` at that value, copied on the way down: the
     caller's dict is never touched."""
     if not isinstance(value, dict):
         return value
     inner = [
         (k[len(prefix) + 1 :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")
     ]
+    # hashed first: a key both hashed at and omitted at its default (kl.importance_cap) is then omitted
+    inner += [(k[len(prefix) + 1 :], v, "hash-at") for k, v in hashed.items() if k.startswith(prefix + ".")]
     inner += [(k[len(prefix) + 1 :], v, "omit-at") for k, v in omitted.items() if k.startswith(prefix + ".")]
-    inner += [
-        (k[len(prefix) + 1 :], v, "hash-at")
-        for k, v in config_mod.ID_HASHED_AT.items()
-        if k.startswith(prefix + ".")
-    ]
     if not inner:
         return value
     kept = dict(value)

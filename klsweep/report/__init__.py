@@ -6,12 +6,12 @@ importing only from the stages before it: data -> stability -> statistics -> tab
 claims) -> figures -> renderers (render, latex, terminal) -> publish; ``build`` runs them. What each stage
 computes and why: docs/REPORT.md.
 
-Public API: ``build_report``, ``Report``, ``rich_tables``, ``read_verdicts`` and ``verdict_changes`` (this
-sweep's claims against a committed ``claims.csv``), and the stability rule: ``smooth``, ``collapse_step``.
+Public API: ``build_report``, ``Report``, ``rich_tables``, ``read_verdicts``, ``read_expected``, ``verdict_changes``
+and ``split_changes`` (this sweep's claims against a committed ``claims.csv``, its fragile verdicts apart), and the stability rule: ``smooth``, ``collapse_step``.
 """
 
 from klsweep.report.build import build_report
-from klsweep.report.claims import read_verdicts, verdict_changes
+from klsweep.report.claims import read_expected, read_verdicts, split_changes, verdict_changes
 from klsweep.report.stability import collapse_step, smooth
 from klsweep.report.tables import Report
 from klsweep.report.terminal import rich_tables
@@ -21,7 +21,9 @@ __all__ = [
     "build_report",
     "collapse_step",
     "rich_tables",
+    "read_expected",
     "read_verdicts",
     "smooth",
+    "split_changes",
     "verdict_changes",
 ]

@@ -4,7 +4,8 @@
 ``claims_table``: the claims of a grid file or a claims file (``klsweep.grid.claims``: data, e.g. the paper's
 (a)-(d) in sweeps/tiny.yaml), each tested on this sweep's runs, Holm-adjusted over the table and given a
 verdict (supported, not supported, inconclusive) by ``statistics.RULE``; ``read_verdicts``/``verdict_changes``
-compare them with a committed ``claims.csv``. The claims, their tests and the decision rule: docs/REPORT.md.
+compare them with a committed ``claims.csv`` (``read_expected``/``split_changes``: changes of its fragile verdicts
+apart). Each verdict's replication: ``replication``. The claims, their tests and the decision rule: docs/REPORT.md.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from klsweep.report.statistics import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     POWER,
+    RATE_EFFECT,
+    RESAMPLES,
     SUPPORTED,
+    fragile,
     holm,
+    rate_power,
     rate_test,
     tost,
     welch,
@@ -39,7 +44,9 @@ if TYPE_CHECKING:
 
 PEAK_KL = "peak KL k3"
 REFERENCES = ("no KL", "k1 in reward")
-CLAIM_COLUMNS = ["claim", "group", "verdict", "test", "statistic", "p_value", "p_holm", "n", "detail"]
+CLAIM_COLUMNS = [
+    "claim", "group", "verdict", "replication", "test", "statistic", "p_value", "p_holm", "n", "detail",
+]  # fmt: skip
 MISSING = "missing"
 
 
@@ -174,42 +181,51 @@ def _describe(filters: dict[str, list[Any]]) -> str:
     return ", ".join(f"{k}={'|'.join(fmt_value(v) for v in vs)}" for k, vs in filters.items())
 
 
-def claim_size(size: tuple[float, bool] | None, b: pd.Series) -> float:
+def claim_size(size: tuple[float, bool] | None, b: Sequence[float]) -> float:
     if size is None:
         return math.nan
     value, relative = size
     return value * abs(_mean(b)) if relative else value
 
 
-def _events(side: pd.DataFrame, metric: str) -> int:
-    """How many runs of a side have the event a Fisher claim counts: unstable, or a yes/no column true."""
-    if metric == "unstable":
-        return int(unstable(side).sum())
-    return int(side[metric].map(lambda v: str(v).lower() in ("true", "1", "1.0", "yes")).sum())
-
-
-def _test(c: Claim, a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Any]:
-    """The claim's test on its two sides: the row of ``claims_table`` before Holm (``verdict`` then decided
-    by ``_verdict`` from ``p_value`` and the private ``_*`` entries)."""
+def _values(c: Claim, side: pd.DataFrame) -> Any:
+    """Per run of a side, what the claim's test reads (a float array, NaN where a run has no value): its
+    metric, or for a Fisher claim 1 where the run has the event (unstable, or a yes/no column true), else 0."""
+    import numpy as np
     import pandas as pd
 
+    if c.test != "fisher":
+        return pd.to_numeric(side[METRIC_COLUMNS.get(c.metric, c.metric)], errors="coerce").to_numpy(float)
+    if c.metric == "unstable":
+        return unstable(side).to_numpy(float)
+    return np.array([str(v).lower() in ("true", "1", "1.0", "yes") for v in side[c.metric]], dtype=float)
+
+
+def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
+    """The claim's test on its two sides' values (``_values``): the row of ``claims_table`` before Holm
+    (``verdict`` then decided by ``_verdict`` from ``p_value`` and the private ``_*`` entries)."""
     row: dict[str, Any] = {"claim": c.name, "group": c.group or ""}
     if c.test == "fisher":
         first, second = (a, b) if c.direction == "greater" else (b, a)
-        ua, ub = _events(a, c.metric), _events(b, c.metric)
+        ua, ub = int(a.sum()), int(b.sum())
         ea, eb = (ua, ub) if c.direction == "greater" else (ub, ua)
-        p, best = rate_test(ea, len(first), eb, len(second))
+        p, _ = rate_test(ea, len(first), eb, len(second))
+        # the power at the claim's effect: a's rate that far from b's observed one, in the claim's direction
+        rb = ub / len(b) if len(b) else math.nan
+        effect = claim_size(c.effect or (RATE_EFFECT, False), [rb])
+        ra = min(1.0, rb + effect) if c.direction == "greater" else max(0.0, rb - effect)
         row |= {
             "test": f"Fisher's exact test, one-sided ({c.direction}); statistic: difference of {c.metric} rates",
             "statistic": ua / len(a) - ub / len(b) if len(a) and len(b) else math.nan,
             "p_value": p,
             "n": len(a) + len(b),
             "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
-            "_best": best,
+            "_rates": (len(first), len(second), *((ra, rb) if c.direction == "greater" else (rb, ra))),
+            "_at": f"a's rate {_num(ra)} against b's {_num(rb)}",
         }
         return row
     column = METRIC_COLUMNS.get(c.metric, c.metric)
-    xa, xb = (pd.to_numeric(side[column], errors="coerce").dropna() for side in (a, b))
+    xa, xb = (x[x == x] for x in (a, b))  # NaN left out
     what = f"{c.metric}: a {_num(_mean(xa))} (n={len(xa)}) vs b {_num(_mean(xb))} (n={len(xb)})"
     if c.test == "tost":
         margin = claim_size(c.margin, xb)
@@ -245,9 +261,9 @@ def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
     if adj < ALPHA:
         return SUPPORTED, "equivalent within the margin" if test == "tost" else ""
     if test == "fisher":
-        if not row["_best"] * m < ALPHA:
-            return INCONCLUSIVE, f"underpowered: no outcome with these group sizes gives p_holm < {ALPHA:g}"
-        return NOT_SUPPORTED, ""
+        power = rate_power(*row["_rates"], ALPHA / m)
+        at = f"power {power:.2f} at {row['_at']} (level {ALPHA:g}/{m})"
+        return (NOT_SUPPORTED, at) if power >= POWER else (INCONCLUSIVE, f"underpowered: {at}")
     if test == "tost":
         if row["_two_sided"] < ALPHA:
             return NOT_SUPPORTED, f"they differ (two-sided Welch p = {row['_two_sided']:.3g})"
@@ -293,9 +309,11 @@ def claims_table(
     claims: Sequence[Claim],
     configs: dict[str, dict] | None = None,
     problems: Sequence[Problem] = (),
+    resamples: int = RESAMPLES,
 ) -> pd.DataFrame:
     """One row per claim (``klsweep.grid.claims``), tested on the finished runs, then one per group of claims
-    ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``.
+    ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``;
+    replication: ``replication`` over ``resamples`` bootstrap resamples (0: NaN).
     ``configs``: run -> its flattened config, for filters on keys runs.csv does not hold. UserError when a
     claim's metric or filter key is neither a column of the runs nor a config key, with ``problems`` (those
     found reading the claims: every problem in one error)."""
@@ -321,26 +339,79 @@ def claims_table(
     ]  # fmt: skip
     if problems:
         raise UserError(problems, title="invalid claims")
-    sides = _Sides(done, configs)
-    rows = [_test(c, sides.side(c.a), sides.side(c.b)) for c in claims]
+    chosen = _Sides(done, configs)
+    sides = [(chosen.side(c.a), chosen.side(c.b)) for c in claims]
+    rows = _decide(claims, [(_values(c, a), _values(c, b)) for c, (a, b) in zip(claims, sides, strict=True)])
+    shares = replication(done, claims, sides, rows, resamples)
+    rows = [{**row, "replication": share} for row, share in zip(rows, shares, strict=True)]
+    return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
+
+
+def _decide(claims: Sequence[Claim], sides: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``claims_table`` from each claim's two sides (their ``_values``): tested, Holm-adjusted, given a verdict by
+    ``RULE``, then one row per group of claims."""
+    rows = [_test(c, a, b) for c, (a, b) in zip(claims, sides, strict=True)]
     for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
         row["p_holm"] = adj
     tested = sum(not math.isnan(row["p_value"]) for row in rows)
     for c, row in zip(claims, rows, strict=True):
         verdict, why = _verdict(row, c.test, max(tested, 1))
-        sides = f"a: {_describe(c.a)}; b: {_describe(c.b)}"
-        row["verdict"], row["detail"] = verdict, f"{row['detail']}{f'; {why}' if why else ''} ({sides})"
+        sides_text = f"a: {_describe(c.a)}; b: {_describe(c.b)}"
+        row["verdict"], row["detail"] = verdict, f"{row['detail']}{f'; {why}' if why else ''} ({sides_text})"
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row["group"]:
             groups.setdefault(row["group"], []).append(row)
-    rows += [_group_row(g, members) for g, members in groups.items()]
-    return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
+    return rows + [_group_row(g, members) for g, members in groups.items()]
 
 
-def _mean(s: pd.Series) -> float:
-    s = s.dropna()
-    return float(s.mean()) if len(s) else math.nan
+def replication(
+    done: pd.DataFrame,
+    claims: Sequence[Claim],
+    sides: list[tuple[pd.DataFrame, pd.DataFrame]],
+    rows: list[dict[str, Any]],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> list[float]:
+    """Per row of ``_decide`` (claims, then groups): the share of ``resamples`` bootstrap resamples of the
+    finished runs ``done`` (each configuration's runs drawn with replacement, as many as it has, twice over; a
+    Fisher claim's events drawn per configuration at a rate from its Jeffreys posterior, Beta(k + 1/2,
+    n - k + 1/2), so that 0 of 6 is not taken for a certain 0; the seed is fixed: a report is reproducible) whose verdict, through the whole rule (every claim retested, Holm over the
+    table, the groups), is ``rows``' verdict. Under ``FRAGILE``: a verdict that fresh seed sets may well not
+    reproduce (docs/REPORT.md, "Replication")."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    configs = [np.flatnonzero(done["config"].to_numpy() == c) for c in dict.fromkeys(done["config"])]
+    position = {label: i for i, label in enumerate(done.index)}
+    members = [[np.array([position[i] for i in side.index], dtype=int) for side in pair] for pair in sides]
+    values = [_values(c, done) for c in claims]  # of every finished run: a drawn run replaces a side's member
+    events = [c.test == "fisher" for c in claims]
+    same = np.zeros(len(rows))
+    for _ in range(resamples):
+        drawn = np.arange(len(done))
+        for runs in configs:
+            # twice: a fresh seed set varies around the truth as much as this one did, and the truth
+            # itself is this set's estimate give or take as much (a predictive resample, not a plain one)
+            drawn[runs] = runs[rng.integers(0, len(runs), len(runs))][rng.integers(0, len(runs), len(runs))]
+        redrawn = []
+        for v, (a, b), rate in zip(values, members, events, strict=True):
+            if rate:  # events: the configuration's rate drawn from its Jeffreys posterior, then its runs'
+                v = v.copy()
+                for runs in configs:
+                    k = v[runs].sum()
+                    v[runs] = rng.random(len(runs)) < rng.beta(k + 0.5, len(runs) - k + 0.5)
+                redrawn.append((v[a], v[b]))
+            else:
+                redrawn.append((v[drawn[a]], v[drawn[b]]))
+        verdicts = [r["verdict"] for r in _decide(claims, redrawn)]
+        same += [v == r["verdict"] for v, r in zip(verdicts, rows, strict=True)]
+    return [float(x) for x in same / resamples] if resamples else [math.nan] * len(rows)
+
+
+def _mean(s: Sequence[float]) -> float:
+    x = [float(v) for v in s if v == v]  # NaN left out
+    return sum(x) / len(x) if x else math.nan
 
 
 def _num(v: float) -> str:
@@ -349,11 +420,23 @@ def _num(v: float) -> str:
 
 def read_verdicts(path: str | Path) -> dict[str, str]:
     """Claim -> verdict of a ``claims.csv`` written by ``klsweep report``."""
+    return {c: v for c, (v, _) in read_expected(path).items()}
+
+
+def read_expected(path: str | Path) -> dict[str, tuple[str, float]]:
+    """Claim -> (verdict, replication) of a ``claims.csv`` written by ``klsweep report``; replication NaN
+    where the file has no such column (written before it) or no number there: such a verdict counts as
+    robust."""
     import pandas as pd
 
     try:
         old = pd.read_csv(path, dtype=str, keep_default_na=False)
-        return dict(zip(old["claim"], old["verdict"], strict=True))
+        shares = (
+            pd.to_numeric(old["replication"], errors="coerce")
+            if "replication" in old
+            else [math.nan] * len(old)
+        )
+        return {c: (v, float(r)) for c, v, r in zip(old["claim"], old["verdict"], shares, strict=True)}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, pd.errors.ParserError) as e:
         raise UserError(
             Problem(str(path), f"not a readable claims.csv ({e})", "a claims.csv written by klsweep report"),
@@ -373,3 +456,13 @@ def verdict_changes(expected: dict[str, str], claims: pd.DataFrame | None) -> li
         for c in dict.fromkeys([*expected, *got])
         if expected.get(c, MISSING) != got.get(c, MISSING)
     ]
+
+
+def split_changes(
+    changes: list[tuple[str, str, str]], expected: dict[str, tuple[str, float]]
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """``verdict_changes`` split by the expected verdict's replication (``read_expected``): (the changes of
+    robust verdicts, a failure to replicate; those of fragile ones, expected to change on other seeds or
+    CPUs). An expected verdict without a replication, or a claim the expected table lacks, counts as robust."""
+    robust = [c for c in changes if not fragile(expected.get(c[0], ("", math.nan))[1])]
+    return robust, [c for c in changes if c not in robust]

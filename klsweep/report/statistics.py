@@ -1,7 +1,7 @@
 """The statistics of a report: confidence intervals over seeds, tests between configurations, and their power.
 
 ``t_interval`` (t-based 95% CI over seeds), ``welch`` (and ``welch_power``), ``tost`` (equivalence),
-``rate_test`` (Fisher's exact test), ``holm`` (p-values adjusted for several tests); scipy does the arithmetic
+``rate_test`` (Fisher's exact test, and ``rate_power``), ``holm`` (p-values adjusted for several tests); scipy does the arithmetic
 (the t distribution from ``scipy.special``, as scipy.stats computes it, at a third of its import time), this module owns the
 definitions the tables and the claims print, and the claims' decision rule (``RULE``). Definitions and
 reasoning: docs/REPORT.md.
@@ -161,6 +161,7 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float) -> tuple[float, 
     return max(p_low, p_high), w
 
 
+@functools.cache  # a report's bootstrap (``claims.replication``) asks for the same few tables many times
 def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, float]:
     """Fisher's exact one-sided test that the event rate of a exceeds that of b: (p, smallest p possible with
     these group sizes: every run of a with the event, none of b). NaN when a group is empty."""
@@ -172,6 +173,25 @@ def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, 
     p = float(stats.fisher_exact(table, alternative="greater").pvalue)
     best = float(stats.fisher_exact([[n_a, 0], [0, n_b]], alternative="greater").pvalue)
     return p, best
+
+
+@functools.cache
+def rate_power(n_a: int, n_b: int, rate_a: float, rate_b: float, alpha: float = ALPHA) -> float:
+    """Power of ``rate_test`` (Fisher's exact one-sided test, a's rate above b's) at level ``alpha`` when the
+    true event rates are ``rate_a`` and ``rate_b``: the probability, over every outcome (events of a, events of
+    b: independent binomials), of p < ``alpha``. Exact (no simulation); NaN when a group is empty."""
+    import numpy as np
+    from scipy import stats
+
+    if n_a == 0 or n_b == 0:
+        return math.nan
+    ea, eb = np.meshgrid(np.arange(n_a + 1), np.arange(n_b + 1), indexing="ij")
+    # Fisher's one-sided p: P(X >= ea), X the events of a given the margins (hypergeometric)
+    p = stats.hypergeom.sf(ea - 1, n_a + n_b, ea + eb, n_a)
+    prob = np.outer(
+        stats.binom.pmf(np.arange(n_a + 1), n_a, rate_a), stats.binom.pmf(np.arange(n_b + 1), n_b, rate_b)
+    )
+    return float(prob[p < alpha].sum())
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -188,19 +208,33 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out
 
 
+def fragile(share: float) -> bool:
+    """Whether a verdict's replication (``claims.replication``: a share of resamples, NaN when not computed)
+    marks it fragile: under ``FRAGILE``."""
+    return not math.isnan(share) and share < FRAGILE
+
+
 # The claims' decision rule (applied in claims.py, stated in the report).
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 EFFECT = {"accuracy": 0.05, "peak KL": 0.5}  # smallest effect of interest: absolute; peak KL: x the reference
+RATE_EFFECT = (
+    0.5  # a rate claim's default effect: a difference of 0.5 in the rate, from side b's observed one
+)
+FRAGILE = 0.8  # a verdict that bootstrap resamples of the runs reproduce less often than this is fragile
+RESAMPLES = 200  # bootstrap resamples of the runs behind each claims table's replication column
 RULE = (
     f"Verdicts at significance level {ALPHA:g} after Holm's adjustment over all the claims of the table (p_holm; "
     f"the family-wise error rate is at most {ALPHA:g}): supported = the test in the claim's direction has "
     f"p_holm < {ALPHA:g} (equivalence: two one-sided Welch tests within the claim's margin); not supported = not "
-    "significant although the test could have been (Fisher: the group sizes allow an adjusted p below "
-    f"{ALPHA:g}; Welch: power >= {POWER:g} at the claim's effect, default {EFFECT['accuracy']:g} accuracy or "
-    f"{EFFECT['peak KL']:.0%} of b's peak KL, at level {ALPHA:g}/m for m claims tested), or significant the "
+    "significant although the test had power >= {POWER:g} at the claim's effect, at level {ALPHA:g}/m for m "
+    f"claims tested (Fisher: default a rate {RATE_EFFECT:g} from b's observed one, in the claim's direction; "
+    f"Welch: default {EFFECT['accuracy']:g} accuracy or {EFFECT['peak KL']:.0%} of b's peak KL), or significant the "
     "other way (equivalence: the two differ, two-sided Welch); inconclusive = data missing (no run in a group, "
     "fewer than 2 values) or a test without that power (equivalence: neither equivalent nor different). A group "
     'of claims ("any of") is supported when at least one member is, not supported when every member is not '
     "supported, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
-    "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match."
+    "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match. "
+    f"Replication: the share of {RESAMPLES} bootstrap resamples of the finished runs (each configuration's runs "
+    "resampled with replacement) whose verdict, through this whole rule (Holm included), is the same; below "
+    f"{FRAGILE:g}: fragile."
 )

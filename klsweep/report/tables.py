@@ -19,7 +19,7 @@ from klsweep import store
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
-from klsweep.report.statistics import ALPHA, LEVEL, RULE, t_half_width, welch_summary
+from klsweep.report.statistics import ALPHA, LEVEL, RULE, fragile, t_half_width, welch_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -400,14 +400,19 @@ def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The study's claims with their verdicts; a supported one bold."""
+    """The study's claims with their verdicts (fragile ones marked: ``statistics.fragile``) and replication; a
+    supported one bold."""
     import pandas as pd
 
     df = report.claims
+    share = pd.to_numeric(df["replication"], errors="coerce")
     out = pd.DataFrame(
         {
             "claim": df["claim"],
-            "verdict": df["verdict"],
+            "verdict": [
+                f"{v} (fragile)" if fragile(r) else v for v, r in zip(df["verdict"], share, strict=True)
+            ],
+            "replication": [DASH if r != r else f"{r:.2f}" for r in share],
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],

@@ -250,20 +250,24 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         )
     )
     if len(report.claims):
+        from klsweep.report.statistics import FRAGILE, fragile
+
         rows = [
-            [c.claim, c.verdict, fmt_p(c.p_holm)]
-            for c in report.claims[["claim", "verdict", "p_holm"]].itertuples()
-        ]
+            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication) else c.verdict,
+             DASH if c.replication != c.replication else f"{c.replication:.2f}", fmt_p(c.p_holm)]
+            for c in report.claims[["claim", "verdict", "replication", "p_holm"]].itertuples()
+        ]  # fmt: skip
         tables.append(
             fitted_table(
                 f"The study's claims: {report.sweep_dir.name}",
-                ["claim", "verdict", "p holm"],
+                ["claim", "verdict", "repl.", "p holm"],
                 rows,
                 width=width,
-                right=["p holm"],
+                right=["repl.", "p holm"],
                 whole=["verdict"],
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
-                "decision rule: report.md, claims.csv)",
+                "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
+                f"the same verdict, fragile under {FRAGILE:g}",
             )
         )
     return tables

@@ -129,6 +129,7 @@ def submit(
         write_sweep_file(plan, cluster_kind)
         rows = latest_rows(sweep_dir)
         live = live_jobs(rows.values())
+        adopt_merged(plan, live)
         if force:
             cancel_rows([r for k, r in rows.items() if k in live])
             live = set()
@@ -309,6 +310,29 @@ def _decide(
     if state in ("failed", "cancelled") and not retry_failed:
         return "skip-failed"
     return "resume" if store.checkpoints(run_dir) or state in ("running", "failed", "cancelled") else "submit"
+
+
+MERGED_DIR = "merged"  # under a sweep: the folders of runs merged into another one (no run folder of its own)
+
+
+def adopt_merged(plan: Any, live: set[tuple[str, str]]) -> None:
+    """The folders of runs trained under an id their run had before merging (``PlannedRun.aliases``: no-KL
+    runs crossed with estimators): the first that holds a config.yaml is moved to the run's id, when that
+    folder does not exist yet, so the run resumes (or is done); the others, the same training again, are moved
+    to ``<sweep>/merged/`` where no report counts them as seeds. A folder whose trainer is live stays."""
+    sweep_dir = Path(plan.sweep_dir)
+    for run in plan.runs:
+        for old in run.aliases:
+            src = sweep_dir / old
+            if not (src / store.CONFIG_FILE).is_file() or src.is_symlink():
+                continue
+            if (old, "train") in live or store.trainer_of(src) is not None:
+                continue
+            if not Path(run.run_dir).exists():
+                src.rename(run.run_dir)
+            else:
+                (sweep_dir / MERGED_DIR).mkdir(exist_ok=True)
+                src.rename(sweep_dir / MERGED_DIR / old)
 
 
 def write_sweep_file(plan: Any, cluster_kind: str) -> None:

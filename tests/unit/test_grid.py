@@ -151,7 +151,8 @@ def test_reward_logp_is_in_the_id_only_off_policy_with_current(tmp_path):
 def test_reward_mode_is_a_kl_key_in_the_id_and_the_plan(tmp_path, monkeypatch, capsys):
     plan = grid.load_plan(write(tmp_path, TINY))
     assert {r.config["kl"]["reward_mode"] for r in plan.runs} == {"separate"}  # the default
-    text = "name: m\ngrid:\n  kl.placement: reward\n  kl.reward_mode: separate,shaped\n"
+    # with a KL (beta 0 makes it inert: one run)
+    text = "name: m\ngrid:\n  kl.beta: 0.1\n  kl.placement: reward\n  kl.reward_mode: separate,shaped\n"
     plan = grid.load_plan(write(tmp_path, text))
     assert plan.axes == ["kl.reward_mode"]
     assert len({r.id for r in plan.runs}) == 2
@@ -217,6 +218,7 @@ base:
   train: {steps: 7, learning_rate: 0.001}
   model:
     dtype: float32
+  kl.beta: 0.1  # with a KL: at beta 0 the estimator does nothing, and k1, k2 are one run
 grid:
   kl.estimator: [k1, k2]
   seed: choice(1, 2)
@@ -654,3 +656,57 @@ def test_claim_sides_are_checked_against_the_grid(tmp_path):
     assert "claims (lr).a.train.learning_rate: 2e-05: no run of this grid has it (allowed: 1e-05)" in text, (
         text
     )
+
+
+BETA_CROSS = """\
+name: cross
+base:
+  model: tiny
+  train.steps: 50
+grid:
+  kl.beta: 0,0.3
+  kl.estimator: k1,k3
+  kl.placement: reward,loss
+  kl.level: token,sequence
+  seed: range(2)
+"""
+
+
+def test_a_beta_0_cross_gives_one_no_kl_run_per_seed(tmp_path, monkeypatch, capsys):
+    """beta 0 makes the KL-only keys inert: the no-KL runs of a cross with estimators, placements and levels
+    are one run per seed (the id the KL keys' defaults give), the plan says how many were merged, and the ids
+    they had before (their folders: trained under them) are the merged run's aliases."""
+    plan = grid.load_plan(write(tmp_path, BETA_CROSS))
+    no_kl = [r for r in plan.runs if r.config["kl"]["beta"] == 0]
+    assert sorted(r.config["seed"] for r in no_kl) == [0, 1]
+    assert len(plan.runs) == 2 * 2 * 2 * 2 + 2 and plan.merged == 2 * 7
+    # the id a merged run keeps: the one with every KL-only key at its default (k3, loss, token, ...)
+    default = grid.load_plan(
+        write(tmp_path, "name: d\nbase:\n  model: tiny\n  train.steps: 50\ngrid:\n  seed: 0,1\n")
+    )
+    assert {r.id for r in no_kl} == {r.id for r in default.runs}
+    for run in no_kl:
+        assert len(run.aliases) == 7 and run.id not in run.aliases  # the 8 combinations but the default one
+    assert all(not r.aliases for r in plan.runs if r.config["kl"]["beta"])
+    code, stdout, _ = cli(["plan", write(tmp_path, BETA_CROSS)], monkeypatch, capsys)
+    assert code == 0 and "14 merged" in " ".join(stdout.split())
+    # with a beta, the same keys are in the id
+    assert len({r.id for r in plan.runs if r.config["kl"]["beta"]}) == 16
+
+
+def test_runs_trained_under_a_merged_id_are_moved_to_it(tmp_path):
+    """A run folder written under an id from before the merge is moved to the run's id (it resumes there);
+    further ones, the same training again, go to <sweep>/merged/ where the report does not count them."""
+    from klsweep import store
+    from klsweep.submit.sweep import MERGED_DIR, adopt_merged
+
+    plan = grid.load_plan(write(tmp_path, BETA_CROSS), out=tmp_path / "res")
+    run = next(r for r in plan.runs if r.config["kl"]["beta"] == 0)
+    first, second = run.aliases[:2]
+    for old in (first, second):
+        (plan.sweep_dir / old).mkdir(parents=True)
+        (plan.sweep_dir / old / store.CONFIG_FILE).write_text(f"seed: 0\n# {old}\n")
+    adopt_merged(plan, set())
+    assert (run.run_dir / store.CONFIG_FILE).read_text().endswith(f"# {first}\n")
+    assert (plan.sweep_dir / MERGED_DIR / second / store.CONFIG_FILE).exists()
+    assert [p.name for p in store.run_dirs(plan.sweep_dir)] == [run.id]

@@ -141,9 +141,23 @@ def test_clear_effects_are_supported(tmp_path):
     assert {verdicts[c] for c in k1_both} == {"inconclusive"}
     assert {v for c, v in verdicts.items() if c not in k1_both} == {"supported"}, rep.claims.to_string()
     claims = pd.read_csv(tmp_path / "report" / "claims.csv")
-    assert {"claim", "verdict", "statistic", "p_value", "p_holm", "test", "n", "detail"} <= set(
-        claims.columns
-    )
+    assert {
+        "claim",
+        "verdict",
+        "replication",
+        "statistic",
+        "p_value",
+        "p_holm",
+        "test",
+        "n",
+        "detail",
+    } <= set(claims.columns)
+    assert claims["replication"].between(0, 1).all()
+    # clear effects replicate: no supported verdict is fragile, Welch's differences in (nearly) every resample
+    # (the equivalences rest on the margin; 6/6 vs 0/6 unstable runs are 6 runs a side: ~0.85)
+    supported = claims[claims["verdict"] == "supported"]
+    assert (supported["replication"] >= 0.8).all(), claims.to_string()
+    assert (supported.loc[supported["test"].str.startswith("Welch"), "replication"] >= 0.95).all()
     tested = claims[claims["claim"].isin(set(verdicts) - k1_both) & claims["p_value"].notna()]
     assert len(claims) == 12 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
     assert (tested["p_holm"] >= tested["p_value"]).all()  # adjusted for 9 tests: never smaller
@@ -152,6 +166,7 @@ def test_clear_effects_are_supported(tmp_path):
     for name in ("report.md", "report.html"):
         text = (tmp_path / "report" / name).read_text()
         assert "claims on this sweep" in text and "inconclusive = data missing" in text
+        assert "replication" in text and "fragile" in text  # the column, and the rule that marks it
         assert "(a) biased KL configurations are unstable on-policy" in text
     # comparisons: k3 in the loss (0.3) against no KL (0.5) at lag 0: a significant difference
     c = rep.comparisons
@@ -179,7 +194,10 @@ def test_no_effect_is_not_supported(tmp_path):
             assert verdict in ("supported", "inconclusive"), claim
         else:
             assert verdict in ("not supported", "inconclusive"), (claim, rep.claims.to_string())
-    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "not supported"  # 0/10 vs 0/10
+    # 0/10 vs 0/10: Fisher's power at a rate of 0.5 against 0 is under 0.8 at 0.05/m: inconclusive, not "not
+    # supported" (before #35 item 3 the group sizes' best p alone made it "not supported")
+    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
+    assert "underpowered: power 0." in rep.claims.set_index("claim")["detail"].iloc[0]
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**" not in md.split("## Results")[1].split("## ")[0]  # the same skill everywhere: nothing bold
 
@@ -372,3 +390,94 @@ def test_a_study_says_when_the_expected_verdicts_came_from_other_cpus(tmp_path):
     assert study.cpu_note(expected, study._cpus(pd.DataFrame())) is None  # no run recorded its environment
     (claims.parent / "environment.csv").write_bytes(bytes(range(128, 256)))
     assert study._expected_cpus(claims) == set()  # unreadable: the verdicts are still compared
+
+
+def _rate_runs(events_a: int, n_a: int, events_b: int, n_b: int) -> pd.DataFrame:
+    """Finished runs of two configurations, a and b, with that many unstable (collapsed) runs each."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    from replication import SAMPLING, SETTINGS
+
+    rows = [
+        {"config": arm, "arm": arm, "state": "done", "collapsed": i < events, "in-domain avg": 0.5 + 0.01 * i}
+        for arm, events, n in (("a", events_a, n_a), ("b", events_b, n_b))
+        for i in range(n)
+    ]
+    runs = pd.DataFrame(rows).assign(**{k: None for k in (*SETTINGS, *SAMPLING)})
+    return runs.assign(**{"kl.beta": 0.0, "offpolicy.lag": 0, "offpolicy.num_iterations": 1})
+
+
+def _rate_claim(direction: str, effect=None):
+    from klsweep.grid.claims import Claim
+
+    return Claim("rates", "unstable", "fisher", direction, {"arm": ["a"]}, {"arm": ["b"]}, effect=effect)
+
+
+def test_fisher_reads_not_supported_only_with_power_at_the_claims_effect():
+    """#35 item 3: like Welch's, Fisher's "not supported" needs power >= 0.8 at the claim's effect (default: a
+    rate 0.5 from b's observed one, in the claim's direction); "(d) fewer unstable runs than no KL" on 0/6 vs
+    2/6 was "not supported" because 6 vs 6 runs could reach p < 0.05 at the most extreme table."""
+    from klsweep.report.claims import claims_table
+
+    audit = pd.DataFrame({"unbiased": []})
+    table = claims_table(_rate_runs(0, 6, 2, 6), audit, [_rate_claim("less")], resamples=0)
+    assert table["verdict"].iloc[0] == "inconclusive", table["detail"].iloc[0]
+    assert "underpowered: power 0." in table["detail"].iloc[0]
+    # 20 vs 20 runs, none unstable on either side: a rate of 0.5 against 0 would be seen (power 0.99)
+    table = claims_table(_rate_runs(0, 20, 0, 20), audit, [_rate_claim("greater")], resamples=0)
+    assert table["verdict"].iloc[0] == "not supported" and "power 0.99" in table["detail"].iloc[0]
+    # the same runs, a smaller effect of interest: no longer powered
+    table = claims_table(_rate_runs(0, 20, 0, 20), audit, [_rate_claim("greater", (0.1, False))], resamples=0)
+    assert table["verdict"].iloc[0] == "inconclusive"
+    # the power is exact: Fisher 2 vs 2 at level 0.5 rejects only the table 2/2 vs 0/2
+    assert st.rate_power(2, 2, 0.5, 0.0, 0.5) == pytest.approx(0.25)
+    assert st.rate_power(6, 6, 0.5, 0.5, 0.05) < 0.05  # no effect: at most the level
+
+
+def test_replication_marks_a_verdict_that_hangs_on_one_run_fragile():
+    """#35 item 1: a verdict's replication is the share of bootstrap resamples of the runs (within each
+    configuration) reaching it through the whole rule; one that hangs on a single run is fragile."""
+    from klsweep.report.claims import claims_table
+
+    audit = pd.DataFrame({"unbiased": []})
+    clear = claims_table(_rate_runs(12, 12, 0, 12), audit, [_rate_claim("greater")])
+    assert clear["verdict"].iloc[0] == "supported" and clear["replication"].iloc[0] == 1.0
+    edge = claims_table(_rate_runs(5, 12, 0, 12), audit, [_rate_claim("greater")])  # p = 0.019: just in
+    assert edge["verdict"].iloc[0] == "supported" and 0.2 < edge["replication"].iloc[0] < 0.8
+    assert st.fragile(edge["replication"].iloc[0]) and not st.fragile(1.0) and not st.fragile(math.nan)
+    # the seed is fixed: a report is reproducible
+    again = claims_table(_rate_runs(5, 12, 0, 12), audit, [_rate_claim("greater")])
+    assert again["replication"].iloc[0] == edge["replication"].iloc[0]
+
+
+def test_the_replication_column_is_calibrated_on_fresh_seed_sets():
+    """bench/replication.py, small: synthetic studies whose truth is known; the verdicts the column calls robust
+    (>= 0.9) are reached again by most fresh seed sets from the same truth, clearly more often than the fragile
+    ones (< 0.8). The full run and its table: docs/REPORT.md, "Replication"."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    import replication
+
+    rows = replication.calibration(studies=12, fresh=8, resamples=50, seed=3)
+    robust = [r["fresh"] for r in rows if r["replication"] >= 0.9]
+    shaky = [r["fresh"] for r in rows if r["replication"] < 0.8]
+    assert robust and shaky
+    assert np.mean(robust) >= 0.75 and np.mean(robust) > np.mean(shaky) + 0.1, (robust, shaky)
+
+
+def test_the_study_fails_only_on_robust_verdicts_that_changed(tmp_path):
+    """#35 item 2: ``klsweep study --expect-claims`` compares with the expected claims.csv; a verdict that
+    table marks fragile (replication < 0.8) and that changed is set apart, a robust one fails; a table without
+    the column: every verdict robust, as before."""
+    got = pd.DataFrame({"claim": ["x", "y", "z"], "verdict": ["supported", "inconclusive", "inconclusive"]})
+    expected = tmp_path / "claims.csv"
+    expected.write_text(
+        "claim,verdict,replication\nx,supported,0.95\ny,supported,0.55\nz,not supported,0.9\n"
+    )
+    read = rp.read_expected(expected)
+    assert read["y"] == ("supported", 0.55)
+    changes = rp.verdict_changes(rp.read_verdicts(expected), got)
+    robust, fragile = rp.split_changes(changes, read)
+    assert robust == [("z", "not supported", "inconclusive")]
+    assert fragile == [("y", "supported", "inconclusive")]
+    expected.write_text("claim,verdict\nx,supported\ny,supported\nz,not supported\n")  # before the column
+    robust, fragile = rp.split_changes(changes, rp.read_expected(expected))
+    assert len(robust) == 2 and fragile == []

@@ -622,8 +622,8 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep.console import print_failures, print_report, status_table, table_width
-    from klsweep.report.tables import visible
     from klsweep.report.statistics import FRAGILE
+    from klsweep.report.tables import visible
     from klsweep.study import run_study
 
     console = _console()

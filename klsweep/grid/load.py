@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.config import KL_ONLY_KEYS
 from klsweep.errors import Problem, UserError
 from klsweep.grid import claims, expand, parse
 from klsweep.grid.compose import RESET, Composer
@@ -108,7 +109,10 @@ def load_plan(
     b.values.check_kl(r.config for r in expansion.runs.values())
     problems.extend(expand.unmatched_excludes(excludes, expansion.matched, cmd_keys, where))
     configs = [r.config for r in expansion.runs.values()]
-    claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=cmd_keys)
+    # a beta the command line set may make the KL-only keys inert: its runs merged into one (grid.plan), their
+    # values gone with the others
+    narrowed = cmd_keys | (set(KL_ONLY_KEYS) if "kl.beta" in cmd_keys else set())
+    claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=narrowed)
     problems += claim_problems
     if not expansion.runs and not problems:
         what = "every run is excluded" if expansion.excluded else "the grid has no run"

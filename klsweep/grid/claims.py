@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.errors import Problem, UserError
-from klsweep.grid.schema import Schema, did_you_mean, unknown
+from klsweep.grid.schema import Schema, did_you_mean, lookup, unknown
 
 METRICS = ("in_domain", "ood", "unstable", "peak_kl")  # or any column of the report's runs.csv
 TESTS = ("welch", "fisher", "tost")
@@ -236,15 +236,6 @@ def check_grid_values(
     ``skip``: keys the command line set or removed (it may narrow the file's grid: a claim then reads
     inconclusive)."""
     missing = object()
-
-    def lookup(config: dict[str, Any], key: str) -> Any:
-        node: Any = config
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return missing
-            node = node[part]
-        return node
-
     grid: dict[str, dict[Any, Any]] = {}  # key -> its values in the grid, by how filters compare them
     for c in claims:
         for side, filters in (("a", c.a), ("b", c.b)):
@@ -252,7 +243,7 @@ def check_grid_values(
                 if key == UNBIASED or key in skip or any(key.startswith(f"{k}.") for k in skip):
                     continue
                 if key not in grid:
-                    found = (lookup(r, key) for r in configs)
+                    found = (lookup(r, key, missing) for r in configs)
                     grid[key] = {_plain(g): g for g in found if g is not missing}
                 for v in values:
                     if _plain(v) not in grid[key]:

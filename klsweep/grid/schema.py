@@ -116,10 +116,15 @@ def under(key: str, keys: Iterable[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
-def lookup(config: dict, key: str) -> Any:
-    """The value at dotted ``key`` of a plain config."""
+_RAISE = object()
+
+
+def lookup(config: dict, key: str, default: Any = _RAISE) -> Any:
+    """The value at dotted ``key`` of a plain config; ``default`` where it has none (KeyError without one)."""
     node: Any = config
     for part in key.split("."):
+        if default is not _RAISE and (not isinstance(node, dict) or part not in node):
+            return default
         node = node[part]
     return node
 

@@ -18,6 +18,7 @@ from klsweep.audit import GRPO_VERDICTS
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from klsweep.audit import AuditRow, GRPOAuditRow
     from klsweep.fetch import Found
@@ -98,17 +99,22 @@ def _config_first(axes: list[str]) -> list[str]:
     return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
 
 
-def _pack(items: list[str], room: int | None) -> str:
-    """``items`` joined by ", ", on lines of at most ``room`` characters, never breaking an item."""
+def _pack(items: list[str], room: int | None) -> Text:
+    """``items`` joined by ", ", on lines of at most ``room`` characters, never breaking an item: a cell whose
+    line breaks are the layout's (each item as written, its control characters visible: ``visible``)."""
+    from rich.text import Text
+
+    from klsweep.report.tables import visible
+
     lines = [""]
-    for item in items:
+    for item in map(visible, items):
         line = f"{lines[-1]}, {item}" if lines[-1] else item
         if room is not None and lines[-1] and len(line) + 1 > room:
             lines[-1] += ","
             lines.append(item)
         else:
             lines[-1] = line
-    return "\n".join(lines)
+    return Text("\n".join(lines))
 
 
 def _labels(axes: list[str], compact: bool = True) -> list[str]:

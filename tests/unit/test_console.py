@@ -288,3 +288,16 @@ def test_status_of_a_five_axis_sweep_wraps_no_cell_at_80_columns(width):
         assert "place: placement; IS: importance; not shown at 80 columns: job, elapsed, eval" in flat
     else:
         assert "placement" in out and "importance" in out and "not shown" not in out and "30720" in out
+
+
+def test_plan_axis_values_wrap_onto_lines_not_into_escapes(tmp_path):
+    """At 80 columns the model axis of sweeps/paper.yaml's summary does not fit one line: its values continue on
+    the next line of the cell (a value's own control characters are made visible, the layout's line breaks are
+    not: the cell printed a literal '\\n' once names were escaped)."""
+    from klsweep import grid, planner
+
+    plan = grid.load_plan(Path(__file__).parents[2] / "sweeps" / "paper.yaml", out=tmp_path)
+    text = render(con.plan_table(plan, planner.summary(plan), width=80), width=80)
+    assert "\\n" not in text, text
+    model = [line for line in text.splitlines() if "qwen" in line or "llama" in line]
+    assert len(model) == 2 and model[0].startswith("model ") and "qwen3-4b-instruct-2507 ×150" in model[1]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from klsweep import evaluate as ev
 from klsweep import store, tasks
@@ -132,6 +133,8 @@ def _run_folder(root: Path) -> Path:
     run = root / "sweep" / "run0"
     (run / store.CHECKPOINTS_DIR / "checkpoint-10").mkdir(parents=True)
     (run / store.CHECKPOINTS_DIR / "checkpoint-10" / "config.json").write_text("{}")
+    # weights eval would load (store.has_weights); the canned completions never read them
+    save_file({}, run / store.CHECKPOINTS_DIR / "checkpoint-10" / "model.safetensors")
     config = {"name": "sweep", "model": {"name": "base", "path": "base-model", "chat_template": False}}
     store.atomic_write_text(run / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
     store.write_status(run, "done", step=10)

@@ -152,18 +152,28 @@ def test_a_chat_template_mismatch_fails(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slurm
 def test_rehearse_on_slurm(tmp_path, monkeypatch, capsys):
-    """One short job on the grid's partition (the local test cluster's), the same table back."""
+    """One short job on the grid's partition (the local test cluster's), the same table back. A grid whose real
+    runs fit the test cluster's CPU nodes: the paper's 7B runs on 4 GB without GPUs are refused by the plan's
+    check before anything is submitted (the real run would not fit; rehearse checks the real plan)."""
+    grid_file = tmp_path / "g.yaml"
+    grid_file.write_text(
+        ONE_TINY_RUN.replace("  train.steps: 4\n", "  train.steps: 4\n  eval: tiny\n  eval.limit: 4\n")
+    )
     code, out, err = cli(
-        [
-            "rehearse", PAPER, *ONE_RUN, "cluster.partition=debug", "model.resources.gpus_per_node=0",
-            "model.resources.cpus_per_task=1", "model.resources.mem_gb=4",
-            "train.sharding=none", "--cluster", "slurm", "--out", tmp_path,
-        ],
+        ["rehearse", grid_file, "cluster.partition=debug", "--cluster", "slurm", "--out", tmp_path / "out"],
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, out + err
     assert "rehearsed on Slurm (log: " in out
-    assert (tmp_path / "paper").is_dir() and any((tmp_path / "paper").glob("*/eval/*/*/results.json"))
+    assert any((tmp_path / "out" / "g").glob("*/eval/*/*/results.json"))
+    code, out, err = cli(
+        [
+            "rehearse", PAPER, *ONE_RUN, "cluster.partition=debug", "model.resources.gpus_per_node=0",
+            "model.resources.mem_gb=4", "train.sharding=none", "--cluster", "slurm", "--out", tmp_path / "p",
+        ],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 2 and "model.resources.mem_gb" in err and not (tmp_path / "p" / ".submitit-paper").exists()
 
 
 def test_a_sweeps_results_are_never_replaced(tmp_path, monkeypatch, capsys):

@@ -531,11 +531,12 @@ def rehearse_on_slurm(
     job's log."""
     import submitit
 
-    from klsweep import grid
+    from klsweep import grid, planner
     from klsweep.submit.slurm import slurm_parameters
 
     out = Path(out or DEFAULT_OUT).absolute()
     plan = grid.load_plan(grid_path, overrides, out=out)
+    planner.check(plan)  # what the job's rehearse would refuse, refused before a job is submitted
     first = plan.runs[0].config
     gpus = max(int(r.config["model"]["resources"].get("gpus_per_node", 0)) for r in plan.runs)
     res = {**first["model"]["resources"], "nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(gpus, 1),

@@ -160,7 +160,10 @@ def test_rehearse_on_slurm(tmp_path, monkeypatch, capsys):
         ONE_TINY_RUN.replace("  train.steps: 4\n", "  train.steps: 4\n  eval: tiny\n  eval.limit: 4\n")
     )
     code, out, err = cli(
-        ["rehearse", grid_file, "cluster.partition=debug", "--cluster", "slurm", "--out", tmp_path / "out"],
+        [
+            "rehearse", grid_file, "cluster.partition=debug", "model.resources.cpus_per_task=1",
+            "--cluster", "slurm", "--out", tmp_path / "out",
+        ],
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, out + err

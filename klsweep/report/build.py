@@ -120,6 +120,7 @@ def build_report(
         engine_flags=engine_flags,
         warnings=cache_warnings,
     )
+    figures = None
     try:
         out.mkdir(parents=True, exist_ok=True)
         figures = draw_figures(report, metrics, out)
@@ -132,6 +133,7 @@ def build_report(
         if "html" in formats:  # embeds the figures
             written["html"] = WRITERS["html"](report)
     except OSError as e:  # a full disk, a quota, a folder gone: each file is its old or its new self (atomic)
+        _let_figures_end(figures)
         where = f" ({e.filename})" if e.filename else ""
         raise UserError(
             Problem(
@@ -147,6 +149,17 @@ def build_report(
         readable = [d for d in dirs if d.name in reported]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
+
+
+def _let_figures_end(figures: Callable[[], list[Path]] | None) -> None:
+    """Wait for the figures' children after a table could not be written: killed, a child would leave its
+    half-written temporary file behind; left to end, it removes it (its own error is the same disk's)."""
+    if figures is None:
+        return
+    try:
+        figures()
+    except OSError:
+        pass
 
 
 def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:

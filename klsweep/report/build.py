@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,10 +157,8 @@ def _let_figures_end(figures: Callable[[], list[Path]] | None) -> None:
     half-written temporary file behind; left to end, it removes it (its own error is the same disk's)."""
     if figures is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         figures()
-    except OSError:
-        pass
 
 
 def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:

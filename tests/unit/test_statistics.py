@@ -348,15 +348,17 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
 
 
 def test_power_table_of_the_shipped_design():
-    """bench/power.py (docs/STUDY.md, "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
-    committed runs' spread; more seeds detect smaller effects, and the sizes it prints are where the power is
-    0.8 (Welch) or where p first drops below 0.05/m (Fisher)."""
+    """bench/power.py (docs/STUDY.md, "Study v4"): what each claim of sweeps/tiny.yaml can detect, from the
+    committed runs' spread; more seeds detect smaller effects; the Welch sizes it prints are where the power is
+    0.8, its Fisher cells the report's power rule (#35: not the old "fewest events" bound)."""
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     import power
 
+    from klsweep.grid.claims import Claim
+
     runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
     rows = power.power_table(TINY, runs_csv, [5, 8])
-    assert len(rows) == 22 and {r["N"] for r in rows} == {5, 8}
+    assert len(rows) == 18 and {r["N"] for r in rows} == {5, 8}
     welch_rows = [r for r in rows if r["detects"].startswith("difference ") and "margin" not in r["detects"]]
     by_claim = {}
     for r in welch_rows:
@@ -366,8 +368,56 @@ def test_power_table_of_the_shipped_design():
     w = st.Welch(0.0, math.nan, 0.0, (0.01 / 6 + 0.04 / 6) ** 2 / ((0.01 / 6) ** 2 / 5 + (0.04 / 6) ** 2 / 5),
                  math.nan, 6, 6, math.sqrt(0.01 / 6 + 0.04 / 6))  # fmt: skip
     assert st.welch_power(w, e, 0.05 / 11) == pytest.approx(0.8, abs=1e-6)
-    k = power.fewest_events(6, 6, 0.05 / 11)
-    assert st.rate_test(k, 6, 0, 6)[0] < 0.05 / 11 <= st.rate_test(k - 1, 6, 0, 6)[0]
+    # Fisher: the power at the claim's effect, a's rate 0.5 from b's observed one (0 here: a "less" claim
+    # cannot go below 0, power 0), as the report's rule computes it, with the sides in the claim's direction
+    fisher = [r for r in rows if r["detects"].startswith("power ")]
+    assert len(fisher) == 4 and all(r["detects"].startswith("power 0.00 at a's rate 0,") for r in fisher)
+    more = Claim("x", "unstable", "fisher", "greater", {}, {})
+    less = Claim("x", "unstable", "fisher", "less", {}, {})
+    assert power.fisher_power(more, 20, 12, 0.5, 0.0, 0.05) == st.rate_power(20, 12, 0.5, 0.0, 0.05) > 0.5
+    assert power.fisher_power(less, 12, 20, 0.0, 0.5, 0.05) == st.rate_power(20, 12, 0.5, 0.0, 0.05)
+
+
+def test_power_simulates_studies_through_the_reports_rule():
+    """bench/power.py --fresh: simulated studies of N seeds a configuration, drawn from the committed runs, each
+    decided by the report's rule: per claim (and group) the shares of the three verdicts, summing to 1; the
+    on-policy headline (a), on the reward drop, is reached on most of them at study v4's 10 seeds."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    import power
+
+    runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
+    rows = power.power_table(TINY, runs_csv, [10], fresh=10, keep={("offpolicy.lag", "16"): 6})
+    assert len(rows) == 10 and all("verdicts" in r for r in rows)
+    for r in rows:
+        assert sum(float(x) for x in r["verdicts"].split("/")) == pytest.approx(1.0)
+    headline = rows[0]
+    assert headline["claim"].startswith("(a)") and headline["runs a/b"] == "30/30"
+    assert float(headline["verdicts"].split("/")[0]) >= 0.8
+    assert [r["runs a/b"] for r in rows if "peak KL than no KL at lag 16" in r["claim"]] == ["6/6", "6/6"]
+
+
+def test_a_claim_on_the_reward_drop():
+    """The reward drop (``stability.reward_drop``) is a claim metric, ``reward_drop``: the tiny study's (a)
+    tests it with Welch (a biased configuration loses more of its peak reward); fisher on it is refused."""
+    from klsweep.errors import UserError
+    from klsweep.grid.claims import Claim, parse_claims
+    from klsweep.grid.schema import Schema
+    from klsweep.report.claims import claims_table
+
+    runs = _rate_runs(0, 8, 0, 8)
+    runs["reward drop"] = [0.6 + 0.02 * i for i in range(8)] + [0.2 + 0.02 * i for i in range(8)]
+    claim = Claim(
+        "drop", "reward_drop", "welch", "greater", {"arm": ["a"]}, {"arm": ["b"]}, effect=(0.1, False)
+    )
+    table = claims_table(runs, pd.DataFrame({"unbiased": []}), [claim], resamples=0)
+    assert table["verdict"].iloc[0] == "supported", table["detail"].iloc[0]
+    assert "reward_drop: a 0.67 (n=8) vs b 0.27 (n=8)" in table["detail"].iloc[0]
+    problems: list = []
+    raw = {"name": "x", "metric": "reward_drop", "test": "fisher", "direction": "greater", "a": {}, "b": {}}
+    parse_claims([raw], "claims", Schema(), problems)
+    assert any("fisher tests a rate, not 'reward_drop'" in p.what for p in problems), problems
+    with pytest.raises(UserError, match="reward_drop"):
+        claims_table(runs.drop(columns="reward drop"), pd.DataFrame({"unbiased": []}), [claim], resamples=0)
 
 
 def test_a_study_says_when_the_expected_verdicts_came_from_other_cpus(tmp_path):

@@ -137,9 +137,7 @@ def _claims(tmp_path: Path, grid: list[dict], seeds: int, seed: int = 0) -> tupl
 
 def test_clear_effects_are_supported(tmp_path):
     rep, verdicts = _claims(tmp_path, clear_grid(), seeds=6)
-    k1_both = {c for c in verdicts if c.startswith("(d) k1 in both")}  # not in this sweep: no run
-    assert {verdicts[c] for c in k1_both} == {"inconclusive"}
-    assert {v for c, v in verdicts.items() if c not in k1_both} == {"supported"}, rep.claims.to_string()
+    assert set(verdicts.values()) == {"supported"}, rep.claims.to_string()
     claims = pd.read_csv(tmp_path / "report" / "claims.csv")
     assert {
         "claim",
@@ -158,11 +156,15 @@ def test_clear_effects_are_supported(tmp_path):
     supported = claims[claims["verdict"] == "supported"]
     assert (supported["replication"] >= 0.8).all(), claims.to_string()
     assert (supported.loc[supported["test"].str.startswith("Welch"), "replication"] >= 0.95).all()
-    tested = claims[claims["claim"].isin(set(verdicts) - k1_both) & claims["p_value"].notna()]
-    assert len(claims) == 12 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
+    tested = claims[claims["p_value"].notna()]
+    assert len(claims) == 10 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
     assert (tested["p_holm"] >= tested["p_value"]).all()  # adjusted for 9 tests: never smaller
-    a = claims.iloc[0]
-    assert a["statistic"] == pytest.approx(1.0) and a["n"] == 30  # 18 biased runs all, 12 unbiased none
+    a = claims.iloc[0]  # the reward drop: 18 biased runs that collapse to ~0 (0.99), 12 unbiased that do not
+    assert (
+        a["n"] == 30
+        and a["test"].startswith("Welch")
+        and a["detail"].startswith("reward_drop: a 0.989 (n=18)")
+    )
     for name in ("report.md", "report.html"):
         text = (tmp_path / "report" / name).read_text()
         assert "claims on this sweep" in text and "inconclusive = data missing" in text
@@ -194,10 +196,11 @@ def test_no_effect_is_not_supported(tmp_path):
             assert verdict in ("supported", "inconclusive"), claim
         else:
             assert verdict in ("not supported", "inconclusive"), (claim, rep.claims.to_string())
-    # 0/10 vs 0/10: Fisher's power at a rate of 0.5 against 0 is under 0.8 at 0.05/m: inconclusive, not "not
-    # supported" (before #35 item 3 the group sizes' best p alone made it "not supported")
-    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
-    assert "underpowered: power 0." in rep.claims.set_index("claim")["detail"].iloc[0]
+    # 0/5 vs 0/5: Fisher's power for "fewer" at a rate 0.5 below 0 is 0: inconclusive, not "not supported"
+    # (before #35 item 3 the group sizes' best p alone made it "not supported")
+    fewer = "(d) k1 in the reward: fewer unstable runs than no KL at lag 4"
+    assert verdicts[fewer] == "inconclusive"
+    assert "underpowered: power 0." in rep.claims.set_index("claim")["detail"][fewer]
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**" not in md.split("## Results")[1].split("## ")[0]  # the same skill everywhere: nothing bold
 
@@ -214,10 +217,10 @@ def test_verdicts_compared_with_a_committed_claims_file(tmp_path):
     assert rp.verdict_changes(rp.read_verdicts(committed), rep.claims) == []
     other = pd.read_csv(committed)
     other.loc[0, "verdict"] = "not supported"
-    other = other.drop(index=11)  # a claim the other file lacks
+    other = other.drop(index=len(other) - 1)  # a claim the other file lacks
     other.to_csv(tmp_path / "other.csv", index=False)
     changes = rp.verdict_changes(rp.read_verdicts(tmp_path / "other.csv"), rep.claims)
-    first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[11]
+    first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[-1]
     assert changes == [(first, "not supported", "supported"), (last, "missing", "supported")]
     # a sweep without claims: every expected verdict reads missing on its side
     assert rp.verdict_changes({first: "supported"}, None) == [(first, "supported", "missing")]
@@ -238,10 +241,13 @@ def test_missing_data_is_inconclusive(tmp_path):
     assert set(verdicts.values()) == {"inconclusive"}, rep.claims.to_string()
     d = rep.claims.set_index("claim")["detail"]
     assert "a group has no finished run" in d["(d) k1 in the reward: fewer unstable runs than no KL at lag 4"]
-    # two seeds each: the rate test cannot reach p < 0.05 (2 vs 2 runs): underpowered, not "not supported"
-    rep, verdicts = _claims(tmp_path / "two", grid, seeds=2)
-    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
-    assert "underpowered" in rep.claims.set_index("claim")["detail"].iloc[0]
+    # two runs a side: the rate test cannot reach p < 0.05 (2/2 vs 0/2): underpowered, not "not supported"
+    from klsweep.report.claims import claims_table
+
+    table = claims_table(
+        _rate_runs(2, 2, 0, 2), pd.DataFrame({"unbiased": []}), [_rate_claim("greater")], resamples=0
+    )
+    assert table["verdict"].iloc[0] == "inconclusive" and "underpowered" in table["detail"].iloc[0]
 
 
 def test_environment_section_counts_each_distinct_environment(tmp_path):
@@ -531,3 +537,10 @@ def test_the_study_fails_only_on_robust_verdicts_that_changed(tmp_path):
     expected.write_text("claim,verdict\nx,supported\ny,supported\nz,not supported\n")  # before the column
     robust, fragile = rp.split_changes(changes, rp.read_expected(expected))
     assert len(robust) == 2 and fragile == []
+
+
+def test_the_decision_rule_the_report_prints_states_its_numbers():
+    """The rule printed under every claims table (``statistics.RULE``) gives its power and level as numbers; it
+    printed "power >= {POWER:g} ... level {ALPHA:g}/m", a format string left unformatted."""
+    assert "{" not in st.RULE and "}" not in st.RULE
+    assert f"power >= {st.POWER:g} at the claim's effect, at level {st.ALPHA:g}/m" in st.RULE

@@ -202,9 +202,16 @@ def main() -> None:
     args = p.parse_args()
     keep = {}
     for k in args.keep:
-        key, rest = k.split("=", 1)
-        value, n = rest.rsplit(":", 1)
+        key, _, rest = k.partition("=")
+        value, _, n = rest.rpartition(":")
+        if not (key and value and n.isdigit()):
+            p.error(f"--keep {k!r}: expected KEY=VALUE:N, e.g. offpolicy.lag=16:6")
         keep[(key, value)] = int(n)
+    import pandas as pd
+
+    columns = set(pd.read_csv(args.runs_csv, nrows=0).columns)
+    for key in sorted({key for key, _ in keep} - columns):
+        p.error(f"--keep: {key!r} is not a column of {args.runs_csv}")
     rows = power_table(args.grid, args.runs_csv, [int(s) for s in args.seeds.split(",")], args.fresh, keep)
     ns = sorted({r["N"] for r in rows})
     print("| claim | committed runs | " + " | ".join(f"N = {n}" for n in ns) + " |")

@@ -237,7 +237,7 @@ def grpo_gradients(
     rewards = task_reward[seqs]
 
     def loss_of(logp: Tensor, ref: Tensor, mask: Tensor, behavior: Tensor) -> Tensor:
-        sampled = kl.estimate(behavior, ref, mask, config.estimator, config.level) if in_reward else None
+        sampled = kl.penalty(behavior, ref, mask, config) if in_reward else None
         penalty = None if own_term else sampled
         adv = grpo.advantages(rewards, penalty, config.beta, group_size, scale_rewards, config.reward_mode)
         if off_policy:

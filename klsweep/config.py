@@ -209,8 +209,8 @@ class KLSection:
     importance: str = key(
         "none",
         "pi_theta/mu weighting of the KL term off-policy: none, token, sequence, sequence_mean (the geometric "
-        "mean of the token ratios, TRL's sequence level) (the loss half; the reward half too with reward_logp "
-        "current)",
+        "mean of the token ratios, TRL's sequence level), self (pi_theta/stopgrad(pi_theta): 1, NeMo-RL's) (the "
+        "loss half; the reward half too with reward_logp current)",
     )
     importance_cap: float = key(0.0, "the importance weights are min(w, this); 0: no cap (a cap adds bias)")
     importance_gradient: bool = key(

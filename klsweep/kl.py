@@ -42,7 +42,9 @@ to it:
 
 ``sequence_mean`` weights every token by the geometric mean of the sequence's per-token ratios,
 ``exp(mean_t log(pi_theta/mu))``: TRL's ``importance_sampling_level: sequence`` (GSPO's ratio), which with
-``use_bias_correction_kl`` multiplies each token's KL by it (TRL issue #6586; docs/KL.md).
+``use_bias_correction_kl`` multiplies each token's KL by it (TRL issue #6586; docs/KL.md). ``self`` weights
+each token by ``pi_theta / stopgrad(pi_theta)``, 1 whatever the sampling policy: with ``importance_gradient``
+only its gradient counts (NeMo-RL's KL without ``use_on_policy_kl_approximation``).
 
 The frameworks' own forms (their presets: klsweep/conf/preset/, docs/KL.md, "What each framework's KL does"):
 
@@ -83,7 +85,8 @@ ESTIMATOR_CHOICES = (*ESTIMATORS, "abs")  # every valid kl.estimator (abs: |delt
 PLACEMENTS = ("reward", "loss", "both")
 LEVELS = ("token", "sequence")
 IMPORTANCE = ("none", "token", "sequence")  # the audits' "all"
-IMPORTANCE_CHOICES = (*IMPORTANCE, "sequence_mean")  # every valid kl.importance (sequence_mean: TRL's)
+# every valid kl.importance (sequence_mean: TRL's sequence level; self: pi_theta/stopgrad(pi_theta), NeMo-RL's)
+IMPORTANCE_CHOICES = (*IMPORTANCE, "sequence_mean", "self")
 REWARD_MODES = ("separate", "shaped")  # how a penalty in the reward enters GRPO's advantage (klsweep.grpo)
 REWARD_LOGPS = ("current", "behavior")  # whose log-ratio the reward-placed penalty uses (separate mode)
 
@@ -331,13 +334,16 @@ def token_terms(
 def importance_weights(logp: Tensor, behavior_logp: Tensor | None, mask: Tensor, config: KLConfig) -> Tensor:
     """The weights of ``config.importance``: per token ``pi_theta(y_t|y_<t) / mu(y_t|y_<t)`` [B, T]
     (``token``), the sequence's ``pi_theta(y) / mu(y)`` [B, 1] (``sequence``), the geometric mean of its
-    per-token ratios [B, 1] (``sequence_mean``, TRL's sequence level) or 1 (``none``), capped at
+    per-token ratios [B, 1] (``sequence_mean``, TRL's sequence level), ``pi_theta / stopgrad(pi_theta)`` (``self``)
+    or 1 (``none``), capped at
     ``config.importance_cap`` when it is > 0 (a truncation: less variance, and a bias where w > cap). Detached,
     unless ``config.importance_gradient`` (the reward half detaches them whatever it says)."""
     import torch
 
     if config.importance == "none":
         return torch.ones((), dtype=logp.dtype, device=logp.device)
+    if config.importance == "self":
+        behavior_logp = logp.detach()
     if behavior_logp is None:
         raise ValueError(f"importance={config.importance!r} needs behavior_logp (the sampling policy's)")
     mask = mask.bool()

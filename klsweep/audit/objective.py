@@ -56,6 +56,7 @@ class GRPOAuditRow:
     rel_err_reverse: float  # ||effective / unit - grad KL(pi||ref)|| / ||grad KL(pi||ref)||
     rel_norm: float  # ||effective / unit|| / ||grad KL(pi||ref)||
     verdict: str
+    preset: str = ""  # the framework preset audited (klsweep.presets), "" for a plain configuration
 
 
 def _grpo_verdict(row: dict[str, float]) -> str:
@@ -368,6 +369,88 @@ def grpo_audit(
                             verdict=_grpo_verdict(values),
                         )
                     )
+    return rows
+
+
+def grpo_preset_audit(
+    presets: tuple[str, ...] | list[str],
+    vocab: int = 3,
+    length: int = 2,
+    group_size: int = 4,
+    groups: int = 2,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    beta: float | None = None,
+    scale_rewards: str = "group",
+    loss_type: str = "dapo",
+    behavior_shift: float = 0.0,
+) -> list[GRPOAuditRow]:
+    """``grpo_audit`` of each framework preset's whole KL configuration (``klsweep.presets``; ``all``: every
+    one): its reward mode, reward log-probs, weighting, gradient forms and clamps, at its own beta unless
+    ``beta`` is given (a schedule's first value), one row per preset and reward scaling."""
+    import dataclasses
+
+    from klsweep import presets as preset_mod
+
+    names = preset_mod.resolve(presets)
+    configs = [preset_mod.kl_config(n) for n in names]
+    probe = dict(locals())
+    probe |= {"beta": 0.1 if beta is None else beta, "reward_mode": "all", "reward_logp": None}
+    probe |= {"importance": None, "importance_cap": 0.0}
+    _validate_grpo(probe)
+    beta_zero = [n for n, c in zip(names, configs, strict=True) if beta is None and c.beta <= 0]
+    if beta_zero:
+        raise UserError(Problem("beta", f"presets {', '.join(beta_zero)} have beta 0", "give --beta > 0"))
+    configs = [c if beta is None else dataclasses.replace(c, beta=beta) for c in configs]
+    off_policy = behavior_shift > 0
+    policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
+    g_reverse, g_forward = exact_kl_gradients(policy)
+    jac = policy.token_logp_jacobian()
+    reward = task_reward_table(len(policy.seqs), seed)
+    pi_probs = policy.token_logp(policy.theta).sum(-1).exp()
+    probs = policy.token_logp(policy.behavior).sum(-1).exp()
+    rows = []
+    for scaling in grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,):
+        n_groups = groups if scaling == "batch" else 1
+        seqs, p = enumerate_steps(probs, group_size, n_groups)
+        unit = _unit(
+            policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac
+        )
+        gradient = functools.partial(
+            grpo_gradients,
+            policy,
+            reward,
+            seqs,
+            group_size=group_size,
+            scale_rewards=scaling,
+            loss_type=loss_type,
+            weights=p,
+            jac=jac,
+            off_policy=off_policy,
+        )
+        g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
+        for name, c in zip(names, configs, strict=True):
+            values = _effective(((gradient(c) - g_zero) / c.beta) / unit, g_reverse, g_forward)
+            rows.append(
+                GRPOAuditRow(
+                    estimator=c.estimator,
+                    placement=c.placement,
+                    level=c.level,
+                    reward_mode=c.reward_mode,
+                    scale_rewards=scaling,
+                    loss_type=loss_type,
+                    group_size=group_size,
+                    groups=n_groups,
+                    beta=float(c.beta),
+                    behavior_shift=float(behavior_shift),
+                    reward_logp=c.reward_logp,
+                    importance=c.importance,
+                    importance_cap=c.importance_cap,
+                    **values,
+                    verdict=_grpo_verdict(values),
+                    preset=name,
+                )
+            )
     return rows
 
 

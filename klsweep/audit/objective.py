@@ -385,23 +385,57 @@ def grpo_preset_audit(
     loss_type: str = "dapo",
     behavior_shift: float = 0.0,
 ) -> list[GRPOAuditRow]:
-    """``grpo_audit`` of each framework preset's whole KL configuration (``klsweep.presets``; ``all``: every
-    one): its reward mode, reward log-probs, weighting, gradient forms and clamps, at its own beta unless
-    ``beta`` is given (a schedule's first value), one row per preset and reward scaling."""
+    """``grpo_config_audit`` of each framework preset's whole KL configuration (``klsweep.presets``; ``all``:
+    every one), at its own beta unless ``beta`` is given (a schedule's first value)."""
     import dataclasses
 
     from klsweep import presets as preset_mod
 
     names = preset_mod.resolve(presets)
     configs = [preset_mod.kl_config(n) for n in names]
+    if beta is not None:
+        configs = [dataclasses.replace(c, beta=beta) for c in configs]
+    return grpo_config_audit(
+        list(zip(names, configs, strict=True)),
+        vocab=vocab,
+        length=length,
+        group_size=group_size,
+        groups=groups,
+        seed=seed,
+        ref_distance=ref_distance,
+        scale_rewards=scale_rewards,
+        loss_type=loss_type,
+        behavior_shift=behavior_shift,
+    )
+
+
+def grpo_config_audit(
+    configs: list[tuple[str, kl.KLConfig]],
+    vocab: int = 3,
+    length: int = 2,
+    group_size: int = 4,
+    groups: int = 2,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    scale_rewards: str = "group",
+    loss_type: str = "dapo",
+    behavior_shift: float = 0.0,
+) -> list[GRPOAuditRow]:
+    """``grpo_audit`` of whole KL configurations, each labelled (a preset's name, or ""): its reward mode,
+    reward log-probs, weighting, gradient forms and clamps, at its own beta (a schedule's first value); one
+    row per configuration and reward scaling. The report audits a run that uses the frameworks' forms with it."""
     probe = dict(locals())
-    probe |= {"beta": 0.1 if beta is None else beta, "reward_mode": "all", "reward_logp": None}
-    probe |= {"importance": None, "importance_cap": 0.0}
+    probe |= {
+        "beta": 0.1,
+        "reward_mode": "all",
+        "reward_logp": None,
+        "importance": None,
+        "importance_cap": 0.0,
+    }
     _validate_grpo(probe)
-    beta_zero = [n for n, c in zip(names, configs, strict=True) if beta is None and c.beta <= 0]
-    if beta_zero:
-        raise UserError(Problem("beta", f"presets {', '.join(beta_zero)} have beta 0", "give --beta > 0"))
-    configs = [c if beta is None else dataclasses.replace(c, beta=beta) for c in configs]
+    zero = [name or repr(c) for name, c in configs if c.beta <= 0]
+    if zero:
+        raise UserError(Problem("beta", f"{', '.join(zero)}: beta 0", "a configuration with beta > 0"))
     off_policy = behavior_shift > 0
     policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
     g_reverse, g_forward = exact_kl_gradients(policy)
@@ -429,7 +463,7 @@ def grpo_preset_audit(
             off_policy=off_policy,
         )
         g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
-        for name, c in zip(names, configs, strict=True):
+        for name, c in configs:
             values = _effective(((gradient(c) - g_zero) / c.beta) / unit, g_reverse, g_forward)
             rows.append(
                 GRPOAuditRow(

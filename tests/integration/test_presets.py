@@ -107,3 +107,31 @@ def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  
         if config.beta_final is not None:
             betas = [r["kl/beta"] for r in rows]
             assert betas[0] == pytest.approx(config.beta) and betas[-1] < betas[0]
+
+
+def test_report_audit_table_names_presets_and_audits_their_forms():
+    """The report's audit table: a run with the trl preset's configuration is labelled `trl` and audited with
+    its weight's gradient (the preset audit's numbers), in a row apart from the same settings with a detached
+    weight (no preset); k1 in the reward at beta 0.1 is the paper's preset, audited as before."""
+    import dataclasses
+
+    import pandas as pd
+    from test_report import audit_run
+
+    from klsweep import audit
+    from klsweep.report.audit_table import audit_table
+
+    trl = {f"kl.{k}": v for k, v in dataclasses.asdict(presets.kl_config("trl")).items()}
+    detached = trl | {"kl.importance_gradient": False}
+    runs = pd.DataFrame([audit_run(0, **trl), audit_run(1, **detached), audit_run(2), audit_run(3, **trl)])
+    table = audit_table(runs)
+    assert list(table.columns[:2]) == ["preset", "estimator"]
+    by = {(r["preset"], r["KL form"]): r for _, r in table.iterrows()}
+    trl_row = by["trl", "importance_gradient=True"]
+    assert trl_row["runs"] == 2
+    expected = audit.grpo_preset_audit(["trl"])[0]
+    assert trl_row["effective scale"] == pytest.approx(expected.effective_scale, rel=1e-9)
+    assert by["paper", "—"]["verdict"] == "exact"  # noqa: RUF001 (k1 in the reward at beta 0.1: the paper's)
+    detached_row = by["—", "—"]  # noqa: RUF001 (the report's dash: no preset, klsweep's own forms)
+    assert detached_row["estimator"] == "k3" and detached_row["runs"] == 1
+    assert detached_row["effective scale"] != pytest.approx(expected.effective_scale, rel=1e-3)

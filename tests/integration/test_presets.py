@@ -71,8 +71,8 @@ def test_trl_preset_trains_what_trl_trains(model_dir, dataset, tmp_path, preset,
 
 
 def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  # noqa: F811
-    """A grid of every preset on-policy, and of the importance-weighted ones at a lag of one step: each run
-    trains to the end with finite KL metrics; clamping presets log ``kl/clamped`` in [0, 1], the PipelineRL
+    """A grid of every preset on-policy, of the importance-weighted ones at a lag of one step, and verl's abs
+    estimator: each run trains to the end with finite KL metrics; clamping presets log ``kl/clamped`` in [0, 1], the PipelineRL
     preset its decaying ``kl/beta``."""
     from klsweep import job, store, tasks
     from klsweep.config import write_run
@@ -88,9 +88,10 @@ def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  
     lines += [f"  {k}: {v}" for k, v in base.items()] + [f"  model.path: {model_dir}"]
     lines += ["grid:", f"  - {{preset: [{', '.join(names)}], offpolicy.lag: 0}}"]
     lines += [f"  - {{preset: [{', '.join(weighted)}], offpolicy.lag: 1}}"]
+    lines += ["  - {preset: verl, kl.estimator: abs, offpolicy.lag: 0}"]  # verl's abs
     grid.write_text("\n".join(lines) + "\n")
     plan = load_plan(grid, out=tmp_path / "results")
-    assert len(plan.runs) == len(names) + len(weighted)
+    assert len(plan.runs) == len(names) + len(weighted) + 1
     for run in plan.runs:
         write_run(run.run_dir, run.config)
         status = job.train_run(run.run_dir)

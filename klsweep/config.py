@@ -373,18 +373,24 @@ class RunConfig:
     wandb: WandbSection = section(WandbSection)
 
 
-# Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
-# config.yaml that lacks one is read with this value (``load_run``), not with today's default.
-LEGACY_VALUES: dict[str, Any] = {
-    "kl.reward_mode": "shaped",
-    "kl.reward_logp": "behavior",
-    "kl.importance_cap": 0.0,
+# The frameworks' KL forms (klsweep.kl; docs/KL.md, "What each framework's KL does") at their defaults, which
+# are klsweep's own computation: runs before them trained with these values, and their ids leave them out.
+KL_FORMS: dict[str, Any] = {
     "kl.importance_gradient": False,
     "kl.straight_through": False,
     "kl.unbiased_gradient": False,
     "kl.log_ratio_clamp": 0.0,
     "kl.value_clamp": 0.0,
     "kl.beta_final": None,
+}
+
+# Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
+# config.yaml that lacks one is read with this value (``load_run``), not with today's default.
+LEGACY_VALUES: dict[str, Any] = {
+    "kl.reward_mode": "shaped",
+    "kl.reward_logp": "behavior",
+    "kl.importance_cap": 0.0,
+    **KL_FORMS,
     "train.trl": {},
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
@@ -394,12 +400,7 @@ LEGACY_VALUES: dict[str, Any] = {
 ID_OMITTED_AT: dict[str, Any] = {
     "train.trl": {},
     "kl.importance_cap": 0.0,
-    "kl.importance_gradient": False,
-    "kl.straight_through": False,
-    "kl.unbiased_gradient": False,
-    "kl.log_ratio_clamp": 0.0,
-    "kl.value_clamp": 0.0,
-    "kl.beta_final": None,
+    **KL_FORMS,
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
@@ -451,11 +452,7 @@ KL_ONLY_KEYS: tuple[str, ...] = (
     "kl.importance_cap",
     "kl.reward_mode",
     "kl.reward_logp",
-    "kl.importance_gradient",
-    "kl.straight_through",
-    "kl.unbiased_gradient",
-    "kl.log_ratio_clamp",
-    "kl.value_clamp",
+    *(key for key in KL_FORMS if key != "kl.beta_final"),  # beta_final > 0 is a KL (kl_off_hashed_at)
 )
 
 

@@ -7,7 +7,7 @@ several iterations) the off-policy audit (behaviour shift ``OFF_POLICY_SHIFT``) 
 cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process.
 
 A run whose KL configuration is a framework preset's (``klsweep.presets.name_of``) is labelled with its name
-(a ``preset`` column, when one is). A run that uses one of the frameworks' KL forms (``FORMS``: a weight that
+(a ``preset`` column, when one is). A run that uses one of the frameworks' KL forms (``KL_FORMS``: a weight that
 keeps its gradient, straight-through, clamps ...) is audited with its whole configuration
 (``klsweep.audit.grpo_config_audit``), in a row of its own."""
 
@@ -17,7 +17,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from klsweep.config import NO_KL
+from klsweep.config import KL_FORMS, NO_KL
 from klsweep.report.tables import DASH, sort_key
 
 if TYPE_CHECKING:
@@ -40,16 +40,8 @@ SETTINGS = {
 }
 
 
-# The frameworks' KL forms (klsweep.kl) and their defaults: a run that sets one, or weighs with one of the
-# frameworks' weightings (FORM_WEIGHTS), is audited with its whole KL configuration, in a row of its own.
-FORMS: dict[str, Any] = {
-    "kl.importance_gradient": False,
-    "kl.straight_through": False,
-    "kl.unbiased_gradient": False,
-    "kl.log_ratio_clamp": 0.0,
-    "kl.value_clamp": 0.0,
-    "kl.beta_final": None,
-}
+# A run that sets one of the frameworks' KL forms away from its default (config.KL_FORMS), or weighs with one of
+# the frameworks' weightings, is audited with its whole KL configuration, in a row of its own.
 FORM_WEIGHTS = ("sequence_mean", "self")
 
 
@@ -162,7 +154,7 @@ def _form(config: Any) -> str:
         return DASH
     used = [
         f"{key[3:]}={getattr(config, key[3:])}"
-        for key, default in FORMS.items()
+        for key, default in KL_FORMS.items()
         if getattr(config, key[3:]) != default
     ]
     if config.importance in FORM_WEIGHTS:

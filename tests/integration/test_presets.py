@@ -20,6 +20,7 @@ from test_trainer import (  # tests/integration is on sys.path under pytest
     loss_and_grads,
     make_trainer,
     model_dir,  # noqa: F401 (a fixture)
+    perturb_alike,
 )
 
 from klsweep import presets
@@ -43,11 +44,7 @@ def test_trl_preset_trains_what_trl_trains(model_dir, dataset, tmp_path, preset,
     trl = make_trainer(model_dir, dataset, tmp_path / "trl", None, beta=config.beta, **options)
     assert trl.args.use_bias_correction_kl  # TRL's default
     ours = make_trainer(model_dir, dataset, tmp_path / "ours", config, **options)
-    with torch.no_grad():  # the policy away from the reference, identically in both: a KL that is not zero
-        for a, b in zip(trl.model.parameters(), ours.model.parameters(), strict=True):
-            noise = 0.05 * torch.randn_like(a)
-            a.add_(noise)
-            b.add_(noise)
+    perturb_alike(trl.model, ours.model)
     inputs_trl, inputs_ours = generate(trl, dataset), generate(ours, dataset)
     assert torch.equal(inputs_trl["completion_ids"], inputs_ours["completion_ids"])
     if stale:

@@ -125,12 +125,33 @@ def audit_command(
         str | None, typer.Option(help="--grpo: separate | shaped | all [default: all]")
     ] = None,
     loss_type: Annotated[str | None, typer.Option(help="--grpo: a TRL loss type [default: dapo]")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="audit framework presets' whole KL configurations instead (klsweep/conf/preset/): NAME, "
+            "NAME,NAME or all; with --grpo at the preset's beta unless --beta"
+        ),
+    ] = None,
+    estimator: Annotated[
+        str | None, typer.Option(help="show only this estimator's rows: k1 | k2 | k3 | abs")
+    ] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="show only this placement's rows: reward | loss | both")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as a JSON list")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print the rows as CSV")] = False,
 ) -> None:
     """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
-    with --grpo, the exact expected update of the trainer's whole GRPO objective."""
-    from klsweep import audit
+    with --grpo, the exact expected update of the trainer's whole GRPO objective; with --preset, of a
+    framework's configuration.
+
+    Columns: err rev / err fwd (rel_err_reverse, rel_err_forward): |E g - grad KL| / |grad KL| against the
+    reverse KL(pi||ref) and forward KL(ref||pi) gradients; |E g| (rel_norm): the expected gradient's norm over
+    the reverse-KL gradient's; variance: the trace of the per-sample gradient's covariance. --grpo: scale
+    (effective_scale): the effective KL gradient per unit beta projected on grad KL(pi||ref), 1 when beta
+    means what it says; cos rev / cos fwd: its cosines with the two KL gradients. docs/KL.md explains the
+    verdicts."""
+    from klsweep import audit, presets
     from klsweep.console import print_audit
     from klsweep.errors import Problem
 
@@ -153,15 +174,48 @@ def audit_command(
     if given and not grpo:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         problems.append(Problem(flags, "given without --grpo", "add --grpo"))
+    set_by_preset = {"importance": importance} | {
+        k: given.get(k) for k in ("reward_mode", "reward_logp", "importance_cap")
+    }
+    if preset is not None and any(v is not None for v in set_by_preset.values()):
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k, v in set_by_preset.items() if v is not None)
+        problems.append(Problem(flags, "given with --preset, which sets them", "leave them out"))
+    names = [n.strip() for n in preset.split(",")] if preset is not None else []
+    for check in (lambda: audit.select([], estimator, placement), lambda: presets.resolve(names)):
+        try:
+            check()
+        except UserError as e:
+            problems.extend(e.problems)
     if problems:
         raise UserError(problems)
-    if grpo:
+    if preset is not None:
+        keep = {
+            k: given[k] for k in ("group_size", "groups", "beta", "scale_rewards", "loss_type") if k in given
+        }
+        if grpo:
+            length = 2 if length is None else length
+            rows = audit.grpo_preset_audit(
+                names,
+                vocab,
+                length,
+                seed=seed,
+                ref_distance=ref_distance,
+                behavior_shift=behavior_shift,
+                **keep,
+            )
+        else:
+            length = 3 if length is None else length
+            rows = audit.preset_audit(names, vocab, length, seed, ref_distance, behavior_shift)
+    elif grpo:
         length = 2 if length is None else length
         rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **given)
     else:
         length = 3 if length is None else length
         importance = "none" if importance is None else importance
         rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
+    rows = audit.select(rows, estimator, placement)
+    if not rows:
+        raise UserError(Problem("--estimator, --placement", "no audited row has them", "another filter"))
     fmt = "json" if as_json else "csv" if as_csv else "table"
     print_audit(_console(), rows, fmt, vocab, length, seed, ref_distance)
 

@@ -444,27 +444,29 @@ VERDICT_STYLES = {
 
 
 def audit_tables(rows: list[AuditRow], title: str = "") -> list:
-    """The rows as rich Tables, one per importance weighting, the verdict coloured. Errors are relative to the
-    exact gradient of the reverse (``err rev``) and forward (``err fwd``) KL; ``|E g|`` is the expected
-    gradient's norm relative to the reverse-KL gradient's."""
+    """The rows as rich Tables, one per importance weighting (preset rows: one table, a ``preset`` column
+    first), the verdict coloured. Errors are relative to the exact gradient of the reverse (``err rev``) and
+    forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's."""
     from rich import box
     from rich.table import Table
 
     off_policy = any(r.behavior_shift > 0 for r in rows)
+    presets = any(r.preset for r in rows)
     out = []
-    for importance in dict.fromkeys(r.importance for r in rows):
-        full_title = f"{title}, importance weights: {importance}" if off_policy else title
+    for importance in ("",) if presets else dict.fromkeys(r.importance for r in rows):
+        full_title = f"{title}, importance weights: {importance}" if off_policy and not presets else title
         t = Table(title=full_title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-        for name in ("est", "placement", "level"):
-            t.add_column(name)
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
+            t.add_column(name, no_wrap=True)
         for name in ("err rev", "err fwd", "|E g|", "variance"):
             t.add_column(name, justify="right")
         t.add_column("verdict", no_wrap=True)
         for r in rows:
-            if r.importance == importance:
+            if presets or r.importance == importance:
                 values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
                 verdict = f"[{VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
-                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
         out.append(t)
     return out
 
@@ -491,12 +493,16 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
 
     out = []
 
+    presets = any(r.preset for r in rows)
+
     def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
+        if presets:
+            return ("", r.scale_rewards)
         sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
         return (r.reward_mode, r.scale_rewards, *sampling)
 
     for key in dict.fromkeys(map(table_of, rows)):
-        title = f"reward_mode {key[0]}, scale_rewards {key[1]}"
+        title = f"reward_mode {key[0]}, scale_rewards {key[1]}" if key[0] else f"scale_rewards {key[1]}"
         if len(key) > 2:
             title += f",\nreward_logp {key[2]}, importance {key[3]}"
         t = Table(
@@ -505,7 +511,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
             padding=0,
             pad_edge=False,
         )
-        for name in ("est", "placement", "level"):
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
             t.add_column(name, no_wrap=True)
         for name in ("scale", "cos rev", "cos fwd", "err rev"):
             t.add_column(name, justify="right", no_wrap=True)
@@ -514,7 +520,8 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
             if table_of(r) == key:
                 verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
                 numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
-                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
         out.append(t)
     return out
 

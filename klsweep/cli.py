@@ -422,15 +422,20 @@ def eval_command(
     target: Annotated[
         str, typer.Argument(help="a sweep folder (or its name under results/), or one run folder")
     ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="eval.KEY=VALUE changes to the eval settings (eval.limit=150)")
+    ] = None,
     suite: Annotated[
-        str | None, typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own)")
+        str | None,
+        typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own, as their grid set it)"),
     ] = None,
     backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
     cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",
     checkpoints: Annotated[str, typer.Option(help="last | all")] = "last",
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
-    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
+    settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
     from rich.markup import escape
 
     from klsweep.submit import submit_eval
@@ -441,11 +446,13 @@ def eval_command(
         from klsweep.submit.evals import check_target, eval_request
 
         check_target(path)  # a folder it cannot write to is said first
-        require_cached_for_eval(eval_request(path, suite, backend, checkpoints), path)
+        require_cached_for_eval(eval_request(path, suite, backend, checkpoints, overrides or []), path)
     outcome = submit_eval(
-        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
-    )
+        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
+        overrides=overrides or [],
+    )  # fmt: skip
     console = _console()
+    console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
     for job in outcome.jobs:

@@ -623,6 +623,8 @@ def print_report(console: Console, err: Console, report: Report, tables: bool = 
     there yet, what it set aside and its warnings (on ``err``), the files written and its W&B run."""
     if tables:
         print_report_tables(console, report)
+    if report.eval_note:
+        print_warning(err, report.eval_note, "eval")
     for line in report.missing:
         print_warning(err, line, "missing")
     for line in report.set_aside:

@@ -64,7 +64,9 @@ def _summary(report: Report) -> list[str]:
         "Configuration axes: "
         + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")
         + ".",
-        f"Eval hash: {report.eval_hash or 'none yet'}; in-domain: {visible(', '.join(report.in_domain)) or DASH}; "
+        f"Eval: {visible(report.eval_label)}"
+        + (f" ({visible(report.eval_note)})" if report.eval_note else "")
+        + f"; in-domain: {visible(', '.join(report.in_domain)) or DASH}; "
         f"out of domain: {visible(', '.join(report.ood)) or DASH}.",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `klsweep report`.",
     ]

@@ -42,7 +42,7 @@ def row(df, **axes):
 
 def test_axes_hash_and_runs(rep):
     assert rep.axes == ["kl.estimator", "kl.placement"]  # seed and cosmetic keys are not axes
-    assert rep.eval_hash == "c0ffee1234"  # the newest hash present
+    assert rep.eval_hash == "c0ffee1234"  # the runs' grid's eval (its settings), not merely the newest
     assert rep.in_domain == ["tiny_add"] and rep.ood == ["tiny_mul", "tiny_sub"]
     assert len(rep.runs) == 8  # every run folder, whatever its state: none dropped
     assert sorted(rep.runs["state"]) == sorted(
@@ -346,6 +346,45 @@ def test_older_eval_hash_on_request(tmp_path):
         rp.build_report(FIXTURE, tmp_path, eval_hash="nope")
 
 
+GRID_SETTINGS = json.loads((FIXTURE / "a1-k1rew-s0/eval/c0ffee1234/checkpoint-40/results.json").read_text())[
+    "settings"
+]
+GRID_HASH = __import__("klsweep.evaluate", fromlist=["eval_hash"]).eval_hash(GRID_SETTINGS)
+
+
+def test_report_names_its_eval_everywhere(rep):
+    """Which eval the numbers are (suite, problems per task, hash) is said in the terminal's table, report.md,
+    report.html, the LaTeX caption and the eval figure's axis; the other eval present is named, not used."""
+    from klsweep.report import rich_tables
+
+    label = "suite tiny, all problems per task, eval c0ffee1234"
+    assert rep.eval_label == label
+    assert "0ld0ld0ld0" in rep.eval_note and "--eval-hash" in rep.eval_note
+    for name in ("report.md", "report.html", "main.tex"):
+        assert label in " ".join((rep.out_dir / name).read_text().split()), name
+    assert label in str(rich_tables(rep, width=200)[0].caption)
+
+
+def test_newest_eval_is_not_taken_for_the_grids(tmp_path):
+    """An eval made later with other settings (the README's `klsweep eval --suite tiny` scored the suite file's
+    64 problems where the grid said 100) does not replace the grid's in the report: it is named beside it."""
+    sweep = tmp_path / "s"
+    shutil.copytree(FIXTURE, sweep)
+    for p in sweep.glob("*/eval/0ld0ld0ld0/*/results.json"):
+        res = json.loads(p.read_text())
+        p.write_text(json.dumps({**res, "created_at": 9e9}))  # the newest now
+    r = rp.build_report(sweep, tmp_path / "out", formats=("md",))
+    assert r.eval_hash == "c0ffee1234"
+    assert row(r.main, estimator="k1", placement="reward")["tiny_add"] == pytest.approx(0.7)
+    # the runs hold only the other eval: no scores from it, said, with the flag that shows it
+    for d in sweep.glob("*/eval/c0ffee1234"):
+        shutil.rmtree(d)
+    r = rp.build_report(sweep, tmp_path / "out", formats=("md",))
+    assert r.eval_hash == GRID_HASH and (r.main["evaluated"] == 0).all()
+    assert "0ld0ld0ld0 (suite ?, 20 problems per task, eval 0ld0ld0ld0, 1 runs)" in r.eval_note
+    assert "no run has been scored with the grid's eval yet" in r.eval_note
+
+
 def test_runs_table_names_the_checkpoint_scored_and_a_diverged_one(tmp_path):
     """A diverged run is scored on the checkpoint it diverged at (klsweep.job saves and marks it): the runs
     table says which checkpoint each run's numbers come from, and that this one is the diverged state."""
@@ -373,7 +412,8 @@ def test_sweep_with_no_eval_and_no_metrics_yet(tmp_path):
     for d in [*sweep.glob("*/eval"), sweep / "baseline"]:
         shutil.rmtree(d)
     r = rp.build_report(sweep, formats=("md", "latex", "html"))
-    assert r.out_dir == sweep / "report" and r.eval_hash is None
+    assert r.out_dir == sweep / "report" and r.eval_hash == GRID_HASH  # named, nothing scored with it yet
+    assert "no run has been scored with the grid's eval yet" in r.eval_note
     assert (r.main["evaluated"] == 0).all()
     md = (sweep / "report" / "report.md").read_text()
     assert "| k1 | reward | 1 running, 2 done | 0/3 | — |" in md

@@ -212,20 +212,13 @@ def plan_command(
         console.print_time(out, summary, width=width)
 
 
-def _fetch_command(grid: Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
-    import shlex
-
-    where = [] if Path(out) == Path("results") else ["--out", str(out)]  # the runs' recorded commits
-    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
-
-
 def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
     """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
     commits their folders recorded."""
-    from klsweep.fetch import recorded_revisions, require_cached
+    from klsweep.fetch import fetch_command, recorded_revisions, require_cached
 
     configs = recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
-    require_cached(configs, _fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
+    require_cached(configs, fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
 # --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
@@ -284,8 +277,15 @@ def rehearse_command(
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
-    report; exit 1 unless every stage passed."""
-    from klsweep.console import rehearsal_engines, rehearsal_notes, rehearsal_table, table_width
+    report; then what the real run needs that is missing here. Exit 1 unless every stage passed and
+    `klsweep run` of the grid would not refuse here."""
+    from klsweep.console import (
+        rehearsal_engines,
+        rehearsal_notes,
+        rehearsal_table,
+        rehearsal_verdict,
+        table_width,
+    )
     from klsweep.errors import Problem
     from klsweep.rehearse import rehearse, rehearse_on_slurm
 
@@ -304,8 +304,8 @@ def rehearse_command(
     console.print(rehearsal_engines(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"{result.folder}: {'passed' if result.passed else 'FAILED'}", highlight=False)
-    if not result.passed:
+    console.print(rehearsal_verdict(result), highlight=False, markup=False, soft_wrap=True)
+    if not result.ready:
         raise typer.Exit(1)
 
 

@@ -29,7 +29,7 @@ from klsweep.report.engine import attach_engine_agreement
 from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
-from klsweep.report.render import FORMATS, WRITERS
+from klsweep.report.render import FORMATS, VECTOR_FORMATS, WRITERS
 from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
@@ -127,7 +127,7 @@ def build_report(
     figures = None
     try:
         out.mkdir(parents=True, exist_ok=True)
-        figures = draw_figures(report, metrics, out)
+        figures = draw_figures(report, metrics, out, vector=any(f in VECTOR_FORMATS for f in formats))
         if on_tables is not None:
             on_tables(report)
         written = {

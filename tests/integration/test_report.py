@@ -568,17 +568,19 @@ def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
     def stamps() -> dict[str, int]:
         return {p.name: p.stat().st_mtime_ns for p in sorted(out.glob("*.p[nd][gf]"))}
 
-    rp.build_report(sweep, out, formats=("csv",))
+    rp.build_report(sweep, out, formats=("md",))  # the default: PNG, no PDF copies
+    assert set(stamps()) == {"curves.png", "eval_bars.png"}
+    rp.build_report(sweep, out, formats=("csv", "latex"))  # a paper's: the PDF copies too
     first = stamps()
     assert set(first) == {"curves.png", "curves.pdf", "eval_bars.png", "eval_bars.pdf"}
-    rp.build_report(sweep, out, formats=("csv",))
+    rp.build_report(sweep, out, formats=("csv", "pdf"))
     assert stamps() == first  # nothing changed: nothing redrawn
-    rp.build_report(sweep, out, formats=("csv",), window=3)  # other smoothing: other curves, same bars
+    rp.build_report(sweep, out, formats=("pdf",), window=3)  # other smoothing: other curves, same bars
     again = stamps()
     assert again["curves.png"] != first["curves.png"] and again["curves.pdf"] != first["curves.pdf"]
     assert again["eval_bars.png"] == first["eval_bars.png"]
     (out / "eval_bars.pdf").unlink()  # a figure's file gone: drawn again
-    rp.build_report(sweep, out, formats=("csv",), window=3)
+    rp.build_report(sweep, out, formats=("pdf",), window=3)
     assert (out / "eval_bars.pdf").exists() and stamps()["eval_bars.png"] != first["eval_bars.png"]
 
 

@@ -304,7 +304,7 @@ def rehearse_command(
     console.print(rehearsal_engines(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(rehearsal_verdict(result), highlight=False, markup=False, soft_wrap=True)
+    console.print(rehearsal_verdict(result), highlight=False, markup=False)  # wrapped at the terminal
     if not result.ready:
         raise typer.Exit(1)
 

@@ -86,12 +86,14 @@ def choose_eval(
         settings = present[asked].settings if asked in present else {}
         label = eval_label(settings, asked) if settings else f"eval {asked}"
         return EvalChoice(
-            asked, label, " ".join(filter(None, ["asked for (--eval-hash);", _others(present, asked, sweep)]))
+            asked,
+            label,
+            "; ".join(filter(None, ["the one --eval-hash asks for", _others(present, asked, sweep)])),
         )
     if len(grid) == 1:
         want = _norm(grid[0])
         current = eval_hash(grid[0])
-        matching = [h for h in present if _norm(present[h].settings) == want]
+        matching = [h for h in present if h == current or _norm(present[h].settings) == want]
         if not matching:
             note = f"no run has been scored with the grid's eval yet (`klsweep eval {sweep}` scores them)"
             return EvalChoice(

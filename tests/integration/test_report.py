@@ -458,8 +458,8 @@ def test_bad_input_is_a_user_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="has no runs"):
         rp.build_report(tmp_path / "empty")
-    with pytest.raises(UserError, match="pdf"):
-        rp.build_report(FIXTURE, tmp_path / "out", formats=("md", "pdf"))
+    with pytest.raises(UserError, match="svg"):  # pdf is a format now (the figures' vector copies)
+        rp.build_report(FIXTURE, tmp_path / "out", formats=("md", "svg"))
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

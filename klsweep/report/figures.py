@@ -243,7 +243,6 @@ KL_CURVES = ("kl_k1", "kl_k3")  # drawn on a log scale: one spike must not flatt
 FONT = 9  # points: legend, tick and facet labels, readable at 100% zoom of the 100-dpi PNG
 
 
-@_plain_text
 def plot_curves(report: Report, metrics: pd.DataFrame, path: Path, vector: bool = True) -> list[Path]:
     """The training curves as small multiples (see the module docstring); the PNG, and its PDF when
     ``vector``."""
@@ -258,8 +257,22 @@ def plot_curves(report: Report, metrics: pd.DataFrame, path: Path, vector: bool 
         shown,
         report.window,
     )
-    if _unchanged(path, digest, vector):
+    if _unchanged(path, digest, vector):  # before matplotlib is imported: a warm report never imports it
         return _paths(path, vector)
+    return _draw_curves(report, metrics, path, vector, digest, configs, shown, cols)
+
+
+@_plain_text
+def _draw_curves(
+    report: Report,
+    metrics: pd.DataFrame,
+    path: Path,
+    vector: bool,
+    digest: str,
+    configs: pd.DataFrame,
+    shown: list[str],
+    cols: list[str],
+) -> list[Path]:
     import numpy as np
     from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
@@ -475,11 +488,9 @@ def clipped_errors(mean: Any, half: Any) -> Any:
     return np.vstack([np.clip(np.minimum(h, m), 0, None), np.clip(np.minimum(h, 1 - m), 0, None)])
 
 
-@_plain_text
 def plot_eval(report: Report, path: Path, vector: bool = True) -> list[Path]:
     """In-domain and OOD averages per configuration (mean ± t-based 95% CI over seeds, clipped to [0, 1]) as
     horizontal bars, one group of two per configuration, labelled in words; the step-0 baseline dashed."""
-    import numpy as np
 
     df = report.main
     n = len(df)
@@ -495,8 +506,16 @@ def plot_eval(report: Report, path: Path, vector: bool = True) -> list[Path]:
     digest = _digest(
         df[[*cfg_cols, ID_AVG, OOD_AVG, *cis]], base[["model.name", ID_AVG, OOD_AVG]], report.eval_label
     )
-    if _unchanged(path, digest, vector):
+    if _unchanged(path, digest, vector):  # before matplotlib is imported
         return _paths(path, vector)
+    return _draw_eval(report, path, vector, digest, labels)
+
+
+@_plain_text
+def _draw_eval(report: Report, path: Path, vector: bool, digest: str, labels: list[str]) -> list[Path]:
+    import numpy as np
+
+    df, base, n = report.main, report.baseline, len(report.main)
     char_in = 0.075  # inches per character of a 9-pt label
     left = min(0.3 + char_in * max(map(len, labels), default=0), 6.0)
     legend_h = 0.22 * math.ceil((2 + 2 * len(base)) / 2) + 0.25

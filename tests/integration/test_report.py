@@ -693,3 +693,20 @@ def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, caps
     assert "no metrics yet" in flat and "no run scored yet" in flat
     md = (sweep / "report" / "report.md").read_text()
     assert "## Not there yet" in md and "3 of 3 run(s) not finished" in md
+
+
+def test_a_warm_report_does_not_import_matplotlib(tmp_path):
+    """Figures whose inputs did not change are not redrawn, and matplotlib (a quarter of a second to import, in
+    each figure's process) is not even imported: the unchanged check comes first."""
+    script = (
+        "import sys; from klsweep.report import background, build_report; "
+        "background.usable_cores = lambda: 1; "  # the figures in this process, where sys.modules shows them
+        f"build_report({str(FIXTURE)!r}, {str(tmp_path / 'out')!r}); "
+        "print('matplotlib' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+        for _ in (0, 1)
+    ]
+    assert [r.stdout.split()[-1] for r in runs] == ["True", "False"], [r.stderr[-2000:] for r in runs]

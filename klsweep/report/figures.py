@@ -517,7 +517,7 @@ def _draw_eval(report: Report, path: Path, vector: bool, digest: str, labels: li
 
     df, base, n = report.main, report.baseline, len(report.main)
     char_in = 0.075  # inches per character of a 9-pt label
-    left = min(0.3 + char_in * max(map(len, labels), default=0), 6.0)
+    left = 0.3 + char_in * max(map(len, labels), default=0)  # every label whole, however long
     legend_h = 0.22 * math.ceil((2 + 2 * len(base)) / 2) + 0.25
     bottom = 0.6  # the tick labels and the x label (which eval)
     per_config = 0.36  # two bars of 9-pt height and a gap

@@ -384,7 +384,7 @@ def report_command(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
     eval_hash: Annotated[
-        str | None, typer.Option(help="the eval settings to report (default: the newest present)")
+        str | None, typer.Option(help="the eval to report, by hash (default: the one the runs' grid names)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
     wandb: Annotated[

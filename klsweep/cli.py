@@ -380,7 +380,11 @@ def report_command(
     sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
     fmt: Annotated[
         list[str] | None,
-        typer.Option("--format", "-f", help="md | csv | latex | html; repeat or comma-separate for several"),
+        typer.Option(
+            "--format",
+            "-f",
+            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or comma-separate",
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
     eval_hash: Annotated[

@@ -266,20 +266,13 @@ def plan_command(
         console.print_time(out, summary, width=width)
 
 
-def _fetch_command(grid: Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
-    import shlex
-
-    where = [] if Path(out) == Path("results") else ["--out", str(out)]  # the runs' recorded commits
-    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
-
-
 def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
     """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
     commits their folders recorded."""
-    from klsweep.fetch import recorded_revisions, require_cached
+    from klsweep.fetch import fetch_command, recorded_revisions, require_cached
 
     configs = recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
-    require_cached(configs, _fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
+    require_cached(configs, fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
 # --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
@@ -338,8 +331,15 @@ def rehearse_command(
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
-    report; exit 1 unless every stage passed."""
-    from klsweep.console import rehearsal_engines, rehearsal_notes, rehearsal_table, table_width
+    report; then what the real run needs that is missing here. Exit 1 unless every stage passed and
+    `klsweep run` of the grid would not refuse here."""
+    from klsweep.console import (
+        rehearsal_engines,
+        rehearsal_notes,
+        rehearsal_table,
+        rehearsal_verdict,
+        table_width,
+    )
     from klsweep.errors import Problem
     from klsweep.rehearse import rehearse, rehearse_on_slurm
 
@@ -358,8 +358,8 @@ def rehearse_command(
     console.print(rehearsal_engines(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"{result.folder}: {'passed' if result.passed else 'FAILED'}", highlight=False)
-    if not result.passed:
+    console.print(rehearsal_verdict(result), highlight=False, markup=False)  # wrapped at the terminal
+    if not result.ready:
         raise typer.Exit(1)
 
 
@@ -434,11 +434,15 @@ def report_command(
     sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
     fmt: Annotated[
         list[str] | None,
-        typer.Option("--format", "-f", help="md | csv | latex | html; repeat or comma-separate for several"),
+        typer.Option(
+            "--format",
+            "-f",
+            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or comma-separate",
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
     eval_hash: Annotated[
-        str | None, typer.Option(help="the eval settings to report (default: the newest present)")
+        str | None, typer.Option(help="the eval to report, by hash (default: the one the runs' grid names)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
     wandb: Annotated[
@@ -476,15 +480,20 @@ def eval_command(
     target: Annotated[
         str, typer.Argument(help="a sweep folder (or its name under results/), or one run folder")
     ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="eval.KEY=VALUE changes to the eval settings (eval.limit=150)")
+    ] = None,
     suite: Annotated[
-        str | None, typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own)")
+        str | None,
+        typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own, as their grid set it)"),
     ] = None,
     backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
     cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",
     checkpoints: Annotated[str, typer.Option(help="last | all")] = "last",
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
 ) -> None:
-    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
+    settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
     from rich.markup import escape
 
     from klsweep.submit import submit_eval
@@ -495,11 +504,13 @@ def eval_command(
         from klsweep.submit.evals import check_target, eval_request
 
         check_target(path)  # a folder it cannot write to is said first
-        require_cached_for_eval(eval_request(path, suite, backend, checkpoints), path)
+        require_cached_for_eval(eval_request(path, suite, backend, checkpoints, overrides or []), path)
     outcome = submit_eval(
-        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
-    )
+        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
+        overrides=overrides or [],
+    )  # fmt: skip
     console = _console()
+    console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
     for job in outcome.jobs:

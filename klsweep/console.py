@@ -584,6 +584,19 @@ def rehearsal_notes(rehearsal: Rehearsal) -> list[str]:
     return lines
 
 
+def rehearsal_verdict(rehearsal: Rehearsal) -> str:
+    """``klsweep rehearse``'s last lines: the rehearsal's outcome, then what the real run would refuse or
+    lack here (``Rehearsal.findings``: exit 1) and what its jobs would download (``cautions``)."""
+    lines = [f"here: {c}" for c in rehearsal.cautions]
+    lines += rehearsal.findings
+    outcome = "passed" if rehearsal.passed else "FAILED"
+    if rehearsal.passed and rehearsal.findings:
+        outcome = (
+            f"rehearsal passed, but not the real run from here ({len(rehearsal.findings)} finding(s) above)"
+        )
+    return "\n".join([*lines, f"{rehearsal.folder}: {outcome}"])
+
+
 def print_audit(
     console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
 ) -> None:
@@ -630,6 +643,8 @@ def print_report(console: Console, err: Console, report: Report, tables: bool = 
     there yet, what it set aside and its warnings (on ``err``), the files written and its W&B run."""
     if tables:
         print_report_tables(console, report)
+    if report.eval_note:
+        print_warning(err, report.eval_note, "eval")
     for line in report.missing:
         print_warning(err, line, "missing")
     for line in report.set_aside:

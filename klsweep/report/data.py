@@ -239,11 +239,7 @@ class ConfigCache:
 
     @staticmethod
     def _key(run_dir: Path) -> list[int] | None:
-        try:
-            st = (run_dir / store.CONFIG_FILE).stat()
-        except OSError:
-            return None
-        return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        return stat_key(run_dir / store.CONFIG_FILE)
 
     def __exit__(self, *exc: object) -> None:
         readable = any(entry[2] is None for entry in self.seen.values())
@@ -251,6 +247,15 @@ class ConfigCache:
             return
         with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
             store.atomic_write_text(self.path, json.dumps({"code": self.code, "runs": self.seen}))
+
+
+def stat_key(path: Path) -> list[int] | None:
+    """What tells a cache that a file changed: its size, inode and change times (None: it cannot be stat'ed)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _entry_of(entry: Any, key: list[int]) -> bool:

@@ -19,10 +19,21 @@ from klsweep import store
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
-from klsweep.report.statistics import ALPHA, LEVEL, RULE, fragile, t_half_width, welch_summary
+from klsweep.report.statistics import (
+    ALPHA,
+    LEVEL,
+    RULE,
+    fragile,
+    problem_bootstrap,
+    problem_counts,
+    t_half_width,
+    welch_summary,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from klsweep.report.problems import Outcomes
 
 DASH = "—"
 
@@ -171,7 +182,11 @@ def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
         df[f"{c} ci"] = t_half_width(agg["std"], agg["count"])
 
 
-def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+def main_table(
+    runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str], outcomes: Outcomes | None = None
+) -> pd.DataFrame:
+    """One row per configuration: its scores over seeds (``_add_stats``), the eval's own noise, and the
+    averages' intervals from per-problem outcomes (``_add_problem_intervals``) where every run has them."""
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
@@ -179,7 +194,33 @@ def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: l
     _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
     for c in (*in_domain, ID_AVG, *ood, OOD_AVG):  # the mean per-run lm-eval stderr: the eval's own noise
         df[f"{c} {SE}"] = g[f"{c} {SE}"].mean() if f"{c} {SE}" in runs else math.nan
+    _add_problem_intervals(df, runs, outcomes or {})
     return df.reset_index(drop=True)
+
+
+CI_METHOD = "ci method"  # suffix of an average's column: how its interval was computed
+BY_PROBLEMS, BY_SEEDS = "seeds x problems", "seeds"
+
+
+def _add_problem_intervals(df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outcomes) -> None:
+    """For each average, ``<c> low`` and ``<c> high``: the bounds of its hierarchical bootstrap interval over
+    seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by every configuration)
+    where all of a configuration's runs scored have per-problem outcomes, and ``<c> ci`` then half its width;
+    ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the t-interval over seeds)."""
+    for c in (ID_AVG, OOD_AVG):
+        df[f"{c} low"], df[f"{c} high"] = math.nan, math.nan
+        df[f"{c} {CI_METHOD}"] = BY_SEEDS
+        matrix = outcomes.get(c)
+        if matrix is None:
+            continue
+        counts = problem_counts(matrix.task)
+        scored = runs[runs[c].notna()]
+        for config, names in scored.groupby("config", sort=True)["run"]:
+            if len(names) < 2 or not matrix.complete(names):
+                continue
+            _, low, high = problem_bootstrap(matrix.rows(names), matrix.task, counts=counts)
+            df.loc[config, [f"{c} low", f"{c} high", f"{c} ci"]] = low, high, (high - low) / 2
+            df.loc[config, f"{c} {CI_METHOD}"] = BY_PROBLEMS
 
 
 def _significant_best(report: Report, column: str) -> list[bool]:

@@ -119,7 +119,7 @@ def build_report(
         stability=stability_table(runs, axes),
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
-        comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
+        comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG], outcomes),
         claims=claims_table(runs, audit, tested, run_configs, claim_problems, outcomes=outcomes),
         environment=environment_table(runs),
         window=window,

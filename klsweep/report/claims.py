@@ -53,6 +53,7 @@ CLAIM_COLUMNS = [
 ]  # fmt: skip
 MISSING = "missing"
 APOSTROPHE = "'"
+PAIRED = "paired on the problems (seeds x problems)"
 
 
 def _non_kl_axes(axes: list[str]) -> list[str]:
@@ -63,14 +64,24 @@ def _is(runs: pd.DataFrame, estimator: str, placement: str) -> pd.Series:
     return kl_on(runs) & (runs["kl.estimator"] == estimator) & (runs["kl.placement"] == placement)
 
 
-def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per configuration, reference (``REFERENCES``) and metric with data on both sides."""
+def comparisons_table(
+    runs: pd.DataFrame, axes: list[str], metrics: Sequence[str], outcomes: Outcomes | None = None
+) -> pd.DataFrame:
+    """One row per configuration, reference (``REFERENCES``) and metric with data on both sides: Welch's test
+    over seeds, or, for an average whose runs on both sides all have per-problem outcomes (``outcomes``), the
+    test paired on the problems (``statistics.paired_problems``); ``test`` says which."""
     import pandas as pd
 
     shared = _non_kl_axes(axes)
     configs = runs.groupby("config", sort=True)
     first = configs.first()
     stats = {m: configs[m].agg(["mean", "var", "count"]).to_dict("index") for m in metrics}
+    outcomes = outcomes or {}
+    scored = {
+        m: {c: list(names) for c, names in runs[runs[m].notna()].groupby("config")["run"]}
+        for m in metrics
+        if m in outcomes
+    }
     with_kl = kl_on(first)
     k1_reward = _is(first, "k1", "reward")
     text = {a: first[a].map(fmt_value).to_dict() for a in {*shared, "kl.beta"}}
@@ -91,7 +102,13 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
                 a, b = stats[m][i], stats[m][j]
                 if not (a["count"] and b["count"]):
                     continue
-                w = welch_summary(a["mean"], b["mean"], a["var"], b["var"], a["count"], b["count"])
+                w, test = (
+                    welch_summary(a["mean"], b["mean"], a["var"], b["var"], a["count"], b["count"]),
+                    "Welch",
+                )
+                if m in scored and all(outcomes[m].complete(scored[m][k]) for k in (i, j)):
+                    w = paired_problems(*(outcomes[m].rows(scored[m][k]) for k in (i, j)), outcomes[m].task)
+                    test = PAIRED
                 rows.append(
                     {
                         "configuration": first.at[i, "label"],
@@ -105,10 +122,11 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
                         "p": w.p,
                         "n": w.n_a,
                         "n reference": w.n_b,
+                        "test": test,
                     }
                 )
     cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci"]
-    return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference"])
+    return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference", "test"])
 
 
 def finished(runs: pd.DataFrame) -> pd.Series:
@@ -252,7 +270,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             return paired_problems(pa, pb, task, alternative)
         return welch(list(xa), list(xb), alternative=alternative)
 
-    how = "paired on the problems (seeds x problems)" if paired else "Welch"
+    how = PAIRED if paired else "Welch"
     if c.test == "tost":
         margin = claim_size(c.margin, xb)
         p, w = tost_of(test("two-sided"), margin)
@@ -381,7 +399,9 @@ def claims_table(
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)
     sides = [(chosen.side(c.a), chosen.side(c.b)) for c in claims]
-    values = [(_values(c, a, outcomes), _values(c, b, outcomes)) for c, (a, b) in zip(claims, sides, strict=True)]
+    values = [
+        (_values(c, a, outcomes), _values(c, b, outcomes)) for c, (a, b) in zip(claims, sides, strict=True)
+    ]
     rows = _decide(claims, values, outcomes)
     shares = replication(done, claims, sides, rows, resamples, outcomes=outcomes)
     rows = [{**row, "replication": share} for row, share in zip(rows, shares, strict=True)]

@@ -230,6 +230,8 @@ class OutcomeCache:
         buf = io.BytesIO()
         index = np.frombuffer(json.dumps({"version": VERSION, "runs": runs}).encode(), dtype=np.uint8)
         cat = np.concatenate
-        np.savez(buf, index=index, docs=cat(docs) if docs else np.zeros(0, np.int64), scores=cat(scores or [[]]))
+        np.savez(
+            buf, index=index, docs=cat(docs) if docs else np.zeros(0, np.int64), scores=cat(scores or [[]])
+        )
         with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
             store.atomic_write_text(self.path, buf.getvalue())

@@ -238,6 +238,9 @@ RULE = (
     'of claims ("any of") is supported when at least one member is, not supported when every member is not '
     "supported, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
     "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match. "
+    "An accuracy claim whose runs all have per-problem outcomes is tested paired on the problems (a t-test "
+    "whose variance is the seeds' and the problems' under a crossed random-effects model, Satterthwaite's df) "
+    "instead of Welch's test over seeds. "
     f"Replication: the share of {RESAMPLES} bootstrap resamples of the finished runs (each configuration's runs "
     "resampled with replacement) whose verdict, through this whole rule (Holm included), is the same; below "
     f"{FRAGILE:g}: fragile."
@@ -252,7 +255,12 @@ BOOTSTRAP = 1000  # resamples of a configuration's hierarchical bootstrap interv
 
 
 def problem_bootstrap(
-    values: Any, task: Any, resamples: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0, counts: Any = None
+    values: Any,
+    task: Any,
+    resamples: int = BOOTSTRAP,
+    level: float = LEVEL,
+    seed: int = 0,
+    counts: Any = None,
 ) -> tuple[float, float, float]:
     """(mean, low, high): the mean of a configuration's runs (``values``: seeds x problems, a row's sum its
     average accuracy; ``task``: each column's task index) and its ``level`` percentile interval by a

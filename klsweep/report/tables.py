@@ -183,7 +183,11 @@ def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
 
 
 def main_table(
-    runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str], outcomes: Outcomes | None = None
+    runs: pd.DataFrame,
+    axes: list[str],
+    in_domain: list[str],
+    ood: list[str],
+    outcomes: Outcomes | None = None,
 ) -> pd.DataFrame:
     """One row per configuration: its scores over seeds (``_add_stats``), the eval's own noise, and the
     averages' intervals from per-problem outcomes (``_add_problem_intervals``) where every run has them."""
@@ -417,7 +421,7 @@ def _reference_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each configuration against its references: Welch's test; a significant p bold."""
+    """Each configuration against its references: Welch's test or the paired one; a significant p bold."""
     import pandas as pd
 
     df = report.comparisons
@@ -433,6 +437,7 @@ def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
             "p": [fmt_p(v) for v in df["p"]],
             "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
+            "test": df["test"],
         }
     )
     bold = _no_bold(out)
@@ -556,7 +561,9 @@ def captions(report: Report) -> dict[str, str]:
             f"Eval hash {h}, last evaluated checkpoint of each run (step; the runs table names each run's). "
             "A diverged run is scored on the checkpoint it diverged at. "
             f"Mean ± half-width of its t-based {LEVEL:.0%} confidence interval over the seeds evaluated "
-            "(no ± with one seed); n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
+            "(no ± with one seed); the averages' where every run has per-problem outcomes: half the width of "
+            f"the {LEVEL:.0%} hierarchical bootstrap interval over seeds and problems (main.csv: its bounds, "
+            "and which method each row used). n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
             "lm-eval stderr of the average (the eval's own noise, part of the spread between seeds). "
             "Δ = change of the average from the step-0 baseline of the same model. Bold: the best mean of a "
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
@@ -581,8 +588,9 @@ def captions(report: Report) -> dict[str, str]:
         "comparisons": (
             "In-domain and OOD averages of each configuration against the no-KL baseline (beta = 0) and k1 in "
             "the reward (same beta) that share all its other axes (model, task, lag, ...): difference of the "
-            f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds (t, df, p; p < "
-            f"{ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
+            f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds, or where every run "
+            "of both has per-problem outcomes a t-test paired on the problems (seeds x problems; test says which) "
+            f"(t, df, p; p < {ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
             "seeds on a side, or no spread)."
         ),
         "claims": RULE,

@@ -88,7 +88,9 @@ def test_report_reads_real_samples_and_tests_paired_on_the_problems(sweep: Path,
     add = outcomes[ID_AVG].values
     assert (add != add[:1]).any() and (add.min(axis=0) != add.max(axis=0)).any() and 0 < add.mean() < 1 / 16
     assert (r.main[f"{ID_AVG} {CI_METHOD}"] == BY_PROBLEMS).all()
-    assert (r.main[f"{ID_AVG} low"] <= r.main[ID_AVG]).all() and (r.main[ID_AVG] <= r.main[f"{ID_AVG} high"]).all()
+    assert (r.main[f"{ID_AVG} low"] <= r.main[ID_AVG]).all() and (
+        r.main[ID_AVG] <= r.main[f"{ID_AVG} high"]
+    ).all()
     row = r.claims.iloc[0]
     assert "paired on the problems" in row["test"] and "paired on 16 problems" in row["detail"]
     assert 0 <= row["replication"] <= 1 and 0 <= row["p_value"] <= 1

@@ -294,7 +294,7 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
         set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
         return []
     try:
-        return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
+        return parse_jsonl(data)
     except (ValueError, UnicodeDecodeError):
         rows, bad = store.scan_jsonl(p)
         if bad:
@@ -303,6 +303,13 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
                 f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
             )
         return rows
+
+
+def parse_jsonl(data: bytes) -> list[Any]:
+    """A JSON-lines file's content parsed as one JSON array (several times faster than line by line);
+    ValueError or UnicodeDecodeError when a line is not JSON."""
+    data = data.strip()
+    return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
 
 
 def _read_env(run_dir: Path) -> str | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.report.data import stat_key
+from klsweep.report.data import parse_jsonl, stat_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,20 +89,21 @@ def load_outcomes(
             continue
         docs: dict[str, Any] = {}
         for t in group:  # the problems most runs answered: a run with others is not paired with them
-            sets = Counter(tuple(got[t][0]) for got in read.values() if isinstance(got, dict))
-            docs[t] = np.array(sets.most_common(1)[0][0] if sets else (), dtype=np.int64)
+            sets = Counter(got[t][0].tobytes() for got in read.values() if isinstance(got, dict))
+            docs[t] = np.frombuffer(sets.most_common(1)[0][0] if sets else b"", dtype=np.int64)
         if not all(len(d) for d in docs.values()):  # a task no run has outcomes of: none for this average
             continue
         width = sum(len(d) for d in docs.values())
         values = np.full((len(runs), width), np.nan)
         position = {r: i for i, r in enumerate(runs["run"])}
+        accuracy = {t: runs[t].to_numpy(float) for t in group}
         for run, got in read.items():
             if not isinstance(got, dict):
                 continue
             if any(not np.array_equal(got[t][0], docs[t]) for t in group):
                 why.setdefault("other problems than the other runs' (eval.limit changed?)", []).append(run)
                 continue
-            mismatch = [t for t in group if not _agrees(got[t][1], runs.at[runs.index[position[run]], t])]
+            mismatch = [t for t in group if not _agrees(got[t][1], accuracy[t][position[run]])]
             if mismatch:
                 reason = f"samples that do not give results.json's accuracy ({', '.join(mismatch)})"
                 why.setdefault(reason, []).append(run)
@@ -120,10 +121,9 @@ def load_outcomes(
     return out
 
 
-def _agrees(scores: Any, accuracy: Any) -> bool:
+def _agrees(scores: Any, accuracy: float) -> bool:
     """Whether a task's per-problem scores average to the accuracy results.json gives it (NaN: not given)."""
-    a = float(accuracy) if accuracy is not None else math.nan
-    return len(scores) > 0 and (math.isnan(a) or abs(float(scores.mean()) - a) <= 1e-6)
+    return len(scores) > 0 and (math.isnan(accuracy) or abs(float(scores.mean()) - accuracy) <= 1e-6)
 
 
 def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | str:
@@ -144,8 +144,7 @@ def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | st
         key = keys.get(t) if isinstance(keys, dict) else None
         metric, _, name = (key or f"{res.get('metric')},none").partition(",")
         try:
-            data = store.read_bytes(path).strip()
-            rows = json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
+            rows = parse_jsonl(store.read_bytes(path))
             scores: dict[int, list[float]] = {}
             for row in rows:
                 if row.get("filter", "none") == name:

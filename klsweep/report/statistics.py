@@ -121,14 +121,7 @@ def welch_summary(
     if se <= 1e-9 * max(1.0, abs(mean_a), abs(mean_b)):  # no spread on either side: undefined
         return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, se)
     df = (vx + vy) ** 2 / (vx**2 / (n_a - 1) + vy**2 / (n_b - 1))
-    t = diff / se
-    p = {
-        "two-sided": lambda: 2 * _t_sf(abs(t), df),
-        "greater": lambda: _t_sf(t, df),
-        "less": lambda: _t_sf(-t, df),
-    }[alternative]()
-    half = float(_t_ppf(0.5 + LEVEL / 2, df)) * se
-    return Welch(diff, half, t, df, float(p), n_a, n_b, se)
+    return _t_result(diff, vx + vy, df, n_a, n_b, alternative)
 
 
 def _mean(x: list[float]) -> float:
@@ -343,9 +336,14 @@ def _residual_mean_square(x: Any) -> float:
 
 
 def _t_result(diff: float, var: float, df: float, n_a: int, n_b: int, alternative: str) -> Welch:
+    """The t-test of a difference from its variance and degrees of freedom (undefined without either)."""
     se = math.sqrt(var) if var > 0 else 0.0
     if not se > 1e-12 or math.isnan(df):
         return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, se)
     t = diff / se
-    p = {"two-sided": 2 * _t_sf(abs(t), df), "greater": _t_sf(t, df), "less": _t_sf(-t, df)}[alternative]
+    p = {
+        "two-sided": lambda: 2 * _t_sf(abs(t), df),
+        "greater": lambda: _t_sf(t, df),
+        "less": lambda: _t_sf(-t, df),
+    }[alternative]()
     return Welch(diff, float(_t_ppf(0.5 + LEVEL / 2, df)) * se, t, df, float(p), n_a, n_b, se)

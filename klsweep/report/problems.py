@@ -12,6 +12,7 @@ configuration falls back to the per-run statistics, and the report says so. Kept
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -43,10 +44,17 @@ class ProblemMatrix:
     task: Any  # numpy int array: per column, its task's index
     values: Any  # numpy float array: runs x problems
 
+    @functools.cached_property
+    def _position(self) -> dict[str, int]:
+        return {r: i for i, r in enumerate(self.runs)}
+
+    def positions(self, runs: Any) -> list[int]:
+        """The row of each of these runs (names)."""
+        return [self._position[r] for r in runs]
+
     def rows(self, runs: Any) -> Any:
         """The rows of these runs (names), in order."""
-        position = {r: i for i, r in enumerate(self.runs)}
-        return self.values[[position[r] for r in runs]]
+        return self.values[self.positions(runs)]
 
     def complete(self, runs: Any) -> bool:
         """Whether every one of these runs has its outcomes."""

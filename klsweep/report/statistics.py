@@ -254,13 +254,16 @@ def problem_bootstrap(
     level: float = LEVEL,
     seed: int = 0,
     counts: Any = None,
+    projected: Any = None,
 ) -> tuple[float, float, float]:
     """(mean, low, high): the mean of a configuration's runs (``values``: seeds x problems, a row's sum its
     average accuracy; ``task``: each column's task index) and its ``level`` percentile interval by a
     hierarchical bootstrap over the two sources of its noise: the seeds drawn with replacement, then the
     problems, within each task, drawn with replacement, one draw for all the seeds (the problems are shared,
     not nested in a seed). ``counts``: the problems' draws (``problem_counts``), to share them between the
-    configurations of a table. NaN bounds under 2 seeds (one seed says nothing of another's spread)."""
+    configurations of a table; ``projected``: ``values @ counts.T`` (each seed's total on each resample's
+    problems), computed for a whole table at once. NaN bounds under 2 seeds (one seed says nothing of another's
+    spread)."""
     import numpy as np
 
     m = np.asarray(values, dtype=float)
@@ -268,11 +271,12 @@ def problem_bootstrap(
     if len(m) < 2:
         return mean, math.nan, math.nan
     rng = np.random.default_rng(seed)
-    if counts is None:
-        counts = problem_counts(np.asarray(task), resamples, seed + 1)
-    seeds = rng.multinomial(len(m), np.full(len(m), 1 / len(m)), size=len(counts)) / len(m)
-    # replicate b: sum over drawn seeds r and drawn problems c of m[r, c], as (counts @ m.T)[b, r] per seed
-    drawn = (seeds * (counts @ m.T)).sum(axis=1)
+    if projected is None:
+        counts = problem_counts(np.asarray(task), resamples, seed + 1) if counts is None else counts
+        projected = m @ counts.T
+    seeds = rng.multinomial(len(m), np.full(len(m), 1 / len(m)), size=projected.shape[1]) / len(m)
+    # resample b: the drawn seeds' mean of their totals on the drawn problems
+    drawn = (seeds * projected.T).sum(axis=1)
     low, high = np.quantile(drawn, [0.5 - level / 2, 0.5 + level / 2])
     return mean, float(low), float(high)
 

@@ -211,20 +211,26 @@ def _add_problem_intervals(df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outco
     seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by every configuration)
     where all of a configuration's runs scored have per-problem outcomes, and ``<c> ci`` then half its width;
     ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the t-interval over seeds)."""
+    import numpy as np
+
     for c in (ID_AVG, OOD_AVG):
-        df[f"{c} low"], df[f"{c} high"] = math.nan, math.nan
-        df[f"{c} {CI_METHOD}"] = BY_SEEDS
+        low, high = np.full(len(df), math.nan), np.full(len(df), math.nan)
         matrix = outcomes.get(c)
-        if matrix is None:
-            continue
-        counts = problem_counts(matrix.task)
-        scored = runs[runs[c].notna()]
-        for config, names in scored.groupby("config", sort=True)["run"]:
-            if len(names) < 2 or not matrix.complete(names):
-                continue
-            _, low, high = problem_bootstrap(matrix.rows(names), matrix.task, counts=counts)
-            df.loc[config, [f"{c} low", f"{c} high", f"{c} ci"]] = low, high, (high - low) / 2
-            df.loc[config, f"{c} {CI_METHOD}"] = BY_PROBLEMS
+        if matrix is not None:
+            counts = problem_counts(matrix.task)
+            projected = (
+                np.nan_to_num(matrix.values) @ counts.T
+            )  # each run's total on each resample's problems
+            row = {config: i for i, config in enumerate(df.index)}
+            for config, names in runs[runs[c].notna()].groupby("config", sort=True)["run"]:
+                if len(names) >= 2 and matrix.complete(names):
+                    at = matrix.positions(names)
+                    interval = problem_bootstrap(matrix.values[at], matrix.task, projected=projected[at])
+                    low[row[config]], high[row[config]] = interval[1:]
+        by_problems = ~np.isnan(low)
+        df[f"{c} low"], df[f"{c} high"] = low, high
+        df[f"{c} ci"] = np.where(by_problems, (high - low) / 2, df[f"{c} ci"])
+        df[f"{c} {CI_METHOD}"] = np.where(by_problems, BY_PROBLEMS, BY_SEEDS)
 
 
 def _significant_best(report: Report, column: str) -> list[bool]:

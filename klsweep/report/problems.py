@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.report.data import parse_jsonl, stat_key
+from klsweep.report.data import BACKGROUND_AT, parse_jsonl, stat_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,7 +86,7 @@ def load_outcomes(
         if isinstance(ckpt, str)
     ]
     with OutcomeCache(cache) as cached:
-        read = {run: cached.get(folder, tasks) for run, folder in scored}
+        read = dict(zip([run for run, _ in scored], cached.read([f for _, f in scored], tasks), strict=True))
     why: dict[str, list[str]] = {}
     for run, got in read.items():
         if isinstance(got, str):
@@ -143,7 +143,9 @@ def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | st
         res = store.read_json(folder / RESULTS)
     except (ValueError, UnicodeDecodeError, store.UnreadableFile):
         return "results.json unreadable"
-    keys = res.get("metric_keys") if isinstance(res, dict) else None
+    if not isinstance(res, dict):
+        return "results.json unreadable"
+    keys = res.get("metric_keys")
     out = {}
     for t in tasks:
         path = folder / SAMPLES.format(task=t)
@@ -166,8 +168,12 @@ def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | st
     return out
 
 
+def _read_runs(folders: list[Path], tasks: list[str]) -> list[dict[str, tuple[Any, Any]] | str]:
+    return [_read_run(folder, tasks) for folder in folders]
+
+
 class OutcomeCache:
-    """The runs' per-problem outcomes (``_read_run``), kept in one ``.npz`` beside the report: an index (JSON:
+    """The runs' per-problem outcomes (``_read_run``; ``read``), kept in one ``.npz`` beside the report: an index (JSON:
     per eval folder, the stat keys of its results.json and samples files, and where its tasks' arrays lie)
     and two flat arrays (doc ids, scores). Reading a run's samples (each line lm-eval's whole record: the
     problem, the prompt, the answer) costs far more than its scores; a file that changed, or a cache that is
@@ -196,19 +202,34 @@ class OutcomeCache:
                 pass
         return self
 
-    def get(self, folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | str:
-        """``_read_run(folder, tasks)``, from the cache when its files are as they were."""
-        key = [stat_key(folder / RESULTS), *(stat_key(folder / SAMPLES.format(task=t)) for t in tasks)]
-        name = str(folder.resolve())
-        entry = self.index.get(name)
-        got: dict[str, tuple[Any, Any]] | str | None = None
-        if isinstance(entry, dict) and entry.get("key") == key and entry.get("tasks") == tasks:
-            got = entry["why"] if isinstance(entry.get("why"), str) else self._arrays(entry.get("at"))
-        if got is None:
-            got, self.fresh = _read_run(folder, tasks), True
-        if key[0] is not None:  # a results.json that cannot be stat'ed is not kept
-            self.seen[name] = (key, tasks, got)
-        return got
+    def read(self, folders: list[Path], tasks: list[str]) -> list[dict[str, tuple[Any, Any]] | str]:
+        """``_read_run(folder, tasks)`` of each folder, from the cache when its files are as they were; of the
+        others, when there are ``BACKGROUND_AT`` or more, half are read in a forked child meanwhile
+        (``background.in_background``)."""
+        from klsweep.report.background import in_background
+
+        out: list[Any] = []  # None: not in the cache, read below
+        keys, names = [], []
+        for folder in folders:
+            key = [stat_key(folder / RESULTS), *(stat_key(folder / SAMPLES.format(task=t)) for t in tasks)]
+            name = str(folder.absolute())
+            entry = self.index.get(name)
+            got = None
+            if isinstance(entry, dict) and entry.get("key") == key and entry.get("tasks") == tasks:
+                got = entry["why"] if isinstance(entry.get("why"), str) else self._arrays(entry.get("at"))
+            out.append(got)
+            keys.append(key)
+            names.append(name)
+        afresh = [i for i, got in enumerate(out) if got is None]
+        split = len(afresh) // 2 if len(afresh) >= BACKGROUND_AT else 0
+        child = in_background(_read_runs, [folders[i] for i in afresh[:split]], tasks, fork=split > 0)
+        mine = _read_runs([folders[i] for i in afresh[split:]], tasks)
+        for i, got in zip(afresh, [*child(), *mine], strict=True):
+            out[i], self.fresh = got, True
+        for name, key, got in zip(names, keys, out, strict=True):
+            if key[0] is not None:  # a results.json that cannot be stat'ed is not kept
+                self.seen[name] = (key, tasks, got)
+        return out
 
     def _arrays(self, at: Any) -> dict[str, tuple[Any, Any]] | None:
         try:

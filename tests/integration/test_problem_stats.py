@@ -19,6 +19,7 @@ from klsweep import evaluate as ev
 from klsweep import report as rp
 from klsweep import store
 from klsweep.config import RunConfig
+from klsweep.report import problems
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.problems import OUTCOME_CACHE, load_outcomes
 from klsweep.report.tables import BY_PROBLEMS, BY_SEEDS, CI_METHOD
@@ -71,7 +72,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sweep
 
 
-def test_report_reads_real_samples_and_tests_paired_on_the_problems(sweep: Path, tmp_path: Path) -> None:
+def test_report_reads_real_samples_and_tests_paired_on_the_problems(
+    sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     claims = tmp_path / "claims.yaml"
     claims.write_text(yaml.safe_dump({"claims": [CLAIM]}))
     out = tmp_path / "report"
@@ -94,8 +97,9 @@ def test_report_reads_real_samples_and_tests_paired_on_the_problems(sweep: Path,
     row = r.claims.iloc[0]
     assert "paired on the problems" in row["test"] and "paired on 16 problems" in row["detail"]
     assert 0 <= row["replication"] <= 1 and 0 <= row["p_value"] <= 1
-    # the cache holds them: a second report reads the same numbers from it
+    # the cache holds them: a second report reads the same numbers from it, not a samples file
     assert (out / OUTCOME_CACHE).is_file()
+    monkeypatch.setattr(problems, "_read_run", lambda *a: pytest.fail("read afresh, not from the cache"))
     again = rp.build_report(sweep, out, formats=("csv",), claims=claims, wandb=False)
     assert again.claims.equals(r.claims) and again.main.equals(r.main)
 

@@ -557,8 +557,8 @@ def test_accuracy_claims_are_paired_on_the_problems_where_every_run_has_outcomes
     """An accuracy claim whose runs all have per-problem outcomes is tested paired on the problems (its test
     and detail say so), its replication resampled as any claim's; one run without outcomes: Welch over seeds."""
     from klsweep.grid.claims import Claim
-    from klsweep.report.data import ID_AVG
     from klsweep.report.claims import claims_table
+    from klsweep.report.data import ID_AVG
     from klsweep.report.problems import ProblemMatrix
 
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))

@@ -275,7 +275,8 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
         margin = claim_size(c.margin, xb)
         p, w = tost_of(test("two-sided"), margin)
         row |= {
-            "test": f"equivalence: two one-sided {how} t-tests (TOST); statistic: difference of means",
+            "test": f"equivalence: two one-sided {'t-tests, ' + how if paired else 'Welch tests'} (TOST); "
+            "statistic: difference of means",
             "statistic": w.diff,
             "p_value": p,
             "n": w.n_a + w.n_b,

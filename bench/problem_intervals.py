@@ -113,7 +113,7 @@ def main() -> None:
     res = coverage(args.studies, args.seeds, args.problems, args.tasks, args.seed_sd, args.seed)
     print(f"| seeds | problems x tasks | seed sd | {' | '.join(res)} |")
     print("|---" * (3 + len(res)) + "|")
-    cells = " | ".join(f"{v:.3f}" if "width" in k else f"{v:.3f}" for k, v in res.items())
+    cells = " | ".join(f"{v:.3f}" for v in res.values())
     print(f"| {args.seeds} | {args.problems} x {args.tasks} | {args.seed_sd:g} | {cells} |")
 
 

@@ -122,3 +122,12 @@ def test_missing_samples_fall_back_to_the_per_run_method_and_say_so(sweep: Path,
     (note,) = [m for m in r.missing if "without per-problem outcomes" in m]
     assert "b-s1" in note and "over seeds only" in note
     assert r.claims.iloc[0]["test"].startswith("Welch's t-test")
+    # a damaged samples file and a damaged cache: the run named, the cache rebuilt, the report written
+    (sample,) = (copy / "a-s0" / store.EVAL_DIR).glob("*/checkpoint-10/samples_tiny_sub.jsonl")
+    sample.write_text(sample.read_text()[:-40])
+    (out / OUTCOME_CACHE).write_bytes(b"not an npz")
+    r = rp.build_report(copy, out, formats=("csv",), claims=claims, wandb=False)
+    assert any("unreadable" in m and "a-s0" in m for m in r.missing), r.missing
+    assert set(r.main[f"{ID_AVG} {CI_METHOD}"]) == {BY_SEEDS}
+    with np.load(out / OUTCOME_CACHE) as z:
+        assert len(z["scores"]) == 2 * 3 * 16  # a-s1 and b-s0 (a-s0, b-s1: their reasons kept)

@@ -14,6 +14,11 @@ difference (``statistics.paired_problems``) hold the truth; beside them, the per
 Welch), and a nested bootstrap (problems drawn afresh for each seed, as if not shared), which is too narrow.
 Prints one Markdown row per method (docs/REPORT.md, "Problem-level statistics"); ``coverage`` is what
 tests/unit/test_statistics.py runs, smaller.
+
+    python bench/problem_intervals.py --replication 250 [--seeds 3]
+
+checks instead the claims' replication column (bench/replication.py's calibration) on an accuracy claim tested
+paired on the problems, and by Welch over seeds, at 3 seeds.
 """
 
 from __future__ import annotations
@@ -101,6 +106,50 @@ def coverage(
     return out | {f"{k} half-width": v for k, v in width.items()}
 
 
+def replication(
+    studies: int, fresh: int, paired: bool, seeds: int = 3, problems: int = 300, seed: int = 5
+) -> Any:
+    """The replication column of an accuracy claim ("a greater than b", two configurations of ``seeds`` seeds
+    a side, one task of ``problems`` shared problems, a's logit shift uniform in [0, 0.4]) tested ``paired``
+    on the problems or (False) by Welch over seeds: per study its verdict, replication (100 resamples) and the
+    share of ``fresh`` seed sets (the same problems, new seeds) reaching that verdict; one row per bin of the
+    column (as bench/replication.py prints it)."""
+    import numpy as np
+    import pandas as pd
+    import replication as calibration
+
+    from klsweep.grid.claims import Claim
+    from klsweep.report.claims import claims_table
+    from klsweep.report.data import ID_AVG
+    from klsweep.report.problems import ProblemMatrix
+
+    claim = [Claim("acc", "in_domain", "welch", "greater", {"arm": ["a"]}, {"arm": ["b"]})]
+    audit = pd.DataFrame({"unbiased": []})
+    rng = np.random.default_rng(seed)
+
+    def draw(shift: float, difficulty: Any) -> tuple[Any, Any]:
+        runs = calibration.runs_frame(rng, {"mean_a": 0, "mean_b": 0, "rate_a": 0, "rate_b": 0}, seeds)
+        runs["run"] = [f"r{i}" for i in range(len(runs))]
+        logit = np.where(runs["arm"].to_numpy()[:, None] == "a", shift, 0.0) + difficulty
+        logit = logit + rng.normal(0, 0.1, (len(runs), 1))
+        values = (rng.random(logit.shape) < _logistic(logit)) / problems
+        runs[ID_AVG] = values.sum(axis=1)
+        matrix = ProblemMatrix(list(runs["run"]), ["t"], np.zeros(problems, dtype=int), values)
+        return runs, {ID_AVG: matrix} if paired else None
+
+    rows = []
+    for _ in range(studies):
+        shift, difficulty = rng.uniform(0, 0.4), rng.normal(0, PROBLEM_SD, problems)
+        runs, outcomes = draw(shift, difficulty)
+        got = claims_table(runs, audit, claim, resamples=100, outcomes=outcomes).iloc[0]
+        same = [
+            claims_table(r, audit, claim, resamples=0, outcomes=o).iloc[0]["verdict"] == got["verdict"]
+            for r, o in (draw(shift, difficulty) for _ in range(fresh))
+        ]
+        rows.append({"replication": got["replication"], "fresh": sum(same) / fresh})
+    return calibration.by_bin(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--studies", type=int, default=400)
@@ -109,7 +158,19 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=1)
     p.add_argument("--seed-sd", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replication", type=int, default=0, help="studies of the replication check (0: none)")
     args = p.parse_args()
+    for paired in (True, False) if args.replication else ():
+        print(
+            f"replication column, accuracy claim tested {'paired on the problems' if paired else 'by Welch'}:"
+        )
+        print(
+            "| replication | verdicts | mean replication | same verdict on fresh seeds |\n|---|---|---|---|"
+        )
+        for b in replication(args.replication, 30, paired, args.seeds):
+            print(f"| {b['bin']} | {b['verdicts']} | {b['replication']:.2f} | {b['fresh']:.2f} |")
+    if args.replication:
+        return
     res = coverage(args.studies, args.seeds, args.problems, args.tasks, args.seed_sd, args.seed)
     print(f"| seeds | problems x tasks | seed sd | {' | '.join(res)} |")
     print("|---" * (3 + len(res)) + "|")

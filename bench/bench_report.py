@@ -1,11 +1,13 @@
 """Benchmark of ``klsweep report``: builds the report of a synthetic 1,000-run sweep and times it.
 
-    python bench/bench_report.py [--runs 1000] [--steps 100] [--formats md,csv,latex,html] [--keep DIR]
+    python bench/bench_report.py [--runs 1000] [--steps 100] [--problems 500] [--formats md,csv,latex,html]
+                                 [--keep DIR]
 
 The sweep (written to a temporary folder, or DIR with --keep) is 2 models x 3 estimators x 3 placements x 2 lags x
 5 betas = 180 configurations, seeds filling up to --runs; states as in a sweep under way (mostly done, some
 running, pending, failed, diverged); per run ~100 metrics rows, eval results of two checkpoints for the finished
-runs, and a step-0 baseline per model. Prints the time of ``build_report`` (first call, with the imports of
+runs (the final one's per-problem outcomes: ``samples_<task>.jsonl`` of --problems MATH-500 problems and a fifth
+as many per OOD task), and a step-0 baseline per model. Prints the time of ``build_report`` (first call, with the imports of
 pandas, matplotlib and scipy, no config cache and every figure drawn; and a second, warm call, whose configs
 come from the report's cache and whose figures are unchanged and not redrawn), with the CPU of its forked children
 (the figures, the configs not cached) and the wall time that CPU needs at the least on this machine's cores,
@@ -54,8 +56,37 @@ def _results(checkpoint: str, step: int, rng: random.Random) -> dict:
     }
 
 
-def make_sweep(root: Path, runs: int = 1000, steps: int = 100, seed: int = 0) -> Path:
-    """Write a synthetic sweep of ``runs`` run folders under ``root/bench``; returns the sweep folder."""
+def _samples(task: str, problems: int, accuracy: float, rng: random.Random) -> tuple[str, float]:
+    """A task's ``samples_<task>.jsonl`` as lm-eval writes it (one record per problem: the problem, the
+    prompt, the response, the hashes, the score; short texts) and its accuracy."""
+    scores = [float(rng.random() < accuracy) for _ in range(problems)]
+    text = "Let x be the number of ways to choose the answer; compute x. " * 2
+    rows = [
+        json.dumps(
+            {
+                "doc_id": i,
+                "doc": {"problem": text, "answer": "42"},
+                "target": "42",
+                "arguments": {"gen_args_0": {"arg_0": text, "arg_1": {"max_gen_toks": 1024}}},
+                "resps": [[text + " The answer is 42."]],
+                "filtered_resps": ["42"],
+                "filter": "none",
+                "metrics": ["exact_match"],
+                "doc_hash": f"{i:064x}",
+                "prompt_hash": f"{i:064x}",
+                "target_hash": f"{i:064x}",
+                "exact_match": score,
+            }
+        )
+        for i, score in enumerate(scores)
+    ]
+    return "\n".join(rows) + "\n", sum(scores) / problems
+
+
+def make_sweep(root: Path, runs: int = 1000, steps: int = 100, seed: int = 0, problems: int = 500) -> Path:
+    """Write a synthetic sweep of ``runs`` run folders under ``root/bench``; returns the sweep folder. The final
+    checkpoint of each finished run has its per-problem outcomes: ``problems`` of the in-domain task, a fifth as
+    many of each OOD task (0: none, as runs evaluated before the samples were written)."""
     rng = random.Random(seed)
     sweep = root / "bench"
     grid = list(
@@ -140,7 +171,13 @@ def make_sweep(root: Path, runs: int = 1000, steps: int = 100, seed: int = 0) ->
             for step in (steps // 2, steps):
                 p = d / "eval" / HASH / f"checkpoint-{step}" / "results.json"
                 p.parent.mkdir(parents=True)
-                p.write_text(json.dumps(_results(f"checkpoint-{step}", step, rng)))
+                res = _results(f"checkpoint-{step}", step, rng)
+                for kind, tasks in (("in_domain", ID), ("ood", OOD)):
+                    for t in tasks if step == steps and problems else ():
+                        n = problems if kind == "in_domain" else max(1, problems // 5)
+                        text, res["metrics"][kind][t] = _samples(t, n, res["metrics"][kind][t], rng)
+                        (p.parent / f"samples_{t}.jsonl").write_text(text)
+                p.write_text(json.dumps(res))
     for model in ("qwen-7b", "llama-8b"):
         b = sweep / "baseline" / model
         c = asdict(RunConfig())
@@ -173,11 +210,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--formats", default="md,csv,latex,html")
     ap.add_argument("--keep", type=Path, default=None, help="write the sweep here and keep it")
+    ap.add_argument(
+        "--problems", type=int, default=500, help="per-problem outcomes of each scored run (0: none)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         t = time.perf_counter()
-        sweep = make_sweep(root, args.runs, args.steps)
+        sweep = make_sweep(root, args.runs, args.steps, problems=args.problems)
         print(f"wrote {args.runs} runs x {args.steps} steps in {time.perf_counter() - t:.1f} s: {sweep}")
         t, c = time.perf_counter(), time.process_time()
         files = read_everything(sweep)

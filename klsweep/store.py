@@ -116,15 +116,15 @@ class AlreadyTraining(UserError):
 STATUS_TODO = "delete it and rerun `klsweep run`: the run resumes from its last checkpoint"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str | bytes) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, renamed over it. Its mode is what
     ``open`` gives a new file (0666 less the umask), not ``mkstemp``'s 0600: colleagues sharing a results
-    folder read it as they read the rest."""
+    folder read it as they read the rest. ``text``: bytes are written as they are."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_temp_file(path)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:

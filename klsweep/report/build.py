@@ -27,6 +27,7 @@ from klsweep.report.data import (
 )
 from klsweep.report.engine import attach_engine_agreement
 from klsweep.report.figures import draw_figures
+from klsweep.report.problems import OUTCOME_CACHE, load_outcomes
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, VECTOR_FORMATS, WRITERS
@@ -90,6 +91,14 @@ def build_report(
     choice, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing, configs)
     chosen = choice.hash
     missing[:0] = not_there_yet(runs, metrics, sweep)
+    outcomes = load_outcomes(
+        sweep,
+        runs,
+        chosen,
+        {ID_AVG: in_domain, OOD_AVG: ood},
+        missing,
+        cache=out / OUTCOME_CACHE if not claim_problems else None,
+    )
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     run_configs = dict(zip(runs["run"], configs, strict=True))
@@ -109,13 +118,13 @@ def build_report(
         in_domain=in_domain,
         ood=ood,
         runs=runs,
-        main=main_table(runs, axes, in_domain, ood),
+        main=main_table(runs, axes, in_domain, ood, outcomes),
         baseline=baseline,
         stability=stability_table(runs, axes),
         audit=audit,
         reference=reference_table(runs, axes, in_domain + ood, reference_csv),
-        comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG]),
-        claims=claims_table(runs, audit, tested, run_configs, claim_problems),
+        comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG], outcomes),
+        claims=claims_table(runs, audit, tested, run_configs, claim_problems, outcomes=outcomes),
         environment=environment_table(runs),
         window=window,
         collapse_rule=rule_text(configs),

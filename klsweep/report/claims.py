@@ -28,11 +28,13 @@ from klsweep.report.statistics import (
     RATE_EFFECT,
     RESAMPLES,
     SUPPORTED,
+    Welch,
     fragile,
     holm,
+    paired_problems,
     rate_power,
     rate_test,
-    tost,
+    tost_of,
     welch,
     welch_power,
     welch_summary,
@@ -42,6 +44,8 @@ from klsweep.report.tables import DASH, KL_KEYS, csv_cell, fmt_value, kl_on
 if TYPE_CHECKING:
     import pandas as pd
 
+    from klsweep.report.problems import Outcomes
+
 PEAK_KL = "peak KL k3"
 REWARD_DROP = "reward drop"  # stability.reward_drop
 REFERENCES = ("no KL", "k1 in reward")
@@ -49,6 +53,8 @@ CLAIM_COLUMNS = [
     "claim", "group", "verdict", "replication", "test", "statistic", "p_value", "p_holm", "n", "detail",
 ]  # fmt: skip
 MISSING = "missing"
+APOSTROPHE = "'"
+PAIRED = "paired on the problems (seeds x problems)"
 
 
 def _non_kl_axes(axes: list[str]) -> list[str]:
@@ -59,14 +65,24 @@ def _is(runs: pd.DataFrame, estimator: str, placement: str) -> pd.Series:
     return kl_on(runs) & (runs["kl.estimator"] == estimator) & (runs["kl.placement"] == placement)
 
 
-def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per configuration, reference (``REFERENCES``) and metric with data on both sides."""
+def comparisons_table(
+    runs: pd.DataFrame, axes: list[str], metrics: Sequence[str], outcomes: Outcomes | None = None
+) -> pd.DataFrame:
+    """One row per configuration, reference (``REFERENCES``) and metric with data on both sides: Welch's test
+    over seeds, or, for an average whose runs on both sides all have per-problem outcomes (``outcomes``), the
+    test paired on the problems (``statistics.paired_problems``); ``test`` says which."""
     import pandas as pd
 
     shared = _non_kl_axes(axes)
     configs = runs.groupby("config", sort=True)
     first = configs.first()
     stats = {m: configs[m].agg(["mean", "var", "count"]).to_dict("index") for m in metrics}
+    outcomes = outcomes or {}
+    scored = {
+        m: {c: list(names) for c, names in runs[runs[m].notna()].groupby("config")["run"]}
+        for m in metrics
+        if m in outcomes
+    }
     with_kl = kl_on(first)
     k1_reward = _is(first, "k1", "reward")
     text = {a: first[a].map(fmt_value).to_dict() for a in {*shared, "kl.beta"}}
@@ -87,7 +103,13 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
                 a, b = stats[m][i], stats[m][j]
                 if not (a["count"] and b["count"]):
                     continue
-                w = welch_summary(a["mean"], b["mean"], a["var"], b["var"], a["count"], b["count"])
+                w, test = (
+                    welch_summary(a["mean"], b["mean"], a["var"], b["var"], a["count"], b["count"]),
+                    "Welch",
+                )
+                if m in scored and all(outcomes[m].complete(scored[m][k]) for k in (i, j)):
+                    w = paired_problems(*(outcomes[m].rows(scored[m][k]) for k in (i, j)), outcomes[m].task)
+                    test = PAIRED
                 rows.append(
                     {
                         "configuration": first.at[i, "label"],
@@ -101,10 +123,11 @@ def comparisons_table(runs: pd.DataFrame, axes: list[str], metrics: Sequence[str
                         "p": w.p,
                         "n": w.n_a,
                         "n reference": w.n_b,
+                        "test": test,
                     }
                 )
     cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci"]
-    return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference"])
+    return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference", "test"])
 
 
 def finished(runs: pd.DataFrame) -> pd.Series:
@@ -189,22 +212,30 @@ def claim_size(size: tuple[float, bool] | None, b: Sequence[float]) -> float:
     return value * abs(_mean(b)) if relative else value
 
 
-def _values(c: Claim, side: pd.DataFrame) -> Any:
+def _values(c: Claim, side: pd.DataFrame, outcomes: Outcomes | None = None) -> Any:
     """Per run of a side, what the claim's test reads (a float array, NaN where a run has no value): its
-    metric, or for a Fisher claim 1 where the run has the event (unstable, or a yes/no column true), else 0."""
+    metric, or for a Fisher claim 1 where the run has the event (unstable, or a yes/no column true), else 0.
+    An accuracy with per-problem outcomes (``outcomes``, ``problems.load_outcomes``): one row per run, its
+    accuracy then its outcomes (NaN where it has none)."""
     import numpy as np
     import pandas as pd
 
     if c.test != "fisher":
-        return pd.to_numeric(side[METRIC_COLUMNS.get(c.metric, c.metric)], errors="coerce").to_numpy(float)
+        column = METRIC_COLUMNS.get(c.metric, c.metric)
+        x = pd.to_numeric(side[column], errors="coerce").to_numpy(float)
+        if outcomes and column in outcomes:
+            return np.column_stack([x, outcomes[column].rows(side["run"])])
+        return x
     if c.metric == "unstable":
         return unstable(side).to_numpy(float)
     return np.array([str(v).lower() in ("true", "1", "1.0", "yes") for v in side[c.metric]], dtype=float)
 
 
-def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
+def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[str, Any]:
     """The claim's test on its two sides' values (``_values``): the row of ``claims_table`` before Holm
-    (``verdict`` then decided by ``_verdict`` from ``p_value`` and the private ``_*`` entries)."""
+    (``verdict`` then decided by ``_verdict`` from ``p_value`` and the private ``_*`` entries). An accuracy
+    whose runs all have per-problem outcomes on both sides is tested paired on the problems
+    (``statistics.paired_problems``), else over seeds (Welch)."""
     row: dict[str, Any] = {"claim": c.name, "group": c.group or ""}
     if c.test == "fisher":
         first, second = (a, b) if c.direction == "greater" else (b, a)
@@ -224,13 +255,27 @@ def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
         }
         return row
     column = METRIC_COLUMNS.get(c.metric, c.metric)
+    pa, pb = (_with_outcomes(x) for x in (a, b))
+    paired = pa is not None and pb is not None and outcomes is not None
+    a, b = (x[:, 0] if x.ndim == 2 else x for x in (a, b))
     xa, xb = (x[x == x] for x in (a, b))  # NaN left out
     what = f"{c.metric}: a {_num(_mean(xa))} (n={len(xa)}) vs b {_num(_mean(xb))} (n={len(xb)})"
+    if paired:
+        task = outcomes[column].task
+        what += f"; paired on {len(task)} problems"
+
+    def test(alternative: str) -> Welch:
+        if paired:
+            return paired_problems(pa, pb, task, alternative)
+        return welch(list(xa), list(xb), alternative=alternative)
+
+    how = PAIRED if paired else "Welch"
     if c.test == "tost":
         margin = claim_size(c.margin, xb)
-        p, w = tost(list(xa), list(xb), margin)
+        p, w = tost_of(test("two-sided"), margin)
         row |= {
-            "test": "equivalence: two one-sided Welch tests (TOST); statistic: difference of means",
+            "test": f"equivalence: two one-sided {'t-tests, ' + how if paired else 'Welch tests'} (TOST); "
+            "statistic: difference of means",
             "statistic": w.diff,
             "p_value": p,
             "n": w.n_a + w.n_b,
@@ -238,10 +283,11 @@ def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
             "_two_sided": w.p,
         }
         return row
-    w = welch(list(xa), list(xb), alternative=c.direction)
+    w = test(c.direction)
     effect = claim_size(c.effect or DEFAULT_EFFECT.get(column), xb)
     row |= {
-        "test": f"Welch's t-test, one-sided ({c.direction}); statistic: t",
+        "test": f"{'t-test, ' + how if paired else 'Welch' + APOSTROPHE + 's t-test'}, one-sided ({c.direction}); "
+        "statistic: t",
         "statistic": w.t,
         "p_value": w.p,
         "n": w.n_a + w.n_b,
@@ -267,6 +313,17 @@ def rate_power_args(
     return (n_a, n_b, rate_a, rate_b) if c.direction == "greater" else (n_b, n_a, rate_b, rate_a)
 
 
+def _with_outcomes(x: Any) -> Any:
+    """The outcomes of a side's runs with an accuracy (``_values``' rows), or None: not an accuracy with
+    outcomes, or one of those runs has none."""
+    import numpy as np
+
+    if x.ndim != 2:
+        return None
+    rows = x[x[:, 0] == x[:, 0], 1:]
+    return rows if rows.size and np.isfinite(rows).all() else None
+
+
 def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
     """(verdict, why) of a tested claim from its Holm-adjusted p (``RULE``); ``m``: the claims tested."""
     p, adj = row["p_value"], row["p_holm"]
@@ -280,7 +337,7 @@ def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
         return (NOT_SUPPORTED, at) if power >= POWER else (INCONCLUSIVE, f"underpowered: {at}")
     if test == "tost":
         if row["_two_sided"] < ALPHA:
-            return NOT_SUPPORTED, f"they differ (two-sided Welch p = {row['_two_sided']:.3g})"
+            return NOT_SUPPORTED, f"they differ (two-sided p = {row['_two_sided']:.3g})"
         return INCONCLUSIVE, "not different, but not shown equivalent (underpowered)"
     if p > 1 - ALPHA:
         return NOT_SUPPORTED, "significant in the other direction"
@@ -324,13 +381,15 @@ def claims_table(
     configs: dict[str, dict] | None = None,
     problems: Sequence[Problem] = (),
     resamples: int = RESAMPLES,
+    outcomes: Outcomes | None = None,
 ) -> pd.DataFrame:
     """One row per claim (``klsweep.grid.claims``), tested on the finished runs, then one per group of claims
     ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``;
     replication: ``replication`` over ``resamples`` bootstrap resamples (0: NaN).
     ``configs``: run -> its flattened config, for filters on keys runs.csv does not hold. UserError when a
     claim's metric or filter key is neither a column of the runs nor a config key, with ``problems`` (those
-    found reading the claims: every problem in one error)."""
+    found reading the claims: every problem in one error). ``outcomes``: the runs' per-problem outcomes
+    (``problems.load_outcomes``): an accuracy claim whose runs all have them is tested paired on the problems."""
     import pandas as pd
 
     if not claims and not problems:
@@ -355,16 +414,21 @@ def claims_table(
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)
     sides = [(chosen.side(c.a), chosen.side(c.b)) for c in claims]
-    rows = _decide(claims, [(_values(c, a), _values(c, b)) for c, (a, b) in zip(claims, sides, strict=True)])
-    shares = replication(done, claims, sides, rows, resamples)
+    values = [
+        (_values(c, a, outcomes), _values(c, b, outcomes)) for c, (a, b) in zip(claims, sides, strict=True)
+    ]
+    rows = _decide(claims, values, outcomes)
+    shares = replication(done, claims, sides, rows, resamples, outcomes=outcomes)
     rows = [{**row, "replication": share} for row, share in zip(rows, shares, strict=True)]
     return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
 
 
-def _decide(claims: Sequence[Claim], sides: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
+def _decide(
+    claims: Sequence[Claim], sides: list[tuple[Any, Any]], outcomes: Outcomes | None = None
+) -> list[dict[str, Any]]:
     """The rows of ``claims_table`` from each claim's two sides (their ``_values``): tested, Holm-adjusted, given a verdict by
     ``RULE``, then one row per group of claims."""
-    rows = [_test(c, a, b) for c, (a, b) in zip(claims, sides, strict=True)]
+    rows = [_test(c, a, b, outcomes) for c, (a, b) in zip(claims, sides, strict=True)]
     for row, adj in zip(rows, holm([row["p_value"] for row in rows]), strict=True):
         row["p_holm"] = adj
     tested = sum(not math.isnan(row["p_value"]) for row in rows)
@@ -386,6 +450,7 @@ def replication(
     rows: list[dict[str, Any]],
     resamples: int = RESAMPLES,
     seed: int = 0,
+    outcomes: Outcomes | None = None,
 ) -> list[float]:
     """Per row of ``_decide`` (claims, then groups): the share of ``resamples`` bootstrap resamples of the
     finished runs ``done`` (each configuration's runs drawn with replacement, as many as it has, twice over; a
@@ -399,7 +464,8 @@ def replication(
     configs = [np.flatnonzero(done["config"].to_numpy() == c) for c in dict.fromkeys(done["config"])]
     position = {label: i for i, label in enumerate(done.index)}
     members = [[np.array([position[i] for i in side.index], dtype=int) for side in pair] for pair in sides]
-    values = [_values(c, done) for c in claims]  # of every finished run: a drawn run replaces a side's member
+    # of every finished run (an accuracy with outcomes: a row per run): a drawn run replaces a side's member
+    values = [_values(c, done, outcomes) for c in claims]
     events = [c.test == "fisher" for c in claims]
     same = np.zeros(len(rows))
     for _ in range(resamples):
@@ -418,7 +484,7 @@ def replication(
                 redrawn.append((v[a], v[b]))
             else:
                 redrawn.append((v[drawn[a]], v[drawn[b]]))
-        verdicts = [r["verdict"] for r in _decide(claims, redrawn)]
+        verdicts = [r["verdict"] for r in _decide(claims, redrawn, outcomes)]
         same += [v == r["verdict"] for v, r in zip(verdicts, rows, strict=True)]
     return [float(x) for x in same / resamples] if resamples else [math.nan] * len(rows)
 

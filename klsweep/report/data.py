@@ -240,11 +240,7 @@ class ConfigCache:
 
     @staticmethod
     def _key(run_dir: Path) -> list[int] | None:
-        try:
-            st = (run_dir / store.CONFIG_FILE).stat()
-        except OSError:
-            return None
-        return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        return stat_key(run_dir / store.CONFIG_FILE)
 
     def __exit__(self, *exc: object) -> None:
         readable = any(entry[2] is None for entry in self.seen.values())
@@ -252,6 +248,15 @@ class ConfigCache:
             return
         with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
             store.atomic_write_text(self.path, json.dumps({"code": self.code, "runs": self.seen}))
+
+
+def stat_key(path: Path) -> list[int] | None:
+    """What tells a cache that a file changed: its size, inode and change times (None: it cannot be stat'ed)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _entry_of(entry: Any, key: list[int]) -> bool:
@@ -290,7 +295,7 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
         set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
         return []
     try:
-        return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
+        return parse_jsonl(data)
     except (ValueError, UnicodeDecodeError):
         rows, bad = store.scan_jsonl(p)
         if bad:
@@ -299,6 +304,13 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
                 f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
             )
         return rows
+
+
+def parse_jsonl(data: bytes) -> list[Any]:
+    """A JSON-lines file's content parsed as one JSON array (several times faster than line by line);
+    ValueError or UnicodeDecodeError when a line is not JSON."""
+    data = data.strip()
+    return json.loads(b"[" + b",".join(data.splitlines()) + b"]") if data else []
 
 
 def _read_env(run_dir: Path) -> str | None:

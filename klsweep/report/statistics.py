@@ -121,14 +121,7 @@ def welch_summary(
     if se <= 1e-9 * max(1.0, abs(mean_a), abs(mean_b)):  # no spread on either side: undefined
         return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, se)
     df = (vx + vy) ** 2 / (vx**2 / (n_a - 1) + vy**2 / (n_b - 1))
-    t = diff / se
-    p = {
-        "two-sided": lambda: 2 * _t_sf(abs(t), df),
-        "greater": lambda: _t_sf(t, df),
-        "less": lambda: _t_sf(-t, df),
-    }[alternative]()
-    half = float(_t_ppf(0.5 + LEVEL / 2, df)) * se
-    return Welch(diff, half, t, df, float(p), n_a, n_b, se)
+    return _t_result(diff, vx + vy, df, n_a, n_b, alternative)
 
 
 def _mean(x: list[float]) -> float:
@@ -153,7 +146,11 @@ def welch_power(w: Welch, effect: float, alpha: float = ALPHA) -> float:
 def tost(a: Sequence[float], b: Sequence[float], margin: float) -> tuple[float, Welch]:
     """Two one-sided tests that |mean(a) - mean(b)| < ``margin``: (p, the two-sided Welch test). The p is the
     larger of the two one-sided Welch p-values against -margin and +margin (NaN where Welch is undefined)."""
-    w = welch(a, b)
+    return tost_of(welch(a, b), margin)
+
+
+def tost_of(w: Welch, margin: float) -> tuple[float, Welch]:
+    """``tost`` from a two-sided test of the difference (Welch's, or ``paired_problems``)."""
     if not (w.se > 0) or math.isnan(w.df):
         return math.nan, w
     p_low = _t_sf((w.diff + margin) / w.se, w.df)  # H0: diff <= -margin
@@ -234,7 +231,123 @@ RULE = (
     'of claims ("any of") is supported when at least one member is, not supported when every member is not '
     "supported, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
     "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match. "
+    "An accuracy claim whose runs all have per-problem outcomes is tested paired on the problems (a t-test "
+    "whose variance is the seeds' and the problems' under a crossed random-effects model, Satterthwaite's df) "
+    "instead of Welch's test over seeds. "
     f"Replication: the share of {RESAMPLES} bootstrap resamples of the finished runs (each configuration's runs "
     "resampled with replacement) whose verdict, through this whole rule (Holm included), is the same; below "
     f"{FRAGILE:g}: fragile."
 )
+
+
+# Problem-level statistics: per-problem outcomes of the runs of a configuration, a matrix of seeds x problems
+# (``problems.py`` reads it: each column a problem of one task, its outcomes weighted by 1 / (tasks x that
+# task's problems), so that a row sums to the run's average accuracy). Seeds and problems are crossed: every
+# seed answers the same problems. Definitions and the simulation that checks them: docs/REPORT.md.
+BOOTSTRAP = 1000  # resamples of a configuration's hierarchical bootstrap interval
+
+
+def problem_bootstrap(
+    values: Any,
+    task: Any,
+    resamples: int = BOOTSTRAP,
+    level: float = LEVEL,
+    seed: int = 0,
+    counts: Any = None,
+    projected: Any = None,
+) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of a configuration's runs (``values``: seeds x problems, a row's sum its
+    average accuracy; ``task``: each column's task index) and its ``level`` percentile interval by a
+    hierarchical bootstrap over the two sources of its noise: the seeds drawn with replacement, then the
+    problems, within each task, drawn with replacement, one draw for all the seeds (the problems are shared,
+    not nested in a seed). ``counts``: the problems' draws (``problem_counts``), to share them between the
+    configurations of a table; ``projected``: ``values @ counts.T`` (each seed's total on each resample's
+    problems), computed for a whole table at once. NaN bounds under 2 seeds (one seed says nothing of another's
+    spread)."""
+    import numpy as np
+
+    m = np.asarray(values, dtype=float)
+    mean = float(m.sum(axis=1).mean()) if len(m) else math.nan
+    if len(m) < 2:
+        return mean, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    if projected is None:
+        counts = problem_counts(np.asarray(task), resamples, seed + 1) if counts is None else counts
+        projected = m @ counts.T
+    seeds = rng.multinomial(len(m), np.full(len(m), 1 / len(m)), size=projected.shape[1]) / len(m)
+    # resample b: the drawn seeds' mean of their totals on the drawn problems
+    drawn = (seeds * projected.T).sum(axis=1)
+    low, high = np.quantile(drawn, [0.5 - level / 2, 0.5 + level / 2])
+    return mean, float(low), float(high)
+
+
+def problem_counts(task: Any, resamples: int = BOOTSTRAP, seed: int = 0) -> Any:
+    """Per resample and column, how many times the problem is drawn: within each task, as many draws as it
+    has problems, with replacement."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    counts = np.empty((resamples, len(task)))
+    for t in np.unique(task):
+        cols = np.flatnonzero(task == t)
+        counts[:, cols] = rng.multinomial(len(cols), np.full(len(cols), 1 / len(cols)), size=resamples)
+    return counts
+
+
+def paired_problems(a: Any, b: Any, task: Any, alternative: str = "two-sided") -> Welch:
+    """The test of mean(a) - mean(b), two configurations' runs on the same problems (``a``, ``b``: seeds x
+    problems as ``problem_bootstrap`` reads them), paired on the problems: a t-test whose variance comes from
+    the crossed random-effects model outcome = config + seed + problem + config x problem + noise, by the
+    method of moments (each side's seed variance; the variance, over the problems of each task, of the paired
+    difference of the two sides' mean outcomes: each problem's own difficulty cancels; less the noise counted
+    by both), with Satterthwaite's degrees of freedom. Returned as a ``Welch`` (its CI, power: ``welch_power``).
+    NaN where a side has fewer than 2 runs."""
+    import numpy as np
+
+    xa, xb, task = np.asarray(a, dtype=float), np.asarray(b, dtype=float), np.asarray(task)
+    n_a, n_b = len(xa), len(xb)
+    diff = float(xa.sum(axis=1).mean() - xb.sum(axis=1).mean()) if n_a and n_b else math.nan
+    if n_a < 2 or n_b < 2:
+        return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, math.nan)
+    parts: list[tuple[float, float]] = [  # (variance, degrees of freedom), added with their signs
+        (float(np.var(x.sum(axis=1), ddof=1)) / len(x), len(x) - 1) for x in (xa, xb)
+    ]
+    noise: list[tuple[float, float]] = []
+    pairs = xa.mean(axis=0) - xb.mean(axis=0)
+    for t in np.unique(task):
+        cols = task == t
+        c = int(cols.sum())
+        if c < 2:
+            continue
+        parts.append((c * float(np.var(pairs[cols], ddof=1)), c - 1))
+        for x in (xa, xb):
+            noise.append((c * _residual_mean_square(x[:, cols]) / len(x), (len(x) - 1) * (c - 1)))
+    total = sum(v for v, _ in parts) - sum(v for v, _ in noise)
+    floor = sum(v for v, _ in noise)  # pure outcome noise: no seed, no problem effect
+    var = max(total, floor)
+    df = var**2 / sum(v**2 / d for v, d in (*parts, *noise) if d > 0 and v > 0) if var > 0 else math.nan
+    return _t_result(diff, var, df, n_a, n_b, alternative)
+
+
+def _residual_mean_square(x: Any) -> float:
+    """The two-way ANOVA's residual mean square of a seeds x problems matrix (no replication)."""
+
+    r, c = x.shape
+    if r < 2 or c < 2:
+        return 0.0
+    e = x - x.mean(axis=0) - x.mean(axis=1, keepdims=True) + x.mean()
+    return float((e**2).sum() / ((r - 1) * (c - 1)))
+
+
+def _t_result(diff: float, var: float, df: float, n_a: int, n_b: int, alternative: str) -> Welch:
+    """The t-test of a difference from its variance and degrees of freedom (undefined without either)."""
+    se = math.sqrt(var) if var > 0 else 0.0
+    if not se > 1e-12 or math.isnan(df):
+        return Welch(diff, math.nan, math.nan, math.nan, math.nan, n_a, n_b, se)
+    t = diff / se
+    p = {
+        "two-sided": lambda: 2 * _t_sf(abs(t), df),
+        "greater": lambda: _t_sf(t, df),
+        "less": lambda: _t_sf(-t, df),
+    }[alternative]()
+    return Welch(diff, float(_t_ppf(0.5 + LEVEL / 2, df)) * se, t, df, float(p), n_a, n_b, se)

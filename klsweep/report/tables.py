@@ -19,10 +19,21 @@ from klsweep import store
 from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
-from klsweep.report.statistics import ALPHA, LEVEL, RULE, fragile, t_half_width, welch_summary
+from klsweep.report.statistics import (
+    ALPHA,
+    LEVEL,
+    RULE,
+    fragile,
+    problem_bootstrap,
+    problem_counts,
+    t_half_width,
+    welch_summary,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from klsweep.report.problems import Outcomes
 
 DASH = "—"
 
@@ -173,7 +184,15 @@ def _add_stats(df: pd.DataFrame, g: Any, cols: list[str]) -> None:
         df[f"{c} ci"] = t_half_width(agg["std"], agg["count"])
 
 
-def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: list[str]) -> pd.DataFrame:
+def main_table(
+    runs: pd.DataFrame,
+    axes: list[str],
+    in_domain: list[str],
+    ood: list[str],
+    outcomes: Outcomes | None = None,
+) -> pd.DataFrame:
+    """One row per configuration: its scores over seeds (``_add_stats``), the eval's own noise, and the
+    averages' intervals from per-problem outcomes (``_add_problem_intervals``) where every run has them."""
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
@@ -181,7 +200,39 @@ def main_table(runs: pd.DataFrame, axes: list[str], in_domain: list[str], ood: l
     _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
     for c in (*in_domain, ID_AVG, *ood, OOD_AVG):  # the mean per-run lm-eval stderr: the eval's own noise
         df[f"{c} {SE}"] = g[f"{c} {SE}"].mean() if f"{c} {SE}" in runs else math.nan
+    _add_problem_intervals(df, runs, outcomes or {})
     return df.reset_index(drop=True)
+
+
+CI_METHOD = "ci method"  # suffix of an average's column: how its interval was computed
+BY_PROBLEMS, BY_SEEDS = "seeds x problems", "seeds"
+
+
+def _add_problem_intervals(df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outcomes) -> None:
+    """For each average, ``<c> low`` and ``<c> high``: the bounds of its hierarchical bootstrap interval over
+    seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by every configuration)
+    where all of a configuration's runs scored have per-problem outcomes, and ``<c> ci`` then half its width;
+    ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the t-interval over seeds)."""
+    import numpy as np
+
+    for c in (ID_AVG, OOD_AVG):
+        low, high = np.full(len(df), math.nan), np.full(len(df), math.nan)
+        matrix = outcomes.get(c)
+        if matrix is not None:
+            counts = problem_counts(matrix.task)
+            projected = (
+                np.nan_to_num(matrix.values) @ counts.T
+            )  # each run's total on each resample's problems
+            row = {config: i for i, config in enumerate(df.index)}
+            for config, names in runs[runs[c].notna()].groupby("config", sort=True)["run"]:
+                if len(names) >= 2 and matrix.complete(names):
+                    at = matrix.positions(names)
+                    interval = problem_bootstrap(matrix.values[at], matrix.task, projected=projected[at])
+                    low[row[config]], high[row[config]] = interval[1:]
+        by_problems = ~np.isnan(low)
+        df[f"{c} low"], df[f"{c} high"] = low, high
+        df[f"{c} ci"] = np.where(by_problems, (high - low) / 2, df[f"{c} ci"])
+        df[f"{c} {CI_METHOD}"] = np.where(by_problems, BY_PROBLEMS, BY_SEEDS)
 
 
 def _significant_best(report: Report, column: str) -> list[bool]:
@@ -378,7 +429,7 @@ def _reference_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each configuration against its references: Welch's test; a significant p bold."""
+    """Each configuration against its references: Welch's test or the paired one; a significant p bold."""
     import pandas as pd
 
     df = report.comparisons
@@ -394,6 +445,7 @@ def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
             "p": [fmt_p(v) for v in df["p"]],
             "n": [f"{a} vs {b}" for a, b in zip(df["n"], df["n reference"], strict=True)],
+            "test": df["test"],
         }
     )
     bold = _no_bold(out)
@@ -518,7 +570,9 @@ def captions(report: Report) -> dict[str, str]:
             + "; last evaluated checkpoint of each run (step; the runs table names each run's). "
             "A diverged run is scored on the checkpoint it diverged at. "
             f"Mean ± half-width of its t-based {LEVEL:.0%} confidence interval over the seeds evaluated "
-            "(no ± with one seed); n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
+            "(no ± with one seed); the averages' where every run has per-problem outcomes: half the width of "
+            f"the {LEVEL:.0%} hierarchical bootstrap interval over seeds and problems (main.csv: its bounds, "
+            "and which method each row used). n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
             "lm-eval stderr of the average (the eval's own noise, part of the spread between seeds). "
             "Δ = change of the average from the step-0 baseline of the same model. Bold: the best mean of a "
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
@@ -543,8 +597,9 @@ def captions(report: Report) -> dict[str, str]:
         "comparisons": (
             "In-domain and OOD averages of each configuration against the no-KL baseline (beta = 0) and k1 in "
             "the reward (same beta) that share all its other axes (model, task, lag, ...): difference of the "
-            f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds (t, df, p; p < "
-            f"{ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
+            f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds, or where every run "
+            "of both has per-problem outcomes a t-test paired on the problems (seeds x problems; test says which) "
+            f"(t, df, p; p < {ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
             "seeds on a side, or no spread)."
         ),
         "claims": RULE,

@@ -50,7 +50,9 @@ OverridesArg = Annotated[
     list[str] | None,
     typer.Argument(help="key=value overrides in Hydra's grammar (also +key=v, ++key=v, ~key)"),
 ]
-GridArg = Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")]
+GridArg = Annotated[
+    Path, typer.Argument(help="the grid file, or a shipped grid's name (klsweep grids): tiny, paper, ...")
+]
 OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")]
 ConfigDirOpt = Annotated[
     list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
@@ -281,6 +283,7 @@ def rehearse_command(
     cluster: Annotated[
         str, typer.Option(help="local (this process) | slurm (one short job on the grid's partition)")
     ] = "local",
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
@@ -293,11 +296,11 @@ def rehearse_command(
         raise UserError(Problem("--cluster", f"{cluster!r}", "local, slurm"))
     console = _console()
     if cluster == "slurm":
-        result, log = rehearse_on_slurm(grid, overrides, out=out)
+        result, log = rehearse_on_slurm(grid, overrides, out=out, config_dirs=config_dir)
         console.print(f"rehearsed on Slurm (log: {log})", highlight=False, soft_wrap=True)
     else:
         result = rehearse(
-            grid, overrides, out=out,
+            grid, overrides, out=out, config_dirs=config_dir,
             on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
         )  # fmt: skip
     console.print(rehearsal_table(result, width=table_width(console)))
@@ -343,6 +346,42 @@ def keys_command(
 
     console = _console()
     console.print(keys_table(describe(under or ""), width=table_width(console)))
+
+
+grids_app = typer.Typer(
+    help="The grids that ship with klsweep: list them (no subcommand), copy one to edit (cp).",
+    no_args_is_help=False,
+    rich_markup_mode=None,
+)
+app.add_typer(grids_app, name="grids")
+
+
+@grids_app.callback(invoke_without_command=True)
+def grids_command(ctx: typer.Context) -> None:
+    """The grids that ship with klsweep: `klsweep plan NAME` (run, study, ...) takes one by its name
+    anywhere; `klsweep grids cp NAME FILE` copies one to edit."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from klsweep.console import grids_table, table_width
+    from klsweep.grid.shipped import shipped
+
+    console = _console()
+    console.print(grids_table(shipped(), width=table_width(console)))
+
+
+@grids_app.command("cp")
+def grids_copy_command(
+    name: Annotated[str, typer.Argument(help="a shipped grid's name (klsweep grids)")],
+    dest: Annotated[Path, typer.Argument(help="the file to write, or a folder to hold NAME.yaml")] = Path(
+        "."
+    ),
+    force: Annotated[bool, typer.Option("--force", help="overwrite DEST if it exists")] = False,
+) -> None:
+    """Copy a shipped grid to edit it (then: klsweep plan FILE)."""
+    from klsweep.grid.shipped import copy
+
+    written = copy(name, dest, force=force)
+    _console().print(f"wrote {written}: klsweep plan {written}", highlight=False, soft_wrap=True)
 
 
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
@@ -465,7 +504,7 @@ def eval_command(
 
 @app.command("run")
 def run_command(
-    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    grid: GridArg,
     overrides: OverridesArg = None,
     cluster: Annotated[
         str | None,
@@ -488,6 +527,7 @@ def run_command(
         "results"
     ),
     max_runs: MaxRunsOpt = None,
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
     --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
@@ -496,7 +536,7 @@ def run_command(
     from klsweep import planner, submit
     from klsweep.console import print_failures, status_table, table_width
 
-    plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
     _require_cached(plan, grid, overrides)
     cluster = cluster or submit.default_cluster(plan)
@@ -595,7 +635,8 @@ def cancel_command(
 @app.command("study")
 def study_command(
     grid: Annotated[
-        Path, typer.Argument(help="the grid file, e.g. sweeps/tiny.yaml (it must name an eval suite)")
+        Path,
+        typer.Argument(help="the grid file or a shipped grid's name, e.g. tiny (it must name an eval suite)"),
     ],
     overrides: OverridesArg = None,
     cluster: Annotated[
@@ -615,6 +656,7 @@ def study_command(
             "(replication >= 0.8, or no replication column)"
         ),
     ] = None,
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
     import time
@@ -666,6 +708,7 @@ def study_command(
             on_stage=on_stage,
             on_progress=on_progress,
             expect_claims=expect_claims,
+            config_dirs=config_dir,
         )
     finally:
         progress.stop()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.grid.shipped import ShippedGrid
     from klsweep.rehearse import Rehearsal
     from klsweep.report import Report
     from klsweep.submit import RunStatus
@@ -185,6 +186,17 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
         "keys of grid files and overrides", ["key", "default", "help"], rows, width=width, whole=["key"],
         caption=caption,
     )  # fmt: skip
+
+
+def grids_table(grids: list[ShippedGrid], width: int | None = None) -> Any:
+    """``klsweep grids``: each shipped grid's name (what ``klsweep plan NAME`` takes) and what it is."""
+    from klsweep.report.terminal import fitted_table
+
+    rows = [[g.name, g.summary] for g in grids]
+    caption = "klsweep plan NAME plans one anywhere; klsweep grids cp NAME FILE copies one to edit"
+    return fitted_table(
+        "shipped grids", ["name", "what it is"], rows, width=width, whole=["name"], caption=caption
+    )
 
 
 def _size(gb: float) -> str:

@@ -389,6 +389,7 @@ def rehearse(
     overrides: list[str] | None = None,
     out: str | Path | None = None,
     on_run: Callable[[RunRehearsal], None] | None = None,
+    config_dirs: list[str] | None = None,
 ) -> Rehearsal:
     """Rehearse the covering runs of a grid in this process (see the module docstring). ``UserError`` when
     another rehearsal writes the same folder, or the folder holds anything but a rehearsal
@@ -396,7 +397,7 @@ def rehearse(
     from klsweep import grid, planner
 
     start = time.time()
-    plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT))
+    plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT), config_dirs=config_dirs)
     planner.check(plan)
     folder = Path(plan.sweep_dir)
     lock = _only_rehearsal(folder)
@@ -524,7 +525,10 @@ def _rehearse(
 
 
 def rehearse_on_slurm(
-    grid_path: str | Path, overrides: list[str] | None = None, out: str | Path | None = None
+    grid_path: str | Path,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    config_dirs: list[str] | None = None,
 ) -> tuple[Rehearsal, str]:
     """``rehearse`` as one short Slurm job on the grid's partition (its cluster settings: partition, account,
     qos, setup), with one GPU when the grid's models ask for GPUs; waits for it. Returns the rehearsal and the
@@ -535,7 +539,7 @@ def rehearse_on_slurm(
     from klsweep.submit.slurm import slurm_parameters
 
     out = Path(out or DEFAULT_OUT).absolute()
-    plan = grid.load_plan(grid_path, overrides, out=out)
+    plan = grid.load_plan(grid_path, overrides, out=out, config_dirs=config_dirs)
     planner.check(plan)  # what the job's rehearse would refuse, refused before a job is submitted
     first = plan.runs[0].config
     gpus = max(int(r.config["model"]["resources"].get("gpus_per_node", 0)) for r in plan.runs)
@@ -546,7 +550,8 @@ def rehearse_on_slurm(
     ex = submitit.SlurmExecutor(folder=out / f".submitit-{plan.name}", max_num_timeout=0)
     ex.update_parameters(**params)
     try:
-        job = ex.submit(rehearse, Path(grid_path).absolute(), overrides, out)
+        dirs = [str(Path(d).absolute()) for d in config_dirs or []]
+        job = ex.submit(rehearse, grid.grid_file(grid_path).absolute(), overrides, out, None, dirs)
     except submitit.core.utils.FailedJobError as e:
         where = ", ".join(f"{k}={v}" for k, v in params.items() if k in ("partition", "gpus_per_node", "mem"))
         raise UserError(

@@ -139,7 +139,7 @@ def test_memory_grows_with_the_micro_batch_and_shrinks_with_sharding():
 def _sizing_warnings(plan: dict) -> list[str]:
     """The plan's warnings but those of this environment: an engine it lacks (vLLM: tests/integration/
     test_engines.py), the tests' HF_HOME under /tmp (node-local: test_node_local_caches_are_flagged...)."""
-    return [w for w in plan["warnings"] if "klsweep[vllm]" not in w and "node-local" not in w]
+    return [w for w in plan["warnings"] if "[vllm]" not in w and "node-local" not in w]
 
 
 def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):

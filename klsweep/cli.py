@@ -468,6 +468,10 @@ def eval_command(
     cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",
     checkpoints: Annotated[str, typer.Option(help="last | all")] = "last",
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
+    config_dir: Annotated[
+        list[str] | None,
+        typer.Option("--config-dir", help="more config folders: --suite NAME from DIR/eval/"),
+    ] = None,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
     from rich.markup import escape
@@ -480,10 +484,13 @@ def eval_command(
         from klsweep.submit.evals import check_target, eval_request
 
         check_target(path)  # a folder it cannot write to is said first
-        require_cached_for_eval(eval_request(path, suite, backend, checkpoints), path)
+        require_cached_for_eval(
+            eval_request(path, suite, backend, checkpoints, config_dirs=config_dir or []), path
+        )
     outcome = submit_eval(
-        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait
-    )
+        path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
+        config_dirs=config_dir or [],
+    )  # fmt: skip
     console = _console()
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)

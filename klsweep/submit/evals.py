@@ -52,17 +52,21 @@ def submit_eval(
     checkpoints: str = "last",
     wait: bool = False,
     jobs: int | None = None,
+    config_dirs: Sequence[str] = (),
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
     baselines (one per model); see ``eval_request`` for ``suite`` and ``backend``.
     ``cluster`` debug evaluates in this process; local splits the runs and baselines over ``jobs`` submitit
     jobs run side by side (default ``min(cores, runs)``; lm-eval loaded once per job); slurm one job per run
-    and per baseline. ``wait``: wait for the jobs and collect their outcome."""
+    and per baseline. ``wait``: wait for the jobs and collect their outcome. ``config_dirs``: more config folders
+    whose ``eval/`` may hold ``suite`` (``--config-dir``)."""
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
     check_target(target)
-    request = eval_request(Path(target), suite, backend, checkpoints, problems=problems)
+    request = eval_request(
+        Path(target), suite, backend, checkpoints, problems=problems, config_dirs=config_dirs
+    )
     _check_inside(Path(target), request)
     engines.require(  # the jobs run in this environment
         {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
@@ -134,9 +138,10 @@ def eval_request(
     checkpoints: str = "last",
     *,
     problems: Sequence[Problem] = (),
+    config_dirs: Sequence[str] = (),
 ) -> EvalRequest:
     """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model). ``suite`` names ``conf/eval/<suite>.yaml`` (default: the runs' own eval
+    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` or ``conf/`` (default: the runs' own eval
     settings); ``backend`` overrides the suite's. Unknown task names fail here, before anything is submitted.
     ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
     reported with these in one ``UserError``."""
@@ -152,7 +157,7 @@ def eval_request(
         raise UserError(problems, title="invalid eval request")
     runs, skipped, sweep_dir = _targets(target)
     readable = [r for r in store.run_dirs(target) if not skipped.get(str(r), "").startswith("unreadable")]
-    cfg = evaluate.load_suite(suite) if suite else _suite_of_runs(runs or readable)
+    cfg = evaluate.load_suite(suite, config_dirs) if suite else _suite_of_runs(runs or readable)
     if backend is not None:
         cfg.backend = backend
     cfg = evaluate.as_eval_section(cfg)

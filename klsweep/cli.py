@@ -203,7 +203,7 @@ def plan_command(
                 "estimate": e.as_json() if (e := estimates.get(r.id)) else None,
                 "limit": e.limit_json() if e else None,
             }
-            for r in plan.runs
+            for r in plan.table_order()  # the table's order: `klsweep config GRID N` is its row N
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
@@ -316,7 +316,7 @@ def rehearse_command(
 def config_command(
     grid: GridArg,
     run: Annotated[
-        str, typer.Argument(help="a run id (or its start), or an index in plan order (plan --json)")
+        str, typer.Argument(help="a run id (or its start), or a row of the plan table from 0 (plan --runs)")
     ],
     overrides: OverridesArg = None,
     out: OutOpt = Path("results"),

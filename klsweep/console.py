@@ -79,27 +79,6 @@ def _value(v: Any) -> str:
     return "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _sort_key(params: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
-    """Configuration order: axis by axis, numbers before names, numbers by value, "no KL" last."""
-    from klsweep.config import NO_KL
-
-    return tuple(
-        (
-            v is None,
-            v == NO_KL,
-            isinstance(v, str),
-            v if isinstance(v, int | float) and not isinstance(v, bool) else str(v),
-        )
-        for v in (params.get(a) for a in axes)
-    )
-
-
-def _config_first(axes: list[str]) -> list[str]:
-    """The axes in table order: the configuration's, then the seed (rows sorted so read configuration by
-    configuration)."""
-    return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
-
-
 def _pack(items: list[str], room: int | None) -> Text:
     """``items`` joined by ", ", on lines of at most ``room`` characters, never breaking an item: a cell whose
     line breaks are the layout's (each item as written, its control characters visible: ``visible``)."""
@@ -137,10 +116,12 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         + f"{counts['done']} already done, "
         f"{counts['to_submit']} to submit"
     )
+    from klsweep.grid.plan import config_first, config_order
+
     shown = {r.id: _shown(r.params) for r in plan.runs}
-    axes = _config_first(plan.axes)
+    axes = config_first(plan.axes)
     if runs or len(plan.runs) <= LIST_RUNS_UP_TO:
-        order = sorted(plan.runs, key=lambda r: (_sort_key(shown[r.id], axes), r.id))
+        order = plan.table_order()
         rows = [[r.id, *(_value(shown[r.id].get(a)) for a in axes)] for r in order]
         labels = _labels(axes)
         return fitted_tables(
@@ -152,7 +133,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     rows = []
     for a, label in zip(axes, labels, strict=True):
         per_value: dict[Any, int] = {}
-        for r in sorted(plan.runs, key=lambda r: _sort_key({a: shown[r.id].get(a)}, [a])):
+        for r in sorted(plan.runs, key=lambda r: config_order({a: shown[r.id].get(a)}, [a])):
             v = shown[r.id].get(a)
             per_value[v] = per_value.get(v, 0) + 1
         rows.append([label, _pack([f"{_value(v)} ×{n}" for v, n in per_value.items()], room)])
@@ -359,12 +340,13 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     the report counts it."""
     from rich.text import Text
 
+    from klsweep.grid.plan import config_first, config_order
     from klsweep.report.terminal import fitted_tables
 
-    axes = _config_first(list(runs[0].params)) if runs else []
+    axes = config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
-    order = sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id))
+    order = sorted(runs, key=lambda r: (config_order(shown[r.run_id], axes), r.run_id))
     sched, marks, legend = _scheduler_notes(order, width)  # marks numbered down the table
     header = [
         "run",

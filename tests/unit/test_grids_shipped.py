@@ -98,5 +98,5 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
         cwd=elsewhere, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).runs]
+    want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).table_order()]
     assert [r["id"] for r in json.loads(done.stdout)["runs"]] == want

@@ -163,7 +163,7 @@ def tiny_model(model: dict[str, Any], folder: Path) -> tuple[Path, list[str]]:
 def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
     """A copy of the suite's task folder whose tasks read the shipped samples (``EVAL_SAMPLES``) instead of
     the hub; ``UserError`` for a task whose dataset has no sample."""
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     if include is None:
         raise UserError(
@@ -175,7 +175,7 @@ def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
     problems = []
     found = set()
     for path in sorted(target.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names:
             continue
         found.add(cfg["task"])
@@ -206,10 +206,10 @@ def _check_prompt_fields(folder: Path, names: list[str]) -> None:
     """Each task's ``doc_to_text`` renders on its first sample row (the fields it names are in the data)."""
     import jinja2
 
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     for path in sorted(folder.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names or not isinstance(cfg.get("doc_to_text"), str):
             continue
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") or {}
@@ -232,7 +232,7 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
     token."""
     from transformers import AutoTokenizer
 
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     problems = []
@@ -245,7 +245,7 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
             )
         )
     for path in sorted(folder.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names:
             continue
         until = (cfg.get("generation_kwargs") or {}).get("until") or []

@@ -39,7 +39,54 @@ def cli_console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=_columns() or PIPE_WIDTH)
+    if console.is_terminal:
+        return console
+    return Console(file=_Unpadded(stderr), width=_columns() or PIPE_WIDTH)  # type: ignore[arg-type]
+
+
+class _Unpadded:
+    """stdout or stderr (looked up at each write) for a pipe or a file: lines without the spaces rich pads a
+    table's rows with to its width (``klsweep keys | grep``); a pipe its reader closed is not an error."""
+
+    def __init__(self, stderr: bool):
+        self.stderr = stderr
+
+    @property
+    def stream(self) -> Any:
+        import sys
+
+        return sys.stderr if self.stderr else sys.stdout
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        import re
+
+        try:
+            return self.stream.write(re.sub(r" +(?=\n)", "", text))
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        """The reader went away (``klsweep report ... | head``): what is left to print goes nowhere, and the
+        command goes on (the report's files are written) and exits as it would have."""
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+    def isatty(self) -> bool:
+        return False
 
 
 def table_width(console: Console) -> int | None:

@@ -504,7 +504,9 @@ def resolve_sweep(
         name = _grid_name(p)
         use = f"the sweep name {name}" if name else "its sweep's name (its name: key)"
         raise UserError(
-            Problem(str(sweep), f"that is a grid file: use {use}", ", ".join(known) or "a sweep folder's name"),
+            Problem(
+                str(sweep), f"that is a grid file: use {use}", ", ".join(known) or "a sweep folder's name"
+            ),
             title="not a sweep",
         )
     raise UserError(

@@ -160,8 +160,9 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     caption = (
         f"{counts['total']} runs, {counts['excluded']} excluded, "
         + (f"{counts['merged']} merged (the same training), " if counts.get("merged") else "")
-        + f"{counts['done']} already done, "
-        f"{counts['to_submit']} to submit"
+        + f"{counts['done']} already done (or diverged), "
+        + (f"{counts['failed']} failed or cancelled (run: --retry-failed), " if counts.get("failed") else "")
+        + f"{counts['to_submit']} to submit"
     )
     from klsweep.grid.plan import config_first, config_order
 

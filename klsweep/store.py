@@ -56,6 +56,8 @@ from klsweep.errors import Problem, UserError
 
 STATES = ("pending", "running", "done", "failed", "diverged", "cancelled")
 FINAL_STATES = ("done", "failed", "diverged", "cancelled")
+TRAINED_STATES = ("done", "diverged")  # trained to the end (or stopped by a collapse): run skips them
+STOPPED_STATES = ("failed", "cancelled")  # run skips them unless --retry-failed
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"

@@ -276,7 +276,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         rows,
         width=width,
         right=["runs", "GPUs", "micro", "GiB/GPU", "host GiB", "storage"],
-        whole=["model"],  # a model's name is never cut nor folded
+        whole=["model", "lr"],  # a model's name is never cut nor folded, nor a learning rate
         optional=["micro", "storage"],
         caption=caption,
     )

@@ -59,7 +59,6 @@ def fitted_table(
     headers (e.g. "place" for "placement") used when it is still wider, and then spelled out in the caption.
     Only then are cells wrapped."""
     from rich import box
-    from rich.table import Table
 
     header = list(header)
     cells = {h: [r[i] for r in rows] for i, h in enumerate(header)}
@@ -84,7 +83,7 @@ def fitted_table(
     if notes:
         note = "; ".join(notes)
         caption = f"{caption.rstrip('.')}; {note}" if caption else note  # not "collapsed (0%).; not shown"
-    t = Table(
+    t = _Table(
         title=_text(title) if title else None,
         title_justify="left",
         caption=_text(caption) if caption else None,
@@ -107,6 +106,35 @@ def fitted_table(
     for r in rows:
         t.add_row(*(_text(r[i]) for i in index))
     return t
+
+
+def _table_class() -> type:
+    from rich.table import Table
+
+    class FittedTable(Table):
+        """A Table whose title and caption wrap at the width it is printed in (the terminal's; a pipe's: not
+        at all), not at the table's own: a narrow table's caption is not folded into a column of words."""
+
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            from rich.text import Text
+
+            title, caption = self.title, self.caption
+            self.title = self.caption = None
+            try:
+                if title:
+                    yield Text(title, style="italic") if isinstance(title, str) else title
+                yield from super().__rich_console__(console, options)
+                if caption:
+                    yield Text(caption, style="dim") if isinstance(caption, str) else caption
+            finally:
+                self.title, self.caption = title, caption
+
+    return FittedTable
+
+
+def _Table(**kwargs: Any) -> Any:
+    """A ``FittedTable`` (rich is imported when a table is made, not when this module is)."""
+    return _table_class()(**kwargs)
 
 
 def _natural(widths: dict[str, int], columns: Sequence[str]) -> int:

@@ -394,15 +394,28 @@ def train_command(
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="the run folder (default: results/<name>/<run-id>)")
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", help="the libraries' own output too (TRL's log dicts, warnings, W&B's)"),
+    ] = False,
 ) -> None:
-    """Train one run in this process (resuming its folder if it has checkpoints); exit 1 if it failed."""
+    """Train one run in this process (resuming its folder if it has checkpoints), a line per step; exit 1 if it
+    failed."""
     from klsweep import config as config_mod
     from klsweep import grid, job
+    from klsweep.console import step_line
 
     resolved = grid.compose_run_config(config, overrides or [])
     folder = run_dir or Path(grid.DEFAULT_OUT) / resolved["name"] / grid.run_id(resolved)
     config_mod.write_run(folder, resolved)
-    status = job.train_run(folder)
+    console = _console()
+    total = resolved["train"]["steps"]
+    status = job.train_run(
+        folder, quiet=not verbose,
+        on_row=None if verbose else lambda row: console.print(step_line(row, total), highlight=False),
+    )  # fmt: skip
+    for warning in status.get("warnings") or []:
+        console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     _console().print(f"{folder}: {status['state']}", highlight=False, soft_wrap=True)
     if status.get("reason"):
         _console().print(status["reason"], highlight=False, soft_wrap=True)

@@ -217,6 +217,20 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
     )  # fmt: skip
 
 
+def step_line(row: dict[str, Any], total: int) -> str:
+    """``klsweep train``'s line for one step's metrics row: step, task reward, the k1 and k3 KL estimates,
+    loss, seconds."""
+
+    def num(key: str) -> str:
+        v = row.get(key)
+        return "—" if v is None else f"{v:.3g}"
+
+    return (
+        f"step {row['step']}/{total}  reward {num('reward_mean')}  kl k1 {num('kl_k1')} k3 {num('kl_k3')}  "
+        f"loss {num('loss')}  {num('step_time')} s"
+    )
+
+
 def grids_table(grids: list[ShippedGrid], width: int | None = None) -> Any:
     """``klsweep grids``: each shipped grid's name (what ``klsweep plan NAME`` takes) and what it is."""
     from klsweep.report.terminal import fitted_table

@@ -402,6 +402,7 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     the report counts it."""
     from rich.text import Text
 
+    from klsweep.collapse import OUTCOME_WORDS
     from klsweep.grid.plan import config_first, config_order
     from klsweep.report.terminal import fitted_tables
 
@@ -451,7 +452,9 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         whole=["run", "model", "job", "state", "step"],
         optional=["job", "GPU-h", "elapsed", "eval"],
         short=NARROW,
-        caption=legend,
+        caption="; ".join(
+            filter(None, [legend, OUTCOME_WORDS if any(r.state == "diverged" for r in runs) else ""])
+        ),
     )
 
 

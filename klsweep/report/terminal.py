@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from klsweep.collapse import OUTCOME_WORDS
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
 from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view, visible
 
@@ -274,7 +275,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             group="model",
             optional=["peak KL k3", "peak reward"],
             caption="mean±95% CI half-width over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
-            f"reasons: the report's files). Collapse rule (docs/COLLAPSE.md): {report.collapse_rule}",
+            f"reasons: the report's files). Collapse rule (docs/COLLAPSE.md): {report.collapse_rule.rstrip('.')}. {OUTCOME_WORDS}",
         )
     )
     if len(report.claims):
@@ -295,7 +296,12 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
                 whole=["verdict"],
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
                 "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
-                f"the same verdict, fragile under {FRAGILE:g}",
+                f"the same verdict, fragile under {FRAGILE:g}"
+                + (
+                    f"; {OUTCOME_WORDS}"
+                    if any(str(d).startswith("unstable:") for d in report.claims.get("detail", []))
+                    else ""
+                ),
             )
         )
     return tables

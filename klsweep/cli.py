@@ -608,7 +608,7 @@ def status_command(
     """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
     log's last lines."""
     from klsweep import submit
-    from klsweep.console import print_failures, print_warning, status_table, table_width
+    from klsweep.console import print_failures, print_warning, status_table, table_width, watch_view
 
     sweep_dir = store.resolve_sweep(sweep)
     store.sweep_runs(sweep_dir)  # a folder without runs is said, as report says it (exit 2)
@@ -627,7 +627,7 @@ def status_command(
 
         with Live(console=console) as live:
             runs = submit.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(status_table(rs, sweep_dir.name, width))
+                sweep_dir, on_update=lambda rs: live.update(watch_view(rs, sweep_dir.name, width))
             )
     else:
         runs = submit.status(sweep_dir)
@@ -683,7 +683,7 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep.console import print_failures, print_report, status_table, table_width
+    from klsweep.console import print_failures, print_report, progress_line, status_table, table_width
     from klsweep.report.statistics import FRAGILE
     from klsweep.report.tables import visible
     from klsweep.study import run_study
@@ -705,18 +705,16 @@ def study_command(
     last: list[str] = []
 
     def on_progress(runs: list) -> None:
-        states = [r.state for r in runs]
-        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(sorted(states)))
+        summary = progress_line(runs, eta=False)
         if not console.is_terminal:  # a log file: one line whenever something changed
             if summary != (last[-1] if last else None):
                 last.append(summary)
-                console.print(f"{time.time() - start:6.0f}s   {summary}", highlight=False)
+                console.print(f"{time.time() - start:6.0f}s   {progress_line(runs)}", highlight=False)
             return
         if not progress.live.is_started:
             progress.start()
-        progress.update(
-            task, total=len(runs), completed=sum(s in store.FINAL_STATES for s in states), description=summary
-        )
+        done = sum(r.state in store.FINAL_STATES for r in runs)
+        progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
 
     try:
         res = run_study(

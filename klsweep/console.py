@@ -394,12 +394,44 @@ COLOUR = {
 }
 
 
-def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
+def progress_line(runs: list[RunStatus], eta: bool = True) -> str:
+    """The runs per state, running first, and (``eta``) the time left as ``submit.progress`` estimates it:
+    ``3 running, 10 pending, 53 done; about 4 min left``."""
+    from klsweep.submit import progress
+
+    counts, left = progress(runs)
+    line = ", ".join(f"{n} {state}" for state, n in counts.items())
+    if eta and left is not None:
+        line += f"; about {_duration(left)} left"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def watch_view(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
+    """``klsweep status --watch``: the counts and time left over the status table, running runs first."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(progress_line(runs)), status_table(runs, title, width, running_first=True))
+
+
+def status_table(
+    runs: list[RunStatus], title: str = "", width: int | None = None, running_first: bool = False
+) -> Any:
     """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, what the
     scheduler says beyond it (``_scheduler_notes``: a column on a pipe, a mark and a legend in a terminal), step,
     reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
     tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``, as
-    the report counts it."""
+    the report counts it. ``running_first``: the running runs on top (``--watch``)."""
     from rich.text import Text
 
     from klsweep.collapse import OUTCOME_WORDS
@@ -409,7 +441,10 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
     axes = config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
-    order = sorted(runs, key=lambda r: (config_order(shown[r.run_id], axes), r.run_id))
+    order = sorted(
+        runs,
+        key=lambda r: (running_first and r.state != "running", config_order(shown[r.run_id], axes), r.run_id),
+    )
     sched, marks, legend = _scheduler_notes(order, width)  # marks numbered down the table
     header = [
         "run",

@@ -475,7 +475,10 @@ def eval_command(
         str, typer.Argument(help="a sweep folder (or its name under results/), or one run folder")
     ],
     suite: Annotated[
-        str | None, typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own)")
+        str | None,
+        typer.Option(
+            help="eval suite: conf/eval/<NAME>.yaml or a --config-dir's eval/ (default: the runs' own)"
+        ),
     ] = None,
     backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
     cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",

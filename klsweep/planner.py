@@ -704,8 +704,9 @@ def summary(plan: Plan) -> dict[str, Any]:
     done: status.json says done or diverged under the out folder, failed: failed or cancelled, both skipped by
     ``klsweep run``, the second unless ``--retry-failed``; to submit: the others), the
     GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
-    estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, learning
-    rates, largest per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
+    estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch,
+    learning rates, largest per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run
+    id -> ``Estimate``).
     Raises ``check``'s ``UserError``, and ``store.refuse_rehearsal``'s when the out folder holds a
     rehearsal."""
     from klsweep import store

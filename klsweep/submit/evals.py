@@ -141,8 +141,9 @@ def eval_request(
     config_dirs: Sequence[str] = (),
 ) -> EvalRequest:
     """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` or ``conf/`` (default: the runs' own eval
-    settings); ``backend`` overrides the suite's. Unknown task names fail here, before anything is submitted.
+    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` or ``conf/``
+    (default: the runs' own eval settings); ``backend`` overrides the suite's. Unknown task names fail here,
+    before anything is submitted.
     ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
     reported with these in one ``UserError``."""
     target = Path(target)

@@ -1,14 +1,21 @@
 """What each claim of a grid file can detect with N seeds per configuration, from a committed study's spread.
 
-    python bench/power.py sweeps/tiny.yaml results/tiny/report/runs.csv --seeds 5,6,7,8
+    python bench/power.py sweeps/tiny.yaml results/tiny/report/runs.csv --seeds 6,10 --fresh 200
 
 For every claim (``claims:`` of the grid file; the report's own filters, ``unbiased`` included, applied to the
 committed runs) and every N: Welch: the smallest true difference detected with power ``POWER`` at level
 ALPHA/m (m claims: the strictest level Holm may ask of a claim); TOST: the largest true difference still shown
-equivalent within the margin at that level (as a fraction of the margin); Fisher: the fewest unstable runs of
-the riskier side (the other side having none) that reach p < ALPHA/m. The committed runs' standard deviation
-over seeds stands for the new runs'; each side's size scales from the committed seeds to N. Prints a
-Markdown table (docs/STUDY.md, "Seeds per arm"), with what the committed runs showed for each claim.
+equivalent within the margin at that level (as a fraction of the margin); Fisher: the power at that level at
+the claim's effect (the report's rule for "not supported": a's rate ``RATE_EFFECT``, or the claim's
+``effect:``, from b's observed rate), and at the observed rates (the chance of "supported" if they are the
+truth). The committed runs' standard deviation over seeds stands for the new runs'; each side has N runs a
+configuration. ``--fresh K``: also K simulated studies of N seeds a configuration
+(``--keep KEY=VALUE:N``: the configurations with that value keep N seeds in every column), each
+configuration's runs drawn from its committed ones as the report's replication column draws them
+(``claims.replication``: twice with replacement; events at a rate drawn from the configuration's Jeffreys
+posterior), every claim decided by the report's own rule (``claims_table``, Holm included): the share of them
+reaching each verdict, "S/N/I" (supported, not supported, inconclusive). Prints a Markdown table
+(docs/STUDY.md, "Study v4"), with what the committed runs showed for each claim.
 """
 
 from __future__ import annotations
@@ -17,14 +24,38 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from klsweep.config import LEGACY_VALUES  # noqa: E402
-from klsweep.grid.claims import read_claims_file  # noqa: E402
+from klsweep.grid.claims import Claim, read_claims_file  # noqa: E402
 from klsweep.report.audit_table import SAMPLING, SETTINGS, audit_table, run_unbiased  # noqa: E402
-from klsweep.report.claims import METRIC_COLUMNS, claim_side, claim_size, finished, unstable  # noqa: E402
-from klsweep.report.statistics import ALPHA, POWER, Welch, rate_test, welch_power  # noqa: E402
+from klsweep.report.claims import (  # noqa: E402
+    METRIC_COLUMNS,
+    REWARD_DROP,
+    claim_side,
+    claim_size,
+    claims_table,
+    finished,
+    rate_at_effect,
+    rate_power_args,
+    unstable,
+)
+from klsweep.report.stability import reward_drop  # noqa: E402
+from klsweep.report.statistics import (  # noqa: E402
+    ALPHA,
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
+    POWER,
+    SUPPORTED,
+    Welch,
+    rate_power,
+    welch_power,
+)
+from klsweep.report.tables import fmt_value  # noqa: E402
+
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE)
 
 
 def detectable_difference(sd_a: float, n_a: int, sd_b: float, n_b: int, level: float) -> float:
@@ -48,26 +79,73 @@ def equivalence_reach(sd_a: float, n_a: int, sd_b: float, n_b: int, margin: floa
     return max(0.0, margin - float(stats.t.ppf(1 - level, df)) * se) / margin
 
 
-def fewest_events(n_a: int, n_b: int, level: float) -> int | None:
-    """The fewest events of n_a (none of n_b) with Fisher's one-sided p < ``level``; None: none can."""
-    return next((k for k in range(1, n_a + 1) if rate_test(k, n_a, 0, n_b)[0] < level), None)
+def fisher_power(c: Claim, n_a: int, n_b: int, rate_a: float, rate_b: float, level: float) -> float:
+    """The power of the claim's Fisher test with ``n_a`` and ``n_b`` runs at true rates ``rate_a``, ``rate_b``."""
+    return rate_power(*rate_power_args(c, n_a, n_b, rate_a, rate_b), level)
 
 
-def power_table(grid: str | Path, runs_csv: str | Path, seeds: list[int]) -> list[dict[str, object]]:
-    """One row per claim and N: the claim, the sides' sizes, and what it can detect (module docstring)."""
+def committed_runs(runs_csv: str | Path) -> Any:
+    """A report's runs.csv as the report's claims read it: keys it predates at their legacy values, the
+    ``reward drop`` (``stability.reward_drop``) where it predates that column, ``unbiased`` from the audit."""
     import pandas as pd
 
-    claims = read_claims_file(grid)
     runs = pd.read_csv(runs_csv)
     for key in (*SETTINGS, *SAMPLING):  # runs written before a key existed trained with its legacy value
         if key not in runs:
             runs[key] = LEGACY_VALUES.get(key)
-    runs = runs.assign(unbiased=run_unbiased(runs, audit_table(runs)))
+    if REWARD_DROP not in runs:
+        runs[REWARD_DROP] = reward_drop(runs)
+    return runs.assign(unbiased=run_unbiased(runs, audit_table(runs)))
+
+
+def simulated_verdicts(
+    runs: Any, claims: list[Claim], sizes: dict[str, int], fresh: int, seed: int = 0
+) -> list[dict[str, float]]:
+    """Per claim (then group) of ``claims_table``: the share of ``fresh`` simulated studies, ``sizes[config]``
+    runs a configuration drawn from its committed ones (module docstring), reaching each verdict."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    groups = {c: g for c, g in runs.groupby("config") if c in sizes}
+    counts: list[dict[str, float]] = []
+    for _ in range(fresh):
+        parts = []
+        for config, g in groups.items():
+            n = sizes[config]
+            picked = g.iloc[rng.integers(0, len(g), len(g))]  # the truth: this seed set give or take
+            new = picked.iloc[rng.integers(0, len(g), n)].copy()
+            k = int(unstable(g).sum())
+            new["collapsed"] = rng.random(n) < rng.beta(k + 0.5, len(g) - k + 0.5)
+            new["state"] = "done"
+            parts.append(new)
+        study = pd.concat(parts, ignore_index=True)
+        study["run"] = [f"sim{i}" for i in range(len(study))]
+        table = claims_table(study.drop(columns="unbiased"), audit_table(study), claims, resamples=0)
+        if not counts:
+            counts = [dict.fromkeys(VERDICTS, 0.0) for _ in range(len(table))]
+        for tally, verdict in zip(counts, table["verdict"], strict=True):
+            tally[verdict] += 1 / fresh
+    return counts
+
+
+def power_table(
+    grid: str | Path,
+    runs_csv: str | Path,
+    seeds: list[int],
+    fresh: int = 0,
+    keep: dict[tuple[str, str], int] | None = None,
+) -> list[dict[str, object]]:
+    """One row per claim and N: the claim, the sides' sizes, and what it can detect; with ``fresh``, the share
+    of simulated studies reaching each verdict, and a row per group of claims (module docstring). ``keep``:
+    (key, value) -> the seeds the configurations with that value keep whatever N."""
+    claims = read_claims_file(grid)
+    runs = committed_runs(runs_csv)
     done = runs[finished(runs)]
-    committed = int(runs.groupby("config").size().max())
     level = ALPHA / len(claims)
+    sims = {n: simulated_verdicts(done, claims, _sizes(done, n, keep or {}), fresh) for n in seeds if fresh}
     rows = []
-    for c in claims:
+    for i, c in enumerate(claims):
         a, b = claim_side(done, {}, c.a), claim_side(done, {}, c.b)
         col = METRIC_COLUMNS.get(c.metric, c.metric)
         if c.test == "fisher":
@@ -75,20 +153,43 @@ def power_table(grid: str | Path, runs_csv: str | Path, seeds: list[int]) -> lis
         else:
             seen = f"difference {a[col].mean() - b[col].mean():.3g}"
         for n in seeds:
-            na, nb = round(len(a) * n / committed), round(len(b) * n / committed)
+            sizes = _sizes(done, n, keep or {})
+            na, nb = (sum(sizes[x] for x in dict.fromkeys(side["config"])) for side in (a, b))
             if c.test == "fisher":
-                k = fewest_events(na, nb, level)
-                what = f"{k}/{na} unstable vs 0/{nb}" if k else "nothing (too few runs)"
+                rb, ra_seen = unstable(b).mean(), unstable(a).mean()
+                ra = rate_at_effect(c, rb)
+                at_effect, at_seen = (
+                    fisher_power(c, na, nb, ra, rb, level),
+                    fisher_power(c, na, nb, ra_seen, rb, level),
+                )
+                what = f"power {at_effect:.2f} at a's rate {ra:.3g}, {at_seen:.2f} at the observed rates"
             elif c.test == "tost":
                 margin = claim_size(c.margin, b[col])
                 reach = equivalence_reach(a[col].std(), na, b[col].std(), nb, margin, level)
                 what = f"difference within {reach:.0%} of the margin {margin:.3g}"
             else:
                 what = f"difference {detectable_difference(a[col].std(), na, b[col].std(), nb, level):.3g}"
-            rows.append(
-                {"claim": c.name, "committed": seen, "N": n, "runs a/b": f"{na}/{nb}", "detects": what}
-            )
+            row = {"claim": c.name, "committed": seen, "N": n, "runs a/b": f"{na}/{nb}", "detects": what}
+            rows.append(row | ({"verdicts": _shares(sims[n][i])} if fresh else {}))
+    for n in sims:  # the groups ("any of"): their verdicts only
+        groups = list(dict.fromkeys(c.group for c in claims if c.group))
+        for j, g in enumerate(groups):
+            row = {"claim": g, "committed": "", "N": n, "runs a/b": "", "detects": "any of its claims"}
+            rows.append(row | {"verdicts": _shares(sims[n][len(claims) + j])})
     return rows
+
+
+def _sizes(done: Any, n: int, keep: dict[tuple[str, str], int]) -> dict[str, int]:
+    """Configuration -> its runs in a study of ``n`` seeds, but ``keep``'s configurations (``power_table``)."""
+    sizes = {}
+    for config, g in done.groupby("config"):
+        kept = [v for (key, value), v in keep.items() if fmt_value(g[key].iloc[0]) == value]
+        sizes[config] = kept[0] if kept else n
+    return sizes
+
+
+def _shares(tally: dict[str, float]) -> str:
+    return "/".join(f"{tally[v]:.2f}" for v in VERDICTS)
 
 
 def main() -> None:
@@ -96,14 +197,31 @@ def main() -> None:
     p.add_argument("grid")
     p.add_argument("runs_csv")
     p.add_argument("--seeds", default="5,6,7,8")
+    p.add_argument("--fresh", type=int, default=0, help="simulated studies per N (0: none)")
+    p.add_argument("--keep", action="append", default=[], help="KEY=VALUE:N, e.g. offpolicy.lag=16:6")
     args = p.parse_args()
-    rows = power_table(args.grid, args.runs_csv, [int(s) for s in args.seeds.split(",")])
+    keep = {}
+    for k in args.keep:
+        key, _, rest = k.partition("=")
+        value, _, n = rest.rpartition(":")
+        if not (key and value and n.isdigit()):
+            p.error(f"--keep {k!r}: expected KEY=VALUE:N, e.g. offpolicy.lag=16:6")
+        keep[(key, value)] = int(n)
+    import pandas as pd
+
+    columns = set(pd.read_csv(args.runs_csv, nrows=0).columns)
+    for key in sorted({key for key, _ in keep} - columns):
+        p.error(f"--keep: {key!r} is not a column of {args.runs_csv}")
+    rows = power_table(args.grid, args.runs_csv, [int(s) for s in args.seeds.split(",")], args.fresh, keep)
     ns = sorted({r["N"] for r in rows})
     print("| claim | committed runs | " + " | ".join(f"N = {n}" for n in ns) + " |")
     print("|---|---|" + "---|" * len(ns))
     for claim in dict.fromkeys(r["claim"] for r in rows):
         mine = [r for r in rows if r["claim"] == claim]
-        cells = [f"{r['detects']} ({r['runs a/b']})" for r in mine]
+        cells = [
+            f"{r['detects']} ({r['runs a/b']})" + (f"; S/N/I {r['verdicts']}" if "verdicts" in r else "")
+            for r in mine
+        ]
         print(f"| {claim} | {mine[0]['committed']} | " + " | ".join(cells) + " |")
 
 

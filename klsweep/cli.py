@@ -127,12 +127,33 @@ def audit_command(
         str | None, typer.Option(help="--grpo: separate | shaped | all [default: all]")
     ] = None,
     loss_type: Annotated[str | None, typer.Option(help="--grpo: a TRL loss type [default: dapo]")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="audit framework presets' whole KL configurations instead (klsweep/conf/preset/): NAME, "
+            "NAME,NAME or all; with --grpo at the preset's beta unless --beta"
+        ),
+    ] = None,
+    estimator: Annotated[
+        str | None, typer.Option(help="show only this estimator's rows: k1 | k2 | k3 | abs")
+    ] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="show only this placement's rows: reward | loss | both")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as a JSON list")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print the rows as CSV")] = False,
 ) -> None:
     """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
-    with --grpo, the exact expected update of the trainer's whole GRPO objective."""
-    from klsweep import audit
+    with --grpo, the exact expected update of the trainer's whole GRPO objective; with --preset, of a
+    framework's configuration.
+
+    Columns: err rev / err fwd (rel_err_reverse, rel_err_forward): |E g - grad KL| / |grad KL| against the
+    reverse KL(pi||ref) and forward KL(ref||pi) gradients; |E g| (rel_norm): the expected gradient's norm over
+    the reverse-KL gradient's; variance: the trace of the per-sample gradient's covariance. --grpo: scale
+    (effective_scale): the effective KL gradient per unit beta projected on grad KL(pi||ref), 1 when beta
+    means what it says; cos rev / cos fwd: its cosines with the two KL gradients. docs/KL.md explains the
+    verdicts."""
+    from klsweep import audit, presets
     from klsweep.console import print_audit
     from klsweep.errors import Problem
 
@@ -155,15 +176,48 @@ def audit_command(
     if given and not grpo:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         problems.append(Problem(flags, "given without --grpo", "add --grpo"))
+    set_by_preset = {"importance": importance} | {
+        k: given.get(k) for k in ("reward_mode", "reward_logp", "importance_cap")
+    }
+    if preset is not None and any(v is not None for v in set_by_preset.values()):
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k, v in set_by_preset.items() if v is not None)
+        problems.append(Problem(flags, "given with --preset, which sets them", "leave them out"))
+    names = [n.strip() for n in preset.split(",")] if preset is not None else []
+    for check in (lambda: audit.select([], estimator, placement), lambda: presets.resolve(names)):
+        try:
+            check()
+        except UserError as e:
+            problems.extend(e.problems)
     if problems:
         raise UserError(problems)
-    if grpo:
+    if preset is not None:
+        keep = {
+            k: given[k] for k in ("group_size", "groups", "beta", "scale_rewards", "loss_type") if k in given
+        }
+        if grpo:
+            length = 2 if length is None else length
+            rows = audit.grpo_preset_audit(
+                names,
+                vocab,
+                length,
+                seed=seed,
+                ref_distance=ref_distance,
+                behavior_shift=behavior_shift,
+                **keep,
+            )
+        else:
+            length = 3 if length is None else length
+            rows = audit.preset_audit(names, vocab, length, seed, ref_distance, behavior_shift)
+    elif grpo:
         length = 2 if length is None else length
         rows = audit.grpo_audit(vocab=vocab, length=length, seed=seed, ref_distance=ref_distance, **given)
     else:
         length = 3 if length is None else length
         importance = "none" if importance is None else importance
         rows = audit.audit(vocab, length, seed, ref_distance, behavior_shift, importance)
+    rows = audit.select(rows, estimator, placement)
+    if not rows:
+        raise UserError(Problem("--estimator, --placement", "no audited row has them", "another filter"))
     fmt = "json" if as_json else "csv" if as_csv else "table"
     print_audit(_console(), rows, fmt, vocab, length, seed, ref_distance)
 
@@ -214,20 +268,13 @@ def plan_command(
         console.print_time(out, summary, width=width)
 
 
-def _fetch_command(grid: Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
-    import shlex
-
-    where = [] if Path(out) == Path("results") else ["--out", str(out)]  # the runs' recorded commits
-    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
-
-
 def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
     """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
     commits their folders recorded."""
-    from klsweep.fetch import recorded_revisions, require_cached
+    from klsweep.fetch import fetch_command, recorded_revisions, require_cached
 
     configs = recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
-    require_cached(configs, _fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
+    require_cached(configs, fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
 # --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
@@ -287,8 +334,15 @@ def rehearse_command(
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
-    report; exit 1 unless every stage passed."""
-    from klsweep.console import rehearsal_engines, rehearsal_notes, rehearsal_table, table_width
+    report; then what the real run needs that is missing here. Exit 1 unless every stage passed and
+    `klsweep run` of the grid would not refuse here."""
+    from klsweep.console import (
+        rehearsal_engines,
+        rehearsal_notes,
+        rehearsal_table,
+        rehearsal_verdict,
+        table_width,
+    )
     from klsweep.errors import Problem
     from klsweep.rehearse import rehearse, rehearse_on_slurm
 
@@ -307,8 +361,8 @@ def rehearse_command(
     console.print(rehearsal_engines(result, width=table_width(console)))
     for line in rehearsal_notes(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"{result.folder}: {'passed' if result.passed else 'FAILED'}", highlight=False)
-    if not result.passed:
+    console.print(rehearsal_verdict(result), highlight=False, markup=False)  # wrapped at the terminal
+    if not result.ready:
         raise typer.Exit(1)
 
 
@@ -432,11 +486,15 @@ def report_command(
     sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
     fmt: Annotated[
         list[str] | None,
-        typer.Option("--format", "-f", help="md | csv | latex | html; repeat or comma-separate for several"),
+        typer.Option(
+            "--format",
+            "-f",
+            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or comma-separate",
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
     eval_hash: Annotated[
-        str | None, typer.Option(help="the eval settings to report (default: the newest present)")
+        str | None, typer.Option(help="the eval to report, by hash (default: the one the runs' grid names)")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
     wandb: Annotated[
@@ -474,10 +532,14 @@ def eval_command(
     target: Annotated[
         str, typer.Argument(help="a sweep folder (or its name under results/), or one run folder")
     ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="eval.KEY=VALUE changes to the eval settings (eval.limit=150)")
+    ] = None,
     suite: Annotated[
         str | None,
         typer.Option(
-            help="eval suite: conf/eval/<NAME>.yaml or a --config-dir's eval/ (default: the runs' own)"
+            help="eval suite: conf/eval/<NAME>.yaml or a --config-dir's eval/ (default: the runs' own, as their "
+            "grid set it)"
         ),
     ] = None,
     backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
@@ -489,7 +551,8 @@ def eval_command(
         typer.Option("--config-dir", help="more config folders: --suite NAME from DIR/eval/"),
     ] = None,
 ) -> None:
-    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval."""
+    """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
+    settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
     from rich.markup import escape
 
     from klsweep.submit import submit_eval
@@ -500,14 +563,16 @@ def eval_command(
         from klsweep.submit.evals import check_target, eval_request
 
         check_target(path)  # a folder it cannot write to is said first
-        require_cached_for_eval(
-            eval_request(path, suite, backend, checkpoints, config_dirs=config_dir or []), path
+        request = eval_request(
+            path, suite, backend, checkpoints, overrides or [], config_dirs=config_dir or []
         )
+        require_cached_for_eval(request, path)
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
-        config_dirs=config_dir or [],
+        overrides=overrides or [], config_dirs=config_dir or [],
     )  # fmt: skip
     console = _console()
+    console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
     for job in outcome.jobs:

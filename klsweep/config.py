@@ -200,16 +200,44 @@ class TrainSection:
 class KLSection:
     """The KL penalty: estimator, placement, level, beta (klsweep.kl.KLConfig validates it; docs/KL.md)."""
 
-    estimator: str = key("k3", "the estimator of KL(pi_theta || pi_ref): k1, k2, k3")
+    estimator: str = key(
+        "k3", "the estimator of KL(pi_theta || pi_ref): k1, k2, k3, abs (|log-ratio|, verl's)"
+    )
     placement: str = key("loss", "where the penalty enters: the reward, the loss, or both")
     level: str = key("token", "token: per-token penalty; sequence: summed over the completion")
     beta: float = key(0.0, "the KL coefficient (0: no KL)")
     importance: str = key(
         "none",
-        "pi_theta/mu weighting of the KL term off-policy: none, token, sequence (the loss half; the reward half "
-        "too with reward_logp current)",
+        "pi_theta/mu weighting of the KL term off-policy: none, token, sequence, sequence_mean (the geometric "
+        "mean of the token ratios, TRL's sequence level), self (pi_theta/stopgrad(pi_theta): 1, NeMo-RL's) (the "
+        "loss half; the reward half too with reward_logp current)",
     )
     importance_cap: float = key(0.0, "the importance weights are min(w, this); 0: no cap (a cap adds bias)")
+    importance_gradient: bool = key(
+        False,
+        "the loss half's importance weight keeps its gradient (TRL's use_bias_correction_kl, slime's "
+        "--use-unbiased-kl): on-policy it adds each token's own score term k x grad log pi (docs/KL.md)",
+    )
+    straight_through: bool = key(
+        False, "the loss half has the estimator's value and k2's gradient (verl's '+' suffix, e.g. k3+)"
+    )
+    unbiased_gradient: bool = key(
+        False,
+        "the loss half is stopgrad(w x k) x log pi per token, w the capped importance weight (OpenRLHF's "
+        "--algo.kl.unbiased_gradient)",
+    )
+    log_ratio_clamp: float = key(
+        0.0,
+        "the log-ratio is clamped to +-this before the estimator, reward and loss (verl, NeMo-RL: 20); 0: none",
+    )
+    value_clamp: float = key(
+        0.0,
+        "the estimator's value is clamped to +-this, reward and loss (verl, NeMo-RL, OpenRLHF: 10); 0: none",
+    )
+    beta_final: float | None = key(
+        None,
+        "null: constant beta; else beta decays linearly to this at the last step (PipelineRL's final_kl_coef)",
+    )
     reward_logp: str = key(
         "current",
         "whose log-ratio the reward-placed KL uses, separate mode (docs/KL.md). current: the training forward "
@@ -345,12 +373,24 @@ class RunConfig:
     wandb: WandbSection = section(WandbSection)
 
 
+# The frameworks' KL forms (klsweep.kl; docs/KL.md, "What each framework's KL does") at their defaults, which
+# are klsweep's own computation: runs before them trained with these values, and their ids leave them out.
+KL_FORMS: dict[str, Any] = {
+    "kl.importance_gradient": False,
+    "kl.straight_through": False,
+    "kl.unbiased_gradient": False,
+    "kl.log_ratio_clamp": 0.0,
+    "kl.value_clamp": 0.0,
+    "kl.beta_final": None,
+}
+
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a
 # config.yaml that lacks one is read with this value (``load_run``), not with today's default.
 LEGACY_VALUES: dict[str, Any] = {
     "kl.reward_mode": "shaped",
     "kl.reward_logp": "behavior",
     "kl.importance_cap": 0.0,
+    **KL_FORMS,
     "train.trl": {},
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
 }
@@ -360,6 +400,7 @@ LEGACY_VALUES: dict[str, Any] = {
 ID_OMITTED_AT: dict[str, Any] = {
     "train.trl": {},
     "kl.importance_cap": 0.0,
+    **KL_FORMS,
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
@@ -411,6 +452,7 @@ KL_ONLY_KEYS: tuple[str, ...] = (
     "kl.importance_cap",
     "kl.reward_mode",
     "kl.reward_logp",
+    *(key for key in KL_FORMS if key != "kl.beta_final"),  # beta_final > 0 is a KL (kl_off_hashed_at)
 )
 
 
@@ -419,7 +461,7 @@ def kl_off_hashed_at(config: Mapping[str, Any]) -> dict[str, Any]:
     ``kl.beta`` 0, else nothing: hashed at that value in the run's id (``grid.run_id``), so the no-KL runs of a
     grid that crosses beta 0 with estimators or placements are one run per seed. The defaults are what the no-KL
     runs of the committed studies hold: their ids stand (docs/DESIGN.md, "Run configuration")."""
-    if (config.get("kl") or {}).get("beta"):
+    if (config.get("kl") or {}).get("beta") or (config.get("kl") or {}).get("beta_final"):
         return {}
     defaults = KLSection()
     return {key: getattr(defaults, key.split(".", 1)[1]) for key in KL_ONLY_KEYS}
@@ -430,7 +472,7 @@ def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:
     (``KL_ONLY_KEYS``) read as ``NO_KL`` when ``kl.beta`` is 0: the no-KL runs form one configuration whatever
     those fields hold, and read the same in the plan, the status and the report."""
     out = dict(params)
-    if out.get("kl.beta") == 0:
+    if out.get("kl.beta") == 0 and not out.get("kl.beta_final"):
         for key in KL_ONLY_KEYS:
             if key in out:
                 out[key] = NO_KL

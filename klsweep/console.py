@@ -539,27 +539,29 @@ VERDICT_STYLES = {
 
 
 def audit_tables(rows: list[AuditRow], title: str = "") -> list:
-    """The rows as rich Tables, one per importance weighting, the verdict coloured. Errors are relative to the
-    exact gradient of the reverse (``err rev``) and forward (``err fwd``) KL; ``|E g|`` is the expected
-    gradient's norm relative to the reverse-KL gradient's."""
+    """The rows as rich Tables, one per importance weighting (preset rows: one table, a ``preset`` column
+    first), the verdict coloured. Errors are relative to the exact gradient of the reverse (``err rev``) and
+    forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's."""
     from rich import box
     from rich.table import Table
 
     off_policy = any(r.behavior_shift > 0 for r in rows)
+    presets = any(r.preset for r in rows)
     out = []
-    for importance in dict.fromkeys(r.importance for r in rows):
-        full_title = f"{title}, importance weights: {importance}" if off_policy else title
+    for importance in ("",) if presets else dict.fromkeys(r.importance for r in rows):
+        full_title = f"{title}, importance weights: {importance}" if off_policy and not presets else title
         t = Table(title=full_title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-        for name in ("est", "placement", "level"):
-            t.add_column(name)
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
+            t.add_column(name, no_wrap=True)
         for name in ("err rev", "err fwd", "|E g|", "variance"):
             t.add_column(name, justify="right")
         t.add_column("verdict", no_wrap=True)
         for r in rows:
-            if r.importance == importance:
+            if presets or r.importance == importance:
                 values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
                 verdict = f"[{VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
-                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
         out.append(t)
     return out
 
@@ -586,12 +588,16 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
 
     out = []
 
+    presets = any(r.preset for r in rows)
+
     def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
+        if presets:
+            return ("", r.scale_rewards)
         sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
         return (r.reward_mode, r.scale_rewards, *sampling)
 
     for key in dict.fromkeys(map(table_of, rows)):
-        title = f"reward_mode {key[0]}, scale_rewards {key[1]}"
+        title = f"reward_mode {key[0]}, scale_rewards {key[1]}" if key[0] else f"scale_rewards {key[1]}"
         if len(key) > 2:
             title += f",\nreward_logp {key[2]}, importance {key[3]}"
         t = Table(
@@ -600,7 +606,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
             padding=0,
             pad_edge=False,
         )
-        for name in ("est", "placement", "level"):
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
             t.add_column(name, no_wrap=True)
         for name in ("scale", "cos rev", "cos fwd", "err rev"):
             t.add_column(name, justify="right", no_wrap=True)
@@ -609,7 +615,8 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
             if table_of(r) == key:
                 verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
                 numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
-                t.add_row(r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
         out.append(t)
     return out
 
@@ -672,6 +679,19 @@ def rehearsal_notes(rehearsal: Rehearsal) -> list[str]:
     return lines
 
 
+def rehearsal_verdict(rehearsal: Rehearsal) -> str:
+    """``klsweep rehearse``'s last lines: the rehearsal's outcome, then what the real run would refuse or
+    lack here (``Rehearsal.findings``: exit 1) and what its jobs would download (``cautions``)."""
+    lines = [f"here: {c}" for c in rehearsal.cautions]
+    lines += rehearsal.findings
+    outcome = "passed" if rehearsal.passed else "FAILED"
+    if rehearsal.passed and rehearsal.findings:
+        outcome = (
+            f"rehearsal passed, but not the real run from here ({len(rehearsal.findings)} finding(s) above)"
+        )
+    return "\n".join([*lines, f"{rehearsal.folder}: {outcome}"])
+
+
 def print_audit(
     console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
 ) -> None:
@@ -718,6 +738,8 @@ def print_report(console: Console, err: Console, report: Report, tables: bool = 
     there yet, what it set aside and its warnings (on ``err``), the files written and its W&B run."""
     if tables:
         print_report_tables(console, report)
+    if report.eval_note:
+        print_warning(err, report.eval_note, "eval")
     for line in report.missing:
         print_warning(err, line, "missing")
     for line in report.set_aside:

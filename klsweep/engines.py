@@ -112,6 +112,31 @@ def cpu_refusals(trl_options: Mapping[str, Any]) -> list[Problem]:
     return out
 
 
+def keep_cpu_weights_loadable() -> None:
+    """Let TRL's colocate weight sync reach vLLM's CPU build. After loading a model, that build hands each linear
+    layer's weight to a packed kernel (oneDNN, or SGLang's on CPUs with AMX) and replaces the parameter by an
+    empty one without its loader, so the sync's ``load_weights`` at every step fails ("'Parameter' object has no
+    attribute 'weight_loader'"), and a kept parameter would not be what the packed kernel computes with. Here
+    those layers keep their parameters and compute with torch's ``linear`` on them, as the build does where no
+    packed kernel is available: every sync reaches generation (the tests' ``vllm/logp_mismatch``). Weights that
+    are not a matrix (convolutions, experts) go to vLLM's own dispatch. Called by the trainer without a GPU."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "keeps_weights", False):
+        return
+    packed = utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if layer.weight.ndim != 2 or layer.weight.is_meta:
+            packed(layer, remove_weight)
+            return
+        layer.cpu_linear = torch.nn.functional.linear  # called as (x, layer.weight, bias): the live weight
+
+    dispatch.keeps_weights = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
 def require(configs: Iterable[Mapping[str, Any]]) -> None:
     """``UserError`` (exit 2) naming each engine the runs need that cannot be imported here."""
     problems = missing(configs)

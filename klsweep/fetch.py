@@ -436,6 +436,15 @@ def dataset_problems(folder: Path, split: str | None) -> list[str]:
     return problems
 
 
+def fetch_command(grid: str | Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
+    """The ``klsweep fetch`` command that gets what a grid's runs load (``out``: where their folders, with
+    the commits they recorded, live)."""
+    import shlex
+
+    where = [] if Path(out) == Path("results") else ["--out", str(out)]  # the runs' recorded commits
+    return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
+
+
 def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
     """Offline (``offline(configs)``): a ``UserError`` listing every model and dataset the caches lack, with
     the ``klsweep fetch`` command that gets them (``command``: the grid and overrides). A no-op online."""

@@ -219,13 +219,13 @@ def kl_reward_loss(
 ) -> Tensor:
     """The reward half as its own term (``config.reward_term``: separate mode, the current policy's
     log-probs), before beta: ``aggregation(stopgrad(w (KL_hat - b)) log pi)``, outside the clipped ratio.
-    ``KL_hat`` is ``kl.estimate`` of the detached ``logp`` (the training forward pass), ``b`` [..., B] the
+    ``KL_hat`` is ``kl.penalty`` of the detached ``logp`` (the training forward pass), ``b`` [..., B] the
     leave-one-out baseline of each completion (the mean of the other completions' penalties in its group,
     whatever their log-probs: independent of y_i, so it adds no bias wherever E[w grad log pi] = 0), ``w``
     ``kl.importance_weights`` against ``behavior_logp``, times ``sample_weights`` (as in ``kl_loss``). On-policy
     (w = 1, ratio 1) its gradient is the gradient of the separate-mode penalty advantage through
     ``policy_loss``."""
-    penalty = klmath.estimate(logp.detach(), ref_logp, mask, config.estimator, config.level)
+    penalty = klmath.penalty(logp.detach(), ref_logp, mask, config)
     weights = klmath.importance_weights(logp, behavior_logp, mask, config)
     scores = (weights * (penalty - baseline).unsqueeze(-1)).detach()
     if sample_weights is not None:

@@ -26,7 +26,8 @@ that sample (before beta and before averaging over the batch):
 - ``both``: the sum of the two.
 
 Importance weighting, for samples drawn from a behaviour policy mu (``behavior_logp``) rather than pi_theta;
-the weights are always detached, so they reweight the gradient without adding terms to it:
+the weights are detached (unless ``importance_gradient``), so they reweight the gradient without adding terms
+to it:
 
 - ``none``: no weight.
 - ``sequence``: every term of the sequence is multiplied by ``w(y) = stopgrad(pi_theta(y) / mu(y))``. Then
@@ -38,6 +39,30 @@ the weights are always detached, so they reweight the gradient without adding te
   only for length-1 completions; ``klsweep audit --behavior-shift`` shows what it leaves biased.
 
 ``importance_cap`` > 0 truncates the weights at the cap (``importance_weights``): a bias where w > cap.
+
+``sequence_mean`` weights every token by the geometric mean of the sequence's per-token ratios,
+``exp(mean_t log(pi_theta/mu))``: TRL's ``importance_sampling_level: sequence`` (GSPO's ratio), which with
+``use_bias_correction_kl`` multiplies each token's KL by it (TRL issue #6586; docs/KL.md). ``self`` weights
+each token by ``pi_theta / stopgrad(pi_theta)``, 1 whatever the sampling policy: with ``importance_gradient``
+only its gradient counts (NeMo-RL's KL without ``use_on_policy_kl_approximation``).
+
+The frameworks' own forms (their presets: klsweep/conf/preset/, docs/KL.md, "What each framework's KL does"):
+
+- ``importance_gradient``: the weight keeps its gradient (TRL's ``per_token_kl * coef_1``, slime's
+  ``--use-unbiased-kl``). On-policy its value is 1 and the term at token t becomes
+  ``grad k(delta_t) + k(delta_t) grad log pi_theta(y_t | y_<t)``: the pathwise term plus each token's own
+  score term (not the later tokens').
+- ``straight_through``: the loss-placed term has the value of the estimator and the gradient of k2 (verl's
+  ``+`` suffix, e.g. ``low_var_kl+``): ``k2 - stopgrad(k2) + stopgrad(k)``.
+- ``unbiased_gradient``: the loss-placed term is ``stopgrad(w k(delta_t)) log pi_theta(y_t | y_<t)`` per token
+  (OpenRLHF's ``--algo.kl.unbiased_gradient``, PR #1309: a detached, capped weight times k1 times
+  grad log pi), ``w`` the importance weight of ``importance`` capped at ``importance_cap``.
+- ``log_ratio_clamp`` > 0 clamps the log-ratio to +-that before the estimator, ``value_clamp`` > 0 clamps the
+  estimator's value (verl: 20 and 10 on k3; NeMo-RL: 20 and 10 on every estimator; OpenRLHF: the value at
+  10), wherever the configured penalty is computed (reward and loss). A clamped element has no gradient;
+  ``clamped_share`` says how many there were (the trainer's ``kl/clamped`` metric).
+- ``beta_final`` (not None): beta decays linearly from ``beta`` at the first step to it at the last
+  (PipelineRL's ``kl_coef`` to ``final_kl_coef``); ``beta_at`` gives the coefficient of a step.
 
 Masked positions (``mask`` false) never affect a value or a gradient, whatever they hold (nan and inf
 included): they are removed with ``torch.where``, never by multiplication.
@@ -55,10 +80,13 @@ from klsweep.errors import Problem, UserError
 if TYPE_CHECKING:
     from torch import Tensor
 
-ESTIMATORS = ("k1", "k2", "k3")
+ESTIMATORS = ("k1", "k2", "k3")  # Schulman's, the audits' full tables
+ESTIMATOR_CHOICES = (*ESTIMATORS, "abs")  # every valid kl.estimator (abs: |delta|, verl's "abs")
 PLACEMENTS = ("reward", "loss", "both")
 LEVELS = ("token", "sequence")
-IMPORTANCE = ("none", "token", "sequence")
+IMPORTANCE = ("none", "token", "sequence")  # the audits' "all"
+# every valid kl.importance (sequence_mean: TRL's sequence level; self: pi_theta/stopgrad(pi_theta), NeMo-RL's)
+IMPORTANCE_CHOICES = (*IMPORTANCE, "sequence_mean", "self")
 REWARD_MODES = ("separate", "shaped")  # how a penalty in the reward enters GRPO's advantage (klsweep.grpo)
 REWARD_LOGPS = ("current", "behavior")  # whose log-ratio the reward-placed penalty uses (separate mode)
 
@@ -84,6 +112,13 @@ class KLConfig:
     # On-policy the two are the same computation. Shaped mode always uses the behaviour's.
     reward_logp: str = "current"
     importance_cap: float = 0.0  # > 0: the importance weights are min(w, cap) (biased where w > cap)
+    # The frameworks' forms (module docstring); the defaults are klsweep's own computation.
+    importance_gradient: bool = False  # the loss half's weight keeps its gradient (TRL, slime)
+    straight_through: bool = False  # loss half: the estimator's value, k2's gradient (verl's "+")
+    unbiased_gradient: bool = False  # loss half: stopgrad(w k) log pi per token (OpenRLHF PR #1309)
+    log_ratio_clamp: float = 0.0  # > 0: delta clamped to +-this before the estimator (0: none)
+    value_clamp: float = 0.0  # > 0: the estimator's value clamped to +-this (0: none)
+    beta_final: float | None = None  # not None: beta decays linearly to this at the last step
 
     @property
     def reward_term(self) -> bool:
@@ -99,10 +134,10 @@ class KLConfig:
         problems = [
             Problem(name, f"{value!r} is not valid", ", ".join(allowed))
             for name, value, allowed in (
-                ("estimator", self.estimator, ESTIMATORS),
+                ("estimator", self.estimator, ESTIMATOR_CHOICES),
                 ("placement", self.placement, PLACEMENTS),
                 ("level", self.level, LEVELS),
-                ("importance", self.importance, IMPORTANCE),
+                ("importance", self.importance, IMPORTANCE_CHOICES),
                 ("reward_mode", self.reward_mode, REWARD_MODES),
                 ("reward_logp", self.reward_logp, REWARD_LOGPS),
             )
@@ -116,10 +151,36 @@ class KLConfig:
             or beta < 0
         ):
             problems.append(Problem("beta", f"{beta!r} is not valid", "a finite number >= 0"))
-        cap = self.importance_cap
-        if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap < 0:
+        for name in ("importance_cap", "log_ratio_clamp", "value_clamp"):
+            cap = getattr(self, name)
+            if (
+                isinstance(cap, bool)
+                or not isinstance(cap, numbers.Real)
+                or not math.isfinite(cap)
+                or cap < 0
+            ):
+                what = "cap" if name == "importance_cap" else "clamp"
+                problems.append(
+                    Problem(name, f"{cap!r} is not valid", f"a finite number >= 0 (0: no {what})")
+                )
+        for name in ("importance_gradient", "straight_through", "unbiased_gradient"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(Problem(name, f"{getattr(self, name)!r} is not valid", "true, false"))
+        final = self.beta_final
+        if final is not None and (
+            isinstance(final, bool)
+            or not isinstance(final, numbers.Real)
+            or not math.isfinite(final)
+            or final < 0
+        ):
             problems.append(
-                Problem("importance_cap", f"{cap!r} is not valid", "a finite number >= 0 (0: no cap)")
+                Problem(
+                    "beta_final", f"{final!r} is not valid", "null (constant beta) or a finite number >= 0"
+                )
+            )
+        if self.straight_through and self.unbiased_gradient:
+            problems.append(
+                Problem("straight_through, unbiased_gradient", "both true", "at most one gradient form")
             )
         if problems:
             raise UserError(problems, title="invalid KL configuration")
@@ -135,7 +196,9 @@ def estimator_value(delta: Tensor, estimator: str) -> Tensor:
         return 0.5 * delta**2
     if estimator == "k3":
         return torch.expm1(-delta) + delta
-    raise ValueError(f"estimator {estimator!r} is not one of {ESTIMATORS}")
+    if estimator == "abs":
+        return delta.abs()
+    raise ValueError(f"estimator {estimator!r} is not one of {ESTIMATOR_CHOICES}")
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -144,12 +207,29 @@ def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _estimate(delta: Tensor, mask: Tensor, estimator: str, level: str) -> Tensor:
-    """KL_hat per sequence [B] from a masked (zero where masked) log-ratio [B, T]."""
+def _clamped_value(delta: Tensor, estimator: str, log_ratio_clamp: float, value_clamp: float) -> Tensor:
+    """k(delta) with the clamps of a configuration (0: none): delta to +-log_ratio_clamp, then the value to
+    +-value_clamp."""
+    if log_ratio_clamp > 0:
+        delta = delta.clamp(-log_ratio_clamp, log_ratio_clamp)
+    value = estimator_value(delta, estimator)
+    return value.clamp(-value_clamp, value_clamp) if value_clamp > 0 else value
+
+
+def _estimate(
+    delta: Tensor,
+    mask: Tensor,
+    estimator: str,
+    level: str,
+    log_ratio_clamp: float = 0.0,
+    value_clamp: float = 0.0,
+) -> Tensor:
+    """KL_hat per sequence [B] from a masked (zero where masked) log-ratio [B, T], clamped per element (token
+    level) or per sequence (sequence level)."""
     if level == "token":
-        return _masked(estimator_value(delta, estimator), mask).sum(-1)
+        return _masked(_clamped_value(delta, estimator, log_ratio_clamp, value_clamp), mask).sum(-1)
     if level == "sequence":
-        return estimator_value(delta.sum(-1), estimator)
+        return _clamped_value(delta.sum(-1), estimator, log_ratio_clamp, value_clamp)
     raise ValueError(f"level {level!r} is not one of {LEVELS}")
 
 
@@ -159,6 +239,53 @@ def estimate(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, level
     mask = mask.bool()
     delta = _masked(logp, mask) - _masked(ref_logp, mask)
     return _estimate(delta, mask, estimator, level)
+
+
+def penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig) -> Tensor:
+    """The configured penalty KL_hat(y) per sequence [B]: ``estimate`` with ``config``'s estimator, level and
+    clamps. Differentiable with respect to ``logp`` (its gradient is the estimator's, not a gradient form's)."""
+    mask = mask.bool()
+    delta = _masked(logp, mask) - _masked(ref_logp, mask)
+    return _estimate(delta, mask, config.estimator, config.level, config.log_ratio_clamp, config.value_clamp)
+
+
+def clamped_share(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig) -> Tensor:
+    """Per sequence [B], the share of its units (unmasked tokens, or the sequence at sequence level) where a
+    clamp of ``config`` is active: the log-ratio beyond ``log_ratio_clamp`` or the value beyond
+    ``value_clamp``. Zero without clamps."""
+    import torch
+
+    mask = mask.bool()
+    delta = (_masked(logp, mask) - _masked(ref_logp, mask)).detach()
+    if config.level == "sequence":
+        delta, mask = delta.sum(-1, keepdim=True), mask.any(-1, keepdim=True)
+    hit = torch.zeros_like(delta, dtype=torch.bool)
+    if config.log_ratio_clamp > 0:
+        hit = hit | (delta.abs() > config.log_ratio_clamp)
+        delta = delta.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    if config.value_clamp > 0:
+        hit = hit | (estimator_value(delta, config.estimator).abs() > config.value_clamp)
+    hit = hit & mask
+    return hit.sum(-1).to(logp.dtype) / mask.sum(-1).clamp(min=1).to(logp.dtype)
+
+
+def beta_at(config: KLConfig, step: int, steps: int) -> float:
+    """The KL coefficient of optimiser step ``step`` (0-based) of ``steps``: ``beta``, or with ``beta_final``
+    set the linear interpolation from ``beta`` at step 0 to ``beta_final`` at step ``steps - 1``."""
+    if config.beta_final is None or steps <= 1:
+        return config.beta
+    fraction = min(max(step, 0), steps - 1) / (steps - 1)
+    return config.beta + (config.beta_final - config.beta) * fraction
+
+
+def _loss_value(delta: Tensor, config: KLConfig) -> Tensor:
+    """The loss-placed term of ``delta`` (per token, or per sequence when ``delta`` is the sequence's log-ratio):
+    the clamped estimator, with k2's gradient when ``straight_through``."""
+    value = _clamped_value(delta, config.estimator, config.log_ratio_clamp, config.value_clamp)
+    if config.straight_through:
+        k2 = 0.5 * delta**2
+        return k2 - k2.detach() + value.detach()
+    return value
 
 
 def token_terms(
@@ -177,37 +304,57 @@ def token_terms(
     mask = mask.bool()
     lp = _masked(logp, mask)
     delta = lp - _masked(ref_logp, mask)
-    kl_hat = _estimate(delta, mask, config.estimator, config.level)
+
+    c = config
+    kl_hat = _estimate(delta, mask, c.estimator, c.level, c.log_ratio_clamp, c.value_clamp)
+    weights = None if c.importance == "none" else importance_weights(lp, behavior_logp, mask, c)
 
     terms = torch.zeros_like(lp)
-    if config.placement in ("reward", "both"):
-        terms = terms + kl_hat.detach().unsqueeze(-1) * lp
-    if config.placement in ("loss", "both"):
-        if config.level == "token":
-            terms = terms + estimator_value(delta, config.estimator)
+    if c.placement in ("reward", "both"):
+        reward = kl_hat.detach().unsqueeze(-1) * lp
+        terms = terms + (reward if weights is None else reward * weights.detach())
+    if c.placement in ("loss", "both"):
+        if c.unbiased_gradient:
+            if c.level == "token":
+                value = _clamped_value(delta, c.estimator, c.log_ratio_clamp, c.value_clamp)
+            else:
+                value = kl_hat.unsqueeze(-1) / mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
+            loss = (value if weights is None else value * weights).detach() * lp
         else:
-            n = mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
-            terms = terms + kl_hat.unsqueeze(-1) / n
-
-    if config.importance != "none":
-        terms = terms * importance_weights(lp, behavior_logp, mask, config)
+            if c.level == "token":
+                loss = _loss_value(delta, c)
+            else:
+                n = mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
+                loss = _loss_value(delta.sum(-1), c).unsqueeze(-1) / n
+            loss = loss if weights is None else loss * weights
+        terms = terms + loss
     return _masked(terms, mask)
 
 
 def importance_weights(logp: Tensor, behavior_logp: Tensor | None, mask: Tensor, config: KLConfig) -> Tensor:
-    """The detached weights of ``config.importance``: per token ``pi_theta(y_t|y_<t) / mu(y_t|y_<t)`` [B, T]
-    (``token``), the sequence's ``pi_theta(y) / mu(y)`` [B, 1] (``sequence``) or 1 (``none``), capped at
-    ``config.importance_cap`` when it is > 0 (a truncation: less variance, and a bias where w > cap)."""
+    """The weights of ``config.importance``: per token ``pi_theta(y_t|y_<t) / mu(y_t|y_<t)`` [B, T]
+    (``token``), the sequence's ``pi_theta(y) / mu(y)`` [B, 1] (``sequence``), the geometric mean of its
+    per-token ratios [B, 1] (``sequence_mean``, TRL's sequence level), ``pi_theta / stopgrad(pi_theta)`` (``self``)
+    or 1 (``none``), capped at
+    ``config.importance_cap`` when it is > 0 (a truncation: less variance, and a bias where w > cap). Detached,
+    unless ``config.importance_gradient`` (the reward half detaches them whatever it says)."""
     import torch
 
     if config.importance == "none":
         return torch.ones((), dtype=logp.dtype, device=logp.device)
+    if config.importance == "self":
+        behavior_logp = logp.detach()
     if behavior_logp is None:
         raise ValueError(f"importance={config.importance!r} needs behavior_logp (the sampling policy's)")
     mask = mask.bool()
-    log_ratio = (_masked(logp, mask) - _masked(behavior_logp, mask)).detach()
+    log_ratio = _masked(logp, mask) - _masked(behavior_logp, mask)
+    if not config.importance_gradient:
+        log_ratio = log_ratio.detach()
     if config.importance == "sequence":
         log_ratio = log_ratio.sum(-1, keepdim=True)
+    elif config.importance == "sequence_mean":
+        n = mask.sum(-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+        log_ratio = log_ratio.sum(-1, keepdim=True) / n
     weights = torch.exp(log_ratio)
     return weights.clamp(max=config.importance_cap) if config.importance_cap > 0 else weights
 

@@ -81,10 +81,54 @@ class Rehearsal:
     folder: Path
     runs: list[RunRehearsal]
     elapsed_s: float = 0.0
+    # what `klsweep run` of the grid would refuse here, or its jobs lack here (``real_run_findings``)
+    findings: list[str] = field(default_factory=list)
+    cautions: list[str] = field(
+        default_factory=list
+    )  # what the jobs would fetch or do differently, not a refusal
 
     @property
     def passed(self) -> bool:
+        """Every stage of every rehearsed run passed (the rehearsal itself; ``ready`` adds the findings)."""
         return bool(self.runs) and all(r.passed for r in self.runs)
+
+    @property
+    def ready(self) -> bool:
+        """Passed, and nothing the real run needs is missing here: ``klsweep rehearse`` exits 0 only then."""
+        return self.passed and not self.findings
+
+
+def real_run_findings(plan: Any, fetch_command: str, gpus: int) -> tuple[list[str], list[str]]:
+    """What the real run of ``plan`` needs that this machine lacks, as (findings, cautions). Findings:
+    what ``klsweep run`` refuses here (an engine that does not import, ``engines.missing``; offline, a model or
+    dataset the caches lack, ``fetch.require_cached``) and what its local jobs would lack (the GPUs the runs
+    ask for). Cautions: models and datasets not cached here while online (each job downloads them)."""
+    from klsweep import engines, fetch
+    from klsweep.submit import default_cluster
+
+    configs = [r.config for r in plan.runs]
+    refuse = "the real run would refuse:"
+    findings = [f"{refuse} {p.where} {p.what} ({p.allowed})" for p in engines.missing(configs)]
+    cautions = []
+    if fetch.offline(configs):
+        try:
+            fetch.require_cached(configs, fetch_command)
+        except UserError as e:
+            findings += [f"{refuse} offline, {p.where}: {p.what}" for p in e.problems[:-1]]
+    else:
+        absent = [f for f in fetch.check(n for n in fetch.needs(configs) if not n.local) if not f.cached]
+        cautions += [
+            f"{f.need.kind} {f.need.label} not cached here: each job downloads it ({fetch_command} first)"
+            for f in absent
+        ]
+    cluster = default_cluster(plan)
+    asked = max((int(c["model"]["resources"].get("gpus_per_node", 0)) for c in configs), default=0)
+    if cluster in ("local", "debug") and asked > gpus:
+        findings.append(
+            f"the real run would lack: the runs ask for {asked} GPU(s) per node and this machine has {gpus} "
+            f"(cluster {cluster}: they would train here without)"
+        )
+    return findings, cautions
 
 
 def _values(config: dict[str, Any]) -> dict[str, Any]:
@@ -280,9 +324,9 @@ def rehearsal_config(
     train = {**config["train"], "steps": steps, "save_steps": max(1, steps // 2), "keep_checkpoints": None,
              "prompts_per_step": 2, "micro_batch_size": None, "max_completion_length": 16,
              "use_vllm": wants_vllm and vllm is not None}  # fmt: skip
-    gen, replaced = ("HF generate", "vLLM (not installed)" if wants_vllm else "")
+    gen = "HF generate"
     if train["use_vllm"]:
-        gen, replaced = f"{vllm} colocate", ""
+        gen = f"{vllm} colocate"
         if not gpus:
             trl = dict(train.get("trl") or {})
             for option in GPU_ONLY_VLLM:
@@ -297,12 +341,23 @@ def rehearsal_config(
         notes.append(f"sharding {sharding} not exercised: one process" + ("" if gpus else ", no GPU here"))
         train["sharding"] = ONE_PROCESS
     shard_note = ONE_PROCESS if sharding == ONE_PROCESS else f"{ONE_PROCESS} (for {sharding})"
-    ran_with = {stage: (gen, shard_note, replaced) for stage in ("train", "resume")}
+    # every part the stage swapped for a stand-in, named (the stage table's "in place of")
+    asked = int(config["model"]["resources"].get("gpus_per_node", 0))
+    real_model = config["model"]["path"] != "tiny"  # the project's tiny model is rehearsed as itself
+    common = [f"a tiny random model for {config['model']['path']}"] if real_model else []
+    if asked > min(gpus, 1):
+        common.append(f"{'1 GPU' if gpus else 'the CPU'} for {asked} GPU(s)")
     task = dict(config["task"])
+    swapped = list(common)
     if task.get("name") == "math":
         dataset = task.get("dataset") or "DigitalLearningGmbH/MATH-lighteval"
         if dataset in TRAIN_SAMPLES:
             task["dataset"] = str(SAMPLES / TRAIN_SAMPLES[dataset])
+            swapped.append(f"shipped samples for {dataset}")
+    swapped.append(f"{steps} steps for {config['train'].get('steps')}")
+    if wants_vllm and not train["use_vllm"]:
+        swapped.append("HF generate for vLLM (not installed)")
+    ran_with = {stage: (gen, shard_note, "; ".join(swapped)) for stage in ("train", "resume")}
     resources = {
         **config["model"]["resources"],
         "gpus_per_node": min(gpus, 1),
@@ -322,12 +377,16 @@ def rehearsal_config(
         if (ev.get("max_model_len") or longest) > longest:
             notes.append(f"eval.max_model_len {ev['max_model_len']} cut to the stand-in's {longest}")
             ev["max_model_len"] = longest
+        limit = ev.get("limit")
         ev.update(include_path=str(tasks_dir), limit=4, max_gen_toks=16, num_samples=1, backend=backend,
                   batch_size=8, tensor_parallel_size=1)  # fmt: skip
         engine = f"lm-eval vllm, {vllm}" if backend == "vllm" else "lm-eval hf"
         copies = engines.eval_copies(config)
         one = "one copy" if copies == 1 else f"one copy (for {copies})"
-        ran_with["eval"] = (engine, one, "vLLM (not installed)" if wants != backend else "")
+        swapped = [*common, f"4 shipped sample problems per task for {limit or 'all'}"]
+        if wants != backend:
+            swapped.append("lm-eval hf for vLLM (not installed)")
+        ran_with["eval"] = (engine, one, "; ".join(swapped))
     out = {**config, "model": model, "train": train, "task": task, "eval": ev,
            "wandb": {**config.get("wandb", {}), "mode": "disabled"}}  # fmt: skip
     return out, notes, ran_with
@@ -391,7 +450,8 @@ def rehearse(
     on_run: Callable[[RunRehearsal], None] | None = None,
     config_dirs: list[str] | None = None,
 ) -> Rehearsal:
-    """Rehearse the covering runs of a grid in this process (see the module docstring). ``UserError`` when
+    """Rehearse the covering runs of a grid in this process (see the module docstring), then say what the real
+    run needs that is missing here (``Rehearsal.findings``, ``real_run_findings``). ``UserError`` when
     another rehearsal writes the same folder, or the folder holds anything but a rehearsal
     (``_only_rehearsal``)."""
     from klsweep import grid, planner
@@ -402,9 +462,18 @@ def rehearse(
     folder = Path(plan.sweep_dir)
     lock = _only_rehearsal(folder)
     try:
-        return _rehearse(plan, folder, on_run, start)
+        done = _rehearse(plan, folder, on_run, start)
     finally:
         os.close(lock)  # releases it; the file stays (removing it would let a third one lock another file)
+    import torch
+
+    from klsweep.fetch import fetch_command
+
+    real = grid.load_plan(grid_path, overrides)  # the real run's plan (its results folder, its commits)
+    done.findings, done.cautions = real_run_findings(
+        real, fetch_command(grid_path, overrides), torch.cuda.device_count()
+    )
+    return done
 
 
 def _only_rehearsal(folder: Path) -> int:

@@ -87,6 +87,7 @@ class KLGRPOTrainer(GRPOTrainer):
                 "KLGRPOTrainer does not support PEFT (its reference model is a copy of the policy)"
             )
         self.kl = kl
+        self._kl_on = kl.beta > 0 or bool(kl.beta_final)  # a KL term at some step
         self.lag = lag
         self.stop_sequences = tuple(stop_sequences)
         if self.stop_sequences and args is not None:
@@ -248,7 +249,7 @@ class KLGRPOTrainer(GRPOTrainer):
         batch_size = (
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
-        in_reward = self.kl.beta > 0 and self.kl.placement in ("reward", "both")
+        in_reward = self._kl_on and self.kl.placement in ("reward", "both")
         behavior = out.get("old_per_token_logps")
         # On-policy, with the whole batch in one training forward, the behaviour log-probs of the reward half's
         # baseline are that forward's (same weights, same tokens): it is computed there, one forward fewer.
@@ -286,16 +287,14 @@ class KLGRPOTrainer(GRPOTrainer):
         if deferred:  # each completion's place in the generated batch, for _deferred_baseline
             out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)
         elif in_reward:
-            penalty = klmath.estimate(
-                behavior, out["ref_per_token_logps"], mask, self.kl.estimator, self.kl.level
-            )
+            penalty = klmath.penalty(behavior, out["ref_per_token_logps"], mask, self.kl)
             penalty = self.accelerator.gather(penalty.float())
             g = self.num_generations if mode == "train" else self.num_generations_eval
             if self.kl.reward_term:  # its own term at training time (_compute_loss): the baseline goes along
                 out["kl_baseline"] = grpo.leave_one_out_baseline(penalty, g)[local]
                 penalty = None
             advantages = grpo.advantages(
-                task_reward, penalty, self.kl.beta, g, self.scale_rewards, self.kl.reward_mode
+                task_reward, penalty, self._beta(), g, self.scale_rewards, self.kl.reward_mode
             )
             out["advantages"] = advantages[local]
         out["task_reward"] = task_reward[local]
@@ -327,6 +326,10 @@ class KLGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ loss
 
+    def _beta(self) -> float:
+        """The KL coefficient of this optimiser step (``kl.beta_at``: ``kl.beta`` unless ``kl.beta_final``)."""
+        return klmath.beta_at(self.kl, self.state.global_step, self.state.max_steps)
+
     def _aggregation(self, inputs: dict[str, Any]) -> grpo.Aggregation:
         """How TRL aggregates the policy loss of ``loss_type`` in this step (``klsweep.grpo.Aggregation``)."""
         mode = "train" if self.model.training else "eval"
@@ -357,32 +360,36 @@ class KLGRPOTrainer(GRPOTrainer):
             else None
         )
 
-        if self.kl.beta > 0 and self.kl.placement in ("loss", "both"):
+        if self._kl_on and self.kl.placement in ("loss", "both"):
             weights_from = sampled if self.kl.importance != "none" else None
             kl_loss = grpo.kl_loss(logps, ref, mask, self.kl, self._aggregation(inputs), weights_from, engine)
-            loss = loss + self.kl.beta * kl_loss
-        if self.kl.beta > 0 and self.kl.reward_term:
+            loss = loss + self._beta() * kl_loss
+        if self._kl_on and self.kl.reward_term:
             baseline = inputs.get("kl_baseline")
             if baseline is None:
                 baseline = self._deferred_baseline(logps.detach(), ref, mask, inputs["kl_index"])
             reward_loss = grpo.kl_reward_loss(
                 logps, ref, mask, self.kl, self._aggregation(inputs), baseline, sampled, engine
             )
-            loss = loss + self.kl.beta * reward_loss
+            loss = loss + self._beta() * reward_loss
 
         with torch.no_grad():
             values = {
                 "kl/k1": klmath.estimate(sampled, ref, mask, "k1", "token"),
                 "kl/k3": klmath.estimate(sampled, ref, mask, "k3", "token"),
                 "kl/forward": klmath.forward_estimate(sampled, ref, mask),
-                "kl/penalty": klmath.estimate(sampled, ref, mask, self.kl.estimator, self.kl.level),
+                "kl/penalty": klmath.penalty(sampled, ref, mask, self.kl),
                 "completion_length": mask.sum(-1).float(),
                 "policy_lag": (self.state.global_step - inputs["policy_version"]).float(),
             }
-            if self.kl.beta > 0 and self.kl.placement in ("reward", "both"):
+            if self._kl_on and self.kl.placement in ("reward", "both"):
                 used = logps.detach() if self.kl.reward_term else sampled  # the reward half's log-probs
-                penalty = klmath.estimate(used, ref, mask, self.kl.estimator, self.kl.level)
+                penalty = klmath.penalty(used, ref, mask, self.kl)
                 values["kl/reward_penalty"] = penalty
+            if self.kl.log_ratio_clamp > 0 or self.kl.value_clamp > 0:  # the share of units clamped
+                values["kl/clamped"] = klmath.clamped_share(sampled, ref, mask, self.kl)
+            if self.kl.beta_final is not None:
+                values["kl/beta"] = torch.full_like(values["completion_length"], self._beta())
             for name, value in values.items():
                 self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
             task_reward = self.accelerator.gather(inputs["task_reward"])
@@ -395,7 +402,7 @@ class KLGRPOTrainer(GRPOTrainer):
     ) -> torch.Tensor:
         """The leave-one-out baseline ``_rollout`` would have computed, from the training forward's detached
         log-probs of the whole generated batch (shuffled by TRL; ``index``: each completion's place in it)."""
-        penalty = klmath.estimate(logps, ref, mask, self.kl.estimator, self.kl.level)
+        penalty = klmath.penalty(logps, ref, mask, self.kl)
         penalties, order = self.accelerator.gather((penalty.float(), index))
         if not torch.equal(order.sort().values, torch.arange(order.numel(), device=order.device)):
             raise RuntimeError("the deferred KL baseline needs the whole generated batch in one micro-batch")

@@ -51,6 +51,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
             refused.insert(0, Problem("train.use_vllm", why, f"{engines.install_command()}{where}, or false"))
         if refused:
             raise UserError(refused)
+        if not gpu:
+            engines.keep_cpu_weights_loadable()
 
     set_seed(config.seed)
     path = tinymodel.resolve_model_path(config.model)

@@ -43,7 +43,7 @@ KLSWEEP_SETS: dict[str, str] = {
     "fsdp": "train.sharding",
     "fsdp_config": "train.sharding",
     "beta": "kl.beta",
-    "use_bias_correction_kl": "kl.importance",
+    "use_bias_correction_kl": "kl.importance and kl.importance_gradient (the trl preset)",
     "num_iterations": "offpolicy.num_iterations",
     "seed": "seed",
     "data_seed": "seed",

@@ -275,3 +275,43 @@ def _train_log_tail(sweep_dir: Path, n: int = 15) -> str:
     (row,) = [r for r in store.read_jsonl(sweep_dir / store.JOBS_FILE) if r["kind"] == "train"][-1:]
     logs = sorted(Path(row["folder"]).glob(f"{row['job_id']}_*_log.err"))
     return "\n".join(f"{p.name}: ...\n" + "\n".join(p.read_text().splitlines()[-n:]) for p in logs)
+
+
+def submit_and_signal(
+    sweep_dir: Path, plan: Plan, after_steps: int, timeout_s: float = 240
+) -> tuple[str, dict]:
+    """Submit the plan's one run to Slurm, wait for its first ``after_steps`` metrics rows, then send the job
+    USR2 (what Slurm sends before a preemption or the time limit). Returns the job id and the rows written by
+    then (step: time), which a resumed run keeps as they were."""
+    import subprocess
+
+    from klsweep import submit
+
+    (run,) = plan.runs
+    (job_id,) = [r["job_id"] for r in submit.submit(plan, "slurm").jobs]
+    follow(sweep_dir, lambda _: len(store.read_metrics(run.run_dir)) >= after_steps, "first steps", timeout_s)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    return job_id, {r["step"]: r["time"] for r in store.read_metrics(run.run_dir)}
+
+
+def follow_to_the_end(sweep_dir: Path, timeout_s: float = 240) -> Any:
+    """Follow the sweep's one run until it ends; a 'failed' that is the in-job requeue's report (a requeued job
+    may read failed for a moment, test_slurm.py) is followed on to the end after the requeue."""
+
+    def ended(r: Any) -> bool:
+        return r.state in store.FINAL_STATES
+
+    run = follow(sweep_dir, ended, "the end", timeout_s=timeout_s)
+    if run.state == "failed":
+        run = follow(sweep_dir, lambda r: ended(r) and r.state != "failed", "the end after a requeue")
+    return run
+
+
+def assert_resumed_not_restarted(run_dir: Path, steps: int, signalled: dict, lag: int) -> None:
+    """Every step's metrics written exactly once, those written before the signal kept as they were (resumed
+    from the preemption's save, not restarted), and every batch after the pipeline fill ``lag`` steps old."""
+    final = store.read_metrics(run_dir)
+    assert [r["step"] for r in final] == list(range(1, steps + 1))
+    times = {r["step"]: r["time"] for r in final}
+    assert {s: times[s] for s in signalled} == signalled
+    assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)

@@ -30,3 +30,45 @@ def write_config(run_dir: Path, model_dir: Path, **values) -> dict:
     resolved = OmegaConf.to_container(config)
     write_run(run_dir, resolved)
     return resolved
+
+
+_KILLABLE = """
+import os, signal, sys
+from klsweep import job, store
+{setup}
+append = store.append_jsonl
+def append_then_stop(path, row):  # stopped right after step 3's metrics: killed there, never later
+    append(path, row)
+    if path.name == store.METRICS_FILE and row.get("step") == 3:
+        os.kill(os.getpid(), signal.SIGSTOP)
+store.append_jsonl = append_then_stop
+if __name__ == "__main__":
+    job.train_run(sys.argv[1])
+"""
+
+
+def kill_after_step_3(run_dir: Path, env: dict[str, str], timeout_s: float, setup: str = "") -> None:
+    """Train ``run_dir`` in a new process (``job.train_run``, after the Python lines ``setup``) that stops itself
+    right after writing step 3's metrics, and SIGKILL it there: a crash at a known step, never later."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from klsweep import store
+
+    script = run_dir.parent / f"killable-{run_dir.name}.py"
+    script.write_text(_KILLABLE.format(setup=setup))
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not any(r["step"] >= 3 for r in store.read_metrics(run_dir)):
+            assert proc.poll() is None, (
+                f"the run ended before it could be killed: {store.read_status(run_dir)}"
+            )
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -17,6 +17,7 @@ import yaml
 
 from klsweep import store
 from klsweep.config import RunConfig
+from klsweep.evaluate import as_eval_section, eval_settings
 
 HASH = "5ynth3t1c0"
 
@@ -105,18 +106,30 @@ def write_sweep(
             store.write_json(run / store.STATUS_FILE, {"state": "done", "step": steps, "total_steps": steps})
             noise = truth.get("_noise", 0.05)
             values = {t: min(1.0, max(0.0, skill + rng.gauss(0, noise))) for t in (*in_domain, *ood)}
-            _write_eval(run, f"checkpoint-{steps}", steps, values, in_domain, ood)
+            _write_eval(run, f"checkpoint-{steps}", steps, values, in_domain, ood, _settings(config))
             models.setdefault(config["model"]["name"], config)
     for name, config in models.items():
         base = sweep / store.BASELINE_DIR / name.replace("/", "--")
         base.mkdir(parents=True)
         (base / store.CONFIG_FILE).write_text(yaml.safe_dump({"model": config["model"]}, allow_unicode=True))
-        _write_eval(base, "step-0", 0, dict.fromkeys((*in_domain, *ood), 0.2), in_domain, ood)
+        values = dict.fromkeys((*in_domain, *ood), 0.2)
+        _write_eval(base, "step-0", 0, values, in_domain, ood, _settings(config))
     return sweep
 
 
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The eval settings results.json records for a run of ``config`` (what the report matches its grid's by)."""
+    return eval_settings(as_eval_section(config["eval"]))
+
+
 def _write_eval(
-    folder: Path, checkpoint: str, step: int, values: dict[str, float], in_domain: tuple, ood: tuple
+    folder: Path,
+    checkpoint: str,
+    step: int,
+    values: dict[str, float],
+    in_domain: tuple,
+    ood: tuple,
+    settings: dict[str, Any],
 ) -> None:
     store.write_json(
         folder / store.EVAL_DIR / HASH / checkpoint / "results.json",
@@ -132,7 +145,7 @@ def _write_eval(
                 "ood": {t: values[t] for t in ood},
             },
             "stderr": dict.fromkeys(values, 0.01),
-            "settings": {},
+            "settings": settings,
             "lm_eval_version": "0.4.13",
             "created_at": 1.7e9,
         },

@@ -35,6 +35,10 @@ gradients of KL(pi||ref) and KL(ref||pi), in units of the loss type's aggregatio
 (2 groups a step). With ``behavior_shift > 0`` it is off-policy: steps sampled from the behaviour policy, TRL's
 clipped ratio, rows for each ``kl.reward_logp`` and ``kl.importance`` (~8 s).
 
+Presets (``klsweep audit --preset NAME``, ``preset_audit`` and ``grpo_preset_audit``): the same audits of a
+framework's whole KL configuration (``klsweep.presets``), one row per preset; ``select`` keeps the rows of an
+estimator and a placement (``--estimator``, ``--placement``).
+
 Modules: ``exact`` (the tabular policy and the estimator audit), ``objective`` (the GRPO audit), ``cache``
 (both kept on disk). Their tables are rendered by ``klsweep.console``.
 """
@@ -52,7 +56,9 @@ from klsweep.audit.exact import (
     audit,
     exact_kl_gradients,
     per_sample_gradients,
+    preset_audit,
     rows_as_dicts,
+    select,
     verdicts,
 )
 from klsweep.audit.objective import (
@@ -63,7 +69,9 @@ from klsweep.audit.objective import (
     GRPOAuditRow,
     enumerate_steps,
     grpo_audit,
+    grpo_config_audit,
     grpo_gradients,
+    grpo_preset_audit,
     task_reward_table,
 )
 
@@ -85,9 +93,13 @@ __all__ = [
     "enumerate_steps",
     "exact_kl_gradients",
     "grpo_audit",
+    "grpo_config_audit",
     "grpo_gradients",
+    "grpo_preset_audit",
     "per_sample_gradients",
+    "preset_audit",
     "rows_as_dicts",
+    "select",
     "task_reward_table",
     "verdicts",
 ]

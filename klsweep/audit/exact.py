@@ -38,6 +38,7 @@ class AuditRow:
     rel_norm: float  # ||E g|| / ||grad KL(pi||ref)||
     grad_variance: float  # trace of the covariance of the per-sample gradient, exact
     verdict: str
+    preset: str = ""  # the framework preset audited (klsweep.presets), "" for a plain configuration
 
 
 def _validate(vocab, length, seed, ref_distance, behavior_shift, importance) -> None:
@@ -172,36 +173,82 @@ def audit(
     ``importance="all"``, the 18 rows for each of none, token and sequence in turn."""
     _validate(vocab, length, seed, ref_distance, behavior_shift, importance)
     policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
+
+    imps = kl.IMPORTANCE if importance == "all" else (importance,)
+    configs = [("", kl.KLConfig(e, p, lv, importance=imp)) for imp in imps for e, p, lv in CONFIGS]
+    return _rows(policy, configs, behavior_shift)
+
+
+def preset_audit(
+    presets: tuple[str, ...] | list[str],
+    vocab: int = 3,
+    length: int = 3,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    behavior_shift: float = 0.0,
+) -> list[AuditRow]:
+    """One row per framework preset (``klsweep.presets``; ``all``: every one): the exact expected gradient of
+    its whole KL configuration (estimator, placement, level, importance weighting, the gradient forms and
+    clamps of ``klsweep.kl``) against the exact KL gradients, on-policy or, with ``behavior_shift > 0``, from
+    the behaviour policy's samples with the preset's own weighting."""
+    from klsweep import presets as preset_mod
+
+    names = preset_mod.resolve(presets)
+    _validate(vocab, length, seed, ref_distance, behavior_shift, "none")
+    policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
+    return _rows(policy, [(n, preset_mod.kl_config(n)) for n in names], behavior_shift)
+
+
+def _rows(
+    policy: TabularPolicy, configs: list[tuple[str, kl.KLConfig]], behavior_shift: float
+) -> list[AuditRow]:
+    """The audit row of each (preset name or "", configuration) on ``policy``."""
     g_reverse, g_forward = exact_kl_gradients(policy)
     jac = policy.token_logp_jacobian()
     q = policy.token_logp(policy.behavior).sum(-1).exp()  # sampling distribution (pi if behavior_shift == 0)
-
     rows = []
-    for imp in kl.IMPORTANCE if importance == "all" else (importance,):
-        for estimator, placement, level in CONFIGS:
-            per_sample = per_sample_gradients(
-                policy, kl.KLConfig(estimator, placement, level, importance=imp), jac
+    for name, config in configs:
+        per_sample = per_sample_gradients(policy, config, jac)
+        mean = q @ per_sample
+        variance = (q @ per_sample.square().sum(-1) - mean.square().sum()).clamp(min=0)
+        rel_rev = ((mean - g_reverse).norm() / g_reverse.norm()).item()
+        rel_fwd = ((mean - g_forward).norm() / g_forward.norm()).item()
+        rel_norm = (mean.norm() / g_reverse.norm()).item()
+        rows.append(
+            AuditRow(
+                estimator=config.estimator,
+                placement=config.placement,
+                level=config.level,
+                importance=config.importance,
+                behavior_shift=float(behavior_shift),
+                rel_err_reverse=rel_rev,
+                rel_err_forward=rel_fwd,
+                rel_norm=rel_norm,
+                grad_variance=variance.item(),
+                verdict=_verdict(rel_rev, rel_fwd, rel_norm),
+                preset=name,
             )
-            mean = q @ per_sample
-            variance = (q @ per_sample.square().sum(-1) - mean.square().sum()).clamp(min=0)
-            rel_rev = ((mean - g_reverse).norm() / g_reverse.norm()).item()
-            rel_fwd = ((mean - g_forward).norm() / g_forward.norm()).item()
-            rel_norm = (mean.norm() / g_reverse.norm()).item()
-            rows.append(
-                AuditRow(
-                    estimator=estimator,
-                    placement=placement,
-                    level=level,
-                    importance=imp,
-                    behavior_shift=float(behavior_shift),
-                    rel_err_reverse=rel_rev,
-                    rel_err_forward=rel_fwd,
-                    rel_norm=rel_norm,
-                    grad_variance=variance.item(),
-                    verdict=_verdict(rel_rev, rel_fwd, rel_norm),
-                )
-            )
+        )
     return rows
+
+
+def select(rows: list[Any], estimator: str | None = None, placement: str | None = None) -> list[Any]:
+    """The rows (``AuditRow`` or ``GRPOAuditRow``) of this estimator and placement (None: any); ``UserError``
+    for a value that is not one, listing both problems at once."""
+    problems = []
+    for name, value, allowed in (
+        ("estimator", estimator, kl.ESTIMATOR_CHOICES),
+        ("placement", placement, kl.PLACEMENTS),
+    ):
+        if value is not None and value not in allowed:
+            problems.append(Problem(name, f"{value!r} is not valid", ", ".join(allowed)))
+    if problems:
+        raise UserError(problems, title="invalid audit filter")
+    return [
+        r
+        for r in rows
+        if (estimator is None or r.estimator == estimator) and (placement is None or r.placement == placement)
+    ]
 
 
 def verdicts(**options: Any) -> dict[tuple[str, str, str], str]:

@@ -16,7 +16,7 @@ from klsweep import grpo, kl
 from klsweep.errors import Problem, UserError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from torch import Tensor
 
@@ -56,6 +56,7 @@ class GRPOAuditRow:
     rel_err_reverse: float  # ||effective / unit - grad KL(pi||ref)|| / ||grad KL(pi||ref)||
     rel_norm: float  # ||effective / unit|| / ||grad KL(pi||ref)||
     verdict: str
+    preset: str = ""  # the framework preset audited (klsweep.presets), "" for a plain configuration
 
 
 def _grpo_verdict(row: dict[str, float]) -> str:
@@ -237,7 +238,7 @@ def grpo_gradients(
     rewards = task_reward[seqs]
 
     def loss_of(logp: Tensor, ref: Tensor, mask: Tensor, behavior: Tensor) -> Tensor:
-        sampled = kl.estimate(behavior, ref, mask, config.estimator, config.level) if in_reward else None
+        sampled = kl.penalty(behavior, ref, mask, config) if in_reward else None
         penalty = None if own_term else sampled
         adv = grpo.advantages(rewards, penalty, config.beta, group_size, scale_rewards, config.reward_mode)
         if off_policy:
@@ -286,14 +287,7 @@ def grpo_audit(
     the others being the same computation)."""
     _validate_grpo(dict(locals()))
     off_policy = behavior_shift > 0
-    policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
-    g_reverse, g_forward = exact_kl_gradients(policy)
-    jac = policy.token_logp_jacobian()
-    reward = task_reward_table(len(policy.seqs), seed)
-    pi_probs = policy.token_logp(policy.theta).sum(-1).exp()
-    probs = policy.token_logp(policy.behavior).sum(-1).exp()  # the sampling policy (pi on-policy)
     modes = kl.REWARD_MODES if reward_mode == "all" else (reward_mode,)
-    scalings = grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,)
 
     def every(value: str | None, values: tuple[str, ...], on_policy: str) -> tuple[str, ...]:
         if value is None:
@@ -306,13 +300,64 @@ def grpo_audit(
         )
     )
     rows = []
-    for scaling in scalings:
+    steps = (vocab, length, seed, ref_distance, behavior_shift, group_size, groups, scale_rewards, loss_type)
+    for scaling, n_groups, effective in _scalings(*steps):
+        # The KL in the loss ignores the reward mode and reward_logp: computed once per importance.
+        loss_rows: dict[tuple[str, str, str], dict[str, float]] = {}
+        for logp_from, weighting in samplings:
+            for mode in modes:
+                for estimator, placement, level in CONFIGS:
+                    config = kl.KLConfig(
+                        estimator,
+                        placement,
+                        level,
+                        beta=beta,
+                        importance=weighting,
+                        reward_mode=mode,
+                        reward_logp=logp_from,
+                        importance_cap=importance_cap,
+                    )
+                    key = (estimator, level, weighting)
+                    if placement == "loss" and key in loss_rows:
+                        values = loss_rows[key]
+                    else:
+                        values = effective(config)
+                        if placement == "loss":
+                            loss_rows[key] = values
+                    rows.append(
+                        _row(config, values, scaling, loss_type, group_size, n_groups, behavior_shift)
+                    )
+    return rows
+
+
+def _scalings(
+    vocab: int,
+    length: int,
+    seed: int,
+    ref_distance: float,
+    behavior_shift: float,
+    group_size: int,
+    groups: int,
+    scale_rewards: str,
+    loss_type: str,
+) -> Iterator[tuple[str, int, Callable[[kl.KLConfig], dict[str, float]]]]:
+    """Per reward scaling (``all``: each), ``(scaling, groups per step, effective)``: ``effective(config)`` is the
+    numbers of a ``GRPOAuditRow`` (``_effective``) of ``config``'s effective KL gradient at its beta, every step
+    of the tabular policy of these options enumerated (sampled from the behaviour policy, TRL's clipped loss,
+    when ``behavior_shift > 0``)."""
+    off_policy = behavior_shift > 0
+    policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
+    g_reverse, g_forward = exact_kl_gradients(policy)
+    jac = policy.token_logp_jacobian()
+    reward = task_reward_table(len(policy.seqs), seed)
+    pi_probs = policy.token_logp(policy.theta).sum(-1).exp()
+    probs = policy.token_logp(policy.behavior).sum(-1).exp()  # the sampling policy (pi on-policy)
+    for scaling in grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,):
         n_groups = groups if scaling == "batch" else 1
         seqs, p = enumerate_steps(probs, group_size, n_groups)
         unit = _unit(
             policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac
         )
-
         gradient = functools.partial(
             grpo_gradients,
             policy,
@@ -325,49 +370,115 @@ def grpo_audit(
             jac=jac,
             off_policy=off_policy,
         )
-
         g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
-        # The KL in the loss ignores the reward mode and reward_logp: computed once per importance.
-        loss_rows: dict[tuple[str, str, str], dict[str, float]] = {}
-        for logp_from, weighting in samplings:
-            for mode in modes:
-                for estimator, placement, level in CONFIGS:
-                    key = (estimator, level, weighting)
-                    if placement == "loss" and key in loss_rows:
-                        values = loss_rows[key]
-                    else:
-                        config = kl.KLConfig(
-                            estimator,
-                            placement,
-                            level,
-                            beta=beta,
-                            importance=weighting,
-                            reward_mode=mode,
-                            reward_logp=logp_from,
-                            importance_cap=importance_cap,
-                        )
-                        values = _effective(((gradient(config) - g_zero) / beta) / unit, g_reverse, g_forward)
-                        if placement == "loss":
-                            loss_rows[key] = values
-                    rows.append(
-                        GRPOAuditRow(
-                            estimator=estimator,
-                            placement=placement,
-                            level=level,
-                            reward_mode=mode,
-                            scale_rewards=scaling,
-                            loss_type=loss_type,
-                            group_size=group_size,
-                            groups=n_groups,
-                            beta=float(beta),
-                            behavior_shift=float(behavior_shift),
-                            reward_logp=logp_from,
-                            importance=weighting,
-                            importance_cap=importance_cap,
-                            **values,
-                            verdict=_grpo_verdict(values),
-                        )
-                    )
+
+        def effective(config: kl.KLConfig, gradient=gradient, g_zero=g_zero, unit=unit) -> dict[str, float]:
+            return _effective(((gradient(config) - g_zero) / config.beta) / unit, g_reverse, g_forward)
+
+        yield scaling, n_groups, effective
+
+
+def _row(
+    config: kl.KLConfig,
+    values: dict[str, float],
+    scaling: str,
+    loss_type: str,
+    group_size: int,
+    groups: int,
+    behavior_shift: float,
+    preset: str = "",
+) -> GRPOAuditRow:
+    """The ``GRPOAuditRow`` of ``config`` with the numbers ``values`` of its effective KL gradient."""
+    return GRPOAuditRow(
+        estimator=config.estimator,
+        placement=config.placement,
+        level=config.level,
+        reward_mode=config.reward_mode,
+        scale_rewards=scaling,
+        loss_type=loss_type,
+        group_size=group_size,
+        groups=groups,
+        beta=float(config.beta),
+        behavior_shift=float(behavior_shift),
+        reward_logp=config.reward_logp,
+        importance=config.importance,
+        importance_cap=config.importance_cap,
+        **values,
+        verdict=_grpo_verdict(values),
+        preset=preset,
+    )
+
+
+def grpo_preset_audit(
+    presets: tuple[str, ...] | list[str],
+    vocab: int = 3,
+    length: int = 2,
+    group_size: int = 4,
+    groups: int = 2,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    beta: float | None = None,
+    scale_rewards: str = "group",
+    loss_type: str = "dapo",
+    behavior_shift: float = 0.0,
+) -> list[GRPOAuditRow]:
+    """``grpo_config_audit`` of each framework preset's whole KL configuration (``klsweep.presets``; ``all``:
+    every one), at its own beta unless ``beta`` is given (a schedule's first value)."""
+    import dataclasses
+
+    from klsweep import presets as preset_mod
+
+    names = preset_mod.resolve(presets)
+    configs = [preset_mod.kl_config(n) for n in names]
+    if beta is not None:
+        configs = [dataclasses.replace(c, beta=beta) for c in configs]
+    return grpo_config_audit(
+        list(zip(names, configs, strict=True)),
+        vocab=vocab,
+        length=length,
+        group_size=group_size,
+        groups=groups,
+        seed=seed,
+        ref_distance=ref_distance,
+        scale_rewards=scale_rewards,
+        loss_type=loss_type,
+        behavior_shift=behavior_shift,
+    )
+
+
+def grpo_config_audit(
+    configs: list[tuple[str, kl.KLConfig]],
+    vocab: int = 3,
+    length: int = 2,
+    group_size: int = 4,
+    groups: int = 2,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    scale_rewards: str = "group",
+    loss_type: str = "dapo",
+    behavior_shift: float = 0.0,
+) -> list[GRPOAuditRow]:
+    """``grpo_audit`` of whole KL configurations, each labelled (a preset's name, or ""): its reward mode,
+    reward log-probs, weighting, gradient forms and clamps, at its own beta (a schedule's first value); one
+    row per configuration and reward scaling. The report audits a run that uses the frameworks' forms with it."""
+    probe = dict(locals())
+    probe |= {
+        "beta": 0.1,
+        "reward_mode": "all",
+        "reward_logp": None,
+        "importance": None,
+        "importance_cap": 0.0,
+    }
+    _validate_grpo(probe)
+    zero = [name or repr(c) for name, c in configs if c.beta <= 0]
+    if zero:
+        raise UserError(Problem("beta", f"{', '.join(zero)}: beta 0", "a configuration with beta > 0"))
+    rows = []
+    steps = (vocab, length, seed, ref_distance, behavior_shift, group_size, groups, scale_rewards, loss_type)
+    for scaling, n_groups, effective in _scalings(*steps):
+        for name, config in configs:
+            values = effective(config)
+            rows.append(_row(config, values, scaling, loss_type, group_size, n_groups, behavior_shift, name))
     return rows
 
 

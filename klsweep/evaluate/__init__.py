@@ -27,12 +27,14 @@ from klsweep.evaluate.suites import (
     EvalError,
     as_eval_section,
     eval_hash,
+    eval_label,
     eval_settings,
     include_dir,
     lm_eval_version,
     load_suite,
     materialise_tasks,
     resolve_tasks,
+    with_overrides,
 )
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "eval_baseline",
     "eval_batch",
     "eval_hash",
+    "eval_label",
     "eval_many",
     "eval_run",
     "eval_settings",
@@ -57,5 +60,6 @@ __all__ = [
     "materialise_tasks",
     "model_key",
     "resolve_tasks",
+    "with_overrides",
     "run_config",
 ]

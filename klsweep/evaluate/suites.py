@@ -53,6 +53,50 @@ def load_suite(name: str, config_dirs: Sequence[str | Path] = ()) -> EvalSection
     return _eval_section(OmegaConf.load(path))
 
 
+def with_overrides(cfg: EvalSection, overrides: list[str]) -> EvalSection:
+    """``cfg`` with ``eval.KEY=VALUE`` overrides (``klsweep eval``'s, values read as in a grid: ``eval.limit=150``,
+    ``eval.ood=[tiny_sub]``); every bad one reported at once (exit 2)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    fields = list(asdict(cfg))
+    node = OmegaConf.structured(cfg)
+    problems = []
+    for text in overrides:
+        name, eq, value = text.partition("=")
+        key = name.strip().removeprefix("eval.")
+        if not eq or not name.strip().startswith("eval.") or key not in fields:
+            allowed = ", ".join(f"eval.{f}" for f in fields if f != "suite")
+            problems.append(
+                Problem(text, "not an eval.KEY=VALUE override", f"--suite NAME, or one of {allowed}")
+            )
+            continue
+        if key == "suite":
+            problems.append(Problem(text, "the suite is chosen by --suite", "--suite NAME"))
+            continue
+        try:
+            node = OmegaConf.merge(node, OmegaConf.from_dotlist([f"{key}={value}"]))
+        except OmegaConfBaseException as e:
+            problems.append(Problem(text, str(e).splitlines()[0], f"a value of eval.{key}'s type"))
+    if problems:
+        raise UserError(problems, title="invalid eval overrides")
+    return as_eval_section(OmegaConf.to_object(node))
+
+
+def eval_label(settings: dict[str, Any], hash_: str | None) -> str:
+    """Which eval a number comes from, in words: ``suite tiny, 100 problems per task, eval 1a2b3c4d5e`` (the
+    report's tables, captions and figures, and ``klsweep eval``'s output say it)."""
+    if hash_ is None:
+        return "no eval"
+    limit = settings.get("limit")
+    parts = [f"suite {settings.get('suite', '?')}", f"{limit if limit else 'all'} problems per task"]
+    if (settings.get("num_samples") or 1) > 1:
+        parts.append(
+            f"pass@1 of {settings['num_samples']} samples at temperature {settings.get('temperature')}"
+        )
+    return ", ".join([*parts, f"eval {hash_}"])
+
+
 def as_eval_section(eval_cfg: EvalSection | dict[str, Any]) -> EvalSection:
     """An ``EvalSection`` from itself or from a (possibly partial) dict, validated."""
     cfg = eval_cfg if isinstance(eval_cfg, EvalSection) else _eval_section(dict(eval_cfg))

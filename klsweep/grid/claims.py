@@ -14,7 +14,7 @@ from typing import Any
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import Schema, did_you_mean, lookup, unknown
 
-METRICS = ("in_domain", "ood", "unstable", "peak_kl")  # or any column of the report's runs.csv
+METRICS = ("in_domain", "ood", "unstable", "peak_kl", "reward_drop")  # or any column of the report's runs.csv
 TESTS = ("welch", "fisher", "tost")
 DIRECTIONS = ("greater", "less", "equivalent")
 KEYS = ("name", "metric", "test", "direction", "a", "b", "margin", "effect", "group")

@@ -4,7 +4,12 @@ estimator, placement, level, reward mode, beta, group size G, ``scale_rewards`` 
 run gets the verdict of its own sampling: on-policy runs the on-policy audit; off-policy runs (lag > 0 or
 several iterations) the off-policy audit (behaviour shift ``OFF_POLICY_SHIFT``) with their ``kl.reward_logp``,
 ``kl.importance`` and ``kl.importance_cap``, and also the off-policy audit of the bare estimator. Audits are
-cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process."""
+cached on disk (``klsweep.audit.cached_grpo_audit``) and computed once per process.
+
+A run whose KL configuration is a framework preset's (``klsweep.presets.name_of``) is labelled with its name
+(a ``preset`` column, when one is). A run that uses one of the frameworks' KL forms (``KL_FORMS``: a weight that
+keeps its gradient, straight-through, clamps ...) is audited with its whole configuration
+(``klsweep.audit.grpo_config_audit``), in a row of its own."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from klsweep.config import NO_KL
+from klsweep.config import KL_FORMS, NO_KL
 from klsweep.report.tables import DASH, sort_key
 
 if TYPE_CHECKING:
@@ -35,6 +40,11 @@ SETTINGS = {
 }
 
 
+# A run that sets one of the frameworks' KL forms away from its default (config.KL_FORMS), or weighs with one of
+# the frameworks' weightings, is audited with its whole KL configuration, in a row of its own.
+FORM_WEIGHTS = ("sequence_mean", "self")
+
+
 def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per KL configuration in the sweep (the ``SETTINGS`` of its runs and whether they are on- or
     off-policy, with the importance weighting), with the GRPO audit of the trainer's expected update:
@@ -45,6 +55,9 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     keys = _keys(runs)
+    configs = dict(zip(keys, _kl_configs(runs), strict=True))
+    with_preset = any(k[-2] != DASH for k in keys)  # the columns of the frameworks' presets and forms, only
+    with_forms = any(k[-1] != DASH for k in keys)  # where a run has them: the table of other sweeps as it was
     counts: dict[tuple[Any, ...], list[int]] = {}
     for k, c in zip(keys, runs["config"], strict=True):
         counts.setdefault(k, []).append(c)
@@ -55,17 +68,25 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     )
     rows = []
     for k in sorted(counts, key=sort_key):
-        values, (imp, logp, cap) = k[: len(SETTINGS)], k[len(SETTINGS) :]
+        values, (imp, logp, cap) = k[: len(SETTINGS)], k[len(SETTINGS) : len(SETTINGS) + 3]
+        preset, forms = k[-2:]
         est, plc, lvl, mode, beta, g, scale, loss_type = values
-        row: dict[str, Any] = dict(zip(SETTINGS.values(), values, strict=True))
+        row: dict[str, Any] = {"preset": preset} if with_preset else {}
+        row |= dict(zip(SETTINGS.values(), values, strict=True))
         off = est != NO_KL and imp != "on-policy"
         row |= {
             "sampling": (_sampling(imp, logp, cap) if off else "on-policy" if est != NO_KL else DASH),
+            **({"KL form": forms} if with_forms else {}),
             "configurations": len(set(counts[k])),
             "runs": len(counts[k]),
         }
         sampling = (OFF_POLICY_SHIFT, logp, imp, cap) if off else (0.0, None, None, 0.0)
-        audited = None if est == NO_KL else _grpo(g, scale, mode, loss_type, beta, *sampling)
+        if est == NO_KL:
+            audited = None
+        elif forms != DASH:
+            audited = _grpo_config(configs[k], g, scale, loss_type, OFF_POLICY_SHIFT if off else 0.0)
+        else:
+            audited = _grpo(g, scale, mode, loss_type, beta, *sampling)
         a = audited.get((est, plc, lvl)) if isinstance(audited, dict) else None
         if a is None:
             verdict = (
@@ -105,23 +126,67 @@ def _sampling(importance: str, reward_logp: str, cap: Any) -> str:
     return f"off-policy, {weights}{capped}, {reward_logp} log-probs in the reward"
 
 
+def _kl_configs(runs: pd.DataFrame) -> list[Any]:
+    """Per run, its ``klsweep.kl.KLConfig`` (the run's ``kl.*`` columns over the defaults), or None when they are
+    not a valid one."""
+    import dataclasses
+
+    from klsweep.config import KLSection
+    from klsweep.errors import UserError
+    from klsweep.kl import KLConfig
+
+    defaults = dataclasses.asdict(KLSection())
+    columns = [c for c in runs.columns if c.startswith("kl.") and c[3:] in defaults]
+    out = []
+    for values in runs[columns].astype(object).itertuples(index=False):
+        given = {c[3:]: _plain(v) for c, v in zip(columns, values, strict=True)}
+        given = {n: v for n, v in given.items() if v is not None or n == "beta_final"}
+        try:
+            out.append(KLConfig(**{**defaults, **given}))
+        except (UserError, TypeError):
+            out.append(None)
+    return out
+
+
+def _form(config: Any) -> str:
+    """The frameworks' KL forms a configuration uses, in words, or DASH (klsweep's own)."""
+    if config is None:
+        return DASH
+    used = [
+        f"{key[3:]}={getattr(config, key[3:])}"
+        for key, default in KL_FORMS.items()
+        if getattr(config, key[3:]) != default
+    ]
+    if config.importance in FORM_WEIGHTS:
+        used.insert(0, f"importance={config.importance}")
+    return ", ".join(used) or DASH
+
+
 def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
     """Per run: the audit row it belongs to (its ``SETTINGS`` values, then "on-policy" and two dashes, or its
-    ``SAMPLING`` values)."""
+    ``SAMPLING`` values; then its preset's name and its frameworks' KL forms, or dashes)."""
+    import dataclasses
+
+    from klsweep import presets
+
     off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
         runs["offpolicy.num_iterations"].fillna(1).astype(float) > 1
     )
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
     settings = runs[list(SETTINGS)].astype(object).to_numpy()
     sampling = runs[list(SAMPLING)].astype(object).to_numpy()
+    configs = _kl_configs(runs)
+    names = {c: presets.name_of(dataclasses.asdict(c)) for c in set(configs) if c is not None}
     return [
-        ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL, DASH, DASH))
+        ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL, DASH, DASH, DASH, DASH))
         if nk
         else (
             *(_plain(v) for v in values),
             *((_plain(v) for v in how) if o else ("on-policy", DASH, DASH)),
+            (names.get(c) if c is not None else None) or DASH,
+            _form(c),
         )
-        for nk, o, values, how in zip(no_kl, off, settings, sampling, strict=True)
+        for nk, o, values, how, c in zip(no_kl, off, settings, sampling, configs, strict=True)
     ]
 
 
@@ -169,6 +234,29 @@ def _grpo(
             reward_logp=reward_logp,
             importance=importance,
             importance_cap=float(importance_cap),
+        )
+    except (UserError, TypeError, ValueError) as e:
+        problems = getattr(e, "problems", None)
+        return "; ".join(map(str, problems)) if problems else str(e)
+    return {(r.estimator, r.placement, r.level): r for r in rows}
+
+
+@functools.cache
+def _grpo_config(
+    config: Any, group_size: Any, scale_rewards: Any, loss_type: Any, behavior_shift: float
+) -> dict | str:
+    """Like ``_grpo``, for one whole KL configuration (``klsweep.audit.grpo_config_audit``): {(estimator,
+    placement, level): GRPOAuditRow}, or why it cannot be audited."""
+    from klsweep import audit
+    from klsweep.errors import UserError
+
+    try:
+        rows = audit.grpo_config_audit(
+            [("", config)],
+            group_size=int(group_size),
+            scale_rewards=scale_rewards,
+            loss_type=loss_type,
+            behavior_shift=behavior_shift,
         )
     except (UserError, TypeError, ValueError) as e:
         problems = getattr(e, "problems", None)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +29,7 @@ from klsweep.report.engine import attach_engine_agreement
 from klsweep.report.figures import draw_figures
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
-from klsweep.report.render import FORMATS, WRITERS
+from klsweep.report.render import FORMATS, VECTOR_FORMATS, WRITERS
 from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
@@ -86,7 +87,8 @@ def build_report(
             title="nothing to report",
         )
     missing: list[str] = []
-    chosen, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing)
+    choice, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing, configs)
+    chosen = choice.hash
     missing[:0] = not_there_yet(runs, metrics, sweep)
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
@@ -101,6 +103,8 @@ def build_report(
         sweep_dir=sweep,
         out_dir=out,
         eval_hash=chosen,
+        eval_label=choice.label,
+        eval_note=choice.note,
         axes=axes,
         in_domain=in_domain,
         ood=ood,
@@ -123,7 +127,7 @@ def build_report(
     figures = None
     try:
         out.mkdir(parents=True, exist_ok=True)
-        figures = draw_figures(report, metrics, out)
+        figures = draw_figures(report, metrics, out, vector=any(f in VECTOR_FORMATS for f in formats))
         if on_tables is not None:
             on_tables(report)
         written = {
@@ -156,10 +160,8 @@ def _let_figures_end(figures: Callable[[], list[Path]] | None) -> None:
     half-written temporary file behind; left to end, it removes it (its own error is the same disk's)."""
     if figures is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         figures()
-    except OSError:
-        pass
 
 
 def _audit_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PEAK_KL = "peak KL k3"
+REWARD_DROP = "reward drop"  # stability.reward_drop
 REFERENCES = ("no KL", "k1 in reward")
 CLAIM_COLUMNS = [
     "claim", "group", "verdict", "replication", "test", "statistic", "p_value", "p_holm", "n", "detail",
@@ -114,7 +115,7 @@ def unstable(runs: pd.DataFrame) -> pd.Series:
     return (runs["state"] == "diverged") | runs["collapsed"].astype(bool)
 
 
-METRIC_COLUMNS = {"in_domain": ID_AVG, "ood": OOD_AVG, "peak_kl": PEAK_KL}
+METRIC_COLUMNS = {"in_domain": ID_AVG, "ood": OOD_AVG, "peak_kl": PEAK_KL, "reward_drop": REWARD_DROP}
 DEFAULT_EFFECT = {ID_AVG: (EFFECT["accuracy"], False), OOD_AVG: (EFFECT["accuracy"], False)}
 DEFAULT_EFFECT[PEAK_KL] = (EFFECT["peak KL"], True)
 
@@ -210,17 +211,15 @@ def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
         ua, ub = int(a.sum()), int(b.sum())
         ea, eb = (ua, ub) if c.direction == "greater" else (ub, ua)
         p, _ = rate_test(ea, len(first), eb, len(second))
-        # the power at the claim's effect: a's rate that far from b's observed one, in the claim's direction
         rb = ub / len(b) if len(b) else math.nan
-        effect = claim_size(c.effect or (RATE_EFFECT, False), [rb])
-        ra = min(1.0, rb + effect) if c.direction == "greater" else max(0.0, rb - effect)
+        ra = rate_at_effect(c, rb)
         row |= {
             "test": f"Fisher's exact test, one-sided ({c.direction}); statistic: difference of {c.metric} rates",
             "statistic": ua / len(a) - ub / len(b) if len(a) and len(b) else math.nan,
             "p_value": p,
             "n": len(a) + len(b),
             "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
-            "_rates": (len(first), len(second), *((ra, rb) if c.direction == "greater" else (rb, ra))),
+            "_rates": rate_power_args(c, len(a), len(b), ra, rb),
             "_at": f"a's rate {_num(ra)} against b's {_num(rb)}",
         }
         return row
@@ -251,6 +250,21 @@ def _test(c: Claim, a: Any, b: Any) -> dict[str, Any]:
         "_effect": effect,
     }
     return row
+
+
+def rate_at_effect(c: Claim, rate_b: float) -> float:
+    """A Fisher claim's side a rate at its effect (``effect``, default ``RATE_EFFECT``): that far from side b's
+    ``rate_b``, in the claim's direction, within [0, 1]; where its power decides "not supported"."""
+    effect = claim_size(c.effect or (RATE_EFFECT, False), [rate_b])
+    return min(1.0, rate_b + effect) if c.direction == "greater" else max(0.0, rate_b - effect)
+
+
+def rate_power_args(
+    c: Claim, n_a: int, n_b: int, rate_a: float, rate_b: float
+) -> tuple[int, int, float, float]:
+    """``statistics.rate_power``'s sizes and rates for a Fisher claim with sides of ``n_a`` and ``n_b`` runs at
+    true rates ``rate_a`` and ``rate_b``: the side the claim expects more events of first."""
+    return (n_a, n_b, rate_a, rate_b) if c.direction == "greater" else (n_b, n_a, rate_b, rate_a)
 
 
 def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:

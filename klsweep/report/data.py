@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from klsweep import store
 from klsweep.config import KL_ONLY_KEYS, is_cosmetic, load_run, without_kl_when_off
 from klsweep.errors import Problem, UserError
+from klsweep.report.evalchoice import EvalChoice, Present, choose_eval, grid_evals
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -318,14 +319,20 @@ def _results_files(root: Path) -> list[Path]:
 
 
 def attach_evals(
-    sweep: Path, runs: pd.DataFrame, eval_hash: str | None, set_aside: list[str], missing: list[str]
-) -> tuple[str | None, list[str], list[str]]:
-    """Pick the eval hash, and per run the results of its final checkpoint (``store.final_checkpoint``): adds
-    ``eval_checkpoint``, ``eval_step`` and one column per eval task. A run with results of other checkpoints
-    only (an eval cancelled part-way, a run not finished) is not scored: named in ``missing``. Returns (hash,
+    sweep: Path,
+    runs: pd.DataFrame,
+    eval_hash: str | None,
+    set_aside: list[str],
+    missing: list[str],
+    configs: list[dict[str, Any]],
+) -> tuple[EvalChoice, list[str], list[str]]:
+    """Pick the eval (``evalchoice.choose_eval``: the one asked for, else the grid's, never merely the newest),
+    and per run the results of its final checkpoint (``store.final_checkpoint``): adds ``eval_checkpoint``,
+    ``eval_step`` and one column per eval task. A run with results of other checkpoints only (an eval
+    cancelled part-way, a run not finished) is not scored: named in ``missing``. Returns (the eval chosen,
     in-domain tasks, OOD tasks)."""
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # hash -> [(run, results)]
-    newest: dict[str, float] = {}
+    present: dict[str, Present] = {}
     for run in runs["run"]:
         for p in _results_files(sweep / run):
             res = _read_results(p, set_aside)
@@ -333,7 +340,7 @@ def attach_evals(
                 continue
             h = p.parent.parent.name
             found.setdefault(h, []).append((run, res))
-            newest[h] = max(newest.get(h, -math.inf), float(res.get("created_at") or p.stat().st_mtime))
+            present.setdefault(h, Present(res.get("settings") or {})).runs.add(run)
     baseline_hashes = {
         p.parent.parent.name for p in (sweep / store.BASELINE_DIR).glob("*/eval/*/step-0/results.json")
     }
@@ -344,7 +351,8 @@ def attach_evals(
             ),
             title="unknown eval hash",
         )
-    chosen = eval_hash if eval_hash is not None else (max(newest, key=newest.__getitem__) if newest else None)
+    choice = choose_eval(present, eval_hash, grid_evals(configs), str(sweep))
+    chosen = choice.hash
     # each run scored at its final checkpoint only: never one run's checkpoint-24 beside another's -40
     finals = {run: _final_checkpoint(sweep / run) for run in runs["run"]}
     last: dict[str, dict[str, Any]] = {}
@@ -383,7 +391,7 @@ def attach_evals(
             runs[f"{t} {SE}"] = [_float(last.get(r, {}).get("stderr", {}).get(t)) for r in runs["run"]]
         se = runs[[f"{t} {SE}" for t in tasks]] if tasks else None
         runs[f"{avg} {SE}"] = (se**2).mean(axis=1) ** 0.5 / len(tasks) ** 0.5 if tasks else math.nan
-    return chosen, list(in_domain), list(ood)
+    return choice, list(in_domain), list(ood)
 
 
 def _final_checkpoint(run_dir: Path) -> str | None:

@@ -6,7 +6,8 @@
   ``claims`` (claim, group, verdict, test, statistic, p_value, p_holm, n, detail; only with claims), ``environment``, ``runs``);
 - ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
 - ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
-  embedded as data URIs, numbers right-aligned.
+  embedded as data URIs, numbers right-aligned;
+- ``pdf``: the figures' vector copies (``curves.pdf``, ``eval_bars.pdf``), drawn with ``latex`` too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from klsweep.report.tables import (
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMATS = ("md", "csv", "latex", "html")
+FORMATS = ("md", "csv", "latex", "html", "pdf")  # pdf: the figures' vector copies (latex too)
+VECTOR_FORMATS = ("latex", "pdf")  # the formats that draw the figures' PDF copies
 # sections of report.md and report.html after the paper tables (not LaTeX tables), and what each says when empty
 EXTRA_SECTIONS = ("claims", "comparisons", "environment")
 NONE = {
@@ -64,7 +66,9 @@ def _summary(report: Report) -> list[str]:
         "Configuration axes: "
         + (", ".join(f"{SHORT.get(a, a)} (`{a}`)" for a in report.axes) or "none")
         + ".",
-        f"Eval hash: {report.eval_hash or 'none yet'}; in-domain: {visible(', '.join(report.in_domain)) or DASH}; "
+        f"Eval: {visible(report.eval_label)}"
+        + (f" ({visible(report.eval_note)})" if report.eval_note else "")
+        + f"; in-domain: {visible(', '.join(report.in_domain)) or DASH}; "
         f"out of domain: {visible(', '.join(report.ood)) or DASH}.",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `klsweep report`.",
     ]
@@ -267,4 +271,10 @@ def _write_html(report: Report) -> list[Path]:
     return [path]
 
 
-WRITERS = {"md": _write_md, "csv": _write_csv, "latex": write_latex, "html": _write_html}
+WRITERS = {
+    "md": _write_md,
+    "csv": _write_csv,
+    "latex": write_latex,
+    "html": _write_html,
+    "pdf": lambda report: [],  # the figures' PDFs: drawn with them (VECTOR_FORMATS)
+}

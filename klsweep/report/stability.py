@@ -8,6 +8,10 @@ Definitions (also printed in the report: ``DEFINITIONS``):
   (``run_rule``: its ``train.collapse_*`` keys and batch), so a run the trainer stopped for a collapse is
   collapsed here, at the same step (one stopped by an earlier version's rule: at the step it was stopped).
 - Divergence: what the trainer recorded: ``status.json`` state ``diverged`` with ``diverged_step`` and ``reason``.
+- Reward drop: how much of its peak smoothed reward a run has lost by its end, 1 - final / peak (0: it ends
+  at its peak; a run the trainer stopped for a collapse: at least the collapse fraction's complement; one that
+  diverged (not stopped for a collapse): 1, all of it; NaN when the peak is not positive). A continuous
+  measure of instability: ``reward_drop``, the endpoint of the tiny study's claim (a) (docs/STUDY.md).
 
 ``smooth`` needs numpy only, imported when called: no pandas or matplotlib here.
 """
@@ -31,6 +35,7 @@ SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forwar
 STABILITY_STATS = (
     "final reward",
     "peak reward",
+    "reward drop",
     "peak KL k1",
     "peak KL k3",
     "peak KL forward",
@@ -44,7 +49,8 @@ DEFINITIONS = (
     "more than z standard errors (from the logged per-step reward spread over the completions of a step, "
     "scaled up when the step means vary more than that); collapse step = the first such step, where the "
     "trainer stops the run. {rule} "
-    "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown."
+    "Divergence: the trainer stopped the run and marked it diverged (status.json), at the step shown. "
+    "Reward drop: 1 - final / peak smoothed reward (1 for a run that diverged, not stopped for a collapse)."
 )
 
 
@@ -125,8 +131,8 @@ def collapse_step(
 
 
 def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, Rule]) -> None:
-    """Per run: final/peak smoothed reward, peak smoothed KL k1/k3/forward, lowest smoothed entropy (smoothed over
-    ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> its ``Rule``), or the
+    """Per run: final/peak smoothed reward and the reward drop (``reward_drop``), peak smoothed KL k1/k3/forward,
+    lowest smoothed entropy (smoothed over ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> its ``Rule``), or the
     step the trainer stopped it for a collapse. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run
     and step)."""
     import numpy as np
@@ -172,11 +178,25 @@ def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rul
     for name, step in zip(runs["run"][stopped], runs["diverged_step"][stopped], strict=True):
         if name in collapse and collapse[name] is None and step is not None and step == step:
             collapse[name] = int(step)  # stopped by the trainer's rule of its time (an earlier version's)
-    for col in (*STABILITY_STATS, "last logged step"):
+    for col in [c for c in STABILITY_STATS if c != "reward drop"] + ["last logged step"]:
         runs[col] = runs["run"].map(stats[col]).astype(float) if stats is not None else np.nan
+    runs["reward drop"] = reward_drop(runs)
     runs["has_metrics"] = runs["run"].isin(collapse)
     runs["collapse_step"] = object_series([collapse.get(r) for r in runs["run"]])
     runs["collapsed"] = runs["collapse_step"].notna()
+
+
+def reward_drop(runs: pd.DataFrame) -> np.ndarray:
+    """Per run (``final reward``, ``peak reward``, ``state``, ``reason``), the share of its peak smoothed reward
+    lost by its end: 1 - final / peak; 1 where the run diverged other than by a collapse stop (a broken model
+    keeps nothing), NaN where the peak is not positive (nothing to lose)."""
+    import numpy as np
+
+    final, peak = runs["final reward"].to_numpy(dtype=float), runs["peak reward"].to_numpy(dtype=float)
+    broken = (runs["state"] == "diverged") & ~runs["reason"].fillna("").astype(str).str.startswith(REASON)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drop = np.where(peak > 0, 1 - final / peak, np.nan)
+    return np.where(broken.to_numpy(dtype=bool), 1.0, drop)
 
 
 def object_series(values: list[Any]) -> pd.Series:

@@ -226,7 +226,7 @@ RULE = (
     f"Verdicts at significance level {ALPHA:g} after Holm's adjustment over all the claims of the table (p_holm; "
     f"the family-wise error rate is at most {ALPHA:g}): supported = the test in the claim's direction has "
     f"p_holm < {ALPHA:g} (equivalence: two one-sided Welch tests within the claim's margin); not supported = not "
-    "significant although the test had power >= {POWER:g} at the claim's effect, at level {ALPHA:g}/m for m "
+    f"significant although the test had power >= {POWER:g} at the claim's effect, at level {ALPHA:g}/m for m "
     f"claims tested (Fisher: default a rate {RATE_EFFECT:g} from b's observed one, in the claim's direction; "
     f"Welch: default {EFFECT['accuracy']:g} accuracy or {EFFECT['peak KL']:.0%} of b's peak KL), or significant the "
     "other way (equivalence: the two differ, two-sided Welch); inconclusive = data missing (no run in a group, "

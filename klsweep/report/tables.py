@@ -50,6 +50,8 @@ class Report:
     sweep_dir: Path
     out_dir: Path
     eval_hash: str | None
+    eval_label: str  # which eval the scores are, in words: suite, problems per task, hash (evalchoice.py)
+    eval_note: str  # how that eval was chosen when not as the grid says, and the others present ("": none)
     axes: list[str]  # the dotted config keys that vary between runs (the configuration columns)
     in_domain: list[str]  # eval task names
     ood: list[str]
@@ -509,10 +511,11 @@ TITLES = {
 
 
 def captions(report: Report) -> dict[str, str]:
-    h = report.eval_hash or "none"
     return {
         "main": (
-            f"Eval hash {h}, last evaluated checkpoint of each run (step; the runs table names each run's). "
+            f"Scores of one eval: {report.eval_label}"
+            + (f" ({report.eval_note})" if report.eval_note else "")
+            + "; last evaluated checkpoint of each run (step; the runs table names each run's). "
             "A diverged run is scored on the checkpoint it diverged at. "
             f"Mean ± half-width of its t-based {LEVEL:.0%} confidence interval over the seeds evaluated "
             "(no ± with one seed); n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "

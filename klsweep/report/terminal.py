@@ -233,7 +233,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         f"{_fmt_model(b)}in-domain {_mean_std(b[ID_AVG], None, '.2f', '')}, OOD {_mean_std(b[OOD_AVG], None, '.2f', '')}"
         for _, b in report.baseline.iterrows()
     ]
-    caption = "mean±95% CI half-width over seeds; n: runs evaluated/runs"
+    caption = f"eval: {report.eval_label}; mean±95% CI half-width over seeds; n: runs evaluated/runs"
     if base:
         caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
     tables.append(

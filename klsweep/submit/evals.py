@@ -34,6 +34,7 @@ class EvalSubmission(evaluate.EvalOutcome):
 
     jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
     logs: dict[str, str] = field(default_factory=dict)  # a failed run's folder -> its eval job's log (wait)
+    eval: str = ""  # which eval, in words (``evaluate.eval_label``): suite, problems per task, eval hash
 
 
 def check_target(target: Path) -> None:
@@ -52,10 +53,11 @@ def submit_eval(
     checkpoints: str = "last",
     wait: bool = False,
     jobs: int | None = None,
+    overrides: Sequence[str] = (),
     config_dirs: Sequence[str] = (),
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model); see ``eval_request`` for ``suite`` and ``backend``.
+    baselines (one per model); see ``eval_request`` for ``suite``, ``backend`` and ``overrides``.
     ``cluster`` debug evaluates in this process; local splits the runs and baselines over ``jobs`` submitit
     jobs run side by side (default ``min(cores, runs)``; lm-eval loaded once per job); slurm one job per run
     and per baseline. ``wait``: wait for the jobs and collect their outcome. ``config_dirs``: more config folders
@@ -65,7 +67,7 @@ def submit_eval(
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
     check_target(target)
     request = eval_request(
-        Path(target), suite, backend, checkpoints, problems=problems, config_dirs=config_dirs
+        Path(target), suite, backend, checkpoints, overrides, problems=problems, config_dirs=config_dirs
     )
     _check_inside(Path(target), request)
     engines.require(  # the jobs run in this environment
@@ -75,8 +77,11 @@ def submit_eval(
         done = evaluate.eval_batch(
             [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
         )
-        return EvalSubmission(results=done.results, errors=done.errors, skipped=request.skipped)
-    return _submit(request, cluster, wait, jobs)
+        out = EvalSubmission(results=done.results, errors=done.errors, skipped=request.skipped)
+    else:
+        out = _submit(request, cluster, wait, jobs)
+    out.eval = request.label
+    return out
 
 
 @dataclass
@@ -88,6 +93,12 @@ class EvalRequest:
     baselines: list[tuple[str, ModelSection]]  # (sweep folder, a run's model) per model of a sweep
     eval_cfg: dict[str, Any]  # the EvalSection as a dict
     checkpoints: str  # last | all
+
+    @property
+    def label(self) -> str:
+        """Which eval, in words (``evaluate.eval_label``): suite, problems per task, eval hash."""
+        settings = evaluate.eval_settings(evaluate.as_eval_section(self.eval_cfg))
+        return evaluate.eval_label(settings, evaluate.eval_hash(settings))
 
 
 def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
@@ -120,15 +131,21 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
     return chosen, skipped, target
 
 
-def _suite_of_runs(runs: list[Path]) -> EvalSection:
-    if not runs:
+def _runs_eval(runs: list[Path], suite: str | None, config_dirs: Sequence[str] = ()) -> EvalSection:
+    """The runs' own eval settings (their grid's: ``eval.limit`` and every other key it set), or those of the
+    suite ``suite`` names: the runs' own when they are of that suite, else ``eval/<suite>.yaml`` of
+    ``config_dirs`` or ``conf/``."""
+    own = [evaluate.run_config(r).eval for r in runs]
+    same = bool(own) and all(o == own[0] for o in own)
+    if suite is not None and not (same and own[0].suite == suite):
+        return evaluate.load_suite(suite, config_dirs)
+    if not own:
         raise UserError(
             Problem("TARGET", "no readable run to take the eval settings from", "pass --suite NAME")
         )
-    first, *others = [evaluate.run_config(r).eval for r in runs]
-    if any(other != first for other in others):
+    if not same:
         raise UserError(Problem("--suite", "the runs have different eval settings", "pass --suite NAME"))
-    return evaluate.as_eval_section(first)
+    return evaluate.as_eval_section(own[0])
 
 
 def eval_request(
@@ -136,14 +153,16 @@ def eval_request(
     suite: str | None = None,
     backend: str | None = None,
     checkpoints: str = "last",
+    overrides: Sequence[str] = (),
     *,
     problems: Sequence[Problem] = (),
     config_dirs: Sequence[str] = (),
 ) -> EvalRequest:
     """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` or ``conf/``
-    (default: the runs' own eval settings); ``backend`` overrides the suite's. Unknown task names fail here,
-    before anything is submitted.
+    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` (``--config-dir``) or
+    ``conf/`` (default: the runs' own eval settings, as their grid set them; the runs' own too when ``suite``
+    names their suite); ``overrides`` (``eval.limit=150``, ...) and ``backend`` change them. Unknown task names
+    fail here, before anything is submitted.
     ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
     reported with these in one ``UserError``."""
     target = Path(target)
@@ -158,10 +177,10 @@ def eval_request(
         raise UserError(problems, title="invalid eval request")
     runs, skipped, sweep_dir = _targets(target)
     readable = [r for r in store.run_dirs(target) if not skipped.get(str(r), "").startswith("unreadable")]
-    cfg = evaluate.load_suite(suite, config_dirs) if suite else _suite_of_runs(runs or readable)
+    cfg = _runs_eval(runs or readable, suite, config_dirs)
     if backend is not None:
         cfg.backend = backend
-    cfg = evaluate.as_eval_section(cfg)
+    cfg = evaluate.with_overrides(evaluate.as_eval_section(cfg), list(overrides))
     evaluate.resolve_tasks(cfg)
     models: dict[str, ModelSection] = {}
     for run in runs:

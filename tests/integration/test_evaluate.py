@@ -50,12 +50,21 @@ def tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> EvalSection:
 
 
 def make_run(
-    sweep: Path, name: str, model: Path, steps: tuple[int, ...] = (10,), state: str = "done"
+    sweep: Path,
+    name: str,
+    model: Path,
+    steps: tuple[int, ...] = (10,),
+    state: str = "done",
+    eval_cfg: dict | None = None,
 ) -> Path:
     run = sweep / name
     for step in steps:
         shutil.copytree(model, run / store.CHECKPOINTS_DIR / f"checkpoint-{step}")
-    config = {"name": sweep.name, "model": {"name": "tiny", "path": str(model)}}
+    config = {
+        "name": sweep.name,
+        "model": {"name": "tiny", "path": str(model)},
+        **({"eval": eval_cfg} if eval_cfg else {}),
+    }
     store.atomic_write_text(run / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
     store.write_status(run, state, step=max(steps, default=0))
     return run
@@ -192,6 +201,36 @@ def test_evaluate_a_sweep_in_process(
         ]
     )
     assert out.errors == {} and list(out.skipped.values()) == ["running"]
+
+
+def test_eval_uses_the_grids_settings_and_takes_overrides(
+    tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grid's eval.limit (in each run's config) is kept by `klsweep eval SWEEP` and by `--suite` of the
+    same suite (it scored the suite file's 64 problems per task), and eval.KEY=VALUE overrides change it."""
+    from dataclasses import asdict
+
+    monkeypatch.chdir(tmp_path)
+    grids = replace(ev.load_suite("tiny"), limit=3)
+    sweep = tmp_path / "sweep"
+    run = make_run(sweep, "run-a", random_model, eval_cfg=asdict(grids))
+    settings = ev.eval_settings(grids)
+    for suite in (None, "tiny"):
+        out = submit_eval(sweep, suite=suite, cluster="debug")
+        assert out.errors == {}
+        h = ev.eval_hash(settings)
+        assert run / "eval" / h / "checkpoint-10" / "results.json" in out.results
+        assert out.eval == f"suite tiny, 3 problems per task, eval {h}"
+    res = store.read_json(run / "eval" / h / "checkpoint-10" / "results.json")
+    assert set(res["num_problems"].values()) == {3}
+    out = submit_eval(sweep, cluster="debug", overrides=["eval.limit=2", "eval.ood=[tiny_sub]"])
+    h2 = ev.eval_hash(ev.eval_settings(replace(grids, limit=2, ood=["tiny_sub"])))
+    res = store.read_json(run / "eval" / h2 / "checkpoint-10" / "results.json")
+    assert res["num_problems"] == {"tiny_add": 2, "tiny_sub": 2} and h2 != h
+    with pytest.raises(UserError) as e:
+        submit_eval(sweep, cluster="debug", overrides=["limit=2", "eval.limit=many", "eval.suite=paper"])
+    said = str(e.value)
+    assert "limit=2" in said and "eval.limit=many" in said and "--suite NAME" in said
 
 
 def test_cli_eval_one_run(tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -199,11 +199,10 @@ def test_slurm_preemption_of_an_fsdp_job_requeues_and_resumes_from_its_shards(tm
     makes every rank write its shard of a checkpoint at the end of the step in progress; the job requeues itself
     and resumes from those shards: every metrics step written once, the steps before the save kept as they were,
     every step after the fill trained on a batch generated one step earlier (each rank's lag buffers back)."""
-    import subprocess
 
     import launcher_jobs as jobs
 
-    from klsweep import layout, submit
+    from klsweep import layout
     from klsweep.tinymodel import shipped_model_path
 
     monkeypatch.setenv(layout.TEST_FSDP_ON_CPU, "1")  # sbatch hands the job this environment
@@ -228,21 +227,8 @@ def test_slurm_preemption_of_an_fsdp_job_requeues_and_resumes_from_its_shards(tm
         },
     )
     run_dir = plan.runs[0].run_dir
-    (job_id,) = [r["job_id"] for r in submit.submit(plan, "slurm").jobs]
-
-    def rows() -> list[dict]:
-        return store.read_metrics(run_dir)
-
-    jobs.follow(sweep, lambda _: len(rows()) >= 2, "first steps", timeout_s=400)
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    signalled = {r["step"]: r["time"] for r in rows()}
-
-    def ended(r: submit.RunStatus) -> bool:
-        return r.state in store.FINAL_STATES
-
-    run = jobs.follow(sweep, ended, "the end", timeout_s=400)
-    if run.state == "failed":  # the flaky in-job requeue report (test_slurm.py): the requeued job goes on
-        run = jobs.follow(sweep, lambda r: ended(r) and r.state != "failed", "the end after a requeue")
+    job_id, signalled = jobs.submit_and_signal(sweep, plan, after_steps=2, timeout_s=400)
+    run = jobs.follow_to_the_end(sweep, timeout_s=400)
     assert run.state == "done" and run.step == steps, run.log_tail
     assert run.job_id == job_id  # the same job, requeued
     saved = [c for c in store.checkpoints(run_dir) if store.checkpoint_step(c) < steps]
@@ -250,8 +236,4 @@ def test_slurm_preemption_of_an_fsdp_job_requeues_and_resumes_from_its_shards(tm
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
         assert sorted(p.name for p in (saved[0] / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert not store.has_weights(saved[0]) and store.has_weights(store.checkpoints(run_dir)[-1])
-    final = rows()
-    assert [r["step"] for r in final] == list(range(1, steps + 1))
-    times = {r["step"]: r["time"] for r in final}
-    assert {s: times[s] for s in signalled} == signalled  # resumed from the preemption save, not restarted
-    assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)
+    jobs.assert_resumed_not_restarted(run_dir, steps, signalled, lag)

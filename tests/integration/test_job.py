@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from clitools import two_ranks
-from runfiles import write_config  # tests/ is on sys.path under pytest
+from runfiles import kill_after_step_3, write_config  # tests/ is on sys.path under pytest
 
 from klsweep import config as config_mod
 from klsweep import environment, job, store, tracking, trainer_factory
@@ -158,39 +156,10 @@ def test_train_run_dir_takes_a_change_the_run_id_does_not_see_as_klsweep_run_doe
     assert (run / store.CONFIG_FILE).read_text() == text
 
 
-_KILLABLE = """
-import os, signal, sys
-from klsweep import job, store
-append = store.append_jsonl
-def append_then_stop(path, row):  # stopped right after step 3's metrics: killed there, never later
-    append(path, row)
-    if path.name == store.METRICS_FILE and row.get("step") == 3:
-        os.kill(os.getpid(), signal.SIGSTOP)
-store.append_jsonl = append_then_stop
-job.train_run(sys.argv[1])
-"""
-
-
 def test_resume_after_kill(tmp_path, model_dir):
     run = tmp_path / "run"
     write_config(run, model_dir, **{"train.steps": 6, "offpolicy.lag": 1})
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLABLE, str(run)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not any(r["step"] >= 3 for r in store.read_metrics(run)):
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_after_step_3(run, {**os.environ, "PYTHONWARNINGS": "ignore"}, timeout_s=120)
     assert store.read_status(run)["state"] == "running"
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2"]
     assert (store.checkpoints(run)[0] / "klsweep_buffers_rank0.pt").is_file()

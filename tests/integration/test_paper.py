@@ -53,15 +53,15 @@ def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
     for name, sweep in sweeps.items():
         seen: dict[str, object] = {}
 
-        def capture(fig, path, digest, seen=seen):
+        def capture(fig, path, digest, vector, seen=seen):
             seen[path.stem] = fig
-            return save(fig, path, digest)
+            return save(fig, path, digest, vector)
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(figures, "_save", capture)
             # drawn in this process, where capture sees them
             mp.setattr(background, "usable_cores", lambda: 1)
-            seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md",))
+            seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md", "pdf"))
         out[name] = seen
     return out
 
@@ -145,14 +145,50 @@ def test_curves_are_small_multiples_labelled_by_what_varies(drawn):
         "estimator=k1, placement=reward",
         "estimator=k3, placement=loss",
         "estimator=k3, placement=reward",
+        "a run collapsed (its step)",
+        "a run diverged (its step)",
     ]
 
 
-def test_eval_bars_label_only_what_varies(drawn):
+def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn):
+    """Issue 37 item 7: one run's spike flattened every panel of its column (one y range per column); the KL
+    panels are on a log scale; where a run collapsed or diverged is marked on its configuration's reward."""
+    import numpy as np
+
+    fig = drawn["tiny"]["curves"]
+    kl = {i for i, (name, _) in enumerate(figures.CURVES) if name in figures.KL_CURVES}
+    own = 0
+    for i, ax in enumerate(fig.axes):
+        column = i % len(figures.CURVES)
+        if column in kl:
+            assert ax.get_yscale() in ("log", "symlog"), ax.get_title()
+            continue
+        assert ax.get_yscale() == "linear"
+        lo, hi = ax.dataLim.y0, ax.dataLim.y1
+        pad = 0.05 * (hi - lo)
+        assert ax.get_ylim() == pytest.approx((lo - pad, hi + pad))  # the panel's own values, padded
+        own += 1
+    tops = [fig.axes[r * len(figures.CURVES)].get_ylim()[1] for r in range(6)]
+    assert own and len(set(np.round(tops, 6))) > 1  # rows of other scales keep them
+    (reward, *_) = drawn["fixture"]["curves"].axes
+    marks = {
+        (ln.get_marker(), float(ln.get_xdata()[0])) for ln in reward.lines if ln.get_marker() in ("v", "x")
+    }
+    assert marks == {("v", 25.0), ("x", 30.0)}  # c2 collapsed at 25 (its rule); c1 a non-finite loss at 30
+
+
+def test_eval_bars_grouped_by_configuration_labels_readable_intervals_in_0_1(drawn):
+    """Eval bars: one group (in-domain, OOD) per configuration, labelled in words on horizontal lines (no
+    rotated tick labels), the 95% CI clipped to [0, 1] (the fixture's k1 0.7 ± 1.27 ran to 1.97 and -0.57)."""
     (ax,) = drawn["tiny"]["eval_bars"].axes
-    ticks = [t.get_text() for t in ax.get_xticklabels()]
-    assert ticks[0] == "k1 / both / 0" and len(ticks) == 14
-    assert ax.get_xlabel() == "estimator / placement / lag"  # not level, not beta
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks[0] == "estimator=k1, placement=both, lag=0" and len(ticks) == 14  # not level, not beta
+    assert all(t.get_rotation() == 0 for t in ax.get_yticklabels())
+    assert "score; " in ax.get_xlabel() and "eval " in ax.get_xlabel()  # which eval
+    (ax,) = drawn["fixture"]["eval_bars"].axes
+    ends = [x for c in ax.collections for seg in c.get_segments() for x, _ in seg]
+    assert ends and min(ends) >= 0 and max(ends) <= 1
+    assert max(ends) == pytest.approx(1.0)  # k1's interval reaches 1, clipped there
 
 
 def test_png_edges_are_blank(drawn):

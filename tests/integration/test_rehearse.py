@@ -41,7 +41,13 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
     start = time.time()
     code, out, err = cli(["rehearse", PAPER], monkeypatch, capsys, columns=80, terminal=True)
     elapsed = time.time() - start
-    assert code == 0, out + err
+    # the rehearsal passes; `klsweep run` would refuse: the grid is offline and a fresh HF_HOME caches nothing
+    # (and without vLLM, train.use_vllm): findings, exit 1
+    assert code == 1 and "rehearsal passed, but not the real run from here" in out, out + err
+    said = " ".join(out.split())
+    assert "the real run would refuse: offline, model Qwen/" in said
+    no_vllm = importlib.util.find_spec("vllm") is None
+    assert ("the real run would refuse: train.use_vllm needs vllm" in said) == no_vllm
     table = out[out.index("rehearsal of paper") :]
     assert max(len(line) for line in table.splitlines()) <= 80
     folder = tmp_path / "results" / ".rehearsal" / "paper"
@@ -62,8 +68,13 @@ def test_rehearse_the_paper_grid(tmp_path, monkeypatch, capsys):
     assert "byte-level stand-in tokenizer" in out
     engines = " ".join(out[out.index("what each stage ran with") :].split())
     if importlib.util.find_spec("vllm") is None:  # what it replaced where vLLM is not installed
-        assert "train HF generate none (for fsdp) vLLM (not installed)" in engines
-        assert "eval lm-eval hf one copy (for 8) vLLM (not installed)" in engines
+        assert "train HF generate none (for fsdp) a tiny random model for " in engines
+        assert "eval lm-eval hf one copy (for 8) a tiny random model for " in engines
+        assert (
+            "HF generate for vLLM (not installed)" in engines
+            and "lm-eval hf for vLLM (not installed)" in engines
+        )
+        assert "shipped samples for DigitalLearningGmbH/MATH-lighteval" in engines
         assert "HF generate in place of vLLM: vllm does not import here" in out
     else:  # ./dev.sh vllm-test: generation and eval through vLLM (its CPU build here)
         assert "train vLLM " in engines and " CPU colocate none (for fsdp)" in engines
@@ -84,7 +95,8 @@ def test_rehearse_generates_and_evaluates_through_vllm_where_it_imports(tmp_path
     one = ["model=qwen3-4b-instruct-2507", "kl.estimator=k3", "kl.placement=both", "kl.beta=0.1",
            "offpolicy.lag=10", "seed=0"]  # fmt: skip
     code, out, err = cli(["rehearse", PAPER, *one], monkeypatch, capsys, columns=80, terminal=True)
-    assert code == 0, out + err
+    assert code == 1 and "rehearsal passed, but not the real run" in out, out + err  # offline, nothing cached
+    assert "needs vllm" not in out
     engines = " ".join(out[out.index("what each stage ran with") :].split())
     for stage in ("train", "resume"):
         assert f"{stage} vLLM " in engines and " CPU colocate none (for fsdp)" in engines
@@ -254,3 +266,36 @@ def test_a_marked_folder_that_a_sweep_ran_in_is_never_replaced(tmp_path, monkeyp
     code, out, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", tmp_path], monkeypatch, capsys)
     assert code == 2 and "holds a sweep's results" in err, out + err
     assert (sweep / store.JOBS_FILE).is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm imports here: nothing refused")
+def test_what_the_real_run_would_refuse_is_a_finding(tmp_path, monkeypatch, capsys):
+    """Issue 37 item 6: a grid whose eval asks for vLLM rehearsed where vllm does not import passed (lm-eval hf
+    in its place) while `klsweep run` then refused it. Now the stage table names every part swapped for a
+    stand-in, the refusal is a finding ("the real run would refuse: ...") and the exit code is 1; the same grid
+    with the engine that is installed here is ready (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.yaml").write_text(
+        ONE_TINY_RUN.replace("  train.steps: 4\n", "  train.steps: 4\n  eval: tiny\n")
+    )
+    code, out, err = cli(
+        ["rehearse", "g.yaml", "eval.backend=vllm", "--out", "R"], monkeypatch, capsys, columns=200
+    )
+    assert code == 1, out + err
+    engines = " ".join(out[out.index("what each stage ran with") :].split())
+    assert (
+        "4 shipped sample problems per task for 64" in engines and "random model" not in engines
+    )  # tiny's own
+    assert "lm-eval hf for vLLM (not installed)" in engines and "2 steps for 4" in engines
+    refusal = next(line for line in out.splitlines() if line.startswith("the real run would refuse: "))
+    assert "eval.backend needs vllm" in refusal
+    assert (
+        out.rstrip()
+        .splitlines()[-1]
+        .endswith("rehearsal passed, but not the real run from here (1 finding(s) above)")
+    )
+    code, out, err = cli(["run", "g.yaml", "eval.backend=vllm", "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2 and "vllm" in err  # what the rehearsal said
+    code, out, err = cli(["rehearse", "g.yaml", "--out", "R"], monkeypatch, capsys, columns=200)
+    assert code == 0 and "the real run would refuse" not in out, out + err
+    assert out.rstrip().splitlines()[-1].endswith(": passed")

@@ -42,7 +42,7 @@ def row(df, **axes):
 
 def test_axes_hash_and_runs(rep):
     assert rep.axes == ["kl.estimator", "kl.placement"]  # seed and cosmetic keys are not axes
-    assert rep.eval_hash == "c0ffee1234"  # the newest hash present
+    assert rep.eval_hash == "c0ffee1234"  # the runs' grid's eval (its settings), not merely the newest
     assert rep.in_domain == ["tiny_add"] and rep.ood == ["tiny_mul", "tiny_sub"]
     assert len(rep.runs) == 8  # every run folder, whatever its state: none dropped
     assert sorted(rep.runs["state"]) == sorted(
@@ -346,6 +346,45 @@ def test_older_eval_hash_on_request(tmp_path):
         rp.build_report(FIXTURE, tmp_path, eval_hash="nope")
 
 
+GRID_SETTINGS = json.loads((FIXTURE / "a1-k1rew-s0/eval/c0ffee1234/checkpoint-40/results.json").read_text())[
+    "settings"
+]
+GRID_HASH = __import__("klsweep.evaluate", fromlist=["eval_hash"]).eval_hash(GRID_SETTINGS)
+
+
+def test_report_names_its_eval_everywhere(rep):
+    """Which eval the numbers are (suite, problems per task, hash) is said in the terminal's table, report.md,
+    report.html, the LaTeX caption and the eval figure's axis; the other eval present is named, not used."""
+    from klsweep.report import rich_tables
+
+    label = "suite tiny, all problems per task, eval c0ffee1234"
+    assert rep.eval_label == label
+    assert "0ld0ld0ld0" in rep.eval_note and "--eval-hash" in rep.eval_note
+    for name in ("report.md", "report.html", "main.tex"):
+        assert label in " ".join((rep.out_dir / name).read_text().split()), name
+    assert label in str(rich_tables(rep, width=200)[0].caption)
+
+
+def test_newest_eval_is_not_taken_for_the_grids(tmp_path):
+    """An eval made later with other settings (the README's `klsweep eval --suite tiny` scored the suite file's
+    64 problems where the grid said 100) does not replace the grid's in the report: it is named beside it."""
+    sweep = tmp_path / "s"
+    shutil.copytree(FIXTURE, sweep)
+    for p in sweep.glob("*/eval/0ld0ld0ld0/*/results.json"):
+        res = json.loads(p.read_text())
+        p.write_text(json.dumps({**res, "created_at": 9e9}))  # the newest now
+    r = rp.build_report(sweep, tmp_path / "out", formats=("md",))
+    assert r.eval_hash == "c0ffee1234"
+    assert row(r.main, estimator="k1", placement="reward")["tiny_add"] == pytest.approx(0.7)
+    # the runs hold only the other eval: no scores from it, said, with the flag that shows it
+    for d in sweep.glob("*/eval/c0ffee1234"):
+        shutil.rmtree(d)
+    r = rp.build_report(sweep, tmp_path / "out", formats=("md",))
+    assert r.eval_hash == GRID_HASH and (r.main["evaluated"] == 0).all()
+    assert "0ld0ld0ld0 (suite ?, 20 problems per task, eval 0ld0ld0ld0, 1 runs)" in r.eval_note
+    assert "no run has been scored with the grid's eval yet" in r.eval_note
+
+
 def test_runs_table_names_the_checkpoint_scored_and_a_diverged_one(tmp_path):
     """A diverged run is scored on the checkpoint it diverged at (klsweep.job saves and marks it): the runs
     table says which checkpoint each run's numbers come from, and that this one is the diverged state."""
@@ -373,7 +412,8 @@ def test_sweep_with_no_eval_and_no_metrics_yet(tmp_path):
     for d in [*sweep.glob("*/eval"), sweep / "baseline"]:
         shutil.rmtree(d)
     r = rp.build_report(sweep, formats=("md", "latex", "html"))
-    assert r.out_dir == sweep / "report" and r.eval_hash is None
+    assert r.out_dir == sweep / "report" and r.eval_hash == GRID_HASH  # named, nothing scored with it yet
+    assert "no run has been scored with the grid's eval yet" in r.eval_note
     assert (r.main["evaluated"] == 0).all()
     md = (sweep / "report" / "report.md").read_text()
     assert "| k1 | reward | 1 running, 2 done | 0/3 | — |" in md
@@ -418,8 +458,8 @@ def test_bad_input_is_a_user_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="has no runs"):
         rp.build_report(tmp_path / "empty")
-    with pytest.raises(UserError, match="pdf"):
-        rp.build_report(FIXTURE, tmp_path / "out", formats=("md", "pdf"))
+    with pytest.raises(UserError, match="svg"):  # pdf is a format now (the figures' vector copies)
+        rp.build_report(FIXTURE, tmp_path / "out", formats=("md", "svg"))
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -528,17 +568,19 @@ def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
     def stamps() -> dict[str, int]:
         return {p.name: p.stat().st_mtime_ns for p in sorted(out.glob("*.p[nd][gf]"))}
 
-    rp.build_report(sweep, out, formats=("csv",))
+    rp.build_report(sweep, out, formats=("md",))  # the default: PNG, no PDF copies
+    assert set(stamps()) == {"curves.png", "eval_bars.png"}
+    rp.build_report(sweep, out, formats=("csv", "latex"))  # a paper's: the PDF copies too
     first = stamps()
     assert set(first) == {"curves.png", "curves.pdf", "eval_bars.png", "eval_bars.pdf"}
-    rp.build_report(sweep, out, formats=("csv",))
+    rp.build_report(sweep, out, formats=("csv", "pdf"))
     assert stamps() == first  # nothing changed: nothing redrawn
-    rp.build_report(sweep, out, formats=("csv",), window=3)  # other smoothing: other curves, same bars
+    rp.build_report(sweep, out, formats=("pdf",), window=3)  # other smoothing: other curves, same bars
     again = stamps()
     assert again["curves.png"] != first["curves.png"] and again["curves.pdf"] != first["curves.pdf"]
     assert again["eval_bars.png"] == first["eval_bars.png"]
     (out / "eval_bars.pdf").unlink()  # a figure's file gone: drawn again
-    rp.build_report(sweep, out, formats=("csv",), window=3)
+    rp.build_report(sweep, out, formats=("pdf",), window=3)
     assert (out / "eval_bars.pdf").exists() and stamps()["eval_bars.png"] != first["eval_bars.png"]
 
 
@@ -651,3 +693,20 @@ def test_report_right_after_run_says_what_is_missing(tmp_path, monkeypatch, caps
     assert "no metrics yet" in flat and "no run scored yet" in flat
     md = (sweep / "report" / "report.md").read_text()
     assert "## Not there yet" in md and "3 of 3 run(s) not finished" in md
+
+
+def test_a_warm_report_does_not_import_matplotlib(tmp_path):
+    """Figures whose inputs did not change are not redrawn, and matplotlib (a quarter of a second to import, in
+    each figure's process) is not even imported: the unchanged check comes first."""
+    script = (
+        "import sys; from klsweep.report import background, build_report; "
+        "background.usable_cores = lambda: 1; "  # the figures in this process, where sys.modules shows them
+        f"build_report({str(FIXTURE)!r}, {str(tmp_path / 'out')!r}); "
+        "print('matplotlib' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+        for _ in (0, 1)
+    ]
+    assert [r.stdout.split()[-1] for r in runs] == ["True", "False"], [r.stderr[-2000:] for r in runs]

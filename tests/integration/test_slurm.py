@@ -130,7 +130,6 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
         },
     )
     run_dir = plan.runs[0].run_dir
-    (job_id,) = [r["job_id"] for r in submit.submit(plan, "slurm").jobs]
 
     def rows() -> list[dict]:
         return store.read_metrics(run_dir)
@@ -139,9 +138,7 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
         # 'failed' may be the flaky in-job requeue report (see above): the requeued job goes on
         jobs.follow(sweep, lambda _: cond(), what)
 
-    wait_for(lambda: len(rows()) >= 3, "first steps")
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    signalled = {r["step"]: r["time"] for r in rows()}
+    job_id, signalled = jobs.submit_and_signal(sweep, plan, after_steps=3)
 
     def preemption_checkpoint() -> Path | None:
         late = [c for c in store.checkpoints(run_dir) if store.checkpoint_step(c) >= max(signalled)]
@@ -159,19 +156,10 @@ def test_two_tasks_with_a_lag_resume_after_preemption_and_requeue(tmp_path: Path
     wait_for(lambda: max((r["step"] for r in rows()), default=0) >= p + 2, "training after the requeue")
     subprocess.run(["scontrol", "requeue", job_id], check=True)
 
-    def ended(r: submit.RunStatus) -> bool:
-        return r.state in store.FINAL_STATES
-
-    run = jobs.follow(sweep, ended, "the end", timeout_s=300)
-    if run.state == "failed":  # the flaky in-job requeue report (see above): the requeued job goes on
-        run = jobs.follow(sweep, lambda r: ended(r) and r.state != "failed", "the end after a requeue")
+    run = jobs.follow_to_the_end(sweep, timeout_s=300)
     assert run.state == "done" and run.step == steps, run.log_tail
     assert run.job_id == job_id  # the same job, requeued
-    final = rows()
-    assert [r["step"] for r in final] == list(range(1, steps + 1))
-    times = {r["step"]: r["time"] for r in final}
-    assert {s: times[s] for s in signalled} == signalled  # resumed from the preemption save, not restarted
-    assert [r["policy_lag"] for r in final if r["step"] > lag] == [float(lag)] * (steps - lag)
+    jobs.assert_resumed_not_restarted(run_dir, steps, signalled, lag)
 
 
 def _status_cli(sweep: Path, *args: str) -> str:

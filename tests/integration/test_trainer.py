@@ -135,6 +135,15 @@ def stale_batch(model_dir, dataset, out, config: KLConfig) -> tuple:
     return trainer, inputs
 
 
+def perturb_alike(a, b, scale: float = 0.05) -> None:
+    """Moves two copies of the policy away from the reference by the same noise, so that the KL is not zero."""
+    with torch.no_grad():
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            noise = scale * torch.randn_like(p)
+            p.add_(noise)
+            q.add_(noise)
+
+
 def assert_grads_close(actual, expected, rtol=1e-5, atol=1e-7):
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
@@ -200,12 +209,7 @@ def test_k3_loss_token_equals_trl_builtin_kl(model_dir, dataset, tmp_path, loss_
     ours = make_trainer(
         model_dir, dataset, tmp_path / "ours", KLConfig("k3", "loss", "token", beta=beta), loss_type=loss_type
     )
-    # Make the policy differ from the reference, identically in both, so that the KL is not zero.
-    with torch.no_grad():
-        for a, b in zip(trl.model.parameters(), ours.model.parameters(), strict=True):
-            noise = 0.05 * torch.randn_like(a)
-            a.add_(noise)
-            b.add_(noise)
+    perturb_alike(trl.model, ours.model)
     inputs_trl, inputs_ours = generate(trl, dataset), generate(ours, dataset)
     assert torch.equal(inputs_trl["completion_ids"], inputs_ours["completion_ids"])
     torch.testing.assert_close(inputs_trl["ref_per_token_logps"], inputs_ours["ref_per_token_logps"])

@@ -14,14 +14,10 @@ policy's KL to its start, which the test makes several times larger.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from runfiles import write_config
+from runfiles import kill_after_step_3, write_config
 
 from klsweep import job, store
 
@@ -29,19 +25,10 @@ pytestmark = pytest.mark.vllm
 
 MISMATCH_TOL = 0.01  # mean |log pi_trainer - log pi_vllm| per completion token, at the same weights
 
-_KILLABLE = """
-import os, signal, sys
-from klsweep import job, store, tasks
+_SETUP = """
+from klsweep import tasks
 from test_vllm import length_reward
-append = store.append_jsonl
-def append_then_stop(path, row):  # stopped right after step 3's metrics: killed there, never later
-    append(path, row)
-    if path.name == store.METRICS_FILE and row.get("step") == 3:
-        os.kill(os.getpid(), signal.SIGSTOP)
-store.append_jsonl = append_then_stop
 tasks.reward_function = lambda task: length_reward
-if __name__ == "__main__":
-    job.train_run(sys.argv[1])
 """
 
 
@@ -85,19 +72,7 @@ def test_colocate_vllm_trains_with_lag_syncs_weights_each_step_and_resumes(
     here = str(Path(__file__).parent)
     path = os.pathsep.join([here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": path}
-    script = tmp_path / "killable.py"
-    script.write_text(_KILLABLE)
-    proc = subprocess.Popen([sys.executable, str(script), str(run)], env=env, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not any(r["step"] >= 3 for r in store.read_metrics(run)):
-            assert proc.poll() is None, f"the run ended before it could be killed: {store.read_status(run)}"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_after_step_3(run, env, timeout_s=300, setup=_SETUP)
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2"]
 
     status = job.train_run(run)  # resumed from checkpoint-2 in this process: a second vLLM engine

@@ -50,6 +50,12 @@ def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
         "importance_cap": 0.0,
         "reward_mode": "separate",
         "reward_logp": "current",
+        "importance_gradient": False,
+        "straight_through": False,
+        "unbiased_gradient": False,
+        "log_ratio_clamp": 0.0,
+        "value_clamp": 0.0,
+        "beta_final": None,
     }
     json.dumps(c)  # JSON-able
     assert len({r.id for r in plan.runs}) == len(plan.runs)
@@ -243,8 +249,15 @@ def test_presets_as_an_axis_set_kl(tmp_path):
         "importance_cap": 0.0,
         "reward_mode": "shaped",
         "reward_logp": "current",
+        "importance_gradient": True,
+        "straight_through": False,
+        "unbiased_gradient": False,
+        "log_ratio_clamp": 0.0,
+        "value_clamp": 0.0,
+        "beta_final": None,
     }
     assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
+    assert by["verl"]["log_ratio_clamp"] == 20.0 and by["verl"]["value_clamp"] == 10.0
     assert by["openrlhf"]["estimator"] == "k1" and by["openrlhf"]["placement"] == "reward"
     assert by["paper"]["estimator"] == "k1" and by["paper"]["placement"] == "reward"
     assert by["verl"]["reward_mode"] == "shaped" and by["paper"]["reward_mode"] == "separate"
@@ -654,7 +667,7 @@ def test_claim_sides_are_checked_against_the_grid(tmp_path):
         grid.load_plan(write(tmp_path, base + "claims:\n" + "".join(bad), "bad.yaml"), out=tmp_path / "r")
     text = str(e.value)
     for where, what in [
-        ("claims[0] (k9).a.kl.estimator", "'k9' is not valid (allowed: k1, k2, k3)"),
+        ("claims[0] (k9).a.kl.estimator", "'k9' is not valid (allowed: k1, k2, k3, abs)"),
         ("claims[1] (upper).a.kl.estimator", "'K1' is not valid"),
         ("claims[3] (same).b", "the same filters as a"),
     ]:

@@ -238,10 +238,10 @@ def test_config_reports_every_problem_with_field_value_and_allowed():
     assert set(problems) == {"estimator", "placement", "level", "beta", "importance", "reward_mode"}
     assert "'normalised'" in problems["reward_mode"].what
     assert problems["reward_mode"].allowed == "separate, shaped"
-    assert "'k4'" in problems["estimator"].what and problems["estimator"].allowed == "k1, k2, k3"
+    assert "'k4'" in problems["estimator"].what and problems["estimator"].allowed == "k1, k2, k3, abs"
     assert "'rewards'" in problems["placement"].what and problems["placement"].allowed == "reward, loss, both"
     assert problems["level"].allowed == "token, sequence"
-    assert problems["importance"].allowed == "none, token, sequence"
+    assert problems["importance"].allowed == "none, token, sequence, sequence_mean, self"
     assert "-0.1" in problems["beta"].what
     text = str(info.value)
     assert "6 problems" in text and "'tok'" in text and "'seq'" in text

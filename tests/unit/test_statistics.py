@@ -137,9 +137,7 @@ def _claims(tmp_path: Path, grid: list[dict], seeds: int, seed: int = 0) -> tupl
 
 def test_clear_effects_are_supported(tmp_path):
     rep, verdicts = _claims(tmp_path, clear_grid(), seeds=6)
-    k1_both = {c for c in verdicts if c.startswith("(d) k1 in both")}  # not in this sweep: no run
-    assert {verdicts[c] for c in k1_both} == {"inconclusive"}
-    assert {v for c, v in verdicts.items() if c not in k1_both} == {"supported"}, rep.claims.to_string()
+    assert set(verdicts.values()) == {"supported"}, rep.claims.to_string()
     claims = pd.read_csv(tmp_path / "report" / "claims.csv")
     assert {
         "claim",
@@ -158,11 +156,15 @@ def test_clear_effects_are_supported(tmp_path):
     supported = claims[claims["verdict"] == "supported"]
     assert (supported["replication"] >= 0.8).all(), claims.to_string()
     assert (supported.loc[supported["test"].str.startswith("Welch"), "replication"] >= 0.95).all()
-    tested = claims[claims["claim"].isin(set(verdicts) - k1_both) & claims["p_value"].notna()]
-    assert len(claims) == 12 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
+    tested = claims[claims["p_value"].notna()]
+    assert len(claims) == 10 and len(tested) == 9 and (tested["p_holm"] < 0.05).all()
     assert (tested["p_holm"] >= tested["p_value"]).all()  # adjusted for 9 tests: never smaller
-    a = claims.iloc[0]
-    assert a["statistic"] == pytest.approx(1.0) and a["n"] == 30  # 18 biased runs all, 12 unbiased none
+    a = claims.iloc[0]  # the reward drop: 18 biased runs that collapse to ~0 (0.99), 12 unbiased that do not
+    assert (
+        a["n"] == 30
+        and a["test"].startswith("Welch")
+        and a["detail"].startswith("reward_drop: a 0.989 (n=18)")
+    )
     for name in ("report.md", "report.html"):
         text = (tmp_path / "report" / name).read_text()
         assert "claims on this sweep" in text and "inconclusive = data missing" in text
@@ -194,10 +196,11 @@ def test_no_effect_is_not_supported(tmp_path):
             assert verdict in ("supported", "inconclusive"), claim
         else:
             assert verdict in ("not supported", "inconclusive"), (claim, rep.claims.to_string())
-    # 0/10 vs 0/10: Fisher's power at a rate of 0.5 against 0 is under 0.8 at 0.05/m: inconclusive, not "not
-    # supported" (before #35 item 3 the group sizes' best p alone made it "not supported")
-    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
-    assert "underpowered: power 0." in rep.claims.set_index("claim")["detail"].iloc[0]
+    # 0/5 vs 0/5: Fisher's power for "fewer" at a rate 0.5 below 0 is 0: inconclusive, not "not supported"
+    # (before #35 item 3 the group sizes' best p alone made it "not supported")
+    fewer = "(d) k1 in the reward: fewer unstable runs than no KL at lag 4"
+    assert verdicts[fewer] == "inconclusive"
+    assert "underpowered: power 0." in rep.claims.set_index("claim")["detail"][fewer]
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**" not in md.split("## Results")[1].split("## ")[0]  # the same skill everywhere: nothing bold
 
@@ -214,10 +217,10 @@ def test_verdicts_compared_with_a_committed_claims_file(tmp_path):
     assert rp.verdict_changes(rp.read_verdicts(committed), rep.claims) == []
     other = pd.read_csv(committed)
     other.loc[0, "verdict"] = "not supported"
-    other = other.drop(index=11)  # a claim the other file lacks
+    other = other.drop(index=len(other) - 1)  # a claim the other file lacks
     other.to_csv(tmp_path / "other.csv", index=False)
     changes = rp.verdict_changes(rp.read_verdicts(tmp_path / "other.csv"), rep.claims)
-    first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[11]
+    first, last = rep.claims["claim"].iloc[0], rep.claims["claim"].iloc[-1]
     assert changes == [(first, "not supported", "supported"), (last, "missing", "supported")]
     # a sweep without claims: every expected verdict reads missing on its side
     assert rp.verdict_changes({first: "supported"}, None) == [(first, "supported", "missing")]
@@ -238,10 +241,13 @@ def test_missing_data_is_inconclusive(tmp_path):
     assert set(verdicts.values()) == {"inconclusive"}, rep.claims.to_string()
     d = rep.claims.set_index("claim")["detail"]
     assert "a group has no finished run" in d["(d) k1 in the reward: fewer unstable runs than no KL at lag 4"]
-    # two seeds each: the rate test cannot reach p < 0.05 (2 vs 2 runs): underpowered, not "not supported"
-    rep, verdicts = _claims(tmp_path / "two", grid, seeds=2)
-    assert verdicts["(a) biased KL configurations are unstable on-policy"] == "inconclusive"
-    assert "underpowered" in rep.claims.set_index("claim")["detail"].iloc[0]
+    # two runs a side: the rate test cannot reach p < 0.05 (2/2 vs 0/2): underpowered, not "not supported"
+    from klsweep.report.claims import claims_table
+
+    table = claims_table(
+        _rate_runs(2, 2, 0, 2), pd.DataFrame({"unbiased": []}), [_rate_claim("greater")], resamples=0
+    )
+    assert table["verdict"].iloc[0] == "inconclusive" and "underpowered" in table["detail"].iloc[0]
 
 
 def test_environment_section_counts_each_distinct_environment(tmp_path):
@@ -348,15 +354,17 @@ def test_a_users_claims_file_is_tested_with_holm_adjusted_p_values(tmp_path, mon
 
 
 def test_power_table_of_the_shipped_design():
-    """bench/power.py (docs/STUDY.md, "Seeds per arm"): what each claim of sweeps/tiny.yaml can detect, from the
-    committed runs' spread; more seeds detect smaller effects, and the sizes it prints are where the power is
-    0.8 (Welch) or where p first drops below 0.05/m (Fisher)."""
+    """bench/power.py (docs/STUDY.md, "Study v4"): what each claim of sweeps/tiny.yaml can detect, from the
+    committed runs' spread; more seeds detect smaller effects; the Welch sizes it prints are where the power is
+    0.8, its Fisher cells the report's power rule (#35: not the old "fewest events" bound)."""
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     import power
 
+    from klsweep.grid.claims import Claim
+
     runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
     rows = power.power_table(TINY, runs_csv, [5, 8])
-    assert len(rows) == 22 and {r["N"] for r in rows} == {5, 8}
+    assert len(rows) == 18 and {r["N"] for r in rows} == {5, 8}
     welch_rows = [r for r in rows if r["detects"].startswith("difference ") and "margin" not in r["detects"]]
     by_claim = {}
     for r in welch_rows:
@@ -366,8 +374,56 @@ def test_power_table_of_the_shipped_design():
     w = st.Welch(0.0, math.nan, 0.0, (0.01 / 6 + 0.04 / 6) ** 2 / ((0.01 / 6) ** 2 / 5 + (0.04 / 6) ** 2 / 5),
                  math.nan, 6, 6, math.sqrt(0.01 / 6 + 0.04 / 6))  # fmt: skip
     assert st.welch_power(w, e, 0.05 / 11) == pytest.approx(0.8, abs=1e-6)
-    k = power.fewest_events(6, 6, 0.05 / 11)
-    assert st.rate_test(k, 6, 0, 6)[0] < 0.05 / 11 <= st.rate_test(k - 1, 6, 0, 6)[0]
+    # Fisher: the power at the claim's effect, a's rate 0.5 from b's observed one (0 here: a "less" claim
+    # cannot go below 0, power 0), as the report's rule computes it, with the sides in the claim's direction
+    fisher = [r for r in rows if r["detects"].startswith("power ")]
+    assert len(fisher) == 4 and all(r["detects"].startswith("power 0.00 at a's rate 0,") for r in fisher)
+    more = Claim("x", "unstable", "fisher", "greater", {}, {})
+    less = Claim("x", "unstable", "fisher", "less", {}, {})
+    assert power.fisher_power(more, 20, 12, 0.5, 0.0, 0.05) == st.rate_power(20, 12, 0.5, 0.0, 0.05) > 0.5
+    assert power.fisher_power(less, 12, 20, 0.0, 0.5, 0.05) == st.rate_power(20, 12, 0.5, 0.0, 0.05)
+
+
+def test_power_simulates_studies_through_the_reports_rule():
+    """bench/power.py --fresh: simulated studies of N seeds a configuration, drawn from the committed runs, each
+    decided by the report's rule: per claim (and group) the shares of the three verdicts, summing to 1; the
+    on-policy headline (a), on the reward drop, is reached on most of them at study v4's 10 seeds."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    import power
+
+    runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
+    rows = power.power_table(TINY, runs_csv, [10], fresh=10, keep={("offpolicy.lag", "16"): 6})
+    assert len(rows) == 10 and all("verdicts" in r for r in rows)
+    for r in rows:
+        assert sum(float(x) for x in r["verdicts"].split("/")) == pytest.approx(1.0)
+    headline = rows[0]
+    assert headline["claim"].startswith("(a)") and headline["runs a/b"] == "30/30"
+    assert float(headline["verdicts"].split("/")[0]) >= 0.8
+    assert [r["runs a/b"] for r in rows if "peak KL than no KL at lag 16" in r["claim"]] == ["6/6", "6/6"]
+
+
+def test_a_claim_on_the_reward_drop():
+    """The reward drop (``stability.reward_drop``) is a claim metric, ``reward_drop``: the tiny study's (a)
+    tests it with Welch (a biased configuration loses more of its peak reward); fisher on it is refused."""
+    from klsweep.errors import UserError
+    from klsweep.grid.claims import Claim, parse_claims
+    from klsweep.grid.schema import Schema
+    from klsweep.report.claims import claims_table
+
+    runs = _rate_runs(0, 8, 0, 8)
+    runs["reward drop"] = [0.6 + 0.02 * i for i in range(8)] + [0.2 + 0.02 * i for i in range(8)]
+    claim = Claim(
+        "drop", "reward_drop", "welch", "greater", {"arm": ["a"]}, {"arm": ["b"]}, effect=(0.1, False)
+    )
+    table = claims_table(runs, pd.DataFrame({"unbiased": []}), [claim], resamples=0)
+    assert table["verdict"].iloc[0] == "supported", table["detail"].iloc[0]
+    assert "reward_drop: a 0.67 (n=8) vs b 0.27 (n=8)" in table["detail"].iloc[0]
+    problems: list = []
+    raw = {"name": "x", "metric": "reward_drop", "test": "fisher", "direction": "greater", "a": {}, "b": {}}
+    parse_claims([raw], "claims", Schema(), problems)
+    assert any("fisher tests a rate, not 'reward_drop'" in p.what for p in problems), problems
+    with pytest.raises(UserError, match="reward_drop"):
+        claims_table(runs.drop(columns="reward drop"), pd.DataFrame({"unbiased": []}), [claim], resamples=0)
 
 
 def test_a_study_says_when_the_expected_verdicts_came_from_other_cpus(tmp_path):
@@ -481,3 +537,10 @@ def test_the_study_fails_only_on_robust_verdicts_that_changed(tmp_path):
     expected.write_text("claim,verdict\nx,supported\ny,supported\nz,not supported\n")  # before the column
     robust, fragile = rp.split_changes(changes, rp.read_expected(expected))
     assert len(robust) == 2 and fragile == []
+
+
+def test_the_decision_rule_the_report_prints_states_its_numbers():
+    """The rule printed under every claims table (``statistics.RULE``) gives its power and level as numbers; it
+    printed "power >= {POWER:g} ... level {ALPHA:g}/m", a format string left unformatted."""
+    assert "{" not in st.RULE and "}" not in st.RULE
+    assert f"power >= {st.POWER:g} at the claim's effect, at level {st.ALPHA:g}/m" in st.RULE

@@ -1,0 +1,75 @@
+"""The framework presets (``klsweep/conf/preset/NAME.yaml``): each one a framework's KL configuration as it is
+(its version and file are cited in the YAML), usable as a grid's ``preset`` axis and by ``klsweep audit
+--preset``. docs/KL.md, "What each framework's KL does", has their audits.
+
+``names()`` lists them, ``kl_config(name)`` is one as a ``klsweep.kl.KLConfig`` (the preset's ``kl.*`` over
+``RunConfig``'s defaults), ``resolve`` checks names (``all``: every one) and ``name_of`` finds the preset a
+run's KL settings are (the report labels its audit rows with it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from klsweep.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from klsweep.kl import KLConfig
+
+PRESET_DIR = Path(__file__).parent / "conf" / "preset"
+
+
+def names() -> tuple[str, ...]:
+    """Every preset's name, sorted."""
+    return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+
+
+def kl_settings(name: str) -> dict[str, Any]:
+    """The ``kl.*`` keys a preset sets (``kl.`` left off), as its YAML has them."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True)
+    return dict((data or {}).get("kl") or {})
+
+
+def kl_config(name: str) -> KLConfig:
+    """The preset's KL configuration: its ``kl.*`` over the defaults of ``RunConfig``'s ``kl`` section."""
+    import dataclasses
+
+    from klsweep.config import KLSection
+    from klsweep.kl import KLConfig
+
+    return KLConfig(**{**dataclasses.asdict(KLSection()), **kl_settings(name)})
+
+
+def resolve(requested: Iterable[str]) -> tuple[str, ...]:
+    """The presets named (``all``: every one, in order), each once; ``UserError`` listing every unknown one."""
+    known = names()
+    out: list[str] = []
+    problems = []
+    for name in requested:
+        if name == "all":
+            out.extend(known)
+        elif name in known:
+            out.append(name)
+        else:
+            problems.append(Problem("preset", f"{name!r} is not a preset", ", ".join((*known, "all"))))
+    if problems:
+        raise UserError(problems)
+    return tuple(dict.fromkeys(out))
+
+
+def name_of(kl: Mapping[str, Any]) -> str | None:
+    """The preset whose KL configuration a run's ``kl`` section (plain data, every key) is, or None: the first,
+    in ``names()`` order, whose ``KLConfig`` equals the run's."""
+    import dataclasses
+
+    from klsweep.config import KLSection
+    from klsweep.kl import KLConfig
+
+    try:
+        config = KLConfig(**{**dataclasses.asdict(KLSection()), **dict(kl)})
+    except (UserError, TypeError):
+        return None
+    return next((name for name in names() if kl_config(name) == config), None)

@@ -1,0 +1,43 @@
+"""The per-run stability columns of a report (``klsweep.report.stability.attach_stability``): the reward drop,
+the continuous instability endpoint of the tiny study's claim (a) (docs/STUDY.md, "Study v4")."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from klsweep.collapse import REASON
+from klsweep.report import stability
+
+
+def test_the_reward_drop_is_the_share_of_the_peak_lost_by_the_end():
+    """1 - final / peak of the smoothed reward; a run that diverged (not a collapse stop) lost everything; a
+    run stopped for a collapse has the drop its curve shows; no positive peak: no drop to speak of (NaN)."""
+    curves = {
+        "rises": [0.1, 0.2, 0.3, 0.4],  # smoothed (window 2): 0.1 0.15 0.25 0.35: ends at its peak
+        "falls": [0.5, 0.5, 0.1, 0.1],  # 0.5 0.5 0.3 0.1: 0.1 of a peak 0.5 left
+        "broken": [0.4, 0.4, 0.4, 0.4],  # diverged (a NaN loss) after a steady reward
+        "stopped": [0.4, 0.4, 0.1, 0.1],  # stopped for a collapse: 0.4 0.4 0.25 0.1
+        "zero": [0.0, 0.0, 0.0, 0.0],
+    }
+    runs = pd.DataFrame(
+        {
+            "run": list(curves),
+            "state": ["done", "done", "diverged", "diverged", "done"],
+            "reason": [None, None, "loss is nan", f"{REASON}: mean task reward ...", None],
+            "diverged_step": [None, None, 3, 3, None],
+        }
+    )
+    metrics = pd.DataFrame(
+        [{"run": r, "step": s + 1, "reward_mean": v} for r, c in curves.items() for s, v in enumerate(c)]
+    )
+    stability.attach_stability(runs, metrics, 2, {})
+    drop = dict(zip(runs["run"], runs["reward drop"], strict=True))
+    assert drop["rises"] == pytest.approx(0.0)
+    assert drop["falls"] == pytest.approx(0.8)
+    assert drop["broken"] == 1.0
+    assert drop["stopped"] == pytest.approx(0.75)
+    assert math.isnan(drop["zero"])
+    assert "reward drop" in stability.STABILITY_STATS  # a column of the stability table, mean and CI

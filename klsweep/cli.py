@@ -50,7 +50,9 @@ OverridesArg = Annotated[
     list[str] | None,
     typer.Argument(help="key=value overrides in Hydra's grammar (also +key=v, ++key=v, ~key)"),
 ]
-GridArg = Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")]
+GridArg = Annotated[
+    Path, typer.Argument(help="the grid file, or a shipped grid's name (klsweep grids): tiny, paper, ...")
+]
 OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")]
 ConfigDirOpt = Annotated[
     list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
@@ -255,7 +257,7 @@ def plan_command(
                 "estimate": e.as_json() if (e := estimates.get(r.id)) else None,
                 "limit": e.limit_json() if e else None,
             }
-            for r in plan.runs
+            for r in plan.table_order()  # the table's order: `klsweep config GRID N` is its row N
         ]
         print(json.dumps({"name": plan.name, "runs": runs, **summary}, indent=2, default=str))
     else:
@@ -328,6 +330,7 @@ def rehearse_command(
     cluster: Annotated[
         str, typer.Option(help="local (this process) | slurm (one short job on the grid's partition)")
     ] = "local",
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Rehearse a sweep before it runs: a few covering runs, each with a tiny random model of its architecture
     and the shipped data samples, through plan, training, checkpoint, resume, eval (the grid's suite) and
@@ -347,11 +350,11 @@ def rehearse_command(
         raise UserError(Problem("--cluster", f"{cluster!r}", "local, slurm"))
     console = _console()
     if cluster == "slurm":
-        result, log = rehearse_on_slurm(grid, overrides, out=out)
+        result, log = rehearse_on_slurm(grid, overrides, out=out, config_dirs=config_dir)
         console.print(f"rehearsed on Slurm (log: {log})", highlight=False, soft_wrap=True)
     else:
         result = rehearse(
-            grid, overrides, out=out,
+            grid, overrides, out=out, config_dirs=config_dir,
             on_run=lambda r: console.print(f"rehearsed {r.run_id}: {'passed' if r.passed else 'FAILED'}", highlight=False),
         )  # fmt: skip
     console.print(rehearsal_table(result, width=table_width(console)))
@@ -367,7 +370,7 @@ def rehearse_command(
 def config_command(
     grid: GridArg,
     run: Annotated[
-        str, typer.Argument(help="a run id (or its start), or an index in plan order (plan --json)")
+        str, typer.Argument(help="a run id (or its start), or a row of the plan table from 0 (plan --runs)")
     ],
     overrides: OverridesArg = None,
     out: OutOpt = Path("results"),
@@ -399,6 +402,42 @@ def keys_command(
     console.print(keys_table(describe(under or ""), width=table_width(console)))
 
 
+grids_app = typer.Typer(
+    help="The grids that ship with klsweep: list them (no subcommand), copy one to edit (cp).",
+    no_args_is_help=False,
+    rich_markup_mode=None,
+)
+app.add_typer(grids_app, name="grids")
+
+
+@grids_app.callback(invoke_without_command=True)
+def grids_command(ctx: typer.Context) -> None:
+    """The grids that ship with klsweep: `klsweep plan NAME` (run, study, ...) takes one by its name
+    anywhere; `klsweep grids cp NAME FILE` copies one to edit."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from klsweep.console import grids_table, table_width
+    from klsweep.grid.shipped import shipped
+
+    console = _console()
+    console.print(grids_table(shipped(), width=table_width(console)))
+
+
+@grids_app.command("cp")
+def grids_copy_command(
+    name: Annotated[str, typer.Argument(help="a shipped grid's name (klsweep grids)")],
+    dest: Annotated[Path, typer.Argument(help="the file to write, or a folder to hold NAME.yaml")] = Path(
+        "."
+    ),
+    force: Annotated[bool, typer.Option("--force", help="overwrite DEST if it exists")] = False,
+) -> None:
+    """Copy a shipped grid to edit it (then: klsweep plan FILE)."""
+    from klsweep.grid.shipped import copy
+
+    written = copy(name, dest, force=force)
+    _console().print(f"wrote {written}: klsweep plan {written}", highlight=False, soft_wrap=True)
+
+
 # --- train (klsweep/job.py) ------------------------------------------------------------------------------
 
 
@@ -409,15 +448,28 @@ def train_command(
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="the run folder (default: results/<name>/<run-id>)")
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", help="the libraries' own output too (TRL's log dicts, warnings, W&B's)"),
+    ] = False,
 ) -> None:
-    """Train one run in this process (resuming its folder if it has checkpoints); exit 1 if it failed."""
+    """Train one run in this process (resuming its folder if it has checkpoints), a line per step; exit 1 if it
+    failed."""
     from klsweep import config as config_mod
     from klsweep import grid, job
+    from klsweep.console import step_line
 
     resolved = grid.compose_run_config(config, overrides or [])
     folder = run_dir or Path(grid.DEFAULT_OUT) / resolved["name"] / grid.run_id(resolved)
     config_mod.write_run(folder, resolved)
-    status = job.train_run(folder)
+    console = _console()
+    total = resolved["train"]["steps"]
+    status = job.train_run(
+        folder, quiet=not verbose,
+        on_row=None if verbose else lambda row: console.print(step_line(row, total), highlight=False),
+    )  # fmt: skip
+    for warning in status.get("warnings") or []:
+        console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     _console().print(f"{folder}: {status['state']}", highlight=False, soft_wrap=True)
     if status.get("reason"):
         _console().print(status["reason"], highlight=False, soft_wrap=True)
@@ -485,12 +537,19 @@ def eval_command(
     ] = None,
     suite: Annotated[
         str | None,
-        typer.Option(help="eval suite: conf/eval/<NAME>.yaml (default: the runs' own, as their grid set it)"),
+        typer.Option(
+            help="eval suite: conf/eval/<NAME>.yaml or a --config-dir's eval/ (default: the runs' own, as their "
+            "grid set it)"
+        ),
     ] = None,
     backend: Annotated[str | None, typer.Option(help="hf | vllm (default: the suite's)")] = None,
     cluster: Annotated[str, typer.Option(help="local | slurm | debug (in this process)")] = "local",
     checkpoints: Annotated[str, typer.Option(help="last | all")] = "last",
     wait: Annotated[bool, typer.Option("--wait", help="wait for the jobs and print their results")] = False,
+    config_dir: Annotated[
+        list[str] | None,
+        typer.Option("--config-dir", help="more config folders: --suite NAME from DIR/eval/"),
+    ] = None,
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
     settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
@@ -504,10 +563,13 @@ def eval_command(
         from klsweep.submit.evals import check_target, eval_request
 
         check_target(path)  # a folder it cannot write to is said first
-        require_cached_for_eval(eval_request(path, suite, backend, checkpoints, overrides or []), path)
+        request = eval_request(
+            path, suite, backend, checkpoints, overrides or [], config_dirs=config_dir or []
+        )
+        require_cached_for_eval(request, path)
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
-        overrides=overrides or [],
+        overrides=overrides or [], config_dirs=config_dir or [],
     )  # fmt: skip
     console = _console()
     console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
@@ -530,7 +592,7 @@ def eval_command(
 
 @app.command("run")
 def run_command(
-    grid: Annotated[Path, typer.Argument(help="the grid file (sweeps/*.yaml)")],
+    grid: GridArg,
     overrides: OverridesArg = None,
     cluster: Annotated[
         str | None,
@@ -553,6 +615,7 @@ def run_command(
         "results"
     ),
     max_runs: MaxRunsOpt = None,
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
     --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
@@ -561,7 +624,7 @@ def run_command(
     from klsweep import planner, submit
     from klsweep.console import print_failures, status_table, table_width
 
-    plan = grid_mod.load_plan(grid, overrides, out=out, max_runs=max_runs)
+    plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
     _require_cached(plan, grid, overrides)
     cluster = cluster or submit.default_cluster(plan)
@@ -613,7 +676,7 @@ def status_command(
     """The state of every run of a sweep (one scheduler query); for each failed run, why, its log file and the
     log's last lines."""
     from klsweep import submit
-    from klsweep.console import print_failures, print_warning, status_table, table_width
+    from klsweep.console import print_failures, print_warning, status_table, table_width, watch_view
 
     sweep_dir = store.resolve_sweep(sweep)
     store.sweep_runs(sweep_dir)  # a folder without runs is said, as report says it (exit 2)
@@ -632,7 +695,7 @@ def status_command(
 
         with Live(console=console) as live:
             runs = submit.wait_until_final(
-                sweep_dir, on_update=lambda rs: live.update(status_table(rs, sweep_dir.name, width))
+                sweep_dir, on_update=lambda rs: live.update(watch_view(rs, sweep_dir.name, width))
             )
     else:
         runs = submit.status(sweep_dir)
@@ -660,7 +723,8 @@ def cancel_command(
 @app.command("study")
 def study_command(
     grid: Annotated[
-        Path, typer.Argument(help="the grid file, e.g. sweeps/tiny.yaml (it must name an eval suite)")
+        Path,
+        typer.Argument(help="the grid file or a shipped grid's name, e.g. tiny (it must name an eval suite)"),
     ],
     overrides: OverridesArg = None,
     cluster: Annotated[
@@ -680,13 +744,14 @@ def study_command(
             "(replication >= 0.8, or no replication column)"
         ),
     ] = None,
+    config_dir: ConfigDirOpt = None,
 ) -> None:
     """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep.console import print_failures, print_report, status_table, table_width
+    from klsweep.console import print_failures, print_report, progress_line, status_table, table_width
     from klsweep.report.statistics import FRAGILE
     from klsweep.report.tables import visible
     from klsweep.study import run_study
@@ -708,18 +773,16 @@ def study_command(
     last: list[str] = []
 
     def on_progress(runs: list) -> None:
-        states = [r.state for r in runs]
-        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(sorted(states)))
+        summary = progress_line(runs, eta=False)
         if not console.is_terminal:  # a log file: one line whenever something changed
             if summary != (last[-1] if last else None):
                 last.append(summary)
-                console.print(f"{time.time() - start:6.0f}s   {summary}", highlight=False)
+                console.print(f"{time.time() - start:6.0f}s   {progress_line(runs)}", highlight=False)
             return
         if not progress.live.is_started:
             progress.start()
-        progress.update(
-            task, total=len(runs), completed=sum(s in store.FINAL_STATES for s in states), description=summary
-        )
+        done = sum(r.state in store.FINAL_STATES for r in runs)
+        progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
 
     try:
         res = run_study(
@@ -731,6 +794,7 @@ def study_command(
             on_stage=on_stage,
             on_progress=on_progress,
             expect_claims=expect_claims,
+            config_dirs=config_dir,
         )
     finally:
         progress.stop()

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 MEANS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the stationary rewards of ``false_collapses``
 REASON = "reward collapse"  # how a collapse's reason starts (status.json, the report, klsweep status)
+# the words for an unstable outcome, said beside every table that uses them (status, the report, its claims)
+OUTCOME_WORDS = (
+    "diverged: stopped early (non-finite values, or a reward collapse); collapsed: its reward collapsed "
+    "(docs/COLLAPSE.md); unstable (claims): diverged or collapsed"
+)
 
 
 @dataclass(frozen=True)

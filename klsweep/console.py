@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
+    from klsweep.grid.shipped import ShippedGrid
     from klsweep.rehearse import Rehearsal
     from klsweep.report import Report
     from klsweep.submit import RunStatus
@@ -38,7 +39,54 @@ def cli_console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=_columns() or PIPE_WIDTH)
+    if console.is_terminal:
+        return console
+    return Console(file=_Unpadded(stderr), width=_columns() or PIPE_WIDTH)  # type: ignore[arg-type]
+
+
+class _Unpadded:
+    """stdout or stderr (looked up at each write) for a pipe or a file: lines without the spaces rich pads a
+    table's rows with to its width (``klsweep keys | grep``); a pipe its reader closed is not an error."""
+
+    def __init__(self, stderr: bool):
+        self.stderr = stderr
+
+    @property
+    def stream(self) -> Any:
+        import sys
+
+        return sys.stderr if self.stderr else sys.stdout
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        import re
+
+        try:
+            return self.stream.write(re.sub(r" +(?=\n)", "", text))
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        """The reader went away (``klsweep report ... | head``): what is left to print goes nowhere, and the
+        command goes on (the report's files are written) and exits as it would have."""
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+    def isatty(self) -> bool:
+        return False
 
 
 def table_width(console: Console) -> int | None:
@@ -78,27 +126,6 @@ def _value(v: Any) -> str:
     return "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _sort_key(params: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
-    """Configuration order: axis by axis, numbers before names, numbers by value, "no KL" last."""
-    from klsweep.config import NO_KL
-
-    return tuple(
-        (
-            v is None,
-            v == NO_KL,
-            isinstance(v, str),
-            v if isinstance(v, int | float) and not isinstance(v, bool) else str(v),
-        )
-        for v in (params.get(a) for a in axes)
-    )
-
-
-def _config_first(axes: list[str]) -> list[str]:
-    """The axes in table order: the configuration's, then the seed (rows sorted so read configuration by
-    configuration)."""
-    return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
-
-
 def _pack(items: list[str], room: int | None) -> Text:
     """``items`` joined by ", ", on lines of at most ``room`` characters, never breaking an item: a cell whose
     line breaks are the layout's (each item as written, its control characters visible: ``visible``)."""
@@ -133,13 +160,16 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     caption = (
         f"{counts['total']} runs, {counts['excluded']} excluded, "
         + (f"{counts['merged']} merged (the same training), " if counts.get("merged") else "")
-        + f"{counts['done']} already done, "
-        f"{counts['to_submit']} to submit"
+        + f"{counts['done']} already done (or diverged), "
+        + (f"{counts['failed']} failed or cancelled (run: --retry-failed), " if counts.get("failed") else "")
+        + f"{counts['to_submit']} to submit"
     )
+    from klsweep.grid.plan import config_first, config_order
+
     shown = {r.id: _shown(r.params) for r in plan.runs}
-    axes = _config_first(plan.axes)
+    axes = config_first(plan.axes)
     if runs or len(plan.runs) <= LIST_RUNS_UP_TO:
-        order = sorted(plan.runs, key=lambda r: (_sort_key(shown[r.id], axes), r.id))
+        order = plan.table_order()
         rows = [[r.id, *(_value(shown[r.id].get(a)) for a in axes)] for r in order]
         labels = _labels(axes)
         return fitted_tables(
@@ -151,7 +181,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     rows = []
     for a, label in zip(axes, labels, strict=True):
         per_value: dict[Any, int] = {}
-        for r in sorted(plan.runs, key=lambda r: _sort_key({a: shown[r.id].get(a)}, [a])):
+        for r in sorted(plan.runs, key=lambda r: config_order({a: shown[r.id].get(a)}, [a])):
             v = shown[r.id].get(a)
             per_value[v] = per_value.get(v, 0) + 1
         rows.append([label, _pack([f"{_value(v)} ×{n}" for v, n in per_value.items()], room)])
@@ -187,6 +217,31 @@ def keys_table(docs: list[KeyDoc], width: int | None = None) -> Any:
     )  # fmt: skip
 
 
+def step_line(row: dict[str, Any], total: int) -> str:
+    """``klsweep train``'s line for one step's metrics row: step, task reward, the k1 and k3 KL estimates,
+    loss, seconds."""
+
+    def num(key: str) -> str:
+        v = row.get(key)
+        return "—" if v is None else f"{v:.3g}"
+
+    return (
+        f"step {row['step']}/{total}  reward {num('reward_mean')}  kl k1 {num('kl_k1')} k3 {num('kl_k3')}  "
+        f"loss {num('loss')}  {num('step_time')} s"
+    )
+
+
+def grids_table(grids: list[ShippedGrid], width: int | None = None) -> Any:
+    """``klsweep grids``: each shipped grid's name (what ``klsweep plan NAME`` takes) and what it is."""
+    from klsweep.report.terminal import fitted_table
+
+    rows = [[g.name, g.summary] for g in grids]
+    caption = "klsweep plan NAME plans one anywhere; klsweep grids cp NAME FILE copies one to edit"
+    return fitted_table(
+        "shipped grids", ["name", "what it is"], rows, width=width, whole=["name"], caption=caption
+    )
+
+
 def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
@@ -200,7 +255,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     its largest per-GPU memory estimate in the caption."""
     from klsweep.report.terminal import fitted_table
 
-    header = ["model", "runs", "GPUs", "sharding", "micro", "GiB/GPU", "host GiB", "storage"]
+    header = ["model", "runs", "GPUs", "sharding", "micro", "lr", "GiB/GPU", "host GiB", "storage"]
     rows = []
     for row in counts["resources"]:
         mem, host = row["gpu_memory_gb"], row.get("host_memory_gb")
@@ -211,6 +266,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
                 "CPU" if mem is None else str(row["gpus"]),
                 row["sharding"],
                 "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
+                ", ".join(row["learning_rate"]),
                 "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
                 "—" if host is None else f"{host:.0f}/{row['mem_gb']:g}",
                 _size(row["storage_gb"]),
@@ -234,7 +290,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         rows,
         width=width,
         right=["runs", "GPUs", "micro", "GiB/GPU", "host GiB", "storage"],
-        whole=["model"],  # a model's name is never cut nor folded
+        whole=["model", "lr"],  # a model's name is never cut nor folded, nor a learning rate
         optional=["micro", "storage"],
         caption=caption,
     )
@@ -338,20 +394,57 @@ COLOUR = {
 }
 
 
-def status_table(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
+def progress_line(runs: list[RunStatus], eta: bool = True) -> str:
+    """The runs per state, running first, and (``eta``) the time left as ``submit.progress`` estimates it:
+    ``3 running, 10 pending, 53 done; about 4 min left``."""
+    from klsweep.submit import progress
+
+    counts, left = progress(runs)
+    line = ", ".join(f"{n} {state}" for state, n in counts.items())
+    if eta and left is not None:
+        line += f"; about {_duration(left)} left"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def watch_view(runs: list[RunStatus], title: str = "", width: int | None = None) -> Any:
+    """``klsweep status --watch``: the counts and time left over the status table, running runs first."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(progress_line(runs)), status_table(runs, title, width, running_first=True))
+
+
+def status_table(
+    runs: list[RunStatus], title: str = "", width: int | None = None, running_first: bool = False
+) -> Any:
     """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, what the
     scheduler says beyond it (``_scheduler_notes``: a column on a pipe, a mark and a legend in a terminal), step,
     reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
     tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``, as
-    the report counts it."""
+    the report counts it. ``running_first``: the running runs on top (``--watch``)."""
     from rich.text import Text
 
+    from klsweep.collapse import OUTCOME_WORDS
+    from klsweep.grid.plan import config_first, config_order
     from klsweep.report.terminal import fitted_tables
 
-    axes = _config_first(list(runs[0].params)) if runs else []
+    axes = config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: _shown(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
-    order = sorted(runs, key=lambda r: (_sort_key(shown[r.run_id], axes), r.run_id))
+    order = sorted(
+        runs,
+        key=lambda r: (running_first and r.state != "running", config_order(shown[r.run_id], axes), r.run_id),
+    )
     sched, marks, legend = _scheduler_notes(order, width)  # marks numbered down the table
     header = [
         "run",
@@ -394,7 +487,9 @@ def status_table(runs: list[RunStatus], title: str = "", width: int | None = Non
         whole=["run", "model", "job", "state", "step"],
         optional=["job", "GPU-h", "elapsed", "eval"],
         short=NARROW,
-        caption=legend,
+        caption="; ".join(
+            filter(None, [legend, OUTCOME_WORDS if any(r.state == "diverged" for r in runs) else ""])
+        ),
     )
 
 

@@ -17,11 +17,32 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from klsweep.errors import Problem, UserError
 
-INSTALL = "pip install 'klsweep[vllm]'"
+
+def install_command() -> str:
+    """The command that installs the ``vllm`` extra where this klsweep was installed from (PEP 610's
+    ``direct_url.json``): a checkout (``pip install -e '/path[vllm]'``), a wheel file, or an index."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        text = metadata.distribution("klsweep").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+        text = None
+        checkout = Path(__file__).parents[1]
+        if (checkout / "pyproject.toml").is_file():
+            return f"pip install -e '{checkout}[vllm]'"
+    info = json.loads(text) if text else {}
+    url = urlparse(info.get("url", ""))
+    if url.scheme == "file":
+        editable = "-e " if info.get("dir_info", {}).get("editable") else ""
+        return f"pip install {editable}'{unquote(url.path)}[vllm]'"
+    return "pip install 'klsweep[vllm]'"
 
 
 def eval_copies(config: Mapping[str, Any]) -> int:
@@ -61,7 +82,7 @@ def missing(configs: Iterable[Mapping[str, Any]]) -> list[Problem]:
             key,
             f"needs {' and '.join(absent)}, which cannot be imported in this Python environment "
             f"({sys.executable}), the one the jobs run in",
-            f"{INSTALL}, or {_INSTEAD[key]}",
+            f"{install_command()}, or {_INSTEAD[key]}",
         )
         for key, absent in found.items()
     ]

@@ -131,14 +131,14 @@ def _eval_needs(ev: Mapping[str, Any]) -> list[Need]:
     files = {}
     if folder is not None:
         for path in sorted(folder.rglob("*.yaml")):
-            task = _task_yaml(path).get("task")
+            task = task_yaml(path).get("task")
             if isinstance(task, str):
                 files[task] = path
     if any(n not in files for n in names):  # lm-eval's own tasks: its index (a few seconds)
         files.update({k: Path(v) for k, v in resolve_tasks(dict(ev)).items() if k not in files})
     out = []
     for name in names:
-        cfg = _task_yaml(files[name])
+        cfg = task_yaml(files[name])
         path = cfg.get("dataset_path")
         if not path or path in ("json", "csv", "parquet", "text", "arrow") or cfg.get("custom_dataset"):
             continue
@@ -147,7 +147,7 @@ def _eval_needs(ev: Mapping[str, Any]) -> list[Need]:
     return out
 
 
-def _task_yaml(path: Path) -> dict[str, Any]:
+def task_yaml(path: Path) -> dict[str, Any]:
     """An lm-eval task YAML as data (its ``!function`` tags as None), ``include:`` merged underneath."""
     import yaml
 
@@ -160,7 +160,7 @@ def _task_yaml(path: Path) -> dict[str, Any]:
         return {}
     base = data.get("include")
     if isinstance(base, str):
-        return {**_task_yaml(path.parent / base), **data}
+        return {**task_yaml(path.parent / base), **data}
     return data
 
 

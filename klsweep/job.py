@@ -12,10 +12,12 @@ docs/DESIGN.md; the faults a run survives: docs/FAULTS.md.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,16 +35,59 @@ ERROR_LINES = 30  # traceback lines kept in status.json
 MAX_WARNINGS = 20  # warnings of earlier attempts kept in status.json
 
 
-def train_run(run_dir: str | Path) -> dict[str, Any]:
+def train_run(
+    run_dir: str | Path, quiet: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Train the run in ``run_dir`` (resuming from its last checkpoint) and return its final status. Rank 0
     holds the run's training lock throughout (``store.training``): ``store.AlreadyTraining`` when another
-    process trains it."""
+    process trains it. ``quiet`` (``klsweep train`` in a terminal): none of the libraries' own output (TRL's
+    log dicts, progress bars, Python warnings, W&B's chatter; the run's warnings stay in its status);
+    ``on_row``: each step's metrics row."""
     lock = store.training(run_dir) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
-    with lock:
-        return _train_run(run_dir)
+    with lock, _quiet() if quiet else contextlib.nullcontext():
+        return _train_run(run_dir, quiet, on_row)
 
 
-def _train_run(run_dir: str | Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def _quiet():
+    """The libraries' console output off: Python warnings, transformers' and datasets' progress bars and
+    logging below errors, W&B's messages (``WANDB_SILENT``); restored afterwards."""
+    import warnings
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    silent = os.environ.get("WANDB_SILENT")
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    os.environ["WANDB_SILENT"] = "true"
+    with contextlib.redirect_stdout(
+        io.StringIO()
+    ):  # it prints "[INFO] Running in WANDB offline mode" on import
+        import transformers.integrations.integration_utils  # noqa: F401
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if silent is None:
+            os.environ.pop("WANDB_SILENT", None)
+        else:
+            os.environ["WANDB_SILENT"] = silent
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+        datasets.logging.set_verbosity_warning()
+
+
+def _train_run(
+    run_dir: str | Path, quiet: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     run_dir = Path(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     status = store.read_status(run_dir)
@@ -95,7 +140,7 @@ def _train_run(run_dir: str | Path) -> dict[str, Any]:
     _use_allocated_cpus(config)
     if is_main:
         environment.record(run_dir)  # after the thread count is set: what this start trains with
-    monitor = RunMonitor(run_dir, config, kept, base_elapsed, started, is_main, warnings)
+    monitor = RunMonitor(run_dir, config, kept, base_elapsed, started, is_main, warnings, on_row)
     wandb_run = None
     try:
         if is_main:
@@ -103,6 +148,10 @@ def _train_run(run_dir: str | Path) -> dict[str, Any]:
         # W&B through a guarded callback only: with report_to=["wandb"], TRL also calls wandb.log directly
         # (its profiling timings), unguarded
         trainer = trainer_factory.build_trainer(config, run_dir)
+        if quiet:  # transformers prints every log dict (disable_tqdm=True: its PrinterCallback)
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         monitor.constants["prompts_too_long"] = float(trainer.prompts_too_long)
         trainer.add_callback(monitor.callback())
         trainer.add_callback(PREEMPTION.callback(trainer))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +60,10 @@ class RunMonitor:
         started: float,
         is_main: bool,
         warnings: list[str] | None = None,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.on_row = on_row  # each step's metrics row, once written (``klsweep train`` prints it)
         self.config = config
         self.steps = [row.get("step", 0) for row in kept]
         self.rewards = [row.get("reward_mean") for row in kept]
@@ -132,6 +135,8 @@ class RunMonitor:
             control.should_save = True  # the state it diverged at: eval scores what the run ended as
         if self.is_main:
             store.append_jsonl(self.run_dir / store.METRICS_FILE, row)
+            if self.on_row is not None:
+                self.on_row(row)
         self.last_step = step  # only now: a preemption save needs this step's row written (preemption.py)
         if self.is_main:
             store.write_status(self.run_dir, "running", step=step, elapsed_s=row["elapsed_s"])

@@ -692,19 +692,31 @@ def _runs_text(ids: list[str], model: str) -> str:
     return f"runs {shown}{more} ({model})"
 
 
+def learning_rates(runs: list[PlannedRun]) -> list[str]:
+    """The learning rates the runs train at, with their schedule (``3e-04 constant``): a model's config group
+    may set its own (``klsweep/conf/model/tiny.yaml``), a grid's keys set theirs over it."""
+    seen = {(float(r.config["train"]["learning_rate"]), r.config["train"]["lr_scheduler_type"]) for r in runs}
+    return [f"{lr:.0e} {schedule}" for lr, schedule in sorted(seen)]
+
+
 def summary(plan: Plan) -> dict[str, Any]:
     """Counts of the plan (total, excluded, merged: configurations that train the same thing as a run of the plan,
-    done: status.json says done under the out folder, to submit), the
+    done: status.json says done or diverged under the out folder, failed: failed or cancelled, both skipped by
+    ``klsweep run``, the second unless ``--retry-failed``; to submit: the others), the
     GPU-hours upper bound of the runs to submit, the checkpoint storage of every run, the largest per-GPU memory
-    estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch, largest
-    per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run id -> ``Estimate``).
+    estimate, one row per model and launch shape (``resources``: runs, GPUs, sharding, micro-batch,
+    learning rates, largest per-GPU estimate, GPU-hours, storage) and each run's estimate (``estimates``: run
+    id -> ``Estimate``).
     Raises ``check``'s ``UserError``, and ``store.refuse_rehearsal``'s when the out folder holds a
     rehearsal."""
     from klsweep import store
 
     estimates = check(plan)
     store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
-    todo = [r for r in plan.runs if store.read_status(r.run_dir).get("state") != "done"]
+    # as `klsweep run` decides (submit.sweep): trained runs are skipped, failed and cancelled ones too unless
+    # --retry-failed
+    states = {r.id: store.read_status(r.run_dir).get("state") for r in plan.runs}
+    todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:
         c = run.config
@@ -726,6 +738,7 @@ def summary(plan: Plan) -> dict[str, Any]:
                 "gpus": gpus,
                 "sharding": sharding,
                 "micro_batch_size": micro,
+                "learning_rate": learning_rates(runs),
                 "gpu_memory_gb": max((e.peak_gb for e in ests if e.gpus), default=None),
                 "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
                 "host_memory_gb": max((e.host_gb for e in ests), default=None),
@@ -743,7 +756,8 @@ def summary(plan: Plan) -> dict[str, Any]:
         "total": len(plan.runs),
         "excluded": plan.excluded,
         "merged": plan.merged,
-        "done": len(plan.runs) - len(todo),
+        "done": sum(s in store.TRAINED_STATES for s in states.values()),
+        "failed": sum(s in store.STOPPED_STATES for s in states.values()),
         "to_submit": len(todo),
         "gpu_hours_upper_bound": round(gpu_hours(todo), 1),
         **_time_totals([estimates[r.id] for r in todo if r.id in estimates]),

@@ -207,7 +207,7 @@ def tiny_model(model: dict[str, Any], folder: Path) -> tuple[Path, list[str]]:
 def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
     """A copy of the suite's task folder whose tasks read the shipped samples (``EVAL_SAMPLES``) instead of
     the hub; ``UserError`` for a task whose dataset has no sample."""
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     if include is None:
         raise UserError(
@@ -219,7 +219,7 @@ def _rewire_tasks(include: Path | None, names: list[str], target: Path) -> Path:
     problems = []
     found = set()
     for path in sorted(target.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names:
             continue
         found.add(cfg["task"])
@@ -250,10 +250,10 @@ def _check_prompt_fields(folder: Path, names: list[str]) -> None:
     """Each task's ``doc_to_text`` renders on its first sample row (the fields it names are in the data)."""
     import jinja2
 
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     for path in sorted(folder.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names or not isinstance(cfg.get("doc_to_text"), str):
             continue
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") or {}
@@ -276,7 +276,7 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
     token."""
     from transformers import AutoTokenizer
 
-    from klsweep.fetch import _task_yaml
+    from klsweep.fetch import task_yaml
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     problems = []
@@ -289,7 +289,7 @@ def _check_chat(model_dir: Path, config: dict[str, Any], folder: Path, names: li
             )
         )
     for path in sorted(folder.rglob("*.yaml")):
-        cfg = _task_yaml(path)
+        cfg = task_yaml(path)
         if cfg.get("task") not in names:
             continue
         until = (cfg.get("generation_kwargs") or {}).get("until") or []
@@ -448,6 +448,7 @@ def rehearse(
     overrides: list[str] | None = None,
     out: str | Path | None = None,
     on_run: Callable[[RunRehearsal], None] | None = None,
+    config_dirs: list[str] | None = None,
 ) -> Rehearsal:
     """Rehearse the covering runs of a grid in this process (see the module docstring), then say what the real
     run needs that is missing here (``Rehearsal.findings``, ``real_run_findings``). ``UserError`` when
@@ -456,7 +457,7 @@ def rehearse(
     from klsweep import grid, planner
 
     start = time.time()
-    plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT))
+    plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT), config_dirs=config_dirs)
     planner.check(plan)
     folder = Path(plan.sweep_dir)
     lock = _only_rehearsal(folder)
@@ -593,7 +594,10 @@ def _rehearse(
 
 
 def rehearse_on_slurm(
-    grid_path: str | Path, overrides: list[str] | None = None, out: str | Path | None = None
+    grid_path: str | Path,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    config_dirs: list[str] | None = None,
 ) -> tuple[Rehearsal, str]:
     """``rehearse`` as one short Slurm job on the grid's partition (its cluster settings: partition, account,
     qos, setup), with one GPU when the grid's models ask for GPUs; waits for it. Returns the rehearsal and the
@@ -604,7 +608,7 @@ def rehearse_on_slurm(
     from klsweep.submit.slurm import slurm_parameters
 
     out = Path(out or DEFAULT_OUT).absolute()
-    plan = grid.load_plan(grid_path, overrides, out=out)
+    plan = grid.load_plan(grid_path, overrides, out=out, config_dirs=config_dirs)
     planner.check(plan)  # what the job's rehearse would refuse, refused before a job is submitted
     first = plan.runs[0].config
     gpus = max(int(r.config["model"]["resources"].get("gpus_per_node", 0)) for r in plan.runs)
@@ -615,7 +619,8 @@ def rehearse_on_slurm(
     ex = submitit.SlurmExecutor(folder=out / f".submitit-{plan.name}", max_num_timeout=0)
     ex.update_parameters(**params)
     try:
-        job = ex.submit(rehearse, Path(grid_path).absolute(), overrides, out)
+        dirs = [str(Path(d).absolute()) for d in config_dirs or []]
+        job = ex.submit(rehearse, grid.grid_file(grid_path).absolute(), overrides, out, None, dirs)
     except submitit.core.utils.FailedJobError as e:
         where = ", ".join(f"{k}={v}" for k, v in params.items() if k in ("partition", "gpus_per_node", "mem"))
         raise UserError(

@@ -56,6 +56,8 @@ from klsweep.errors import Problem, UserError
 
 STATES = ("pending", "running", "done", "failed", "diverged", "cancelled")
 FINAL_STATES = ("done", "failed", "diverged", "cancelled")
+TRAINED_STATES = ("done", "diverged")  # trained to the end (or stopped by a collapse): run skips them
+STOPPED_STATES = ("failed", "cancelled")  # run skips them unless --retry-failed
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
@@ -475,6 +477,18 @@ def sweep_runs(sweep_dir: str | os.PathLike) -> list[Path]:
     return dirs
 
 
+def _grid_name(path: Path) -> str | None:
+    """The ``name:`` of a grid file, or None when it cannot be read as one."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()[:1_000_000])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def resolve_sweep(
     sweep: str | os.PathLike, results_root: str | os.PathLike = "results", *, rehearsal: bool = False
 ) -> Path:
@@ -488,11 +502,20 @@ def resolve_sweep(
             return candidate
     root = Path(results_root)
     known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        name = _grid_name(p)
+        use = f"the sweep name {name}" if name else "its sweep's name (its name: key)"
+        raise UserError(
+            Problem(
+                str(sweep), f"that is a grid file: use {use}", ", ".join(known) or "a sweep folder's name"
+            ),
+            title="not a sweep",
+        )
     raise UserError(
         Problem(
             str(sweep),
-            f"no such sweep folder (neither {p} nor {q} exists)",
-            ", ".join(known) if known else "a sweep folder made by `klsweep run`",
+            f"no such sweep folder: no run of it was launched here (neither {p} nor {q} exists)",
+            ", ".join(known) if known else "a sweep folder made by `klsweep run GRID` (its name: key)",
         ),
         title="no such sweep",
     )

@@ -78,6 +78,7 @@ def run_study(
     on_stage: Callable[[str], None] = lambda stage: None,
     on_progress: Callable[[list[Any]], None] | None = None,
     expect_claims: str | Path | None = None,
+    config_dirs: list[str] | None = None,
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``.
     ``expect_claims``: a ``claims.csv`` (e.g. the committed one) whose verdicts this study's are compared with;
@@ -88,7 +89,7 @@ def run_study(
 
     expected = report.read_expected(expect_claims) if expect_claims is not None else None
     expected_cpus = _expected_cpus(expect_claims) if expect_claims is not None else set()
-    plan = grid.load_plan(grid_path, overrides, out=out)
+    plan = grid.load_plan(grid_path, overrides, out=out, config_dirs=config_dirs)
     planner.check(plan)  # refuses runs that cannot start or fit
     kind = cluster or submit.default_cluster(plan)
     sections = {json.dumps(r.config.get("eval", {}), sort_keys=True) for r in plan.runs}

@@ -48,7 +48,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         if importlib.util.find_spec("vllm") is None:
             where = "" if gpu else " (without a GPU: vLLM's CPU build, ./dev.sh vllm-test)"
             why = f"true, but vllm cannot be imported in {sys.executable}"
-            refused.insert(0, Problem("train.use_vllm", why, f"{engines.INSTALL}{where}, or false"))
+            refused.insert(0, Problem("train.use_vllm", why, f"{engines.install_command()}{where}, or false"))
         if refused:
             raise UserError(refused)
         if not gpu:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,15 @@ def _eval_section(data: Any) -> EvalSection:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalSection), data))
 
 
-def load_suite(name: str) -> EvalSection:
-    """The suite ``klsweep/conf/eval/<name>.yaml`` as an ``EvalSection``."""
+def load_suite(name: str, config_dirs: Sequence[str | Path] = ()) -> EvalSection:
+    """The suite ``<dir>/eval/<name>.yaml`` of the first of ``config_dirs`` (``--config-dir``) that has one, else
+    ``klsweep/conf/eval/<name>.yaml``, as an ``EvalSection``."""
     from omegaconf import OmegaConf
 
-    path = CONF_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+    folders = [*(Path(d) / "eval" for d in config_dirs), CONF_DIR]
+    path = next((f / f"{name}.yaml" for f in folders if (f / f"{name}.yaml").is_file()), None)
+    if path is None:
+        known = ", ".join(sorted({p.stem for f in folders for p in f.glob("*.yaml")}))
         raise UserError(Problem("--suite", f"no eval suite {name!r}", known))
     return _eval_section(OmegaConf.load(path))
 

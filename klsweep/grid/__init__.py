@@ -43,6 +43,7 @@ One question per module:
     compose.py    how a run's config is made: Hydra composition once per group choice, values set on top
     claims.py     the ``claims:`` a report tests: read and checked up front (``Claim``)
     expand.py     which runs: each sub-grid's product minus excludes, deduplicated by id; the varying axes
+    shipped.py    the grids klsweep ships (sweeps/): listed, copied, found by a bare name
     keys.py       every key described (``klsweep keys``): default, type, values allowed, help
 
 Resource estimates of a plan live in ``klsweep.planner``, its table in ``klsweep.console``.
@@ -52,12 +53,14 @@ from klsweep.errors import UserError  # what load_plan and compose_run_config ra
 from klsweep.grid.compose import CONF_DIR
 from klsweep.grid.load import DEFAULT_OUT, compose_run_config, load_plan
 from klsweep.grid.plan import Plan, PlannedRun, run_id
+from klsweep.grid.shipped import grid_file
 
 __all__ = [
     "CONF_DIR",
     "DEFAULT_OUT",
     "Plan",
     "PlannedRun",
+    "grid_file",
     "UserError",
     "compose_run_config",
     "load_plan",

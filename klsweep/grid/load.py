@@ -17,7 +17,7 @@ from typing import Any
 from klsweep import store
 from klsweep.config import KL_ONLY_KEYS
 from klsweep.errors import Problem, UserError
-from klsweep.grid import claims, expand, parse
+from klsweep.grid import claims, expand, parse, shipped
 from klsweep.grid.compose import RESET, Composer
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
@@ -49,10 +49,12 @@ def load_plan(
 ) -> Plan:
     """Read, compose and validate a grid file; raise ``UserError`` listing every problem. A grid of more than
     ``max_runs`` runs (default: ``$KLSWEEP_MAX_RUNS``, else ``DEFAULT_MAX_RUNS``) is refused before it is
-    expanded."""
-    path = Path(grid_path)
+    expanded. ``grid_path`` may be a shipped grid's bare name (``tiny``: ``shipped.grid_file``)."""
+    path = shipped.grid_file(grid_path)
     where = str(grid_path)
     problems: list[Problem] = []
+    if not path.exists() and (hint := shipped.missing_hint(grid_path)) is not None:
+        raise UserError(Problem(where, "no such file, nor a shipped grid", hint), title="no grid")
     limit = _limit(max_runs, problems)
     if out is not None and (what := store.not_a_folder(out)) is not None:
         problems.append(Problem("--out", what, "a folder (made if missing) to hold the sweep folders"))

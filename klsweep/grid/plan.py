@@ -35,22 +35,48 @@ class Plan:
     grid_text: str  # the grid file as written
     merged: int = 0  # configurations that train the same thing as another one of the plan, merged into it
 
+    def table_order(self) -> list[PlannedRun]:
+        """The runs as ``klsweep plan`` lists them (``--runs``, ``--json``): configuration by configuration
+        (``config_first`` axes, ``config_order``), then by id."""
+        axes = config_first(self.axes)
+        key = {r.id: config_order(config_mod.without_kl_when_off(r.params), axes) for r in self.runs}
+        return sorted(self.runs, key=lambda r: (key[r.id], r.id))
+
     def find(self, which: str) -> PlannedRun:
-        """The run ``which`` names: its id, the start of one run's id, or its index in plan order (0-based, as
-        ``klsweep plan --json`` lists the runs). ``UserError`` when it names none or several."""
+        """The run ``which`` names: its id, the start of one run's id, or its index in the plan table's order
+        (0-based: ``table_order``, as ``klsweep plan --runs`` and ``--json`` list the runs). ``UserError`` when
+        it names none or several."""
         from klsweep.errors import Problem, UserError
 
         if which.isdigit() and len(which) < 10 and int(which) < len(self.runs):
-            return self.runs[int(which)]
+            return self.table_order()[int(which)]
         hits = [r for r in self.runs if r.id.startswith(which)] if which else []
         if len(hits) == 1:
             return hits[0]
         what = f"names {len(hits)} runs" if hits else "is no run id of the plan"
-        ids = ", ".join(r.id for r in (hits or self.runs)[:6]) + (
-            ", ..." if len(hits or self.runs) > 6 else ""
-        )
+        shown = hits or self.table_order()
+        ids = ", ".join(r.id for r in shown[:6]) + (", ..." if len(shown) > 6 else "")
         allowed = f"a run id ({ids}), or an index 0..{len(self.runs) - 1}"
         raise UserError(Problem(which, what, allowed), title="no such run")
+
+
+def config_order(params: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
+    """Configuration order: axis by axis, numbers before names, numbers by value, "no KL" last."""
+    return tuple(
+        (
+            v is None,
+            v == config_mod.NO_KL,
+            isinstance(v, str),
+            v if isinstance(v, int | float) and not isinstance(v, bool) else str(v),
+        )
+        for v in (params.get(a) for a in axes)
+    )
+
+
+def config_first(axes: list[str]) -> list[str]:
+    """The axes in table order: the configuration's, then the seed (rows sorted so read configuration by
+    configuration)."""
+    return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
 
 
 def run_id(

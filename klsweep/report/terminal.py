@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from klsweep.collapse import OUTCOME_WORDS
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
 from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view, visible
 
@@ -59,7 +60,6 @@ def fitted_table(
     headers (e.g. "place" for "placement") used when it is still wider, and then spelled out in the caption.
     Only then are cells wrapped."""
     from rich import box
-    from rich.table import Table
 
     header = list(header)
     cells = {h: [r[i] for r in rows] for i, h in enumerate(header)}
@@ -84,7 +84,7 @@ def fitted_table(
     if notes:
         note = "; ".join(notes)
         caption = f"{caption.rstrip('.')}; {note}" if caption else note  # not "collapsed (0%).; not shown"
-    t = Table(
+    t = _Table(
         title=_text(title) if title else None,
         title_justify="left",
         caption=_text(caption) if caption else None,
@@ -107,6 +107,35 @@ def fitted_table(
     for r in rows:
         t.add_row(*(_text(r[i]) for i in index))
     return t
+
+
+def _table_class() -> type:
+    from rich.table import Table
+
+    class FittedTable(Table):
+        """A Table whose title and caption wrap at the width it is printed in (the terminal's; a pipe's: not
+        at all), not at the table's own: a narrow table's caption is not folded into a column of words."""
+
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            from rich.text import Text
+
+            title, caption = self.title, self.caption
+            self.title = self.caption = None
+            try:
+                if title:
+                    yield Text(title, style="italic") if isinstance(title, str) else title
+                yield from super().__rich_console__(console, options)
+                if caption:
+                    yield Text(caption, style="dim") if isinstance(caption, str) else caption
+            finally:
+                self.title, self.caption = title, caption
+
+    return FittedTable
+
+
+def _Table(**kwargs: Any) -> Any:
+    """A ``FittedTable`` (rich is imported when a table is made, not when this module is)."""
+    return _table_class()(**kwargs)
 
 
 def _natural(widths: dict[str, int], columns: Sequence[str]) -> int:
@@ -249,7 +278,8 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             group="model",
             optional=["peak KL k3", "peak reward"],
             caption="mean±95% CI half-width over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
-            f"reasons: the report's files). Collapse rule (docs/COLLAPSE.md): {report.collapse_rule}",
+            f"reasons: the report's files). Collapse rule (docs/COLLAPSE.md): {report.collapse_rule.rstrip('.')}. "
+            + OUTCOME_WORDS,
         )
     )
     if len(report.claims):
@@ -270,7 +300,12 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
                 whole=["verdict"],
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
                 "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
-                f"the same verdict, fragile under {FRAGILE:g}",
+                f"the same verdict, fragile under {FRAGILE:g}"
+                + (
+                    f"; {OUTCOME_WORDS}"
+                    if any(str(d).startswith("unstable:") for d in report.claims.get("detail", []))
+                    else ""
+                ),
             )
         )
     return tables

@@ -54,17 +54,21 @@ def submit_eval(
     wait: bool = False,
     jobs: int | None = None,
     overrides: Sequence[str] = (),
+    config_dirs: Sequence[str] = (),
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
     baselines (one per model); see ``eval_request`` for ``suite``, ``backend`` and ``overrides``.
     ``cluster`` debug evaluates in this process; local splits the runs and baselines over ``jobs`` submitit
     jobs run side by side (default ``min(cores, runs)``; lm-eval loaded once per job); slurm one job per run
-    and per baseline. ``wait``: wait for the jobs and collect their outcome."""
+    and per baseline. ``wait``: wait for the jobs and collect their outcome. ``config_dirs``: more config folders
+    whose ``eval/`` may hold ``suite`` (``--config-dir``)."""
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
     check_target(target)
-    request = eval_request(Path(target), suite, backend, checkpoints, overrides, problems=problems)
+    request = eval_request(
+        Path(target), suite, backend, checkpoints, overrides, problems=problems, config_dirs=config_dirs
+    )
     _check_inside(Path(target), request)
     engines.require(  # the jobs run in this environment
         {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
@@ -127,13 +131,14 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
     return chosen, skipped, target
 
 
-def _runs_eval(runs: list[Path], suite: str | None) -> EvalSection:
+def _runs_eval(runs: list[Path], suite: str | None, config_dirs: Sequence[str] = ()) -> EvalSection:
     """The runs' own eval settings (their grid's: ``eval.limit`` and every other key it set), or those of the
-    suite ``suite`` names: the runs' own when they are of that suite, else ``conf/eval/<suite>.yaml``."""
+    suite ``suite`` names: the runs' own when they are of that suite, else ``eval/<suite>.yaml`` of
+    ``config_dirs`` or ``conf/``."""
     own = [evaluate.run_config(r).eval for r in runs]
     same = bool(own) and all(o == own[0] for o in own)
     if suite is not None and not (same and own[0].suite == suite):
-        return evaluate.load_suite(suite)
+        return evaluate.load_suite(suite, config_dirs)
     if not own:
         raise UserError(
             Problem("TARGET", "no readable run to take the eval settings from", "pass --suite NAME")
@@ -151,11 +156,13 @@ def eval_request(
     overrides: Sequence[str] = (),
     *,
     problems: Sequence[Problem] = (),
+    config_dirs: Sequence[str] = (),
 ) -> EvalRequest:
     """``klsweep eval``'s request: a run folder, or a sweep's finished runs (done or diverged) and its step-0
-    baselines (one per model). ``suite`` names ``conf/eval/<suite>.yaml`` (default: the runs' own eval
-    settings, as their grid set them; the runs' own too when ``suite`` names their suite); ``overrides``
-    (``eval.limit=150``, ...) and ``backend`` change them. Unknown task names fail here, before anything is submitted.
+    baselines (one per model). ``suite`` names ``eval/<suite>.yaml`` of ``config_dirs`` (``--config-dir``) or
+    ``conf/`` (default: the runs' own eval settings, as their grid set them; the runs' own too when ``suite``
+    names their suite); ``overrides`` (``eval.limit=150``, ...) and ``backend`` change them. Unknown task names
+    fail here, before anything is submitted.
     ``problems``: the caller's own findings about the request (the submission layer's ``--cluster``),
     reported with these in one ``UserError``."""
     target = Path(target)
@@ -170,7 +177,7 @@ def eval_request(
         raise UserError(problems, title="invalid eval request")
     runs, skipped, sweep_dir = _targets(target)
     readable = [r for r in store.run_dirs(target) if not skipped.get(str(r), "").startswith("unreadable")]
-    cfg = _runs_eval(runs or readable, suite)
+    cfg = _runs_eval(runs or readable, suite, config_dirs)
     if backend is not None:
         cfg.backend = backend
     cfg = evaluate.with_overrides(evaluate.as_eval_section(cfg), list(overrides))

@@ -140,7 +140,8 @@ def _result_state(folder: Path, job_id: str) -> str:
     return "FAILED"
 
 
-def _run_cmd(cmd: list[str]) -> str | None:
+def run_cmd(cmd: list[str]) -> str | None:
+    """A Slurm command's stdout; None when it cannot be run, fails or takes more than a minute."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
@@ -187,7 +188,7 @@ def _squeue() -> dict[str, JobState] | None:
     unavailable or the controller does not answer (``controller_problem``: accounting may still)."""
     if controller_problem() is not None:
         return None
-    out = _run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T|%r"])
+    out = run_cmd(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T|%r"])
     if out is None:
         return None
     fields = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
@@ -201,7 +202,7 @@ def _sacct(job_ids: list[str]) -> dict[str, JobState]:
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids}, key=lambda s: (len(s), s))
-    out = _run_cmd(["sacct", "-X", "--parsable2", "-o", "JobID,State,Reason", "-j", ",".join(bases)])
+    out = run_cmd(["sacct", "-X", "--parsable2", "-o", "JobID,State,Reason", "-j", ",".join(bases)])
     if out is None:
         return {}
     info = SlurmInfoWatcher().read_info(out)
@@ -266,7 +267,7 @@ def cancel_rows(rows: list[dict[str, Any]]) -> None:
     """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue), SIGINT then SIGKILL locally."""
     slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
     if slurm_ids:
-        _run_cmd(["scancel", *slurm_ids])
+        run_cmd(["scancel", *slurm_ids])
         # submitit jobs ignore SIGTERM: Slurm kills them KillWait seconds later. Wait for that, so that no
         # dying job overwrites the 'cancelled' status afterwards.
         deadline = time.time() + 60

@@ -26,7 +26,7 @@ from klsweep.config import SBATCH_OPTION_ALLOWED, sbatch_option_problem, tasks_p
 from klsweep.errors import Problem, UserError
 from klsweep.planner import default_signal_delay, job_signal_delay
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
-from klsweep.submit.scheduler import DOWN, _run_cmd, controller_problem, job_row, submission_folder
+from klsweep.submit.scheduler import DOWN, controller_problem, job_row, run_cmd, submission_folder
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, when scontrol cannot say
 # what sbatch says when the controller is down or unreachable (not a refusal of the job)
@@ -63,7 +63,7 @@ class SubmissionRefused(UserError):
 @functools.cache
 def max_array_size() -> int:
     """The cluster's ``MaxArraySize`` (``scontrol show config``): an array holds at most this many tasks."""
-    out = _run_cmd(["scontrol", "show", "config"]) or ""
+    out = run_cmd(["scontrol", "show", "config"]) or ""
     found = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
     return int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE
 

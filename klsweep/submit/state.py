@@ -324,6 +324,27 @@ def _resources_of(cfg: dict[str, Any]) -> dict[str, Any]:
 POLL_MAX_S = 30.0  # the longest wait between two scheduler queries of ``wait_until_final``
 
 
+PROGRESS_ORDER = ("running", "pending", "done", "diverged", "failed", "cancelled")
+
+
+def progress(runs: list[RunStatus]) -> tuple[dict[str, int], float | None]:
+    """The runs per state (running first, then pending, then the final states) and an estimate of the seconds
+    until every run is final: the steps left (running and pending runs) over the steps a second the running
+    runs make together; None until a running run has trained a step. A rough figure: it takes the pending runs
+    to start as soon as a slot frees, and every step to take as long as the running runs' so far."""
+    counts = {
+        s: n
+        for s in (*PROGRESS_ORDER, *sorted({r.state for r in runs}))
+        if (n := sum(r.state == s for r in runs))
+    }
+    going = [r for r in runs if r.state == "running" and r.step > 0 and r.elapsed_s > 0]
+    if not going:
+        return counts, None
+    rate = sum(r.step / r.elapsed_s for r in going)
+    left = sum(max(0, (r.total_steps or r.step) - r.step) for r in runs if r.state in ("running", "pending"))
+    return counts, left / rate
+
+
 def poll_delay(idle_s: float, first_s: float = 2.0, max_s: float = POLL_MAX_S) -> float:
     """Seconds until the next scheduler query when nothing changed for ``idle_s`` seconds: ``first_s`` at
     first, then half the time since the last change (as submitit's job watcher spaces its sacct calls), at

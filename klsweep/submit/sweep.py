@@ -298,7 +298,7 @@ def _decide(
     if (run.id, "train") in live or store.trainer_of(run_dir) is not None:  # its trainer's lock: live
         return "skip-live"
     state = store.read_status(run_dir).get("state", "pending")
-    if state in ("done", "diverged"):
+    if state in store.TRAINED_STATES:
         if state == "done" and chain_eval and wants_eval(run) and not has_eval_results(run_dir):
             if (run.id, "eval") in live:
                 return "skip-live"
@@ -307,7 +307,7 @@ def _decide(
                 return "eval"
             return "skip-failed" if (eval_row_state or row_state)(last) in ("FAILED", "CANCELLED") else "eval"
         return "skip-done"
-    if state in ("failed", "cancelled") and not retry_failed:
+    if state in store.STOPPED_STATES and not retry_failed:
         return "skip-failed"
     return "resume" if store.checkpoints(run_dir) or state in ("running", "failed", "cancelled") else "submit"
 

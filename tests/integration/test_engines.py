@@ -57,12 +57,12 @@ def test_run_refuses_a_missing_engine_and_plan_warns(
         text = " ".join((stdout + err).split())
         assert code == 2, text
         key = "train.use_vllm" if "use_vllm" in extra[0] else "eval.backend"
-        assert f"{key}: needs vllm" in text and "pip install 'klsweep[vllm]'" in text
+        assert f"{key}: needs vllm" in text and engines.install_command() in text
         assert not out.exists()  # nothing written, no job started
 
     code, stdout, err = cli(["plan", grid, "train.use_vllm=true", "--out", out], monkeypatch, capsys)
     text = " ".join((stdout + err).split())
-    assert code == 0 and "warning: train.use_vllm: needs vllm" in text and "klsweep[vllm]" in text
+    assert code == 0 and "warning: train.use_vllm: needs vllm" in text and engines.install_command() in text
     code, stdout, _ = cli(["plan", grid, "--json", "--out", out], monkeypatch, capsys)
     assert code == 0 and '"warnings": []' in stdout
 
@@ -79,7 +79,7 @@ def test_eval_refuses_the_vllm_backend_without_vllm(
     code, stdout, err = cli(args, monkeypatch, capsys)
     text = " ".join((stdout + err).split())
     assert code == 2, text
-    assert "eval.backend: needs vllm and ray" in text and "pip install 'klsweep[vllm]'" in text
+    assert "eval.backend: needs vllm and ray" in text and engines.install_command() in text
     assert not (run / store.EVAL_DIR).exists()
     code, stdout, err = cli([*args[:5], "hf", "--cluster", "debug"], monkeypatch, capsys)
     assert "needs vllm" not in stdout + err  # eval.backend=hf stays possible
@@ -94,7 +94,7 @@ def test_use_vllm_never_falls_back_to_hf_generate(tmp_path: Path, without_vllm: 
     write_config(run, model, **{"train.use_vllm": True})
     status = job.train_run(run)
     assert status["state"] == "failed"
-    assert "train.use_vllm" in status["reason"] and "klsweep[vllm]" in status["reason"]
+    assert "train.use_vllm" in status["reason"] and engines.install_command() in status["reason"]
     assert not store.checkpoints(run)
 
 

@@ -4,6 +4,7 @@ in grids, run files and command-line overrides."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from klsweep import grid
 # The ids of TINY's first and last two runs as they were before train.trl existed: a run that passes nothing
 # to TRL keeps its id (its results folder).
 TINY_IDS = (["fb30705abf", "dbd5d3c1f0"], ["108cc47c4f", "98b385d21e"])
+# ... at the training defaults of those days: the global ones (the tiny model's group now sets its own, and a
+# grid that does not write them plans new ids: docs/USAGE.md, "Model defaults")
+GLOBAL_LR = ["train.learning_rate=1e-5", "train.lr_scheduler_type=linear"]
 
 ONE = "name: one\nbase:\n  kl.beta: 0.1\ngrid:\n  kl.estimator: k1,k3\n"
 
@@ -23,9 +27,9 @@ ONE = "name: one\nbase:\n  kl.beta: 0.1\ngrid:\n  kl.estimator: k1,k3\n"
 def test_ids_without_train_trl_are_unchanged(tmp_path):
     # TINY's last runs are off-policy (lag 10, k3 in both): with kl.reward_logp's default, current, they train
     # otherwise than before the key and have new ids; with behavior, what they trained with, their old ones.
-    old = grid.load_plan(write(tmp_path, TINY), ["kl.reward_logp=behavior"])
+    old = grid.load_plan(write(tmp_path, TINY), ["kl.reward_logp=behavior", *GLOBAL_LR])
     assert ([r.id for r in old.runs[:2]], [r.id for r in old.runs[-2:]]) == TINY_IDS
-    plan = grid.load_plan(write(tmp_path, TINY))
+    plan = grid.load_plan(write(tmp_path, TINY), GLOBAL_LR)
     assert [r.id for r in plan.runs[:2]] == TINY_IDS[0]  # on-policy: the same computation, the same id
     assert not {r.id for r in plan.runs[-2:]} & set(TINY_IDS[1])
     config = plan.runs[0].config
@@ -234,7 +238,7 @@ def test_an_sbatch_option_added_on_the_command_line_reaches_slurm(tmp_path):
 def test_config_prints_the_yaml_a_run_gets_and_it_round_trips_to_its_id(tmp_path, monkeypatch, capsys):
     g = write(tmp_path, TINY)
     plan = grid.load_plan(g, ["+train.trl.top_k=2"])
-    run = plan.runs[5]
+    run = plan.table_order()[5]  # `config GRID 5` is row 5 of the plan table (plan --runs), from 0
     for which in (run.id, run.id[:6], "5"):
         code, out, err = cli(["config", g, which, "+train.trl.top_k=2"], monkeypatch, capsys)
         assert code == 0, err
@@ -251,7 +255,20 @@ def test_config_prints_the_yaml_a_run_gets_and_it_round_trips_to_its_id(tmp_path
     assert (tmp_path / "folder" / "config.yaml").read_text() == out
 
     code, _, err = cli(["config", g, "zzzz"], monkeypatch, capsys)
-    assert code == 2 and "is no run id of the plan" in err and TINY_IDS[0][0] in " ".join(err.split())
+    first = grid.load_plan(g).table_order()[0].id  # the ids allowed, from the plan table's first row
+    assert code == 2 and "is no run id of the plan" in err and first in " ".join(err.split())
+
+
+def test_config_takes_the_plan_tables_row(tmp_path, monkeypatch, capsys):
+    g = write(tmp_path, TINY)
+    code, out, _ = cli(["plan", g, "--runs", "--out", tmp_path], monkeypatch, capsys)
+    rows = [line.split()[0] for line in out.splitlines() if re.match(r"[0-9a-f]{10} ", line)]
+    assert code == 0 and len(rows) == len(grid.load_plan(g, out=tmp_path).runs)
+    code, out, _ = cli(["plan", g, "--json", "--out", tmp_path], monkeypatch, capsys)
+    assert [r["id"] for r in json.loads(out)["runs"]] == rows  # --json lists them in the same order
+    for i, want in enumerate(rows):
+        code, _, err = cli(["config", g, str(i), "--out", tmp_path], monkeypatch, capsys)
+        assert code == 0 and f"run {want}:" in err, (i, err)
 
 
 @pytest.mark.parametrize("width", [80, None])

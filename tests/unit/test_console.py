@@ -301,3 +301,21 @@ def test_plan_axis_values_wrap_onto_lines_not_into_escapes(tmp_path):
     assert "\\n" not in text, text
     model = [line for line in text.splitlines() if "qwen" in line or "llama" in line]
     assert len(model) == 2 and model[0].startswith("model ") and "qwen3-4b-instruct-2507 ×150" in model[1]
+
+
+def test_a_narrow_tables_caption_wraps_at_the_terminals_width_not_the_tables():
+    from clitools import render
+
+    from klsweep.report.terminal import fitted_table
+
+    caption = "a caption of many words, " * 6 + "and its end"
+    table = fitted_table(
+        "a title longer than the table is wide", ["a", "b"], [["1", "2"]], width=80, caption=caption
+    )
+    text = render(table, width=80)
+    lines = text.rstrip("\n").splitlines()
+    assert lines[0].rstrip() == "a title longer than the table is wide"  # the title whole, on one line
+    assert max(len(line.rstrip()) for line in lines[-3:]) > 60  # not folded at the table's 4 columns
+    assert " ".join(" ".join(lines).split()).endswith(caption)
+    piped = render(table, width=None)
+    assert caption in piped  # a pipe: one line

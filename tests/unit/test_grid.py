@@ -339,8 +339,16 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
     code, stdout, _ = cli(["plan", p, "--out", out], monkeypatch, capsys)
     assert code == 0
     flat = " ".join(stdout.split())  # the caption wraps at the test's terminal width
-    assert "60 runs, 12 excluded, 1 already done, 59 to submit" in flat
+    assert (
+        "60 runs, 12 excluded, 1 already done (or diverged), 1 failed or cancelled (run: --retry-failed), 58 to submit"
+        in flat
+    )
     assert "GPU-hours" in flat and "upper bound" in flat
+    # `klsweep run` skips a diverged run as it skips a done one: the plan counts it so (#37)
+    store.write_status(out / "tiny" / data["runs"][2]["id"], "diverged")
+    code, stdout, _ = cli(["plan", p, "--out", out, "--json"], monkeypatch, capsys)
+    counts = json.loads(stdout)
+    assert (counts["done"], counts["failed"], counts["to_submit"]) == (2, 1, 57)
     code, stdout, _ = cli(["plan", p, "--out", out, "--runs"], monkeypatch, capsys)  # every run, ids whole
     assert code == 0 and data["runs"][2]["id"] in stdout
 

@@ -139,7 +139,7 @@ def test_memory_grows_with_the_micro_batch_and_shrinks_with_sharding():
 def _sizing_warnings(plan: dict) -> list[str]:
     """The plan's warnings but those of this environment: an engine it lacks (vLLM: tests/integration/
     test_engines.py), the tests' HF_HOME under /tmp (node-local: test_node_local_caches_are_flagged...)."""
-    return [w for w in plan["warnings"] if "klsweep[vllm]" not in w and "node-local" not in w]
+    return [w for w in plan["warnings"] if "[vllm]" not in w and "node-local" not in w]
 
 
 def test_paper_sweep_fits_its_gpus_and_totals(tmp_path, monkeypatch, capsys):
@@ -612,9 +612,10 @@ def test_paper_plan_shows_the_band_host_memory_and_signal_delay(tmp_path, monkey
         assert est["signal_delay_s"] == pytest.approx(step + save + 60, abs=1.5)
         assert est["signal_delay_s"] > 180  # the 60 s it was cannot write the checkpoint
         assert est["host_memory_gb"] < est["host_memory_of_gb"] == config["model"]["resources"]["mem_gb"]
-    qwen = next(r["estimate"] for r in data["runs"] if by_id[r["id"]]["model"]["name"] == "qwen2.5-7b")
+    qwen_run = next(r for r in data["runs"] if by_id[r["id"]]["model"]["name"] == "qwen2.5-7b")
+    qwen = qwen_run["estimate"]
     # 8 processes x (the policy cast to fp32 on the host before FSDP shards it + a process's own + vLLM's)
-    params = planner.architecture(by_id[data["runs"][0]["id"]]["model"]).params
+    params = planner.architecture(by_id[qwen_run["id"]]["model"]).params
     assert qwen["host_memory_gb"] == pytest.approx(8 * (4 * params / 2**30 + 4 + 4), abs=0.1)
     # the delay follows the write rate; Slurm is asked for it (the array's largest)
     code, out, err = cli(["plan", PAPER, "model=qwen2.5-7b", "cluster.checkpoint_write_gbps=2", "--out", tmp_path,

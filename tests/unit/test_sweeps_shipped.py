@@ -21,7 +21,11 @@ def test_the_three_sweeps_are_shipped():
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
 def test_shipped_sweep_plans(path, tmp_path):
     assert path.read_text().startswith(
-        ("# how to run: klsweep run sweeps/", "# how to run: klsweep study sweeps/")
+        (
+            "# how to run: klsweep run sweeps/",
+            "# how to run: klsweep study sweeps/",
+            "# how to run: klsweep study ",
+        )
     )
     plan = grid.load_plan(path, out=tmp_path)
     assert plan.name == path.stem

@@ -1,0 +1,94 @@
+"""The grids that ship with klsweep (``sweeps/*.yaml``, inside the installed package as ``klsweep/sweeps/``):
+list them, copy one to edit, and resolve a bare name that is no file to one (``klsweep plan tiny`` anywhere).
+
+In a source checkout ``klsweep/sweeps`` is a link to the top-level ``sweeps/``; a wheel carries the files."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from klsweep.errors import Problem, UserError
+
+SHIPPED_DIR = Path(__file__).parents[1] / "sweeps"
+
+
+@dataclass(frozen=True)
+class ShippedGrid:
+    name: str  # the file's stem: `klsweep plan NAME`
+    path: Path
+    summary: str  # the first line of its description (the comment after the how-to-run lines)
+
+
+def shipped() -> list[ShippedGrid]:
+    """Every shipped grid, by name."""
+    return [ShippedGrid(p.stem, p, _summary(p)) for p in sorted(SHIPPED_DIR.glob("*.yaml"))]
+
+
+def _summary(path: Path) -> str:
+    """The first sentence (to ". " or ": ") of the opening comment's description, after its command lines (how
+    to run, preview, override)."""
+    words: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text.split(":")[0] in ("how to run", "preview", "override", "copy"):
+            continue
+        if not text:
+            if words:
+                break
+            continue
+        words.append(text)
+    para = " ".join(words)
+    cut = min((i for i in (para.find(". "), para.find(": ")) if i >= 0), default=len(para))
+    return para[:cut].rstrip(".")
+
+
+def _names() -> str:
+    return ", ".join(g.name for g in shipped())
+
+
+def grid_file(grid: str | Path) -> Path:
+    """The grid file ``grid`` names: the file itself when it exists, else the shipped grid of that bare name
+    (``tiny`` or ``tiny.yaml``, no folder in it). Anything else is returned as written (the reader says what is
+    wrong with it)."""
+    path = Path(grid)
+    if path.exists() or len(path.parts) != 1:
+        return path
+    stem = path.name.removesuffix(".yaml")
+    found = SHIPPED_DIR / f"{stem}.yaml"
+    return found if found.is_file() else path
+
+
+def missing_hint(grid: str | Path) -> str | None:
+    """For a grid that is neither a file nor a shipped name: the shipped names, to say beside the error."""
+    path = Path(grid)
+    if path.exists() or len(path.parts) != 1:
+        return None
+    return f"a grid file, or a shipped grid's name ({_names()}; klsweep grids)"
+
+
+def copy(name: str, dest: str | Path, force: bool = False) -> Path:
+    """Copy the shipped grid ``name`` to ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite
+    a file unless ``force``. Returns the file written."""
+    source = SHIPPED_DIR / f"{name.removesuffix('.yaml')}.yaml"
+    problems = []
+    if not source.is_file():
+        problems.append(Problem(f"grid {name!r}", "is no shipped grid", _names()))
+    target = Path(dest)
+    if target.is_dir():
+        target = target / source.name
+    if target.exists() and not force:
+        problems.append(Problem(str(target), "exists already", "another path, or --force to overwrite it"))
+    elif not target.parent.is_dir():
+        problems.append(
+            Problem(str(target), f"its folder {target.parent} does not exist", "an existing folder")
+        )
+    if problems:
+        raise UserError(problems, title="not copied")
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(target)
+    return target

@@ -1,0 +1,102 @@
+"""The grids klsweep ships (sweeps/, inside the package as klsweep/sweeps): a bare name that is no file plans
+the shipped grid from anywhere, `klsweep grids` lists them and `klsweep grids cp` copies one; the wheel
+carries them (planned from outside the repository with nothing but the unpacked wheel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from clitools import cli
+
+from klsweep import grid
+from klsweep.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_bare_name_plans_the_shipped_grid_anywhere(tmp_path, monkeypatch):
+    want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).runs]
+    monkeypatch.chdir(tmp_path)
+    assert [r.id for r in grid.load_plan("tiny", out=tmp_path).runs] == want
+    assert [r.id for r in grid.load_plan("tiny.yaml", out=tmp_path).runs] == want
+
+
+def test_a_file_of_that_name_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("tiny").write_text("name: mine\nbase: {model: tiny, task: tiny}\ngrid: {seed: range(2)}\n")
+    plan = grid.load_plan("tiny", out=tmp_path)
+    assert plan.name == "mine" and len(plan.runs) == 2
+
+
+def test_neither_a_file_nor_a_shipped_name_lists_the_shipped(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        grid.load_plan("tinny", out=tmp_path)
+    assert "no such file, nor a shipped grid" in str(e.value) and "tiny-full" in str(e.value)
+    with pytest.raises(UserError) as e:  # a path with a folder is a path: no shipped grid is looked for
+        grid.load_plan("sweeps/nothing.yaml", out=tmp_path)
+    assert "shipped" not in str(e.value)
+
+
+def test_grids_lists_and_copies(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(["grids"], monkeypatch, capsys)
+    assert code == 0
+    for name in ("tiny", "tiny-full", "paper", "presets", "starter", "baseline"):
+        assert f"\n{name} " in out
+    code, out, _ = cli(["grids", "cp", "starter", "mine.yaml"], monkeypatch, capsys)
+    assert (
+        code == 0 and (tmp_path / "mine.yaml").read_text() == (REPO / "sweeps" / "starter.yaml").read_text()
+    )
+    (tmp_path / "mine.yaml").write_text("edited")
+    code, _, err = cli(["grids", "cp", "starter", "mine.yaml"], monkeypatch, capsys)
+    assert code == 2 and "exists already" in err and (tmp_path / "mine.yaml").read_text() == "edited"
+    code, _, err = cli(["grids", "cp", "nope"], monkeypatch, capsys)
+    assert code == 2 and "is no shipped grid" in err
+    code, _, _ = cli(["grids", "cp", "tiny"], monkeypatch, capsys)  # into the current folder
+    assert code == 0 and (tmp_path / "tiny.yaml").is_file()
+
+
+def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_path):
+    src = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside its sources
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "sweeps", src / "sweeps")
+    shutil.copytree(
+        REPO / "klsweep", src / "klsweep", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, src],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("klsweep-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {Path(n).name for n in names if n.startswith("klsweep/sweeps/")}
+    assert shipped == {p.name for p in (REPO / "sweeps").glob("*.yaml")}
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import klsweep; print(klsweep.__file__)"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(site))
+    done = subprocess.run(
+        [sys.executable, "-m", "klsweep", "plan", "tiny", "--json", "--out", tmp_path / "results"],
+        cwd=elsewhere, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).table_order()]
+    assert [r["id"] for r in json.loads(done.stdout)["runs"]] == want

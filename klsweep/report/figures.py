@@ -424,21 +424,39 @@ def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, rows: list[Any]) -> None:
     top = float(np.max(np.abs(values))) or 1.0
     if values.min() > 0:
         ax.set_yscale("log")
-        ax.set_ylim(values.min() / 1.5, values.max() * 1.5)
+        y0, y1 = values.min() / 1.5, values.max() * 1.5
+        ax.set_ylim(y0, y1)
+        ax.yaxis.set_major_locator(FixedLocator(_log_ticks(y0, y1)))
     else:
         positive = np.abs(values[values != 0])
         thresh = max(float(np.quantile(positive, 0.1)) if len(positive) else top, top * 1e-4)
         ax.set_yscale("symlog", linthresh=thresh)
         y0, y1 = min(values.min() * 1.5, -thresh), values.max() * 1.5 if values.max() > 0 else thresh
         ax.set_ylim(y0, y1)
-        # 0 and a few decades past the linear part on each side: symlog's own ticks crowd around 0
-        up = [10.0**e for e in range(math.ceil(math.log10(thresh * 10)), math.floor(math.log10(y1)) + 1)]
-        down = [
-            -(10.0**e) for e in range(math.ceil(math.log10(thresh * 10)), math.floor(math.log10(-y0)) + 1)
-        ]
-        ax.yaxis.set_major_locator(FixedLocator([*down[-1:], 0.0, *up[-3:]]))
+        # 0 and a few 1-2-5 values past the linear part on each side: symlog's own ticks crowd around 0, and
+        # decades alone leave a panel spanning less than one without a label
+        up = _log_ticks(thresh, y1)
+        down = [-v for v in _log_ticks(thresh, -y0, most=1)] if y0 < -thresh else []
+        ax.yaxis.set_major_locator(FixedLocator([*down, 0.0, *up]))
     ax.yaxis.set_minor_locator(NullLocator())  # minor ticks on a log axis: many artists, slow draws
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # plain text: no mathtext here
+
+
+def _log_ticks(lo: float, hi: float, most: int = 4) -> list[float]:
+    """At most ``most`` tick values of the 1-2-5 series within [lo, hi] (0 < lo < hi), spread over the range:
+    decades where there are two or more, else 1-2-5 values."""
+    if not 0 < lo < hi:
+        return []
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    series = [(m, m * 10.0**e) for e in range(first, last + 1) for m in (1, 2, 5)]
+    inside = [(m, v) for m, v in series if lo <= v <= hi]
+    decades = [v for m, v in inside if m == 1]
+    ticks = decades if len(decades) >= 2 else [v for _, v in inside]
+    if not ticks:  # a range inside one 1-2-5 step: one value in its middle, rounded to a digit
+        middle = float(f"{math.sqrt(lo * hi):.1g}")
+        ticks = [middle] if lo <= middle <= hi else []
+    step = max(1, math.ceil(len(ticks) / most))
+    return ticks[::-1][::step][::-1]
 
 
 def draw_figures(

@@ -54,9 +54,10 @@ The frameworks' own forms (their presets: klsweep/conf/preset/, docs/KL.md, "Wha
   score term (not the later tokens').
 - ``straight_through``: the loss-placed term has the value of the estimator and the gradient of k2 (verl's
   ``+`` suffix, e.g. ``low_var_kl+``): ``k2 - stopgrad(k2) + stopgrad(k)``.
-- ``unbiased_gradient``: the loss-placed term is ``stopgrad(w k(delta_t)) log pi_theta(y_t | y_<t)`` per token
+- ``unbiased_gradient``: the loss-placed term is ``stopgrad(w delta_t) log pi_theta(y_t | y_<t)`` per token
   (OpenRLHF's ``--algo.kl.unbiased_gradient``, PR #1309: a detached, capped weight times k1 times
-  grad log pi), ``w`` the importance weight of ``importance`` capped at ``importance_cap``.
+  grad log pi, for every estimator, and not clamped where the estimate's value is), ``w`` the importance
+  weight of ``importance`` capped at ``importance_cap``.
 - ``log_ratio_clamp`` > 0 clamps the log-ratio to +-that before the estimator, ``value_clamp`` > 0 clamps the
   estimator's value (verl: 20 and 10 on k3; NeMo-RL: 20 and 10 on every estimator; OpenRLHF: the value at
   10), wherever the configured penalty is computed (reward and loss). A clamped element has no gradient;
@@ -315,8 +316,8 @@ def token_terms(
         terms = terms + (reward if weights is None else reward * weights.detach())
     if c.placement in ("loss", "both"):
         if c.unbiased_gradient:
-            if c.level == "token":
-                value = _clamped_value(delta, c.estimator, c.log_ratio_clamp, c.value_clamp)
+            if c.level == "token":  # k1's coefficient whatever the estimator, never clamped (OpenRLHF)
+                value = delta
             else:
                 value = kl_hat.unsqueeze(-1) / mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
             loss = (value if weights is None else value * weights).detach() * lp

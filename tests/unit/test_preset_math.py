@@ -113,14 +113,24 @@ def test_trl_6586_sequence_weight_adds_a_spurious_term():
 
 
 def test_unbiased_gradient_is_the_detached_weight_times_k1_times_the_score():
-    """OpenRLHF's unbiased_gradient: per token stopgrad(min(w, cap) k1) grad log pi, off-policy too."""
+    """OpenRLHF's unbiased_gradient: per token stopgrad(min(w, cap) k1) grad log pi, off-policy too, with k1's
+    coefficient whatever the estimator (its PR's tests: k1, k2 and k3 share one corrected gradient) and never
+    clamped where the value is."""
     p = policy(shift=0.5)
     config = presets.kl_config("openrlhf-unbiased")
     logp, ref, behavior = (p.token_logp(x) for x in (p.theta, p.ref, p.behavior))
     w = torch.exp(logp - behavior).clamp(max=config.importance_cap)
-    k1 = (logp - ref).clamp(-config.value_clamp, config.value_clamp)
-    closed = torch.einsum("nl,nlp->np", w * k1, p.token_logp_jacobian())
+    closed = torch.einsum("nl,nlp->np", w * (logp - ref), p.token_logp_jacobian())
     torch.testing.assert_close(per_sample_gradients(p, config), closed)
+    for estimator in ("k2", "k3"):
+        other = dataclasses.replace(config, estimator=estimator)
+        torch.testing.assert_close(per_sample_gradients(p, other), closed)
+    delta = torch.tensor([[-30.0, 0.5]], dtype=torch.float64, requires_grad=True)  # k1 past the value clamp
+    mask = torch.tensor([[True, True]])
+    klmath.token_terms(
+        delta, torch.zeros_like(delta), mask, dataclasses.replace(config, importance="none")
+    ).sum().backward()
+    assert delta.grad.tolist() == [[-30.0, 0.5]]
 
 
 def test_clamps_bound_the_value_zero_the_gradient_and_are_counted():

@@ -69,8 +69,8 @@ def test_trl_preset_trains_what_trl_trains(model_dir, dataset, tmp_path, preset,
 
 def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  # noqa: F811
     """A grid of every preset on-policy, of the importance-weighted ones at a lag of one step, and verl's abs
-    estimator: each run trains to the end with finite KL metrics; clamping presets log ``kl/clamped`` in [0, 1], the PipelineRL
-    preset its decaying ``kl/beta``."""
+    estimator: each run trains to the end with finite KL metrics; clamping presets log ``kl/clamped`` in [0, 1], PipelineRL with
+    its final_kl_coef set its decaying ``kl/beta``."""
     from klsweep import job, store, tasks
     from klsweep.config import write_run
     from klsweep.grid import load_plan
@@ -86,9 +86,11 @@ def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  
     lines += ["grid:", f"  - {{preset: [{', '.join(names)}], offpolicy.lag: 0}}"]
     lines += [f"  - {{preset: [{', '.join(weighted)}], offpolicy.lag: 1}}"]
     lines += ["  - {preset: verl, kl.estimator: abs, offpolicy.lag: 0}"]  # verl's abs
+    lines += ["  - {preset: pipelinerl, kl.beta_final: 0.0001, offpolicy.lag: 0}"]  # its final_kl_coef
     grid.write_text("\n".join(lines) + "\n")
     plan = load_plan(grid, out=tmp_path / "results")
-    assert len(plan.runs) == len(names) + len(weighted) + 1
+    assert len(plan.runs) == len(names) + len(weighted) + 2
+    decayed = 0
     for run in plan.runs:
         write_run(run.run_dir, run.config)
         status = job.train_run(run.run_dir)
@@ -102,9 +104,11 @@ def test_every_preset_trains_in_a_tiny_grid(tmp_path, model_dir, monkeypatch):  
                 assert 0 <= row["kl/clamped"] <= 1
             else:
                 assert "kl/clamped" not in row
-        if config.beta_final is not None:
+        if run.config["kl"]["beta_final"] is not None:
             betas = [r["kl/beta"] for r in rows]
             assert betas[0] == pytest.approx(config.beta) and betas[-1] < betas[0]
+            decayed += 1
+    assert decayed == 1
 
 
 def test_report_audit_table_names_presets_and_audits_their_forms():

@@ -152,7 +152,9 @@ def test_clamps_bound_the_value_zero_the_gradient_and_are_counted():
 
 
 def test_beta_schedule_is_linear_from_beta_to_beta_final():
-    config = presets.kl_config("pipelinerl")
+    """PipelineRL's linear_decay_coef from kl_coef to final_kl_coef; its default is no decay (final = kl_coef)."""
+    assert presets.kl_config("pipelinerl").beta_final is None
+    config = dataclasses.replace(presets.kl_config("pipelinerl"), beta_final=0.0001)
     assert klmath.beta_at(config, 0, 11) == config.beta
     assert klmath.beta_at(config, 10, 11) == pytest.approx(config.beta_final)
     assert klmath.beta_at(config, 5, 11) == pytest.approx((config.beta + config.beta_final) / 2)

@@ -61,8 +61,8 @@ def resolve(requested: Iterable[str]) -> tuple[str, ...]:
 
 
 def name_of(kl: Mapping[str, Any]) -> str | None:
-    """The preset whose KL configuration a run's ``kl`` section (plain data, every key) is, or None: the first,
-    in ``names()`` order, whose ``KLConfig`` equals the run's."""
+    """The preset whose KL configuration a run's ``kl`` section (plain data, every key) is, or None; where several
+    frameworks train the same (SkyRL's and verl's k3), their names in ``names()`` order joined by "/" (skyrl/verl)."""
     import dataclasses
 
     from klsweep.config import KLSection
@@ -72,4 +72,4 @@ def name_of(kl: Mapping[str, Any]) -> str | None:
         config = KLConfig(**{**dataclasses.asdict(KLSection()), **dict(kl)})
     except (UserError, TypeError):
         return None
-    return next((name for name in names() if kl_config(name) == config), None)
+    return "/".join(name for name in names() if kl_config(name) == config) or None

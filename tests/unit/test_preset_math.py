@@ -209,7 +209,9 @@ def test_invalid_new_keys_are_all_reported():
 def test_name_of_finds_a_runs_preset():
     settings = presets.kl_settings("verl-k3plus")
     assert presets.name_of(settings) == "verl-k3plus"
-    assert presets.name_of({**settings, "straight_through": False}) == "verl"
+    assert (
+        presets.name_of({**settings, "straight_through": False}) == "skyrl/verl"
+    )  # the same k3, clamps, beta
     assert presets.name_of({"estimator": "k2", "placement": "both", "beta": 0.3}) is None
 
 

@@ -190,7 +190,7 @@ def test_evaluate_a_sweep_in_process(
     diverged = make_run(sweep, "diverged-run", random_model, state="diverged")
     make_run(sweep, "running-run", random_model, state="running")
     base = ev.load_suite("tiny")
-    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=4))
     out = submit_eval(sweep, suite="tiny", cluster="debug")
     h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
     assert sorted(out.results) == sorted(
@@ -240,7 +240,7 @@ def test_cli_eval_one_run(tmp_path: Path, random_model: Path, monkeypatch: pytes
 
     run = make_run(tmp_path / "sweep", "run-a", random_model)
     base = ev.load_suite("tiny")
-    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=4))
     result = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "debug"])
     assert result.exit_code == 0, result.output
     assert "results.json" in result.output
@@ -325,7 +325,7 @@ def test_evaluate_a_sweep_as_a_local_job(
     sweep = tmp_path / "sweep"
     run = make_run(sweep, "done-run", random_model)
     base = ev.load_suite("tiny")
-    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=4))
     out = submit_eval(sweep, suite="tiny", cluster="local", wait=True)
     h = ev.eval_hash(ev.eval_settings(replace(base, limit=4)))
     assert len(out.jobs) == 1 and out.errors == {}
@@ -345,7 +345,7 @@ def test_local_eval_split_over_jobs_gives_the_results_of_one_process(
     from klsweep.tinymodel import tiny_model_path
 
     base = ev.load_suite("tiny")
-    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=6))
+    monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=6))
     sweeps = {}
     for how in ("split", "one"):
         sweeps[how] = tmp_path / how / "sweep"

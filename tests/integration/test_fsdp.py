@@ -164,7 +164,7 @@ def test_fsdp2_on_two_cpu_processes(tmp_path, monkeypatch):
     # the final checkpoint is what `klsweep eval` loads
     monkeypatch.chdir(tmp_path)
     base = ev.load_suite("tiny")
-    monkeypatch.setattr(ev, "load_suite", lambda name: replace(base, limit=4))
+    monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=4))
     out = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "debug"])
     assert out.exit_code == 0, out.output
     (scored,) = run.glob("eval/*/checkpoint-2/results.json")

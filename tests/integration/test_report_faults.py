@@ -122,5 +122,5 @@ def test_every_problem_of_a_claims_file_in_one_error(tmp_path, monkeypatch, caps
     assert (
         "claim 'metric': metric: 'accuracyy' is not a column of runs.csv" in text
     )  # and, at once, the runs'
-    assert "(k9).a.kl.estimator: 'k9' is not valid (allowed: k1, k2, k3)" in text
+    assert "(k9).a.kl.estimator: 'k9' is not valid (allowed: k1, k2, k3, abs)" in text
     assert not (tmp_path / "r" / "report.md").exists()

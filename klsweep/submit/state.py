@@ -341,7 +341,10 @@ def progress(runs: list[RunStatus]) -> tuple[dict[str, int], float | None]:
     if not going:
         return counts, None
     rate = sum(r.step / r.elapsed_s for r in going)
-    left = sum(max(0, (r.total_steps or r.step) - r.step) for r in runs if r.state in ("running", "pending"))
+    # a pending run has not said its steps yet (its status is the submission's): as many as the runs that did
+    known = [r.total_steps for r in runs if r.total_steps]
+    typical = sum(known) / len(known) if known else 0.0
+    left = sum(max(0, (r.total_steps or typical) - r.step) for r in runs if r.state in ("running", "pending"))
     return counts, left / rate
 
 

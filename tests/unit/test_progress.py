@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from clitools import render
 
@@ -29,6 +31,10 @@ def test_progress_counts_running_first_and_estimates_the_time_left():
     assert progress([r for r in RUNS if r.state != "running"])[1] is None  # nothing running: no estimate
     assert progress_line(RUNS) == "2 running, 1 pending, 1 done; about 77 s left"
     assert progress_line(RUNS, eta=False) == "2 running, 1 pending, 1 done"
+    # a pending run's status.json is the submission's, without total_steps: as many as the others' (the study
+    # said "about 7 s left" with 35 runs of 300 steps pending)
+    unsaid = [dataclasses.replace(r, total_steps=None) if r.state == "pending" else r for r in RUNS]
+    assert progress(unsaid)[1] == pytest.approx(left)
 
 
 def test_watch_lists_the_running_runs_first_under_the_counts():

@@ -8,6 +8,7 @@ run's KL settings are (the report labels its audit rows with it)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,14 +28,23 @@ def names() -> tuple[str, ...]:
 
 def kl_settings(name: str) -> dict[str, Any]:
     """The ``kl.*`` keys a preset sets (``kl.`` left off), as its YAML has them."""
+    return dict(_settings(name))
+
+
+@functools.cache
+def _settings(name: str) -> tuple[tuple[str, Any], ...]:
+    """``kl_settings``, read once per process (the report labels every configuration with ``name_of``, which
+    compares it with every preset: reading the YAMLs each time was most of a warm report's time)."""
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True)
-    return dict((data or {}).get("kl") or {})
+    return tuple(((data or {}).get("kl") or {}).items())
 
 
+@functools.cache
 def kl_config(name: str) -> KLConfig:
-    """The preset's KL configuration: its ``kl.*`` over the defaults of ``RunConfig``'s ``kl`` section."""
+    """The preset's KL configuration: its ``kl.*`` over the defaults of ``RunConfig``'s ``kl`` section (a
+    frozen dataclass, read once per process)."""
     import dataclasses
 
     from klsweep.config import KLSection

@@ -622,7 +622,7 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import print_failures, status_table, table_width
+    from klsweep.console import print_failures, progress_line, status_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -644,10 +644,12 @@ def run_command(
 
         with Progress(console=console) as bar:
             task = bar.add_task("runs final", total=len(plan.runs))
-            runs = submit.wait_until_final(
+            runs = submit.wait_until_final(  # the counts per state and the time left, as status --watch
                 res.sweep_dir,
                 on_update=lambda rs: bar.update(
-                    task, completed=sum(r.state in store.FINAL_STATES for r in rs)
+                    task,
+                    completed=sum(r.state in store.FINAL_STATES for r in rs),
+                    description=progress_line(rs),
                 ),
             )
         console.print(status_table(runs, title=plan.name, width=table_width(console)))

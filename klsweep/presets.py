@@ -45,12 +45,18 @@ def _settings(name: str) -> tuple[tuple[str, Any], ...]:
 def kl_config(name: str) -> KLConfig:
     """The preset's KL configuration: its ``kl.*`` over the defaults of ``RunConfig``'s ``kl`` section (a
     frozen dataclass, read once per process)."""
+    return config_of(kl_settings(name))
+
+
+def config_of(settings: Mapping[str, Any]) -> KLConfig:
+    """``kl.*`` settings (``kl.`` left off) over the defaults of ``RunConfig``'s ``kl`` section, as a
+    ``klsweep.kl.KLConfig``; ``UserError`` or ``TypeError`` when they are not a valid one."""
     import dataclasses
 
     from klsweep.config import KLSection
     from klsweep.kl import KLConfig
 
-    return KLConfig(**{**dataclasses.asdict(KLSection()), **kl_settings(name)})
+    return KLConfig(**{**dataclasses.asdict(KLSection()), **dict(settings)})
 
 
 def resolve(requested: Iterable[str]) -> tuple[str, ...]:
@@ -73,13 +79,13 @@ def resolve(requested: Iterable[str]) -> tuple[str, ...]:
 def name_of(kl: Mapping[str, Any]) -> str | None:
     """The preset whose KL configuration a run's ``kl`` section (plain data, every key) is, or None; where several
     frameworks train the same (SkyRL's and verl's k3), their names in ``names()`` order joined by "/" (skyrl/verl)."""
-    import dataclasses
-
-    from klsweep.config import KLSection
-    from klsweep.kl import KLConfig
-
     try:
-        config = KLConfig(**{**dataclasses.asdict(KLSection()), **dict(kl)})
+        config = config_of(kl)
     except (UserError, TypeError):
         return None
+    return name_of_config(config)
+
+
+def name_of_config(config: KLConfig) -> str | None:
+    """``name_of`` for a ``KLConfig`` already built."""
     return "/".join(name for name in names() if kl_config(name) == config) or None

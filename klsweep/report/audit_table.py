@@ -54,8 +54,9 @@ def audit_table(runs: pd.DataFrame) -> pd.DataFrame:
     the verdict is exact. Off-policy rows add the bare estimator's off-policy verdict."""
     import pandas as pd
 
-    keys = _keys(runs)
-    configs = dict(zip(keys, _kl_configs(runs), strict=True))
+    run_configs = _kl_configs(runs)
+    keys = _keys(runs, run_configs)
+    configs = dict(zip(keys, run_configs, strict=True))
     with_preset = any(k[-2] != DASH for k in keys)  # the columns of the frameworks' presets and forms, only
     with_forms = any(k[-1] != DASH for k in keys)  # where a run has them: the table of other sweeps as it was
     counts: dict[tuple[Any, ...], list[int]] = {}
@@ -131,18 +132,18 @@ def _kl_configs(runs: pd.DataFrame) -> list[Any]:
     not a valid one."""
     import dataclasses
 
+    from klsweep import presets
     from klsweep.config import KLSection
     from klsweep.errors import UserError
-    from klsweep.kl import KLConfig
 
-    defaults = dataclasses.asdict(KLSection())
-    columns = [c for c in runs.columns if c.startswith("kl.") and c[3:] in defaults]
+    fields = {f.name for f in dataclasses.fields(KLSection)}
+    columns = [c for c in runs.columns if c.startswith("kl.") and c[3:] in fields]
     out = []
     for values in runs[columns].astype(object).itertuples(index=False):
         given = {c[3:]: _plain(v) for c, v in zip(columns, values, strict=True)}
         given = {n: v for n, v in given.items() if v is not None or n == "beta_final"}
         try:
-            out.append(KLConfig(**{**defaults, **given}))
+            out.append(presets.config_of(given))
         except (UserError, TypeError):
             out.append(None)
     return out
@@ -162,11 +163,10 @@ def _form(config: Any) -> str:
     return ", ".join(used) or DASH
 
 
-def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
+def _keys(runs: pd.DataFrame, configs: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """Per run: the audit row it belongs to (its ``SETTINGS`` values, then "on-policy" and two dashes, or its
-    ``SAMPLING`` values; then its preset's name and its frameworks' KL forms, or dashes)."""
-    import dataclasses
-
+    ``SAMPLING`` values; then its preset's name and its frameworks' KL forms, or dashes). ``configs``: the
+    runs' ``_kl_configs`` where the caller has them."""
     from klsweep import presets
 
     off = (runs["offpolicy.lag"].fillna(0).astype(float) > 0) | (
@@ -175,8 +175,8 @@ def _keys(runs: pd.DataFrame) -> list[tuple[Any, ...]]:
     no_kl = runs["kl.beta"].fillna(0).astype(float) == 0
     settings = runs[list(SETTINGS)].astype(object).to_numpy()
     sampling = runs[list(SAMPLING)].astype(object).to_numpy()
-    configs = _kl_configs(runs)
-    names = {c: presets.name_of(dataclasses.asdict(c)) for c in set(configs) if c is not None}
+    configs = _kl_configs(runs) if configs is None else configs
+    names = {c: presets.name_of_config(c) for c in set(configs) if c is not None}
     return [
         ((NO_KL,) * 3 + (DASH,) * 5 + (NO_KL, DASH, DASH, DASH, DASH))
         if nk

@@ -16,7 +16,6 @@ from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import (
-    CONFIG_CACHE,
     ID_AVG,
     OOD_AVG,
     attach_deltas,
@@ -31,7 +30,7 @@ from klsweep.report.problems import OUTCOME_CACHE, load_outcomes
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
 from klsweep.report.render import FORMATS, VECTOR_FORMATS, WRITERS
-from klsweep.report.stability import WINDOW, attach_stability, rule_text, run_rule
+from klsweep.report.stability import COLLAPSE_CACHE, WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
 if TYPE_CHECKING:
@@ -79,9 +78,10 @@ def build_report(
     )
 
     set_aside: list[str] = []
-    # bad claims: nothing written (not even the configs' cache) before they are reported with the runs' checks
-    cache = out / CONFIG_CACHE if not claim_problems else None
-    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=cache)
+    # bad claims: nothing written (not even the caches of what was read) before they are reported with the runs'
+    # checks
+    caches = None if claim_problems else out
+    runs, configs, axes, metrics = load_runs(dirs, set_aside, cache=caches)
     if not len(runs):
         raise UserError(
             [Problem(str(sweep), "no run can be read"), *(Problem("set aside", s) for s in set_aside)],
@@ -97,12 +97,13 @@ def build_report(
         chosen,
         {ID_AVG: in_domain, OOD_AVG: ood},
         missing,
-        cache=out / OUTCOME_CACHE if not claim_problems else None,
+        cache=caches and caches / OUTCOME_CACHE,
     )
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
     run_configs = dict(zip(runs["run"], configs, strict=True))
-    attach_stability(runs, metrics, window, rules)
+    folders = {d.name: d for d in dirs}
+    attach_stability(runs, metrics, window, rules, folders, caches and caches / COLLAPSE_CACHE)
     engine_flags = attach_engine_agreement(runs, metrics)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)

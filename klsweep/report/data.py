@@ -10,18 +10,19 @@ Details: docs/REPORT.md.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.config import KL_ONLY_KEYS, is_cosmetic, load_run, without_kl_when_off
 from klsweep.errors import Problem, UserError
+from klsweep.report.engine import COLUMNS as ENGINE_COLUMNS
 from klsweep.report.evalchoice import EvalChoice, Present, choose_eval, grid_evals
+from klsweep.report.filecache import FileCache, Value, stat_key
+from klsweep.report.stability import SMOOTHED
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,25 +105,49 @@ def _one_to_one(configs: list[dict[str, Any]], a: str, b: str) -> bool:
 def load_runs(
     dirs: list[Path], set_aside: list[str], cache: Path | None = None
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[str], pd.DataFrame]:
-    """One row per readable run (config, status) and all metrics rows (with a ``run`` column); the runs left
-    out, and the metrics lines skipped, are added to ``set_aside``. ``cache``: a file keeping the runs' read
-    configs (``ConfigCache``); the configs it does not hold are read in a forked child while this process reads
-    the runs' other files."""
+    """One row per readable run (config, status) and its metrics rows (``METRICS``, with a ``run`` column); the
+    runs left out, and the metrics lines skipped, are added to ``set_aside``. ``cache``: the report's folder,
+    where the runs' read configs and metrics are kept (``CONFIG_CACHE``, ``METRICS_CACHE``: ``FileCache``); the
+    configs they do not hold are read mostly in a forked child while this process reads the runs' other
+    files."""
+    import numpy as np
     import pandas as pd
 
-    rows, configs, metric_rows = [], [], []
-    with ConfigCache(cache) as cached:
-        pending = cached.load(dirs)
-        files = [_run_files(d) for d in dirs]
+    rows, configs, values, names = [], [], [], []
+    code = _code_hash()
+    with (
+        FileCache(cache and cache / CONFIG_CACHE, code) as config_cache,
+        FileCache(cache and cache / METRICS_CACHE, code) as metrics_cache,
+    ):
+        pending = config_cache.read(
+            dirs,
+            [stat_key(d / store.CONFIG_FILE) for d in dirs],
+            _config_values,
+            valid=_is_config,
+            child_share=CONFIG_SHARE,
+        )
+        statuses = [_read_status(d) for d in dirs]
+        metrics_of = metrics_cache.read(
+            dirs,
+            [stat_key(d / store.METRICS_FILE) for d in dirs],
+            _metrics_values,
+            valid=_is_metrics,
+            child_share=0,
+        )()
         loaded = pending()
-    for d, (config, unreadable), (status, env, metrics, aside) in zip(dirs, loaded, files, strict=True):
+        if all(value[0][1] is not None for value in loaded):  # no run can be read: nothing to keep
+            config_cache.discard()
+            metrics_cache.discard()
+    for d, ((config, unreadable), _), (status, env), (notes, arrays) in zip(
+        dirs, loaded, statuses, metrics_of, strict=True
+    ):
         if unreadable is not None:
             set_aside.append(f"run {d.name} left out: {unreadable}")
             continue
         if isinstance(status, str):
             set_aside.append(f"run {d.name} left out: {status}")
             continue
-        set_aside += aside
+        set_aside += notes
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(
@@ -137,9 +162,8 @@ def load_runs(
                 "env": env,
             }
         )
-        for m in metrics:
-            m["run"] = d.name
-            metric_rows.append(m)
+        values.append(arrays["values"])
+        names.append(d.name)
     axes = _varying_axes(configs)
     runs = pd.DataFrame(
         rows, columns=["run", "seed", "state", "step", "total_steps", "diverged_step", "reason", "env"]
@@ -149,21 +173,20 @@ def load_runs(
     for k in (*AXIS_ORDER, *AUDIT_KEYS):
         if k not in runs:
             runs[k] = pd.Series([c.get(k) for c in configs], dtype=object)
-    metrics = pd.DataFrame(metric_rows) if metric_rows else pd.DataFrame(columns=["run", "step"])
+    metrics = pd.DataFrame(np.concatenate(values) if values else np.zeros((0, len(METRICS))), columns=METRICS)
+    metrics.insert(0, "run", np.repeat(np.array(names, dtype=object), [len(v) for v in values]))
+    if np.isfinite(metrics["step"]).all():
+        metrics["step"] = metrics["step"].astype(np.int64)
     return runs, configs, axes, metrics
 
 
-def _run_files(
-    run_dir: Path,
-) -> tuple[dict[str, Any] | str, str | None, list[dict[str, Any]], list[str]]:
-    """A run's files but its config: its status (or why it cannot be read), its environment, its metrics rows
-    and what was set aside reading them."""
+def _read_status(run_dir: Path) -> tuple[dict[str, Any] | str, str | None]:
+    """A run's status (or why it cannot be read) and its environment."""
     try:
         status: dict[str, Any] | str = store.read_status(run_dir)
     except store.UnreadableFile as e:
-        return e.message, None, [], []
-    aside: list[str] = []
-    return status, _read_env(run_dir), _read_metrics(run_dir, aside), aside
+        return e.message, None
+    return status, _read_env(run_dir)
 
 
 def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
@@ -174,100 +197,51 @@ def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
         return {}, e.message
 
 
-def _load_configs(dirs: list[Path]) -> list[tuple[dict[str, Any], str | None]]:
-    return [_load_config(d) for d in dirs]
+CONFIG_CACHE = ".configs.npz"  # in the report's folder: each run's flattened config (``_load_config``)
+METRICS_CACHE = ".metrics.npz"  # in the report's folder: each run's ``METRICS`` (``_read_metrics``)
+CONFIG_SHARE = 0.75  # of the configs not cached, read in a forked child (one costs twice a run's other files)
+# What the report reads of metrics.jsonl (the rest of its keys are for W&B and the user): the step, the curves,
+# the collapse rule's reward spread and the engine's agreement with the trainer.
+METRICS = ("step", *SMOOTHED, "reward_std", *ENGINE_COLUMNS.values())
 
 
-CONFIG_CACHE = ".configs.json"  # in the report's folder
-BACKGROUND_AT = 64  # configs to read before it pays to read them in a forked child (about 1 ms each)
+def _config_value(run_dir: Path) -> Value:
+    return list(_load_config(run_dir)), {}
 
 
-class ConfigCache:
-    """The flattened configs of a report's runs (``_load_config``), kept in one JSON file beside the report
-    (``.configs.json``) and keyed by each config.yaml's size, inode and change times and by the code that reads
-    it: parsing and validating a config costs some 1 ms, most of a report of unchanged runs. A file that
-    changed, or a cache that is missing, damaged or from other code, is read afresh; the cache is rewritten
-    (atomically) when anything was; a results folder one cannot write to just goes without."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path, self.entries, self.seen = path, {}, {}
-        self.code = _code_hash()
-
-    def __enter__(self) -> ConfigCache:
-        if self.path is not None:
-            try:
-                data = json.loads(store.read_bytes(self.path))
-                if (
-                    isinstance(data, dict)
-                    and data.get("code") == self.code
-                    and isinstance(data["runs"], dict)
-                ):
-                    self.entries = data["runs"]  # its entries each checked when used (``_entry_of``)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, store.UnreadableFile):
-                pass
-        return self
-
-    def load(self, dirs: list[Path]) -> Callable[[], list[tuple[dict[str, Any], str | None]]]:
-        """Start reading the configs of ``dirs``; returns the call that gives each one's (flattened config, why
-        it cannot be read: None when it can), in order. Those the cache holds come from it; of the others, when
-        there are ``BACKGROUND_AT`` or more, three quarters are read in a forked child (``in_background``)
-        while the caller reads the runs' other files, the rest by the call."""
-        from klsweep.report.background import in_background
-
-        names = [str(d.resolve()) for d in dirs]
-        keys = [self._key(d) for d in dirs]
-        afresh = [
-            i
-            for i, (name, key) in enumerate(zip(names, keys, strict=True))
-            if not (key is not None and _entry_of(self.entries.get(name), key))
-        ]
-        todo = [dirs[i] for i in afresh]
-        # the child's share: a config costs about twice a run's other files, which the caller reads meanwhile
-        split = len(todo) * 3 // 4 if len(todo) >= BACKGROUND_AT else 0
-        read = in_background(_load_configs, todo[:split], fork=split > 0)
-
-        def wait() -> list[tuple[dict[str, Any], str | None]]:
-            entries = [self.entries.get(name) for name in names]
-            mine = _load_configs(todo[split:])
-            for i, config in zip(afresh, [*read(), *mine], strict=True):
-                entries[i] = [keys[i], *config]
-            for name, key, entry in zip(names, keys, entries, strict=True):
-                if key is not None:  # a file that cannot be stat'ed is not kept (load_run says why)
-                    self.seen[name] = entry
-            return [(entry[1], entry[2]) for entry in entries]
-
-        return wait
-
-    @staticmethod
-    def _key(run_dir: Path) -> list[int] | None:
-        return stat_key(run_dir / store.CONFIG_FILE)
-
-    def __exit__(self, *exc: object) -> None:
-        readable = any(entry[2] is None for entry in self.seen.values())
-        if self.path is None or exc[0] is not None or not readable or self.seen == self.entries:
-            return
-        with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
-            store.atomic_write_text(self.path, json.dumps({"code": self.code, "runs": self.seen}))
+def _config_values(dirs: list[Path]) -> list[Value]:
+    return [_config_value(d) for d in dirs]
 
 
-def stat_key(path: Path) -> list[int] | None:
-    """What tells a cache that a file changed: its size, inode and change times (None: it cannot be stat'ed)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def _entry_of(entry: Any, key: list[int]) -> bool:
-    """Whether a cache entry is one of a config.yaml with this stat key: [key, config, why unreadable] (a config
-    a mapping, why None or a str: an entry of other types is read afresh)."""
+def _is_config(value: Value) -> bool:
+    """Whether a cached config is one: [flattened config, why it cannot be read] (a mapping, None or a str)."""
+    meta = value[0]
     return (
-        isinstance(entry, list)
-        and len(entry) == 3
-        and entry[0] == key
-        and isinstance(entry[1], dict)
-        and isinstance(entry[2], str | None)
+        isinstance(meta, list)
+        and len(meta) == 2
+        and isinstance(meta[0], dict)
+        and isinstance(meta[1], str | None)
+    )
+
+
+def _metrics_value(run_dir: Path) -> Value:
+    notes: list[str] = []
+    return notes, {"values": _read_metrics(run_dir, notes)}
+
+
+def _metrics_values(dirs: list[Path]) -> list[Value]:
+    return [_metrics_value(d) for d in dirs]
+
+
+def _is_metrics(value: Value) -> bool:
+    """Whether cached metrics are: notes (strs) and a steps x ``METRICS`` array."""
+    notes, arrays = value
+    values = arrays.get("values")
+    return (
+        isinstance(notes, list)
+        and all(isinstance(n, str) for n in notes)
+        and getattr(values, "ndim", 0) == 2
+        and values.shape[1] == len(METRICS)
     )
 
 
@@ -283,19 +257,22 @@ def _code_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
-    """``store.read_metrics``, parsed as one JSON array (several times faster); the store's line-by-line reader
-    (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails."""
+def _read_metrics(run_dir: Path, set_aside: list[str]) -> Any:
+    """A run's ``METRICS`` per step (a steps x ``METRICS`` float array; NaN where a row has no such number) from
+    ``store.read_metrics``'s file, parsed as one JSON array (several times faster); the store's line-by-line
+    reader (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails."""
+    import numpy as np
+
     p = run_dir / store.METRICS_FILE
     if not p.exists():
-        return []
+        return np.zeros((0, len(METRICS)))
     try:
         data = store.read_bytes(p).strip()
     except store.UnreadableFile as e:
         set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
-        return []
+        return np.zeros((0, len(METRICS)))
     try:
-        return parse_jsonl(data)
+        rows = parse_jsonl(data)
     except (ValueError, UnicodeDecodeError):
         rows, bad = store.scan_jsonl(p)
         if bad:
@@ -303,7 +280,29 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> list[dict[str, Any]]:
             set_aside.append(
                 f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
             )
-        return rows
+    return _numbers(rows, p, set_aside)
+
+
+def _numbers(rows: list[Any], path: Path, set_aside: list[str]) -> Any:
+    """``METRICS`` of metrics rows as a float array (steps x keys): NaN where a row lacks a key; a value that is not
+    a number is NaN too, and a row that is not an object is left out, each noted in ``set_aside``."""
+    import numpy as np
+
+    objects = [r for r in rows if isinstance(r, dict)]
+    if len(objects) < len(rows):
+        set_aside.append(f"{path}: {len(rows) - len(objects)} line(s) not a JSON object skipped")
+    out = np.full((len(objects), len(METRICS)), np.nan)
+    for j, key in enumerate(METRICS):
+        column = [r.get(key) for r in objects]
+        try:
+            out[:, j] = np.array(column, dtype=float)
+        except (TypeError, ValueError):
+            numbers = [v if isinstance(v, int | float) else None for v in column]
+            out[:, j] = np.array(numbers, dtype=float)
+            set_aside.append(
+                f"{path}: {key!r} not a number in {numbers.count(None) - column.count(None)} row(s)"
+            )
+    return out
 
 
 def parse_jsonl(data: bytes) -> list[Any]:

@@ -6,15 +6,12 @@ problems, shared by every run (each answers the same items), what the problem-le
 (``statistics.problem_bootstrap``, ``statistics.paired_problems``). A run without them (evaluated before the
 samples were written, a file missing or damaged, other problems than the others') has a NaN row: its
 configuration falls back to the per-run statistics, and the report says so. Kept in a cache beside the report
-(``OutcomeCache``). Details: docs/REPORT.md, "Problem-level statistics".
+(``OUTCOME_CACHE``: ``filecache.FileCache``). Details: docs/REPORT.md, "Problem-level statistics".
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.report.data import BACKGROUND_AT, parse_jsonl, stat_key
+from klsweep.report.data import parse_jsonl
+from klsweep.report.filecache import FileCache, Value, stat_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
 OUTCOME_CACHE = ".outcomes.npz"  # in the report's folder
 SAMPLES = "samples_{task}.jsonl"
 RESULTS = "results.json"
-VERSION = 1  # of the cache's layout and of what an entry means (bump when ``_read_run`` changes)
+VERSION = "outcomes 2"  # of what a cached entry means (change it when ``_read_run`` changes)
 
 
 @dataclass
@@ -76,7 +74,7 @@ def load_outcomes(
 ) -> Outcomes:
     """Per average (its column name -> its tasks), the ``ProblemMatrix`` of the runs scored (``eval_checkpoint``
     set by ``data.attach_evals``); averages without a task are left out. Runs whose outcomes cannot be used are
-    named in ``notes`` (one line per reason). ``cache``: ``OutcomeCache``'s file."""
+    named in ``notes`` (one line per reason). ``cache``: the file that keeps them (``OUTCOME_CACHE``), or None."""
     import numpy as np
 
     tasks = list(dict.fromkeys(t for ts in averages.values() for t in ts))
@@ -85,8 +83,17 @@ def load_outcomes(
         for run, ckpt in zip(runs["run"], runs["eval_checkpoint"], strict=True)
         if isinstance(ckpt, str)
     ]
-    with OutcomeCache(cache) as cached:
-        read = dict(zip([run for run, _ in scored], cached.read([f for _, f in scored], tasks), strict=True))
+    folders = [f for _, f in scored]
+    keys = [
+        [stat_key(f / RESULTS), *(stat_key(f / SAMPLES.format(task=t)) for t in tasks), tasks]
+        for f in folders
+    ]
+    with FileCache(cache, VERSION) as cached:  # a results.json that cannot be stat'ed: not kept
+        reader = functools.partial(_read_values, tasks)
+        values = cached.read(
+            folders, [k if k[0] is not None else None for k in keys], reader, valid=_is_outcome
+        )()
+    read = {run: _outcome(value) for (run, _), value in zip(scored, values, strict=True)}
     why: dict[str, list[str]] = {}
     for run, got in read.items():
         if isinstance(got, str):
@@ -168,98 +175,35 @@ def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | st
     return out
 
 
-def _read_runs(folders: list[Path], tasks: list[str]) -> list[dict[str, tuple[Any, Any]] | str]:
-    return [_read_run(folder, tasks) for folder in folders]
+def _read_values(tasks: list[str], folders: list[Path]) -> list[Value]:
+    """``_read_run`` of each folder as the cache keeps it: (why not, or None; per task its docs and scores)."""
+    values: list[Value] = []
+    for folder in folders:
+        got = _read_run(folder, tasks)
+        if isinstance(got, str):
+            values.append((got, {}))
+        else:
+            docs = {f"{t}/docs": d for t, (d, _) in got.items()}
+            values.append((None, docs | {f"{t}/scores": s for t, (_, s) in got.items()}))
+    return values
 
 
-class OutcomeCache:
-    """The runs' per-problem outcomes (``_read_run``; ``read``), kept in one ``.npz`` beside the report: an index (JSON:
-    per eval folder, the stat keys of its results.json and samples files, and where its tasks' arrays lie)
-    and two flat arrays (doc ids, scores). Reading a run's samples (each line lm-eval's whole record: the
-    problem, the prompt, the answer) costs far more than its scores; a file that changed, or a cache that is
-    missing, damaged or of another layout, is read afresh; the cache is rewritten (atomically) when anything
-    was read; a results folder one cannot write to goes without."""
+def _is_outcome(value: Value) -> bool:
+    """Whether a cached value is one of ``_read_values``: a reason, or each task's docs and scores alike long."""
+    why, arrays = value
+    if isinstance(why, str):
+        return not arrays
+    tasks = {name.rpartition("/")[0] for name in arrays}
+    return why is None and all(
+        getattr(arrays.get(f"{t}/docs"), "shape", None) == getattr(arrays.get(f"{t}/scores"), "shape", ())
+        and arrays[f"{t}/docs"].ndim == 1
+        for t in tasks
+    )
 
-    def __init__(self, path: Path | None) -> None:
-        import numpy as np
 
-        self.path = path
-        self.index: dict[str, Any] = {}
-        self.docs, self.scores = np.zeros(0, dtype=np.int64), np.zeros(0)
-        self.seen: dict[str, tuple[Any, list[str], dict[str, tuple[Any, Any]] | str]] = {}
-        self.fresh = False
-
-    def __enter__(self) -> OutcomeCache:
-        import numpy as np
-
-        if self.path is not None and self.path.is_file():
-            try:
-                with np.load(self.path, allow_pickle=False) as z:
-                    index = json.loads(bytes(z["index"]).decode())
-                    if index.get("version") == VERSION and isinstance(index.get("runs"), dict):
-                        self.index, self.docs, self.scores = index["runs"], z["docs"], z["scores"]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                pass
-        return self
-
-    def read(self, folders: list[Path], tasks: list[str]) -> list[dict[str, tuple[Any, Any]] | str]:
-        """``_read_run(folder, tasks)`` of each folder, from the cache when its files are as they were; of the
-        others, when there are ``BACKGROUND_AT`` or more, half are read in a forked child meanwhile
-        (``background.in_background``)."""
-        from klsweep.report.background import in_background
-
-        out: list[Any] = []  # None: not in the cache, read below
-        keys, names = [], []
-        for folder in folders:
-            key = [stat_key(folder / RESULTS), *(stat_key(folder / SAMPLES.format(task=t)) for t in tasks)]
-            name = str(folder.absolute())
-            entry = self.index.get(name)
-            got = None
-            if isinstance(entry, dict) and entry.get("key") == key and entry.get("tasks") == tasks:
-                got = entry["why"] if isinstance(entry.get("why"), str) else self._arrays(entry.get("at"))
-            out.append(got)
-            keys.append(key)
-            names.append(name)
-        afresh = [i for i, got in enumerate(out) if got is None]
-        split = len(afresh) // 2 if len(afresh) >= BACKGROUND_AT else 0
-        child = in_background(_read_runs, [folders[i] for i in afresh[:split]], tasks, fork=split > 0)
-        mine = _read_runs([folders[i] for i in afresh[split:]], tasks)
-        for i, got in zip(afresh, [*child(), *mine], strict=True):
-            out[i], self.fresh = got, True
-        for name, key, got in zip(names, keys, out, strict=True):
-            if key[0] is not None:  # a results.json that cannot be stat'ed is not kept
-                self.seen[name] = (key, tasks, got)
-        return out
-
-    def _arrays(self, at: Any) -> dict[str, tuple[Any, Any]] | None:
-        try:
-            return {t: (self.docs[s : s + n], self.scores[s : s + n]) for t, (s, n) in at.items()}
-        except (AttributeError, TypeError, ValueError):
-            return None
-
-    def __exit__(self, *exc: object) -> None:
-        import numpy as np
-
-        if self.path is None or exc[0] is not None or not (self.fresh or len(self.seen) != len(self.index)):
-            return
-        runs, docs, scores, start = {}, [], [], 0
-        for name, (key, tasks, got) in self.seen.items():
-            entry: dict[str, Any] = {"key": key, "tasks": tasks}
-            if isinstance(got, str):
-                entry["why"] = got
-            else:
-                entry["at"] = {}
-                for t, (d, s) in got.items():
-                    entry["at"][t] = [start, len(d)]
-                    docs.append(d)
-                    scores.append(s)
-                    start += len(d)
-            runs[name] = entry
-        buf = io.BytesIO()
-        index = np.frombuffer(json.dumps({"version": VERSION, "runs": runs}).encode(), dtype=np.uint8)
-        cat = np.concatenate
-        np.savez(
-            buf, index=index, docs=cat(docs) if docs else np.zeros(0, np.int64), scores=cat(scores or [[]])
-        )
-        with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
-            store.atomic_write_text(self.path, buf.getvalue())
+def _outcome(value: Value) -> dict[str, tuple[Any, Any]] | str:
+    why, arrays = value
+    if isinstance(why, str):
+        return why
+    tasks = dict.fromkeys(name.rpartition("/")[0] for name in arrays)
+    return {t: (arrays[f"{t}/docs"], arrays[f"{t}/scores"]) for t in tasks}

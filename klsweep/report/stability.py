@@ -19,15 +19,21 @@ Definitions (also printed in the report: ``DEFINITIONS``):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import astuple
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep import collapse as collapse_module
 from klsweep.collapse import REASON, Rule, false_collapse_rate, find_collapse
 from klsweep.config import TrainSection
+from klsweep.report.filecache import FileCache, Value, stat_key
+from klsweep.store import METRICS_FILE
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+COLLAPSE_CACHE = ".collapses.npz"  # in the report's folder: each run's collapse step under its rule
 WINDOW = 10  # the report's smoothing of curves and stability columns (``--window``), not the collapse rule's
 CURVES = (("reward_mean", "task reward"), ("kl_k1", "KL (k1)"), ("kl_k3", "KL (k3)"), ("entropy", "entropy"))
 SMOOTHED = (*(m for m, _ in CURVES), "kl_forward")  # the curves, and the forward KL (KL(ref||pi), a column)
@@ -130,11 +136,19 @@ def collapse_step(
     return None if found is None else found.step
 
 
-def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rules: dict[str, Rule]) -> None:
+def attach_stability(
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    window: int,
+    rules: dict[str, Rule],
+    run_dirs: Mapping[str, Path] | None = None,
+    cache: Path | None = None,
+) -> None:
     """Per run: final/peak smoothed reward and the reward drop (``reward_drop``), peak smoothed KL k1/k3/forward,
-    lowest smoothed entropy (smoothed over ``window`` steps), and the collapse step under the run's own rule (``rules``: run -> its ``Rule``), or the
-    step the trainer stopped it for a collapse. Adds ``<metric> smoothed`` columns to ``metrics`` (sorted by run
-    and step)."""
+    lowest smoothed entropy (smoothed over ``window`` steps), and the collapse step under the run's own rule
+    (``rules``: run -> its ``Rule``), or the step the trainer stopped it for a collapse. Adds ``<metric>
+    smoothed`` columns to ``metrics`` (sorted by run and step). ``cache``: a file keeping each run's collapse
+    step under its rule, keyed by its metrics file (``run_dirs``: run -> its folder; ``FileCache``)."""
     import numpy as np
 
     names = list(SMOOTHED)
@@ -169,11 +183,32 @@ def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rul
             if "reward_std" in metrics
             else np.full(len(steps), np.nan)
         )
-        for name, idx in g.indices.items():
-            rule = rules.get(name) or run_rule({})
-            collapse[name] = collapse_step(
-                steps[idx].tolist(), rewards[idx].tolist(), stds[idx].tolist(), rule
-            )
+        indices = g.indices
+
+        def read(folders: list[Path]) -> list[Value]:
+            found = []
+            for folder in folders:
+                idx, rule = indices[folder.name], rules.get(folder.name) or run_rule({})
+                found.append(
+                    (collapse_step(steps[idx].tolist(), rewards[idx].tolist(), stds[idx].tolist(), rule), {})
+                )
+            return found
+
+        names = list(indices)
+        folders = [Path(run_dirs[n]) if run_dirs else Path(n) for n in names]
+        keys = [
+            [stat_key(f / METRICS_FILE), *astuple(rules.get(n) or run_rule({}))] if run_dirs else None
+            for n, f in zip(names, folders, strict=True)
+        ]
+        with FileCache(cache if run_dirs else None, _collapse_version()) as cached:
+            found = cached.read(
+                folders,
+                [k if k and k[0] is not None else None for k in keys],
+                read,
+                valid=_is_step,
+                child_share=0,
+            )()
+        collapse = {n: step for n, (step, _) in zip(names, found, strict=True)}
     stopped = (runs["state"] == "diverged") & runs["reason"].fillna("").astype(str).str.startswith(REASON)
     for name, step in zip(runs["run"][stopped], runs["diverged_step"][stopped], strict=True):
         if name in collapse and collapse[name] is None and step is not None and step == step:
@@ -184,6 +219,17 @@ def attach_stability(runs: pd.DataFrame, metrics: pd.DataFrame, window: int, rul
     runs["has_metrics"] = runs["run"].isin(collapse)
     runs["collapse_step"] = object_series([collapse.get(r) for r in runs["run"]])
     runs["collapsed"] = runs["collapse_step"].notna()
+
+
+def _is_step(value: Value) -> bool:
+    return value[0] is None or (isinstance(value[0], int) and not isinstance(value[0], bool))
+
+
+def _collapse_version() -> str:
+    """What a cached collapse step was found with: the rule's code (klsweep.collapse)."""
+    import hashlib
+
+    return hashlib.sha256(Path(collapse_module.__file__).read_bytes()).hexdigest()[:16]
 
 
 def reward_drop(runs: pd.DataFrame) -> np.ndarray:

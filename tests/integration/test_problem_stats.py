@@ -130,4 +130,5 @@ def test_missing_samples_fall_back_to_the_per_run_method_and_say_so(sweep: Path,
     assert any("unreadable" in m and "a-s0" in m for m in r.missing), r.missing
     assert set(r.main[f"{ID_AVG} {CI_METHOD}"]) == {BY_SEEDS}
     with np.load(out / OUTCOME_CACHE) as z:
-        assert len(z["scores"]) == 2 * 3 * 16  # a-s1 and b-s0 (a-s0, b-s1: their reasons kept)
+        # a-s1 and b-s0: docs (int64) and scores (float64) of 3 tasks; a-s0, b-s1: their reasons kept
+        assert len(z["float64"]) == len(z["int64"]) == 2 * 3 * 16

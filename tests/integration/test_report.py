@@ -584,32 +584,47 @@ def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
     assert (out / "eval_bars.pdf").exists() and stamps()["eval_bars.png"] != first["eval_bars.png"]
 
 
-def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path):
-    """The report keeps its runs' read configs (``.configs.json``): read from it, the same frames as read
-    afresh, an unreadable config set aside the same way; a config changed since is read again, and one that
-    cannot be read any more is set aside, not served from the cache."""
+def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path, monkeypatch):
+    """The report keeps its runs' read configs and metrics (``.configs.npz``, ``.metrics.npz``): read from
+    them, the same frames as read afresh, an unreadable config and a metrics line set aside the same way; a
+    config or metrics file changed since is read again, and a config that cannot be read any more is set aside,
+    not served from the cache."""
     sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
     runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")
     (runs[0] / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")
+    with (runs[2] / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 99, "reward_mean": "high", "kl_k1": 0.5}\n{torn\n')
     dirs = rp_data.store.run_dirs(sweep)
-    cache = tmp_path / "report" / rp_data.CONFIG_CACHE
+    out = tmp_path / "report"
     afresh_aside: list[str] = []
     afresh = rp_data.load_runs(dirs, afresh_aside)
-    assert not cache.exists()
-    for _ in range(2):  # writes the cache, then reads from it
+    assert not out.exists()
+    assert any(str(runs[2]) in s and "'reward_mean' not a number in 1 row" in s for s in afresh_aside)
+    assert any(str(runs[2]) in s and "1 unreadable line(s) skipped" in s for s in afresh_aside)
+    for i in range(2):  # writes the caches, then reads from them
+        if i:  # nothing parsed: every config and metrics file comes from the caches
+            monkeypatch.setattr(rp_data, "_load_config", lambda d: pytest.fail(f"{d}: config read afresh"))
+            monkeypatch.setattr(rp_data, "parse_jsonl", lambda d: pytest.fail("metrics read afresh"))
         cached_aside: list[str] = []
-        cached = rp_data.load_runs(dirs, cached_aside, cache=cache)
+        cached = rp_data.load_runs(dirs, cached_aside, cache=out)
+        cache = out / rp_data.CONFIG_CACHE
+        assert (out / rp_data.METRICS_CACHE).exists()
         assert (
             cache.exists() and cached_aside == afresh_aside and any(runs[0].name in s for s in afresh_aside)
         )
         assert cached[0].equals(afresh[0]) and cached[1] == afresh[1] and cached[2] == afresh[2]
         assert cached[3].equals(afresh[3]) and len(afresh[0]) == len(dirs) - 1
+    monkeypatch.undo()
     config = runs[1] / "config.yaml"
     config.write_text(re.sub(r"(?m)^seed: .*$", "seed: 77", config.read_text()))
-    assert rp_data.load_runs(dirs, [], cache=cache)[0].set_index("run")["seed"][runs[1].name] == 77
+    with (runs[1] / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 1000, "reward_mean": 0.25}\n')
+    again = rp_data.load_runs(dirs, [], cache=out)
+    assert again[0].set_index("run")["seed"][runs[1].name] == 77
+    assert again[3]["step"].max() == 1000 and len(again[3]) == len(afresh[3]) + 1
     config.write_text("not: [closed\n")
     aside: list[str] = []
-    rp_data.load_runs(dirs, aside, cache=cache)
+    rp_data.load_runs(dirs, aside, cache=out)
     assert any(runs[1].name in s and "not valid YAML" in s for s in aside)
 
 
@@ -639,14 +654,14 @@ def test_tables_are_shown_while_the_figures_are_drawn(tmp_path, monkeypatch, cap
 def test_configs_read_in_a_forked_child_give_the_same_frames(tmp_path, monkeypatch):
     """The configs the cache does not hold are read mostly in a forked child while the report reads the runs'
     other files: the same frames, configs and set-aside lines, in the same order, as read in one process."""
-    from klsweep.report import background
+    from klsweep.report import background, filecache
 
     sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
     runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")
     (runs[-1] / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")  # read by the child
     (runs[0] / "status.json").write_text("{torn")
     dirs = rp_data.store.run_dirs(sweep)
-    monkeypatch.setattr(rp_data, "BACKGROUND_AT", 10**9)
+    monkeypatch.setattr(filecache, "BACKGROUND_AT", 10**9)
     alone_aside: list[str] = []
     alone = rp_data.load_runs(dirs, alone_aside)
 
@@ -659,10 +674,10 @@ def test_configs_read_in_a_forked_child_give_the_same_frames(tmp_path, monkeypat
         return load_config(run_dir)
 
     monkeypatch.setattr(rp_data, "_load_config", noting_the_reader)
-    monkeypatch.setattr(rp_data, "BACKGROUND_AT", 1)
+    monkeypatch.setattr(filecache, "BACKGROUND_AT", 1)
     monkeypatch.setattr(background, "usable_cores", lambda: 2)
     shared_aside: list[str] = []
-    shared = rp_data.load_runs(dirs, shared_aside, cache=tmp_path / "report" / rp_data.CONFIG_CACHE)
+    shared = rp_data.load_runs(dirs, shared_aside, cache=tmp_path / "report")
     pids = readers.read_text().split()
     assert len(pids) == len(dirs) and str(os.getpid()) in pids and len(set(pids)) == 2
     assert shared_aside == alone_aside and len(alone_aside) == 2

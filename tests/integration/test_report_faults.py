@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pytest
 import sweepgen
 from clitools import cli
 
@@ -54,25 +56,55 @@ def test_an_infinite_accuracy_is_a_damaged_file_set_aside(tmp_path):
     assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
 
 
-def test_a_config_cache_of_the_wrong_shape_is_rebuilt(tmp_path):
+def _index(cache: Path) -> dict:
+    with np.load(cache) as z:
+        return json.loads(bytes(z["index"]).decode())
+
+
+def _rewrite(cache: Path, index: dict) -> None:
+    with np.load(cache) as z:
+        pools = {k: z[k] for k in z.files if k != "index"}
+    with cache.open("wb") as f:
+        np.savez(f, index=np.frombuffer(json.dumps(index).encode(), dtype=np.uint8), **pools)
+
+
+@pytest.mark.parametrize("kind", ["configs", "metrics"])
+def test_a_cache_of_the_wrong_shape_is_rebuilt(tmp_path, kind):
+    """The report's caches of its runs' configs and metrics (``filecache.FileCache``): entries of the wrong
+    shape or types under the right key and version, and files that are not a cache, are read afresh and
+    rewritten; the report is the same."""
     from klsweep.report import data
 
     sweep = _sweep(tmp_path, seeds=1)
     out = tmp_path / "r"
     expected = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs
-    cache = out / data.CONFIG_CACHE
-    keys = json.loads(cache.read_text())["runs"]
-    code = data._code_hash()
-    for runs in (
+    cache = out / (data.CONFIG_CACHE if kind == "configs" else data.METRICS_CACHE)
+    index = _index(cache)
+    items = index["items"]
+    first = next(iter(items.values()))
+    wrong_values = (
+        {"at": {}, "meta": ["not a config", None]}
+        if kind == "configs"
+        else {"at": {"values": ["float64", 0, [2, 2]]}, "meta": []}
+    )
+    for items_now in (
         [],
         "x",
-        dict.fromkeys(keys, "x"),
-        {k: [v[0], "not a config", None] for k, v in keys.items()},
+        dict.fromkeys(items, "x"),
+        {k: {**v, **wrong_values} for k, v in items.items()},
+        {
+            k: {**v, "at": {"values": ["float64", 10**12, first["at"].get("values", [0, 0, [1]])[2]]}}
+            for k, v in items.items()
+        },
     ):
-        cache.write_text(json.dumps({"code": code, "runs": runs}))
+        _rewrite(cache, {**index, "items": items_now})
         got = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs
-        assert got[["run", "kl.estimator"]].equals(expected[["run", "kl.estimator"]]), runs
-        assert json.loads(cache.read_text())["runs"] == keys  # rebuilt
+        cols = ["run", "kl.estimator", "final reward", "collapse_step"]
+        assert got[cols].equals(expected[cols]), items_now
+        assert _index(cache) == index  # rebuilt
+    cache.write_bytes(b"not an npz")
+    assert rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols].equals(expected[cols])
+    assert _index(cache) == index
 
 
 def test_a_read_only_audit_cache_is_a_warning(tmp_path, monkeypatch, capsys):

@@ -41,3 +41,36 @@ def test_the_reward_drop_is_the_share_of_the_peak_lost_by_the_end():
     assert drop["stopped"] == pytest.approx(0.75)
     assert math.isnan(drop["zero"])
     assert "reward drop" in stability.STABILITY_STATS  # a column of the stability table, mean and CI
+
+
+def test_collapse_steps_are_kept_per_metrics_file_and_rule(tmp_path, monkeypatch):
+    """Each run's collapse step is kept beside the report (``COLLAPSE_CACHE``), keyed by its metrics file and
+    its rule: the next report of the same files takes it from there, a changed file or rule finds it again."""
+    from klsweep.collapse import Rule
+
+    rewards = [0.6] * 30 + [0.05] * 20  # collapses at window 5, not at a window of 40 (the drop comes too late)
+    folders = {"r0": tmp_path / "r0"}
+    folders["r0"].mkdir()
+    (folders["r0"] / "metrics.jsonl").write_text("{}\n")
+    cache = tmp_path / "report" / stability.COLLAPSE_CACHE
+    cache.parent.mkdir()
+
+    def collapse(rule: Rule) -> object:
+        runs = pd.DataFrame({"run": ["r0"], "state": ["done"], "reason": [None], "diverged_step": [None]})
+        metrics = pd.DataFrame(
+            {"run": "r0", "step": range(1, 51), "reward_mean": rewards, "reward_std": [0.3] * 50}
+        )
+        stability.attach_stability(runs, metrics, 2, {"r0": rule}, folders, cache)
+        return runs["collapse_step"][0]
+
+    short, long = Rule(5, 0.5, 3.0, 16), Rule(40, 0.5, 3.0, 16)
+    found = collapse(short)
+    assert found is not None and 31 <= found <= 40 and cache.is_file()
+    real = stability.collapse_step
+    monkeypatch.setattr(stability, "collapse_step", lambda *a: pytest.fail("found again, not kept"))
+    assert collapse(short) == found
+    monkeypatch.setattr(stability, "collapse_step", real)
+    assert collapse(long) is None  # another rule: found again
+    (folders["r0"] / "metrics.jsonl").write_text("{}\n{}\n")  # another file: found again
+    monkeypatch.setattr(stability, "collapse_step", lambda *a: -1)
+    assert collapse(short) == -1

@@ -41,8 +41,6 @@ def _norm(settings: dict[str, Any]) -> str:
 def grid_evals(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The distinct eval settings (``evaluate.eval_settings``) the runs' configs (flattened) name; a run whose
     grid chained no eval (``eval: none``) names none. The flattened configs keep lists as JSON text."""
-    from omegaconf.errors import OmegaConfBaseException
-
     seen: dict[str, dict[str, Any]] = {}
     for config in configs:
         section = {
@@ -54,6 +52,8 @@ def grid_evals(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         key = _norm(section)
         if key not in seen:
+            from omegaconf.errors import OmegaConfBaseException  # only a grid with an eval reads one
+
             try:
                 seen[key] = eval_settings(as_eval_section(section))
             except (

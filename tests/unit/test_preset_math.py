@@ -249,3 +249,16 @@ def test_docs_table_has_every_preset():
     text = (Path(__file__).parents[2] / "docs" / "KL.md").read_text()
     for name in presets.names():
         assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("name", presets.names())
+def test_a_preset_read_without_omegaconf_has_hydras_values(name):
+    """``presets.kl_settings`` reads a plain preset file with YAML's loader (OmegaConf costs a report some 50
+    ms to import): the values and their types Hydra's reading (OmegaConf) gives the same file."""
+    from omegaconf import OmegaConf
+
+    hydra = OmegaConf.to_container(OmegaConf.load(presets.PRESET_DIR / f"{name}.yaml"), resolve=True)
+    expected = hydra["kl"]
+    got = presets.kl_settings(name)
+    assert got == expected
+    assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]

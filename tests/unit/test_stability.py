@@ -48,7 +48,9 @@ def test_collapse_steps_are_kept_per_metrics_file_and_rule(tmp_path, monkeypatch
     its rule: the next report of the same files takes it from there, a changed file or rule finds it again."""
     from klsweep.collapse import Rule
 
-    rewards = [0.6] * 30 + [0.05] * 20  # collapses at window 5, not at a window of 40 (the drop comes too late)
+    rewards = [0.6] * 30 + [
+        0.05
+    ] * 20  # collapses at window 5, not at a window of 40 (the drop comes too late)
     folders = {"r0": tmp_path / "r0"}
     folders["r0"].mkdir()
     (folders["r0"] / "metrics.jsonl").write_text("{}\n")

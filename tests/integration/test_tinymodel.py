@@ -207,6 +207,8 @@ def _copy_of_shipped(tmp_path: Path) -> Path:
         ("garbled", "line 1 of its SHA256SUMS is not"),
         ("extra", "extra.bin not listed"),
         ("listed twice", "line 2 of its SHA256SUMS is not"),
+        ("a folder beside", "extra not listed"),
+        ("a folder in a file's place", "model.safetensors missing"),
     ],
 )
 def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damage: str, said: str) -> None:
@@ -229,6 +231,12 @@ def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damag
         (copy / "model.safetensors").write_bytes((tinymodel.SHIPPED / "model.safetensors").read_bytes())
     elif damage == "listed twice":
         sums.write_text(lines[0] + lines[0])
+    elif damage == "a folder beside":  # the exact file set: a folder is something else there
+        (copy / "extra").mkdir()
+        (copy / "model.safetensors").write_bytes((tinymodel.SHIPPED / "model.safetensors").read_bytes())
+    elif damage == "a folder in a file's place":
+        (copy / "model.safetensors").unlink()
+        (copy / "model.safetensors").mkdir()
     with pytest.raises(tinymodel.TinyModelError, match=said) as e:
         tinymodel.verified(copy)
     assert "python -m klsweep.tinymodel" in str(e.value)

@@ -42,6 +42,9 @@ def _sweep(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_report_prints_names_as_written_in_every_format(tmp_path, monkeypatch, capsys):
     sweep, claims = _sweep(tmp_path)
+    odd = sweep / "<img src=x onerror=alert(2)>\r# set aside"  # a run folder that cannot be read: set aside
+    odd.mkdir()
+    (odd / "config.yaml").write_text("model: [\n")
     out = tmp_path / "r"
     args = ["report", sweep, "--out", out, "--claims", claims, "-f", "md,csv,latex,html"]
     code, stdout, err = cli(args, monkeypatch, capsys)
@@ -52,12 +55,15 @@ def test_report_prints_names_as_written_in_every_format(tmp_path, monkeypatch, c
     assert not CONTROL.search(stdout) and not CONTROL.search(err)
     # report.md: no HTML, no heading, no control character; the names escaped for Markdown
     md = (out / "report.md").read_text()
-    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "<script>" not in md and "<img" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert not CONTROL.search(md) and not any(line.startswith("# heading") for line in md.splitlines())
     assert "\\[bold\\]b\\[/bold\\]" in md and "x\\\\r\\# heading" in md
+    assert "&lt;img src=x onerror=alert(2)&gt;\\\\r\\# set aside" in md  # a set-aside folder's name too
+    assert not any(line.startswith("# set aside") for line in md.splitlines())
     # report.html: escaped, no control character
     page = (out / "report.html").read_text()
-    assert "<script>" not in page and "&lt;script&gt;" in page and not CONTROL.search(page)
+    assert "<script>" not in page and "<img src=x" not in page and "&lt;img src=x" in page
+    assert not CONTROL.search(page)
     # claims.csv: formulas neutralised as OWASP recommends (a leading '), no control character
     csv = (out / "claims.csv").read_text()
     assert "\n'=cmd|' /C calc'!A0," in csv and "\n'@SUM(1)," in csv
@@ -74,3 +80,26 @@ def test_plan_prints_markup_in_a_value_as_written(tmp_path, monkeypatch, capsys)
     assert code == 0, err
     for v in ("[/INST]", "[bold]b", "[link=file:///etc/passwd]x"):
         assert v in stdout
+
+
+def test_task_names_in_the_report_summary_print_as_written(tmp_path, monkeypatch, capsys):
+    """The summary's task names come from results.json (a colleague's folder holds anything): report.md
+    escaped them for nothing but control characters (`<img ...>` was HTML, `*x*` emphasis, a `\\r` + `# t` a
+    heading); report.html now also lists the runs set aside and not there yet, as report.md does."""
+    tasks = ("<img src=x onerror=alert(3)>", "*em*\r# t")
+    grid = [{"kl.estimator": e, "kl.beta": 0.1} for e in ("k1", "k3")]
+    sweep = sweepgen.write_sweep(
+        tmp_path / "tasks", grid, seeds=2, steps=20, in_domain=tasks[:1], ood=tasks[1:]
+    )
+    out = tmp_path / "r"
+    code, _, err = cli(["report", sweep, "--out", out, "-f", "md,html"], monkeypatch, capsys)
+    assert code == 0, err
+    md = (out / "report.md").read_text()
+    summary = next(line for line in md.splitlines() if line.startswith("Eval: "))
+    assert "in-domain: &lt;img src=x onerror=alert(3)&gt;;" in summary, summary
+    assert "out of domain: \\*em\\*\\\\r\\# t." in summary, summary
+    assert "<img" not in md and not CONTROL.search(md)
+    page = (out / "report.html").read_text()
+    assert (
+        "<img src=x" not in page and "&lt;img src=x onerror=alert(3)&gt;" in page and not CONTROL.search(page)
+    )

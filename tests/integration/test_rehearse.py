@@ -221,7 +221,8 @@ def test_a_rehearsal_is_never_a_sweep(tmp_path, monkeypatch, capsys):
     """Issue 32 D1 and D14: `rehearse G --out R` then `run G --out R --wait` used to skip the real run as done
     (the rehearsal's 2-step run under the same id) and eval/report scored it; a second rehearsal into the same
     folder meanwhile removed the first one's files. Now the second rehearsal is refused while the first runs,
-    and run, status, eval and report refuse the rehearsal's folder (exit 2), writing nothing."""
+    and plan, run, status, cancel, eval, report and study refuse the rehearsal's folder (exit 2), writing
+    nothing."""
     import subprocess
     import sys
 
@@ -249,8 +250,8 @@ def test_a_rehearsal_is_never_a_sweep(tmp_path, monkeypatch, capsys):
     code, out, err = cli(["run", "g.yaml", "--out", "R", "--wait"], monkeypatch, capsys)
     assert code == 2 and "is a rehearsal" in err and f"rm -r {folder}" in err, out + err
     assert "skip-done" not in out and not (folder / store.JOBS_FILE).exists()
-    for args in (["plan", "g.yaml", "--out", "R"], ["status", folder], ["eval", folder], ["eval", run_dir],
-                 ["report", folder]):  # fmt: skip
+    for args in (["plan", "g.yaml", "--out", "R"], ["status", folder], ["cancel", folder], ["eval", folder],
+                 ["eval", run_dir], ["report", folder], ["study", "g.yaml", "eval=tiny", "--out", "R"]):  # fmt: skip
         code, out, err = cli(args, monkeypatch, capsys)
         assert code == 2 and "a rehearsal is not a sweep" in err and "Traceback" not in err, (args, out + err)
     assert sorted(str(p) for p in folder.rglob("*")) == before

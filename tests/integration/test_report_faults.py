@@ -1,7 +1,7 @@
 """The report on damaged or odd inputs (issue #32): a metric of Infinity (data: a diverged run) crashes nothing
 and stays in its own run; an accuracy that is not a number in [0, 1] is a damaged results.json, set aside with
 its reason; caches that are wrong are rebuilt, an unwritable one skipped with a warning; a full disk is one
-line and exit 1, nothing half-written; claims are checked against the grid's keys and values up front."""
+line and exit 2, nothing half-written; claims are checked against the grid's keys and values up front."""
 
 from __future__ import annotations
 

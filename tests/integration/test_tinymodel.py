@@ -207,6 +207,8 @@ def _copy_of_shipped(tmp_path: Path) -> Path:
         ("garbled", "line 1 of its SHA256SUMS is not"),
         ("extra", "extra.bin not listed"),
         ("listed twice", "line 2 of its SHA256SUMS is not"),
+        ("a folder beside", "extra not listed"),
+        ("a folder in a file's place", "model.safetensors missing"),
     ],
 )
 def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damage: str, said: str) -> None:
@@ -229,6 +231,12 @@ def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damag
         (copy / "model.safetensors").write_bytes((tinymodel.SHIPPED / "model.safetensors").read_bytes())
     elif damage == "listed twice":
         sums.write_text(lines[0] + lines[0])
+    elif damage == "a folder beside":  # the exact file set: a folder is something else there
+        (copy / "extra").mkdir()
+        (copy / "model.safetensors").write_bytes((tinymodel.SHIPPED / "model.safetensors").read_bytes())
+    elif damage == "a folder in a file's place":
+        (copy / "model.safetensors").unlink()
+        (copy / "model.safetensors").mkdir()
     with pytest.raises(tinymodel.TinyModelError, match=said) as e:
         tinymodel.verified(copy)
     assert "python -m klsweep.tinymodel" in str(e.value)
@@ -237,8 +245,8 @@ def test_the_check_refuses_anything_but_its_exact_file_set(tmp_path: Path, damag
 def test_a_damaged_tiny_model_is_refused_before_the_sweep_folder_exists(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    """A flipped byte was found only by the jobs of `run`, after the sweep folder existed: now plan and run
-    refuse it (exit 2) and write nothing."""
+    """A flipped byte was found only by the jobs of `run`, after the sweep folder existed: now plan, run, study
+    and rehearse refuse it (exit 2) and write nothing."""
     from clitools import cli
 
     copy = _copy_of_shipped(tmp_path)
@@ -251,7 +259,12 @@ def test_a_damaged_tiny_model_is_refused_before_the_sweep_folder_exists(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "g.yaml").write_text("name: g\nbase:\n  model: tiny\n  task: tiny\ngrid:\n  seed: 0\n")
     try:
-        for args in (["plan", "g.yaml", "--out", "R"], ["run", "g.yaml", "--out", "R", "--cluster", "debug"]):
+        for args in (
+            ["plan", "g.yaml", "--out", "R"],
+            ["run", "g.yaml", "--out", "R", "--cluster", "debug"],
+            ["study", "g.yaml", "eval=tiny", "--out", "R", "--cluster", "debug"],
+            ["rehearse", "g.yaml", "--out", "R"],
+        ):
             code, out, err = cli(args, monkeypatch, capsys)
             assert code == 2 and "model.path: tiny" in err and "model.safetensors differs" in err, out + err
             assert "Traceback" not in err and not (tmp_path / "R").exists()

@@ -87,3 +87,36 @@ def test_colocate_vllm_trains_with_lag_syncs_weights_each_step_and_resumes(
     # ... and the policy moved: with the start's weights in vLLM the mismatch would be at least |KL k1|
     assert abs(rows[-1]["kl_k1"]) > 4 * MISMATCH_TOL, rows[-1]
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_colocate_vllm_stops_a_base_model_at_the_tasks_stop_sequence(tmp_path: Path, stand_in: Path) -> None:
+    """#34 item 3 with vLLM: ``model.chat_template: false`` hands vLLM's SamplingParams the eval's stop sequences
+    of the task (TRL's ``generation_kwargs``: ``stop``; HF generate gets ``stop_strings``, test_job.py) and each
+    completion is cut right after the first one it writes: the text after the answer is neither scored nor
+    trained, whichever engine generated it."""
+    import torch
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+
+    from klsweep import config as config_mod
+    from klsweep import tasks, trainer_factory
+
+    run = tmp_path / "run"
+    values = {"train.use_vllm": True, "model.chat_template": False, "train.max_completion_length": 48}
+    write_config(run, stand_in, **values, **{"train.max_prompt_length": 128})
+    config = config_mod.load_run(run)
+    stops = tasks.stop_sequences(config.task)
+    trainer = trainer_factory.build_trainer(config, run)
+    assert trainer.args.generation_kwargs == {"stop": list(stops)}
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [trainer.train_dataset[i] for i in range(4) for _ in range(4)]
+    torch.manual_seed(0)
+    out = trainer._generate_and_score_completions(rows)
+    texts = [
+        trainer.processing_class.decode(ids[mask.bool()], skip_special_tokens=True)
+        for ids, mask in zip(out["completion_ids"], out["completion_mask"], strict=True)
+    ]
+    stopped = [t for t in texts if any(s in t for s in stops)]
+    assert len(stopped) >= 4, texts  # the random stand-in writes newlines: the case is exercised
+    for text in stopped:  # the stop sequence ends the completion: nothing after it is trained
+        assert any(text.endswith(s) for s in stops) and sum(text.count(s) for s in stops) == 1, text

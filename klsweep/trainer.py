@@ -96,6 +96,11 @@ class KLGRPOTrainer(GRPOTrainer):
             key = "stop" if args.use_vllm else "stop_strings"
             given = dict(args.generation_kwargs or {})
             given[key] = list(dict.fromkeys([*(given.get(key) or []), *self.stop_sequences]))
+            if args.use_vllm:
+                # vLLM matches ``stop`` in its decoded text, which by default leaves special tokens out: an end
+                # token of another family (Qwen2.5 base's <|im_end|>) never matched and the engine decoded to
+                # max_completion_length. TRL reads vLLM's token ids, not its text, so keeping them is safe.
+                given["skip_special_tokens"] = False
             args.generation_kwargs = given
         # ``ref_model``: the reference as loaded by the caller (trainer_factory: in the compute dtype, on the GPU,
         # no host copy); else a copy of the policy before TRL patches its forward (fused LM head), or a model id

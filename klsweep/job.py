@@ -168,6 +168,8 @@ def _train_run(
         if monitor.diverged:
             fields.update(diverged_step=monitor.diverged[0], reason=monitor.diverged[1])
         fields["final_checkpoint"] = _save_final(trainer, state, fields["reason"], is_main)
+    except store.LostTrainingLock:  # the run is another trainer's now: nothing more written here
+        raise
     except Exception as e:
         exiting = _exit_in_flight(e)
         if exiting is not None:  # a preemption's exit, which a failing cleanup (W&B's) turned into an error

@@ -100,6 +100,8 @@ class RunMonitor:
     def on_log(self, state, control, logs):
         if not logs or "loss" not in logs or "train_runtime" in logs or state.global_step <= self.last_step:
             return
+        if self.is_main:  # another trainer took the run (store.check_training): stop before writing this step
+            store.check_training(self.run_dir)
         step = state.global_step
         row: dict[str, Any] = {"step": step, "time": time.time(), "elapsed_s": self.elapsed()}
         for key, source in ROW_KEYS.items():

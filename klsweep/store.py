@@ -588,7 +588,7 @@ def cache_dir() -> Path:
 
 # --- the training lock: one process trains a run at a time ----------------------------------------------------
 
-_held: set[str] = set()  # run folders whose training lock this process holds
+_held: dict[str, int] = {}  # run folders whose training lock this process holds -> its locked file's fd
 
 
 def describe_trainer(holder: dict[str, Any]) -> str:
@@ -620,24 +620,64 @@ def training(run_dir: str | os.PathLike, wait_s: float | None = None) -> Iterato
     fd = -1
     try:
         fd = _lock_both(run_dir, folder_fd, TRAIN_LOCK_WAIT_S if wait_s is None else wait_s)
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-            "since": time.time(),
-        }
-        with contextlib.suppress(OSError):  # in place (a rename would replace the locked file); a full disk
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-        _held.add(key)
+        _write_record(fd)
+        _held[key] = fd
         try:
             yield
         finally:
-            _held.discard(key)
+            fd = _held.pop(key)  # ``check_training`` may have locked a new file meanwhile
     finally:
         if fd >= 0:
             os.close(fd)  # releases the locks
         os.close(folder_fd)
+
+
+def _write_record(fd: int) -> None:
+    """Who holds the training lock, into its locked file: pid, host, job id, since when."""
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        "since": time.time(),
+    }
+    with contextlib.suppress(OSError):  # in place (a rename would replace the locked file); a full disk
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+
+
+class LostTrainingLock(AlreadyTraining):
+    """Another trainer holds the run's lock file now, in place of this one's (``check_training``): this one
+    stops, writing nothing more, and leaves the run to it."""
+
+
+def check_training(run_dir: str | os.PathLike) -> None:
+    """For the process training ``run_dir`` (inside ``training``), at each step: whether ``.train.lock`` is still
+    the file it locked. A folder's ``flock`` holds on its own node only on a shared file system (Linux's NFS
+    client), so across nodes a user who removes the file lets a second trainer in, which locks a new one: this
+    trainer then finds that file and raises ``LostTrainingLock`` (it stops within a step of the newcomer's
+    start, before a model of any size has loaded there). A file merely removed is created and locked again,
+    its record back for ``trainer_of``. Nothing when this process holds no lock (ranks but 0)."""
+    import fcntl
+
+    key = os.path.realpath(run_dir)
+    fd = _held.get(key)
+    if fd is None:
+        return
+    path = Path(run_dir) / TRAIN_LOCK
+    if _names(path, fd):
+        return
+    try:
+        new = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:  # another trainer's file
+        raise LostTrainingLock(run_dir, _record_at(path)) from None
+    if (
+        _try_flock(new, fcntl.LOCK_EX) is False
+    ):  # created just now by this process: locked at once by another?
+        os.close(new)
+        raise LostTrainingLock(run_dir, _record_at(path))
+    _write_record(new)
+    os.close(fd)
+    _held[key] = new
 
 
 def _lock_both(run_dir: Path, folder_fd: int, wait_s: float) -> int:

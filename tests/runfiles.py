@@ -72,3 +72,19 @@ def kill_after_step_3(run_dir: Path, env: dict[str, str], timeout_s: float, setu
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# A trainer on another node of a shared file system (NFS: a folder's lock is each node's own): it removes the
+# first trainer's lock file, as a user did, locks a new one in its place and holds it. Argument: the run folder.
+OTHER_NODE = """
+import fcntl, json, os, sys, time
+# a trainer on another node of a shared file system: the folder's lock is that node's own, so it only
+# removes the first trainer's lock file (as a user did) and locks a new one
+path = os.path.join(sys.argv[1], ".train.lock")
+os.unlink(path)
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "host": "node2"}).encode())
+print("locked", flush=True)
+time.sleep(600)
+"""

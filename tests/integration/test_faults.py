@@ -861,3 +861,42 @@ def test_a_slurm_run_under_ulimit_v_says_out_of_memory(tmp_path, model_dir):
     assert "memory" in run.reason.lower(), (
         run.reason
     )  # out of memory: ... (or MemoryError before the run began)
+
+
+def test_a_trainer_whose_lock_another_node_took_stops_and_writes_nothing_more(model_dir, tmp_path):
+    """#32 D4 across the nodes of a shared file system (NFS: a folder's lock holds on its node only): a user
+    removes ``.train.lock`` while the run trains and a trainer on another node locks a new one. The first
+    trainer finds that at its next step, before writing it, and stops: no more metrics rows, no status of its
+    own (the run is the newcomer's), exit 2 naming the newcomer."""
+    from runfiles import OTHER_NODE
+
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 400, "train.save_steps": 1000})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "klsweep", "train", str(run / store.CONFIG_FILE), "--run-dir", str(run)]
+    first = subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    other = None
+    try:
+        deadline = time.time() + 180
+        while len(store.read_metrics(run)) < 3:
+            assert first.poll() is None and time.time() < deadline, "the first trainer never reached step 3"
+            time.sleep(0.2)
+        other = subprocess.Popen(
+            [sys.executable, "-c", OTHER_NODE, str(run)], stdout=subprocess.PIPE, text=True
+        )
+        assert other.stdout.readline().strip() == "locked"
+        taken_at = len(store.read_metrics(run))
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 2, err
+        assert f"already being trained by pid {other.pid} on node2" in " ".join(err.split())
+        assert "Traceback" not in err
+        rows = store.read_metrics(run)
+        assert taken_at <= len(rows) <= taken_at + 1  # a step checked just before the take may still write
+        assert rows[-1]["step"] < 400
+        status = store.read_status(run)
+        assert status["state"] == "running" and status["step"] == rows[-1]["step"]  # not failed: not its own
+    finally:
+        for proc in (first, other):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -4,6 +4,7 @@ gives, and one trainer per run even when its lock file is removed by hand (issue
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runfiles import OTHER_NODE
 
 from klsweep import store
 from klsweep.errors import UserError
@@ -116,6 +118,33 @@ def test_one_trainer_per_run_even_when_its_lock_file_is_removed(tmp_path):
     assert store.trainer_of(run_dir) is None
     with store.training(run_dir, wait_s=0.5):
         assert store.trainer_of(run_dir)["pid"] == os.getpid()
+
+
+def test_a_trainer_finds_its_lock_file_removed_or_taken(tmp_path):
+    """``check_training``, a trainer's check at each step (#32 D4 across the nodes of NFS, where a folder's
+    lock holds on its node only): its lock file removed by hand is locked again, its record back; a file
+    another trainer locked in its place stops it (``LostTrainingLock``, naming that trainer)."""
+    run_dir = tmp_path / "run"
+    store.check_training(run_dir)  # no lock held here: nothing to check
+    with store.training(run_dir, wait_s=0.5):
+        store.check_training(run_dir)
+        (run_dir / store.TRAIN_LOCK).unlink()  # by hand
+        store.check_training(run_dir)
+        assert json.loads((run_dir / store.TRAIN_LOCK).read_text())["pid"] == os.getpid()
+        assert store.trainer_of(run_dir)["pid"] == os.getpid()
+        other = subprocess.Popen(
+            [sys.executable, "-c", OTHER_NODE, str(run_dir)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert other.stdout.readline().strip() == "locked"
+            with pytest.raises(
+                store.LostTrainingLock, match=f"already being trained by pid {other.pid} on node2"
+            ):
+                store.check_training(run_dir)
+        finally:
+            other.kill()
+            other.wait()
+    assert not store._held
 
 
 @pytest.mark.parametrize("command", ["status", "report"])

@@ -271,10 +271,9 @@ def plan_command(
 def _require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
     """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
     commits their folders recorded."""
-    from klsweep.fetch import fetch_command, recorded_revisions, require_cached
+    from klsweep.fetch import fetch_command, plan_configs, require_cached
 
-    configs = recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
-    require_cached(configs, fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
+    require_cached(plan_configs(plan), fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
 # --- fetch (klsweep/fetch.py) -----------------------------------------------------------------------------
@@ -299,9 +298,7 @@ def fetch_command(
     from klsweep.console import fetch_table, table_width
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir)
-    items = fetch.needs(
-        fetch.recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
-    )
+    items = fetch.needs(fetch.plan_configs(plan))
     console = _console()
     if not dry_run:
         console.print(f"fetching into {fetch.hub_cache()} and {fetch.datasets_cache()}", highlight=False)

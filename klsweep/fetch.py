@@ -489,6 +489,12 @@ def require_cached_for_eval(request: Any, target: Path) -> None:
     )
 
 
+def plan_configs(plan: Any) -> list[dict[str, Any]]:
+    """What a plan's runs load (``grid.Plan``): their configs at the commits their folders recorded
+    (``recorded_revisions``), for the offline check and ``klsweep fetch``."""
+    return recorded_revisions([r.config for r in plan.runs], [r.run_dir for r in plan.runs])
+
+
 def recorded_revisions(configs: list[dict[str, Any]], run_dirs: list[Path]) -> list[dict[str, Any]]:
     """``configs`` with ``model.revision`` as each run folder's config.yaml recorded it at submission (the
     commit its job loads: see ``pin_revisions``) unless the config names a commit itself; the others are

@@ -134,6 +134,8 @@ def _train_run(
         "elapsed_s": base_elapsed,
         "warnings": warnings,
     }
+    if resume is not None and resume_step >= config.train.steps and store.has_weights(resume):
+        return _finish_saved_end(run_dir, resume, status, fields, is_main)
     if is_main:
         status = store.write_status(run_dir, "running", **fields)
 
@@ -207,6 +209,29 @@ def _use_allocated_cpus(config: RunConfig) -> None:
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, config.model.resources.cpus_per_task))
+
+
+def _finish_saved_end(
+    run_dir: Path, checkpoint: Path, status: dict[str, Any], fields: dict[str, Any], is_main: bool
+) -> dict[str, Any]:
+    """A run trained to its last step and saved there whose end was not recorded (its job stopped right after
+    that save: a preemption, a kill): it is final, as that checkpoint's marker says (done when it has none).
+    Resuming would train a step past ``train.steps`` (transformers' loop trains one before it checks)."""
+    marker = checkpoint / store.FINAL_MARKER
+    try:
+        end = store.read_json(marker) if marker.exists() else {}
+    except (ValueError, store.UnreadableFile):
+        end = {}
+    step = store.checkpoint_step(checkpoint)
+    state = "diverged" if end.get("state") == "diverged" else "done"
+    fields.update(final_checkpoint=checkpoint.name, finished_at=time.time(), reason=end.get("reason"))
+    if state == "diverged":
+        fields["diverged_step"] = step
+    if not is_main:
+        return {**status, **fields, "state": state}
+    if not end:
+        store.write_json(marker, {"state": state, "step": step, "reason": None})
+    return store.write_status(run_dir, state, **fields)
 
 
 def _save_final(trainer: KLGRPOTrainer, state: str, reason: str | None, is_main: bool) -> str | None:

@@ -70,6 +70,10 @@ class Preemption:
             saving = False
 
             def on_step_end(self, args, state, control, **kwargs):
+                if (
+                    state.global_step >= state.max_steps
+                ):  # the last step: the run ends and saves now, no requeue
+                    return control
                 if _any_rank(preemption.handler is not None, trainer):  # one collective a step: all agree
                     control.should_save = self.saving = True
                 return control

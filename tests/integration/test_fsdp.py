@@ -206,7 +206,7 @@ def test_slurm_preemption_of_an_fsdp_job_requeues_and_resumes_from_its_shards(tm
     from klsweep.tinymodel import shipped_model_path
 
     monkeypatch.setenv(layout.TEST_FSDP_ON_CPU, "1")  # sbatch hands the job this environment
-    lag, steps = 1, 8
+    lag, steps = 1, 20  # the signal comes after step 2: far from the end, even on a loaded machine
     sweep = tmp_path / "fsdppreempt"
     plan = jobs.make_plan(
         sweep,

@@ -608,3 +608,25 @@ def test_vllm_importance_sampling_reaches_the_trainers_grpo_config(
     write_config(refused, model_dir, **{"train.trl": {"vllm_importance_sampling_mode": "token_mask"}})
     with pytest.raises(UserError, match="set by klsweep from train.vllm_importance_sampling"):
         trainer_factory.build_trainer(config_mod.load_run(refused), refused)
+
+
+def test_a_run_stopped_right_after_its_last_save_ends_there(model_dir, tmp_path):
+    """A job stopped right after it saved the last step (a preemption or a kill before its final status): the
+    next start finds the run trained to ``train.steps`` and ends it there, done, without training. It used
+    to resume, and transformers' loop trains a step before it checks: step 4 of a 3-step run, its own
+    checkpoint-4 (seen in CI as a Slurm FSDP run ending at step 9 of 8)."""
+    run = tmp_path / "run"
+    write_config(run, model_dir, **{"train.steps": 3, "train.save_steps": 3})
+    first = job.train_run(run)
+    assert first["state"] == "done" and first["final_checkpoint"] == "checkpoint-3"
+    rows = store.read_metrics(run)
+    # as a preemption's save leaves it: the checkpoint without the final marker, the run still running
+    (last,) = store.checkpoints(run)
+    (last / store.FINAL_MARKER).unlink()
+    store.write_status(run, "running", step=3)
+    again = job.train_run(run)
+    assert again["state"] == "done" and again["step"] == 3 and again["final_checkpoint"] == "checkpoint-3"
+    assert [c.name for c in store.checkpoints(run)] == ["checkpoint-3"]
+    assert store.read_metrics(run) == rows  # nothing trained, nothing rewritten
+    assert store.read_json(last / store.FINAL_MARKER) == {"state": "done", "step": 3, "reason": None}
+    assert store.final_checkpoint(run) == "checkpoint-3"

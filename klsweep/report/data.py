@@ -122,7 +122,7 @@ def load_runs(
         pending = config_cache.read(
             dirs,
             [stat_key(d / store.CONFIG_FILE) for d in dirs],
-            _config_values,
+            _config_value,
             valid=_is_config,
             child_share=CONFIG_SHARE,
         )
@@ -130,7 +130,7 @@ def load_runs(
         metrics_of = metrics_cache.read(
             dirs,
             [stat_key(d / store.METRICS_FILE) for d in dirs],
-            _metrics_values,
+            _metrics_value,
             valid=_is_metrics,
             child_share=0,
         )()
@@ -209,10 +209,6 @@ def _config_value(run_dir: Path) -> Value:
     return list(_load_config(run_dir)), {}
 
 
-def _config_values(dirs: list[Path]) -> list[Value]:
-    return [_config_value(d) for d in dirs]
-
-
 def _is_config(value: Value) -> bool:
     """Whether a cached config is one: [flattened config, why it cannot be read] (a mapping, None or a str)."""
     meta = value[0]
@@ -227,10 +223,6 @@ def _is_config(value: Value) -> bool:
 def _metrics_value(run_dir: Path) -> Value:
     notes: list[str] = []
     return notes, {"values": _read_metrics(run_dir, notes)}
-
-
-def _metrics_values(dirs: list[Path]) -> list[Value]:
-    return [_metrics_value(d) for d in dirs]
 
 
 def _is_metrics(value: Value) -> bool:

@@ -66,7 +66,7 @@ class FileCache:
         self,
         items: Sequence[Path],
         keys: Sequence[Any],
-        reader: Callable[[list[Path]], list[Value]],
+        reader: Callable[[Path], Value],
         *,
         valid: Callable[[Value], bool] = lambda value: True,
         child_share: float = 0.5,
@@ -87,10 +87,10 @@ class FileCache:
         afresh = [i for i, value in enumerate(out) if value is None]
         todo = [items[i] for i in afresh]
         split = int(len(todo) * child_share) if len(todo) >= BACKGROUND_AT else 0
-        child = in_background(reader, todo[:split], fork=split > 0)
+        child = in_background(_each, reader, todo[:split], fork=split > 0)
 
         def wait() -> list[Value]:
-            mine = reader(todo[split:])
+            mine = _each(reader, todo[split:])
             for i, value in zip(afresh, [*child(), *mine], strict=True):
                 out[i], self.fresh = value, True
             for name, key, value in zip(names, keys, out, strict=True):
@@ -139,6 +139,10 @@ class FileCache:
         np.savez(buf, index=index, **{dtype: np.concatenate(parts) for dtype, parts in pools.items()})
         with contextlib.suppress(OSError):  # a results folder one cannot write to: read afresh next time
             store.atomic_write_text(self.path, buf.getvalue())
+
+
+def _each(reader: Callable[[Path], Value], items: list[Path]) -> list[Value]:
+    return [reader(item) for item in items]
 
 
 def _size(shape: list[int]) -> int:

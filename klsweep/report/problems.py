@@ -89,7 +89,7 @@ def load_outcomes(
         for f in folders
     ]
     with FileCache(cache, VERSION) as cached:  # a results.json that cannot be stat'ed: not kept
-        reader = functools.partial(_read_values, tasks)
+        reader = functools.partial(_read_value, tasks)
         values = cached.read(
             folders, [k if k[0] is not None else None for k in keys], reader, valid=_is_outcome
         )()
@@ -175,21 +175,17 @@ def _read_run(folder: Path, tasks: list[str]) -> dict[str, tuple[Any, Any]] | st
     return out
 
 
-def _read_values(tasks: list[str], folders: list[Path]) -> list[Value]:
-    """``_read_run`` of each folder as the cache keeps it: (why not, or None; per task its docs and scores)."""
-    values: list[Value] = []
-    for folder in folders:
-        got = _read_run(folder, tasks)
-        if isinstance(got, str):
-            values.append((got, {}))
-        else:
-            docs = {f"{t}/docs": d for t, (d, _) in got.items()}
-            values.append((None, docs | {f"{t}/scores": s for t, (_, s) in got.items()}))
-    return values
+def _read_value(tasks: list[str], folder: Path) -> Value:
+    """``_read_run`` as the cache keeps it: (why not, or None; per task its docs and scores)."""
+    got = _read_run(folder, tasks)
+    if isinstance(got, str):
+        return got, {}
+    docs = {f"{t}/docs": d for t, (d, _) in got.items()}
+    return None, docs | {f"{t}/scores": s for t, (_, s) in got.items()}
 
 
 def _is_outcome(value: Value) -> bool:
-    """Whether a cached value is one of ``_read_values``: a reason, or each task's docs and scores alike long."""
+    """Whether a cached value is one of ``_read_value``: a reason, or each task's docs and scores alike long."""
     why, arrays = value
     if isinstance(why, str):
         return not arrays

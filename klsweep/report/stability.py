@@ -184,30 +184,20 @@ def attach_stability(
             else np.full(len(steps), np.nan)
         )
         indices = g.indices
-
-        def read(folders: list[Path]) -> list[Value]:
-            found = []
-            for folder in folders:
-                idx, rule = indices[folder.name], rules.get(folder.name) or run_rule({})
-                found.append(
-                    (collapse_step(steps[idx].tolist(), rewards[idx].tolist(), stds[idx].tolist(), rule), {})
-                )
-            return found
-
         names = list(indices)
+        rule_of = {n: rules.get(n) or run_rule({}) for n in names}
         folders = [Path(run_dirs[n]) if run_dirs else Path(n) for n in names]
-        keys = [
-            [stat_key(f / METRICS_FILE), *astuple(rules.get(n) or run_rule({}))] if run_dirs else None
-            for n, f in zip(names, folders, strict=True)
-        ]
+        name_of = dict(zip(folders, names, strict=True))
+
+        def read(folder: Path) -> Value:
+            idx, rule = indices[name_of[folder]], rule_of[name_of[folder]]
+            return collapse_step(steps[idx].tolist(), rewards[idx].tolist(), stds[idx].tolist(), rule), {}
+
+        # kept under its metrics file and its rule; not kept without run folders or a metrics file to stat
+        files = [stat_key(f / METRICS_FILE) if run_dirs else None for f in folders]
+        keys = [[k, *astuple(rule_of[n])] if k else None for k, n in zip(files, names, strict=True)]
         with FileCache(cache if run_dirs else None, _collapse_version()) as cached:
-            found = cached.read(
-                folders,
-                [k if k and k[0] is not None else None for k in keys],
-                read,
-                valid=_is_step,
-                child_share=0,
-            )()
+            found = cached.read(folders, keys, read, valid=_is_step, child_share=0)()
         collapse = {n: step for n, (step, _) in zip(names, found, strict=True)}
     stopped = (runs["state"] == "diverged") & runs["reason"].fillna("").astype(str).str.startswith(REASON)
     for name, step in zip(runs["run"][stopped], runs["diverged_step"][stopped], strict=True):

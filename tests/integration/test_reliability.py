@@ -193,7 +193,7 @@ def test_a_run_whose_training_lock_is_held_is_live_and_never_trained_twice(tmp_p
         assert code == 0 and "running" in out and "failed" not in out
 
         # a second trainer started anyway (a job klsweep submitted before, `klsweep train`) does not train it
-        monkeypatch.setattr(store, "TRAIN_LOCK_WAIT_S", 0.5)
+        monkeypatch.setattr(store.lock, "TRAIN_LOCK_WAIT_S", 0.5)
         with pytest.raises(store.AlreadyTraining, match=f"already being trained by pid {other.pid}"):
             job.train_run(run_dir)
         code, out, err = cli(

@@ -1,4 +1,4 @@
-"""The results store's own promises (klsweep/store.py): files written whole with the modes a plain ``open``
+"""The results store's own promises (klsweep/store/): files written whole with the modes a plain ``open``
 gives, and one trainer per run even when its lock file is removed by hand (issue 32: D15, D4)."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_the_shared_copy_of_an_eval_task_folder_honours_the_umask(tmp_path):
     from klsweep.evaluate.suites import materialise_tasks
 
     tasks = tmp_path / "tasks"
-    shutil.copytree(Path(store.__file__).parent / "evaltasks" / "tiny", tasks)
+    shutil.copytree(Path(store.__file__).parent.parent / "evaltasks" / "tiny", tasks)
     (tasks / "unique.txt").write_text(str(tmp_path))  # a copy of its own (the copies are keyed by content)
     with umask(0o022):
         copy = materialise_tasks(tasks)
@@ -144,7 +144,7 @@ def test_a_trainer_finds_its_lock_file_removed_or_taken(tmp_path):
         finally:
             other.kill()
             other.wait()
-    assert not store._held
+    assert not store.lock._held
 
 
 @pytest.mark.parametrize("command", ["status", "report"])

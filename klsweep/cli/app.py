@@ -1,0 +1,86 @@
+"""The Typer app all of klsweep's commands hang on, the options they share, the CLI's console, and `main`
+(the console script: a UserError is one clear message and exit code 2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from klsweep.errors import UserError
+
+app = typer.Typer(
+    name="klsweep",
+    help="Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # click's own help: flags read `--wait` (typer's rich panels print `--wait <bool>`), plain text that reads
+    # at 80 columns and in a pipe
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"klsweep {version('klsweep')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report."""
+
+
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="key=value overrides in Hydra's grammar (also +key=v, ++key=v, ~key)"),
+]
+GridArg = Annotated[
+    Path, typer.Argument(help="the grid file, or a shipped grid's name (klsweep grids): tiny, paper, ...")
+]
+OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")]
+ConfigDirOpt = Annotated[
+    list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
+]
+MaxRunsOpt = Annotated[
+    int | None,
+    typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),
+]
+
+
+def terminal(stderr: bool = False):
+    from klsweep.console import cli_console
+
+    return cli_console(stderr)
+
+
+def require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
+    """Offline (cluster.offline or HF_HUB_OFFLINE=1): refuse while the caches lack what the runs load, at the
+    commits their folders recorded."""
+    from klsweep.fetch import fetch_command, plan_configs, require_cached
+
+    require_cached(plan_configs(plan), fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
+
+
+def main() -> None:
+    """Console-script entry: run the app, turning UserError into a clear message and exit code 2."""
+    try:
+        app()
+    except UserError as e:
+        from rich.markup import escape
+
+        from klsweep.report.tables import visible
+
+        text = "\n".join(visible(line) for line in str(e).split("\n"))  # a name's control characters visible
+        terminal(stderr=True).print(f"[bold red]error[/]: {escape(text)}", highlight=False)
+        sys.exit(2)

@@ -1,0 +1,170 @@
+"""Commands that read results: report (klsweep/report/) and study (train -> eval -> report,
+klsweep/study.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from klsweep import store
+from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, terminal
+
+
+@app.command("report")
+def report_command(
+    sweep: Annotated[str, typer.Argument(help="a sweep folder, or the name of one under results/")],
+    fmt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or comma-separate",
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
+    eval_hash: Annotated[
+        str | None, typer.Option(help="the eval to report, by hash (default: the one the runs' grid names)")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the paths written")] = False,
+    wandb: Annotated[
+        bool | None,
+        typer.Option(
+            "--wandb/--no-wandb",
+            help="log the report to W&B (default: when the runs mirrored online; --wandb: offline too)",
+        ),
+    ] = None,
+    claims: Annotated[
+        Path | None,
+        typer.Option(
+            help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"
+        ),
+    ] = None,
+) -> None:
+    """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
+    logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
+    from klsweep.console import print_report, print_report_tables
+    from klsweep.report import build_report
+
+    console = terminal()
+    report = build_report(
+        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims,
+        on_tables=None if quiet else lambda r: print_report_tables(console, r),  # while the figures are drawn
+    )  # fmt: skip
+    print_report(console, terminal(stderr=True), report, tables=False)
+
+
+@app.command("study")
+def study_command(
+    grid: Annotated[
+        Path,
+        typer.Argument(help="the grid file or a shipped grid's name, e.g. tiny (it must name an eval suite)"),
+    ],
+    overrides: OverridesArg = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="local | slurm | debug; default: the grid's cluster.kind")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="results root: runs live in OUT/<name>/<run-id>/")] = Path(
+        "results"
+    ),
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="resubmit failed/cancelled runs")
+    ] = False,
+    expect_claims: Annotated[
+        Path | None,
+        typer.Option(
+            help="a claims.csv (e.g. the committed results/tiny/report/claims.csv, read before the study "
+            "overwrites it): compare this study's verdicts with it; exit 1 when one it calls robust differs "
+            "(replication >= 0.8, or no replication column)"
+        ),
+    ] = None,
+    config_dir: ConfigDirOpt = None,
+) -> None:
+    """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from klsweep.console import print_failures, print_report, progress_line, status_table, table_width
+    from klsweep.report.statistics import FRAGILE
+    from klsweep.report.tables import visible
+    from klsweep.study import run_study
+
+    console = terminal()
+    start = time.time()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("runs final", total=None)
+
+    def on_stage(stage: str) -> None:
+        console.print(f"[bold]{time.time() - start:6.0f}s[/] {stage}", highlight=False)
+
+    last: list[str] = []
+
+    def on_progress(runs: list) -> None:
+        summary = progress_line(runs, eta=False)
+        if not console.is_terminal:  # a log file: one line whenever something changed
+            if summary != (last[-1] if last else None):
+                last.append(summary)
+                console.print(f"{time.time() - start:6.0f}s   {progress_line(runs)}", highlight=False)
+            return
+        if not progress.live.is_started:
+            progress.start()
+        done = sum(r.state in store.FINAL_STATES for r in runs)
+        progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
+
+    try:
+        res = run_study(
+            grid,
+            overrides,
+            cluster=cluster,
+            out=out,
+            retry_failed=retry_failed,
+            on_stage=on_stage,
+            on_progress=on_progress,
+            expect_claims=expect_claims,
+            config_dirs=config_dir,
+        )
+    finally:
+        progress.stop()
+    width = table_width(console)
+    console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
+    print_failures(console, res.runs)
+    print_report(console, terminal(stderr=True), res.report)
+    console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
+    if res.claim_changes is not None:
+        ours = res.report.claims.get("claim", []) if res.report.claims is not None else []
+        fragile = res.fragile_changes or []
+        n = len({*ours, *(c for c, _, _ in [*res.claim_changes, *fragile])})
+        if not res.claim_changes:
+            same = f"{n - len(fragile)} of {n}" if fragile else f"all {n}"
+            console.print(f"claims: {same} verdicts as in {expect_claims}", highlight=False)
+        else:
+            console.print(
+                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
+                "differ (a claim on one side only reads missing on the other):[/]",
+                highlight=False,
+            )
+            for claim, want, got in res.claim_changes:
+                console.print(
+                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
+                )
+        if fragile:
+            console.print(
+                f"claims: {len(fragile)} expected-fragile (replication under {FRAGILE:g} there) changed:",
+                highlight=False,
+            )
+            for claim, want, got in fragile:
+                console.print(
+                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
+                )
+        if res.cpu_note:
+            console.print(f"note: {res.cpu_note}", highlight=False, markup=False)
+        if res.claim_changes:
+            raise typer.Exit(1)

@@ -1,0 +1,144 @@
+"""``klsweep audit``'s tables: the exact-gradient audit and the GRPO audit, as rich tables, JSON or CSV."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from klsweep.audit import GRPO_VERDICTS
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from klsweep.audit import AuditRow, GRPOAuditRow
+
+
+VERDICT_STYLES = {
+    "unbiased reverse KL": "green",
+    "forward KL": "yellow",
+    "zero in expectation": "magenta",
+    "biased": "red",
+}
+
+
+def audit_tables(rows: list[AuditRow], title: str = "") -> list:
+    """The rows as rich Tables, one per importance weighting (preset rows: one table, a ``preset`` column
+    first), the verdict coloured. Errors are relative to the exact gradient of the reverse (``err rev``) and
+    forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's."""
+    from rich import box
+    from rich.table import Table
+
+    off_policy = any(r.behavior_shift > 0 for r in rows)
+    presets = any(r.preset for r in rows)
+    out = []
+    for importance in ("",) if presets else dict.fromkeys(r.importance for r in rows):
+        full_title = f"{title}, importance weights: {importance}" if off_policy and not presets else title
+        t = Table(title=full_title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
+            t.add_column(name, no_wrap=True)
+        for name in ("err rev", "err fwd", "|E g|", "variance"):
+            t.add_column(name, justify="right")
+        t.add_column("verdict", no_wrap=True)
+        for r in rows:
+            if presets or r.importance == importance:
+                values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
+                verdict = f"[{VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
+        out.append(t)
+    return out
+
+
+GRPO_VERDICT_STYLES = dict(zip(GRPO_VERDICTS, ("green", "cyan", "yellow", "magenta", "red"), strict=True))
+
+
+GRPO_LEGEND = """\
+scale: the effective KL gradient, (E[grad L(beta)] - E[grad L(0)]) / beta,
+  projected on grad KL(pi||ref) over its squared norm, in units of the loss
+  type's aggregation: 1 when beta means what it says.
+cos rev, cos fwd: its cosines with grad KL(pi||ref) and grad KL(ref||pi).
+err rev: its relative error against grad KL(pi||ref) (exact: below 1e-6;
+  rescaled: the reverse-KL direction at another scale)."""
+
+
+def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
+    """The rows as rich Tables, one per reward mode and reward scaling (off-policy: and per reward_logp and
+    importance), narrow enough for 80 columns:
+    ``scale`` is ``effective_scale``, ``cos rev``/``cos fwd`` the cosines with grad KL(pi||ref) and
+    grad KL(ref||pi), ``err rev`` the relative error of effective / unit against grad KL(pi||ref)."""
+    from rich import box
+    from rich.table import Table
+
+    out = []
+
+    presets = any(r.preset for r in rows)
+
+    def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
+        if presets:
+            return ("", r.scale_rewards)
+        sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
+        return (r.reward_mode, r.scale_rewards, *sampling)
+
+    for key in dict.fromkeys(map(table_of, rows)):
+        title = f"reward_mode {key[0]}, scale_rewards {key[1]}" if key[0] else f"scale_rewards {key[1]}"
+        if len(key) > 2:
+            title += f",\nreward_logp {key[2]}, importance {key[3]}"
+        t = Table(
+            title=title,
+            box=box.SIMPLE_HEAD,
+            padding=0,
+            pad_edge=False,
+        )
+        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
+            t.add_column(name, no_wrap=True)
+        for name in ("scale", "cos rev", "cos fwd", "err rev"):
+            t.add_column(name, justify="right", no_wrap=True)
+        t.add_column("verdict", no_wrap=True)
+        for r in rows:
+            if table_of(r) == key:
+                verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
+                names = (r.preset,) if presets else ()
+                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)
+        out.append(t)
+    return out
+
+
+def print_audit(
+    console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
+) -> None:
+    """``klsweep audit``'s rows: ``json`` (a list) or ``csv`` on stdout, plain; else the rich tables under a
+    heading that names the settings (the GRPO audit's with their legend)."""
+    import sys
+
+    from klsweep.audit import GRPOAuditRow, rows_as_dicts
+
+    if fmt == "json":
+        import json
+
+        print(json.dumps(rows_as_dicts(rows), indent=2))
+    elif fmt == "csv":
+        import csv
+
+        dicts = rows_as_dicts(rows)
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(dicts)
+    elif isinstance(rows[0], GRPOAuditRow):
+        r = rows[0]
+        off = (
+            f"off-policy (behaviour shift {r.behavior_shift:g})\n" if r.behavior_shift > 0 else "on-policy: "
+        )
+        console.print(
+            f"GRPO audit, {off}V={vocab}, L={length}, G={r.group_size}, {r.loss_type}, beta {r.beta:g},"
+            f" seed {seed}, ref distance {ref_distance:g}",
+            markup=False,
+        )
+        console.print(*grpo_audit_tables(rows))
+        console.print(GRPO_LEGEND, markup=False, highlight=False)
+    else:
+        shift = rows[0].behavior_shift
+        policy = "on-policy" if shift == 0 else f"off-policy, behaviour shift {shift}"
+        title = (
+            f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
+        )
+        console.print(*audit_tables(rows, title=title))

@@ -13,12 +13,11 @@ one (on-policy) or another (off-policy); ``assert_same`` compares value and grad
 (absolute where the magnitude is below 1)."""
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import contextlib
 import hashlib
-
 import subprocess
 import sys
 import zipfile
@@ -186,7 +185,9 @@ def value_and_gradient(term_of, x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     return value.detach(), torch.zeros_like(logp) if grad is None else grad
 
 
-def assert_same(ours: tuple[torch.Tensor, torch.Tensor], theirs: tuple[torch.Tensor, torch.Tensor], what: str):
+def assert_same(
+    ours: tuple[torch.Tensor, torch.Tensor], theirs: tuple[torch.Tensor, torch.Tensor], what: str
+):
     """Value and gradient equal within ``RTOL`` relative (absolute below 1), every element; where they differ
     the message names the first few elements."""
     for kind, a, b in (("value", ours[0], theirs[0]), ("gradient", ours[1], theirs[1])):
@@ -199,8 +200,6 @@ def assert_same(ours: tuple[torch.Tensor, torch.Tensor], theirs: tuple[torch.Ten
                 f"{what}: {kind} differs at {int(bad.sum())} of {bad.numel()} elements "
                 f"(index, klsweep, framework): {pairs}"
             )
-
-
 
 
 def run_block(text: str, filename: str, **names: Any) -> dict[str, Any]:

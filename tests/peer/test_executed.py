@@ -89,7 +89,9 @@ def test_verl_presets_are_verls_kl_penalty(preset, kl_loss_type, off_policy):
     (dp_actor.py), here at the preset's beta (actor.yaml's kl_loss_coef 0.001)."""
     kl_penalty, x = verl_kl_penalty(), inputs(off_policy)
     config = presets.kl_config(preset)
-    theirs = value_and_gradient(lambda lp: config.beta * masked_sum(kl_penalty(lp, x.ref, kl_loss_type), x.mask), x)
+    theirs = value_and_gradient(
+        lambda lp: config.beta * masked_sum(kl_penalty(lp, x.ref, kl_loss_type), x.mask), x
+    )
     assert_same(ours(config, x), theirs, preset)
 
 
@@ -124,7 +126,9 @@ def test_openrlhf_unbiased_preset_is_openrlhfs_unbiased_gradient(estimator, off_
     assert config.importance_cap == cap
 
     def theirs(lp):
-        values = compute_approx_kl(lp, x.ref, log_probs_old=x.old, kl_estimator=estimator, unbiased_gradient=True)
+        values = compute_approx_kl(
+            lp, x.ref, log_probs_old=x.old, kl_estimator=estimator, unbiased_gradient=True
+        )
         return config.beta * masked_sum(values, x.mask)
 
     assert_same(ours(config, x), value_and_gradient(theirs, x), f"openrlhf-unbiased {estimator}")

@@ -102,7 +102,7 @@ def calculate_kl(
     return kl
 '''
 
-NEMO_KL_BLOCK = '''\
+NEMO_KL_BLOCK = """\
             if self.use_on_policy_kl_approximation:
                 # See: docs/guides/grpo.md#on-policy-kl-approximation
                 kl_importance_weights = torch.exp(
@@ -125,7 +125,7 @@ NEMO_KL_BLOCK = '''\
                 output_clamp_value=self.kl_output_clamp_value,
                 importance_sampling_weights=kl_importance_weights,
             )
-'''
+"""
 
 SLIME_COMPUTE_APPROX_KL = '''\
 def compute_approx_kl(
@@ -170,7 +170,7 @@ def compute_approx_kl(
     return kl
 '''
 
-SLIME_KL_LOSS_BLOCK = '''\
+SLIME_KL_LOSS_BLOCK = """\
         ref_log_probs = batch["ref_log_probs"]
         ref_log_probs = torch.cat(ref_log_probs, dim=0)
         importance_ratio = None
@@ -182,7 +182,7 @@ SLIME_KL_LOSS_BLOCK = '''\
             kl_loss_type=args.kl_loss_type,
             importance_ratio=importance_ratio,
         )
-'''
+"""
 
 PIPELINERL_LINEAR_DECAY_COEF = '''\
 def linear_decay_coef(current_step: int, max_step: int, initial_coef: float, final_coef: float) -> float:
@@ -202,12 +202,12 @@ def linear_decay_coef(current_step: int, max_step: int, initial_coef: float, fin
     return initial_coef + (final_coef - initial_coef) * current_step / max_step
 '''
 
-PIPELINERL_LOG_RATIOS = '''\
+PIPELINERL_LOG_RATIOS = """\
     log_ratio_new_old = new_logprobs - old_logprobs
     log_ratio_ref_new = ref_logprobs - new_logprobs
-'''
+"""
 
-PIPELINERL_APPROX_KL = '''\
+PIPELINERL_APPROX_KL = """\
     clamp_log_ratio_ref_new_indicators = torch.abs(log_ratio_ref_new) > config.clamp_log_ratio_ref_new_value
 
     log_ratio_ref_new_clamp = torch.clamp(
@@ -222,7 +222,7 @@ PIPELINERL_APPROX_KL = '''\
     assert torch.isfinite(approx_kl).all(), f"approx_kl is not finite: {approx_kl}"
     entropy_bonus_coef = linear_decay_coef(current_step, max_step, config.entropy_bonus, config.final_entropy_bonus)
     kl_coef = linear_decay_coef(current_step, max_step, config.kl_coef, config.final_kl_coef)
-'''
+"""
 
 
 # --- the comparisons ---------------------------------------------------------------------------------------

@@ -542,9 +542,10 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
         raise UserError(reading.problems, title=f"{path}: not a valid {VERSIONS[framework]} config")
     reading.unknown(_touches_kl)
     if len(terms) == 2:
-        same = dataclasses.replace(terms[0][1], placement="loss") == terms[1][1]
-        if same:
-            terms = [("both", dataclasses.replace(terms[1][1], placement="both"))]
+        reward, loss = terms[0][1], terms[1][1]
+        same = dataclasses.replace(reward, placement="loss", reward_logp=loss.reward_logp) == loss
+        if same:  # the same estimate at the same coefficient in both places: klsweep's placement both
+            terms = [("both", dataclasses.replace(reward, placement="both"))]
         reading.warnings.insert(
             0,
             "the KL is counted twice: in the reward and in the loss"

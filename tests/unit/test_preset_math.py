@@ -194,7 +194,11 @@ def test_clamp_after_weighting_and_weight_detached_where_clamped():
     # the keys need their clamp; unbiased_gradient's term is never clamped
     with pytest.raises(UserError) as info:
         KLConfig("k3", "loss", clamp_weighted=True, clamp_detaches_weight=True, unbiased_gradient=True)
-    assert [p.where for p in info.value.problems] == ["clamp_weighted", "clamp_detaches_weight", "unbiased_gradient"]
+    assert [p.where for p in info.value.problems] == [
+        "clamp_weighted",
+        "clamp_detaches_weight",
+        "unbiased_gradient",
+    ]
 
 
 def test_new_keys_default_to_todays_computation():

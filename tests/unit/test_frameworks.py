@@ -211,3 +211,15 @@ def test_bad_files_and_values_are_refused(tmp_path):
     assert [p.where for p in info.value.problems] == ["beta"]
     with pytest.raises(UserError):
         read_text(tmp_path, "openrlhf", "nothing here", ".sh")
+
+
+def test_preset_audit_says_how_each_preset_was_proven():
+    """`klsweep audit --preset all` ends with, per preset, executed (its framework's own code run: tests/peer,
+    TRL's in tests/integration) or transcribed (its lines copied: tests/peer/test_transcribed.py)."""
+    out = run_cli("--preset", "all")
+    assert out.exit_code == 0, out.output
+    text = out.stdout[out.stdout.index("proven against") :]
+    said = {how: line for how in presets.CHECKED for line in text.splitlines() if f"{how}:" in line}
+    assert "verl-k3plus" in text and "nemo-onpolicy" in said["transcribed"] and "paper" in said["own"]
+    assert {presets.checked(n) for n in ("nemo", "slime", "pipelinerl")} == {"transcribed"}
+    assert {presets.checked(n) for n in ("trl", "verl", "openrlhf", "skyrl", "areal")} == {"executed"}

@@ -265,7 +265,7 @@ def _touches_kl(name: str) -> bool:
     """Whether a key names a KL (a component "kl" or "kl..." of its dotted, dashed or underscored name) other
     than ``NOT_REFERENCE_KL``."""
     parts = name.lower().split(".")
-    if any(p in NOT_REFERENCE_KL for p in parts):
+    if any(p in NOT_REFERENCE_KL for p in parts) or parts[-1].startswith("_"):  # Hydra's _target_ ...
         return False
     return any(w.startswith("kl") for p in parts for w in re.split(r"[_-]", p))
 
@@ -289,8 +289,10 @@ def _verl(r: Reading) -> tuple[list[tuple[str, KLConfig]], bool]:
 
     def form(key: str, default: str) -> tuple[str, dict[str, Any]] | None:
         name = r.choice(key, default, allowed)
+        used = key.startswith("algorithm") and in_reward or key.startswith("actor") and in_loss
         if name == "full":
-            r.warnings.append(f"{key} full: the full-vocabulary KL, not a sample estimate; not audited")
+            if used:
+                r.warnings.append(f"{key} full: the full-vocabulary KL, not a sample estimate; not audited")
             return None
         base = name.rstrip("+")
         forms: dict[str, Any] = {"log_ratio_clamp": 20.0, "value_clamp": 10.0} if types[base] == "k3" else {}
@@ -299,20 +301,27 @@ def _verl(r: Reading) -> tuple[list[tuple[str, KLConfig]], bool]:
         return types[base], forms
 
     algorithm = r.get("algorithm.adv_estimator", "gae", str)
-    terms = []
-    if r.get("algorithm.use_kl_in_reward", False, bool):
-        kind = r.choice("algorithm.kl_ctrl.type", "fixed", ("fixed", "adaptive"))
-        beta = r.get("algorithm.kl_ctrl.kl_coef", 0.001, float)
-        r.get("algorithm.kl_ctrl.target_kl", 0.1, float), r.get("algorithm.kl_ctrl.horizon", 10000, int)
-        if kind == "adaptive":
-            r.warnings.append(f"algorithm.kl_ctrl.type adaptive: audited at its initial kl_coef {beta:g}")
-        if (got := form("algorithm.kl_penalty", "kl")) is not None:
-            terms.append(("reward", _term("reward", got[0], beta, **got[1])))
     actor = "actor_rollout_ref.actor."
-    if r.get(f"{actor}use_kl_loss", False, bool):
-        beta = r.get(f"{actor}kl_loss_coef", 0.001, float)
-        if (got := form(f"{actor}kl_loss_type", "low_var_kl")) is not None:
-            terms.append(("loss", _term("loss", got[0], beta, **got[1])))
+    in_reward, in_loss = (
+        r.get("algorithm.use_kl_in_reward", False, bool),
+        r.get(f"{actor}use_kl_loss", False, bool),
+    )
+    kind = r.choice("algorithm.kl_ctrl.type", "fixed", ("fixed", "adaptive"))
+    reward_beta, loss_beta = (
+        r.get("algorithm.kl_ctrl.kl_coef", 0.001, float),
+        r.get(f"{actor}kl_loss_coef", 0.001, float),
+    )
+    r.get("algorithm.kl_ctrl.target_kl", 0.1, float), r.get("algorithm.kl_ctrl.horizon", 10000, int)
+    reward_form, loss_form = form("algorithm.kl_penalty", "kl"), form(f"{actor}kl_loss_type", "low_var_kl")
+    terms = []
+    if in_reward and reward_form is not None:
+        if kind == "adaptive":
+            r.warnings.append(
+                f"algorithm.kl_ctrl.type adaptive: audited at its initial kl_coef {reward_beta:g}"
+            )
+        terms.append(("reward", _term("reward", reward_form[0], reward_beta, **reward_form[1])))
+    if in_loss and loss_form is not None:
+        terms.append(("loss", _term("loss", loss_form[0], loss_beta, **loss_form[1])))
     grpo_like = ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "gdpo")
     return terms, algorithm in grpo_like
 

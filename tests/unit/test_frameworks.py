@@ -56,6 +56,12 @@ def test_examples_without_a_kl_say_so():
         found, rows = frameworks.audit_config(framework, EXAMPLES / example)
         assert found["kl"] == {} and rows == [] and found["audit"] == [], example
         assert any("no KL at all" in w for w in found["warnings"]), example
+    # verl 0.9.1's whole default config (verl/trainer/config/_generated_ppo_trainer.yaml, from its wheel): every
+    # KL key known, none on
+    full = frameworks.read("verl", EXAMPLES / "verl_0.9.1_generated_ppo_trainer.yaml")
+    assert full.terms == () and full.warnings == (
+        "no KL at all (beta 0 or off, as verl 0.9.1 reads this config): nothing to audit",
+    )
     found = frameworks.read("openrlhf", EXAMPLES / "openrlhf_train_prorlv2_math_hybrid_engine.sh")
     config = only(found)
     assert (config.estimator, config.placement, config.beta, found.grpo) == ("k2", "loss", 1e-4, True)

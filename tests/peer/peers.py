@@ -18,6 +18,7 @@ import __future__
 import ast
 import contextlib
 import hashlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -69,9 +70,12 @@ def wheel_path(wheel: Wheel) -> Path:
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not path.exists():
-            raise RuntimeError(
-                f"pip download {wheel.spec()} did not give {wheel.filename}:\n{done.stdout}{done.stderr}"
-            )
+            said = f"pip download {wheel.spec()} did not give {wheel.filename}:\n{done.stdout}{done.stderr}"
+            if os.environ.get("CI") != "true":  # offline here: skipped; under CI the tier must run
+                import pytest
+
+                pytest.skip(said)
+            raise RuntimeError(said)
     got = sha256(path)
     if got != wheel.sha256:
         path.unlink()

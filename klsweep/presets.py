@@ -4,7 +4,8 @@
 
 ``names()`` lists them, ``kl_config(name)`` is one as a ``klsweep.kl.KLConfig`` (the preset's ``kl.*`` over
 ``RunConfig``'s defaults), ``resolve`` checks names (``all``: every one) and ``name_of`` finds the preset a
-run's KL settings are (the report labels its audit rows with it)."""
+run's KL settings are (the report labels its audit rows with it); ``SOURCES`` says how each one was proven to be
+its framework's code (executed or transcribed: tests/peer/)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,29 @@ if TYPE_CHECKING:
     from klsweep.kl import KLConfig
 
 PRESET_DIR = Path(__file__).parent / "conf" / "preset"
+
+# How each preset was proven to be its framework's KL (docs/KL.md, "What each framework's KL does"): executed,
+# the framework's own function from its published package run beside the preset on float64 inputs that hit
+# every clamp (tests/peer/test_executed.py; TRL's trainer in tests/integration/test_presets.py), value and
+# gradient within 1e-6; transcribed, the framework's lines copied verbatim into tests/peer/test_transcribed.py
+# (no wheel has the commit cited) and run the same way; own, klsweep's configuration.
+CHECKED = ("executed", "transcribed", "own")
+SOURCES: dict[str, tuple[str, str]] = {
+    "areal": ("executed", "areal 1.0.4: areal/utils/data.py KLEstimator"),
+    "nemo": ("transcribed", "NVIDIA-NeMo/RL 7ea279a: nemo_rl/algorithms/utils.py:42-101, loss/loss_functions.py:477-503"),
+    "nemo-onpolicy": ("transcribed", "NVIDIA-NeMo/RL 7ea279a: as nemo"),
+    "openrlhf": ("executed", "openrlhf 0.11.2: openrlhf/models/utils.py compute_approx_kl"),
+    "openrlhf-unbiased": ("executed", "openrlhf 0.11.2: openrlhf/models/utils.py compute_approx_kl"),
+    "paper": ("own", "arXiv 2512.21852: k1 in the reward"),
+    "pipelinerl": ("transcribed", "ServiceNow/PipelineRL 58d3934: pipelinerl/finetune/rl/__init__.py:119-133, 280-293"),
+    "skyrl": ("executed", "skyrl 0.4.0: skyrl/backends/skyrl_train/utils/ppo_utils.py compute_approx_kl"),
+    "slime": ("transcribed", "THUDM/slime 624b824: slime/utils/ppo_utils.py:12-51"),
+    "slime-unbiased": ("transcribed", "THUDM/slime 624b824: slime/utils/ppo_utils.py:12-51, backends/megatron_utils/loss.py:1116-1127"),
+    "trl": ("executed", "trl 1.16.0: GRPOTrainer._compute_loss (tests/integration/test_presets.py)"),
+    "trl-sequence": ("executed", "trl 1.16.0: GRPOTrainer._compute_loss (tests/integration/test_presets.py)"),
+    "verl": ("executed", "verl 0.9.1: verl/trainer/ppo/core_algos.py kl_penalty"),
+    "verl-k3plus": ("executed", "verl 0.9.1: verl/trainer/ppo/core_algos.py kl_penalty"),
+}  # fmt: skip
 
 
 def names() -> tuple[str, ...]:
@@ -63,6 +87,11 @@ def config_of(settings: Mapping[str, Any]) -> KLConfig:
     from klsweep.kl import KLConfig
 
     return KLConfig(**{**dataclasses.asdict(KLSection()), **dict(settings)})
+
+
+def checked(name: str) -> str:
+    """How the preset was proven to be its framework's KL: executed, transcribed or own (``SOURCES``)."""
+    return SOURCES[name][0]
 
 
 def resolve(requested: Iterable[str]) -> tuple[str, ...]:

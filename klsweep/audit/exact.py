@@ -194,9 +194,24 @@ def preset_audit(
     from klsweep import presets as preset_mod
 
     names = preset_mod.resolve(presets)
+    return config_audit(
+        [(n, preset_mod.kl_config(n)) for n in names], vocab, length, seed, ref_distance, behavior_shift
+    )
+
+
+def config_audit(
+    configs: list[tuple[str, kl.KLConfig]],
+    vocab: int = 3,
+    length: int = 3,
+    seed: int = 0,
+    ref_distance: float = 1.0,
+    behavior_shift: float = 0.0,
+) -> list[AuditRow]:
+    """``preset_audit`` of whole KL configurations, each labelled (a preset's name, a framework config's term):
+    one row each, with its own weighting off-policy."""
     _validate(vocab, length, seed, ref_distance, behavior_shift, "none")
     policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
-    return _rows(policy, [(n, preset_mod.kl_config(n)) for n in names], behavior_shift)
+    return _rows(policy, configs, behavior_shift)
 
 
 def _rows(

@@ -67,18 +67,40 @@ def audit_command(
             "NAME,NAME or all; with --grpo at the preset's beta unless --beta"
         ),
     ] = None,
+    framework: Annotated[
+        str | None,
+        typer.Option(
+            help="audit a framework's own training config instead (with --config): verl, trl, openrlhf, slime, "
+            "nemo-rl, skyrl, areal, pipelinerl; the GRPO audit where its algorithm is GRPO-like"
+        ),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            help="--framework's config file as its users write it: a YAML/JSON config, Hydra overrides or "
+            "the launch command with its --flags"
+        ),
+    ] = None,
     estimator: Annotated[
         str | None, typer.Option(help="show only this estimator's rows: k1 | k2 | k3 | abs")
     ] = None,
     placement: Annotated[
         str | None, typer.Option(help="show only this placement's rows: reward | loss | both")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the rows as a JSON list")] = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="print the rows as CSV")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help='print the rows as a JSON list (--framework: {"kl", "warnings", "audit"})'
+        ),
+    ] = False,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="print the rows as CSV (--framework: the warnings on stderr)")
+    ] = False,
 ) -> None:
     """Exact bias and variance of every KL configuration's gradient, by enumerating a small tabular policy;
     with --grpo, the exact expected update of the trainer's whole GRPO objective; with --preset, of a
-    framework's configuration.
+    framework's configuration; with --framework and --config, of a framework's own config file, with
+    warnings (the KL counted twice, a coefficient the framework ignores, no KL at all).
 
     Columns: err rev / err fwd (rel_err_reverse, rel_err_forward): |E g - grad KL| / |grad KL| against the
     reverse KL(pi||ref) and forward KL(ref||pi) gradients; |E g| (rel_norm): the expected gradient's norm over
@@ -112,9 +134,15 @@ def audit_command(
     set_by_preset = {"importance": importance} | {
         k: given.get(k) for k in ("reward_mode", "reward_logp", "importance_cap")
     }
-    if preset is not None and any(v is not None for v in set_by_preset.values()):
-        flags = ", ".join(f"--{k.replace('_', '-')}" for k, v in set_by_preset.items() if v is not None)
-        problems.append(Problem(flags, "given with --preset, which sets them", "leave them out"))
+    for given_with, value in (("--preset", preset), ("--framework", framework)):
+        if value is not None and any(v is not None for v in set_by_preset.values()):
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k, v in set_by_preset.items() if v is not None)
+            problems.append(Problem(flags, f"given with {given_with}, which sets them", "leave them out"))
+    if framework is not None and preset is not None:
+        problems.append(Problem("--preset, --framework", "both given", "at most one of them"))
+    if (framework is None) != (config is None):
+        missing = "--config" if config is None else "--framework"
+        problems.append(Problem(missing, "missing", "--framework NAME and --config FILE go together"))
     names = [n.strip() for n in preset.split(",")] if preset is not None else []
     for check in (lambda: audit.select([], estimator, placement), lambda: presets.resolve(names)):
         try:
@@ -123,6 +151,23 @@ def audit_command(
             problems.extend(e.problems)
     if problems:
         raise UserError(problems)
+    fmt = "json" if as_json else "csv" if as_csv else "table"
+    if framework is not None and config is not None:
+        from klsweep.audit.frameworks import audit_config
+        from klsweep.console import print_framework_audit
+
+        keep = {
+            k: v
+            for k, v in given.items()
+            if k in ("group_size", "groups", "beta", "scale_rewards", "loss_type")
+        }
+        options = {"vocab": vocab, "length": length, "seed": seed, "ref_distance": ref_distance}
+        found, rows = audit_config(
+            framework, config, grpo=True if grpo else None, behavior_shift=behavior_shift, **options, **keep
+        )
+        rows = audit.select(rows, estimator, placement)
+        print_framework_audit(terminal(), terminal(stderr=True), found, rows, fmt, framework, config)
+        return
     if preset is not None:
         keep = {
             k: given[k] for k in ("group_size", "groups", "beta", "scale_rewards", "loss_type") if k in given
@@ -151,5 +196,4 @@ def audit_command(
     rows = audit.select(rows, estimator, placement)
     if not rows:
         raise UserError(Problem("--estimator, --placement", "no audited row has them", "another filter"))
-    fmt = "json" if as_json else "csv" if as_csv else "table"
     print_audit(terminal(), rows, fmt, vocab, length, seed, ref_distance)

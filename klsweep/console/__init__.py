@@ -15,8 +15,10 @@ from klsweep.console.audit import (
     GRPO_VERDICT_STYLES,
     VERDICT_STYLES,
     audit_tables,
+    checked_lines,
     grpo_audit_tables,
     print_audit,
+    print_framework_audit,
 )
 from klsweep.console.preview import (
     LIST_RUNS_UP_TO,
@@ -84,10 +86,12 @@ __all__ = [
     "print_failures",
     "VERDICT_STYLES",
     "audit_tables",
+    "checked_lines",
     "GRPO_VERDICT_STYLES",
     "GRPO_LEGEND",
     "grpo_audit_tables",
     "print_audit",
+    "print_framework_audit",
     "print_report",
     "print_report_tables",
 ]

@@ -107,23 +107,102 @@ def print_audit(
     console: Console, rows: list, fmt: str, vocab: int, length: int, seed: int, ref_distance: float
 ) -> None:
     """``klsweep audit``'s rows: ``json`` (a list) or ``csv`` on stdout, plain; else the rich tables under a
-    heading that names the settings (the GRPO audit's with their legend)."""
-    import sys
-
-    from klsweep.audit import GRPOAuditRow, rows_as_dicts
+    heading that names the settings (the GRPO audit's with their legend); preset rows are followed by how each
+    preset was proven to be its framework's code (``checked_lines``)."""
+    from klsweep.audit import rows_as_dicts
 
     if fmt == "json":
         import json
 
         print(json.dumps(rows_as_dicts(rows), indent=2))
     elif fmt == "csv":
-        import csv
+        _print_csv(rows_as_dicts(rows))
+    else:
+        _print_tables(console, rows, vocab, length, seed, ref_distance)
+        if any(r.preset for r in rows):
+            console.print(checked_lines([r.preset for r in rows]), markup=False, highlight=False)
 
-        dicts = rows_as_dicts(rows)
+
+def _print_csv(dicts: list[dict]) -> None:
+    import csv
+    import sys
+
+    if dicts:
         writer = csv.DictWriter(sys.stdout, fieldnames=list(dicts[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(dicts)
-    elif isinstance(rows[0], GRPOAuditRow):
+
+
+def checked_lines(names: list[str]) -> str:
+    """Per preset audited, how it was proven to be its framework's code (klsweep.presets.SOURCES): executed,
+    transcribed or klsweep's own, wrapped at 80 columns."""
+    import textwrap
+
+    from klsweep import presets
+
+    known = [n for n in dict.fromkeys(names) if n in presets.SOURCES]
+    lines = ["proven against each framework's own code (tests/peer; docs/KL.md):"]
+    for how in presets.CHECKED:
+        group = [n for n in known if presets.checked(n) == how]
+        if group:
+            lines += textwrap.wrap(
+                ", ".join(group), 78, initial_indent=f"  {how + ':':13}", subsequent_indent=" " * 15
+            )
+    return "\n".join(lines)
+
+
+def print_framework_audit(
+    console: Console, err: Console, found: dict, rows: list, fmt: str, framework: str, path: str
+) -> None:
+    """``klsweep audit --framework``: ``json``, the object ``{"kl", "warnings", "audit"}``; ``csv``, the audit
+    rows (the warnings on ``err``); else the klsweep keys the config maps to, its warnings and the audit's
+    tables."""
+    from klsweep.audit import rows_as_dicts
+    from klsweep.audit.frameworks import VERSIONS
+    from klsweep.console.terminal import print_warning
+
+    if fmt == "json":
+        import json
+
+        print(json.dumps(found | {"audit": rows_as_dicts(rows)}, indent=2))
+        return
+    warnings = found["warnings"]
+    if fmt == "csv":
+        _print_csv(rows_as_dicts(rows))
+        for line in warnings:
+            print_warning(err, line)
+        return
+    terms = found["kl"] if found["kl"] and "estimator" not in found["kl"] else {"": found["kl"]}
+    console.print(f"{path}, as {VERSIONS[framework]} reads it:", markup=False, highlight=False)
+    import textwrap
+
+    for place, keys in terms.items():
+        if keys:
+            shown = " ".join(f"kl.{k}={v}" for k, v in keys.items() if _shown(k, v))
+            head = f"  {place}: " if place else "  "
+            text = textwrap.fill(shown, 78, initial_indent=head, subsequent_indent=" " * len(head))
+            console.print(text, markup=False, highlight=False)
+    for line in warnings:
+        print_warning(err, line)
+    if rows:
+        r = rows[0]
+        length = getattr(r, "length", None)
+        _print_tables(console, rows, 3, length or (2 if hasattr(r, "effective_scale") else 3), 0, 1.0)
+
+
+def _shown(key: str, value: object) -> bool:
+    """A klsweep key worth printing: the estimator, placement, level and beta, and every other off its default."""
+    from klsweep.config import KLSection
+
+    return key in ("estimator", "placement", "level", "beta") or getattr(KLSection(), key) != value
+
+
+def _print_tables(
+    console: Console, rows: list, vocab: int, length: int, seed: int, ref_distance: float
+) -> None:
+    from klsweep.audit import GRPOAuditRow
+
+    if isinstance(rows[0], GRPOAuditRow):
         r = rows[0]
         off = (
             f"off-policy (behaviour shift {r.behavior_shift:g})\n" if r.behavior_shift > 0 else "on-policy: "

@@ -55,7 +55,10 @@ def test_tiny_grid_expands_to_the_product_minus_excludes(tmp_path):
         "unbiased_gradient": False,
         "log_ratio_clamp": 0.0,
         "value_clamp": 0.0,
+        "clamp_weighted": False,
+        "clamp_detaches_weight": False,
         "beta_final": None,
+        "beta_final_at": "last",
     }
     json.dumps(c)  # JSON-able
     assert len({r.id for r in plan.runs}) == len(plan.runs)
@@ -254,7 +257,10 @@ def test_presets_as_an_axis_set_kl(tmp_path):
         "unbiased_gradient": False,
         "log_ratio_clamp": 0.0,
         "value_clamp": 0.0,
+        "clamp_weighted": False,
+        "clamp_detaches_weight": False,
         "beta_final": None,
+        "beta_final_at": "last",
     }
     assert by["verl"]["beta"] == 0.001 and by["verl"]["importance"] == "none"
     assert by["verl"]["log_ratio_clamp"] == 20.0 and by["verl"]["value_clamp"] == 10.0

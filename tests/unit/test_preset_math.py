@@ -152,13 +152,53 @@ def test_clamps_bound_the_value_zero_the_gradient_and_are_counted():
 
 
 def test_beta_schedule_is_linear_from_beta_to_beta_final():
-    """PipelineRL's linear_decay_coef from kl_coef to final_kl_coef; its default is no decay (final = kl_coef)."""
+    """klsweep's decay reaches beta_final at the last step (beta_final_at: last); PipelineRL's linear_decay_coef
+    over completed_steps / max_steps (end) is one step short of it at its last step: 0.00055 of 0.001 ->
+    0.0001 at 2 steps, 0.00019 at 10, 0.0001009 at 1000. Its default is no decay (final = kl_coef)."""
     assert presets.kl_config("pipelinerl").beta_final is None
-    config = dataclasses.replace(presets.kl_config("pipelinerl"), beta_final=0.0001)
-    assert klmath.beta_at(config, 0, 11) == config.beta
-    assert klmath.beta_at(config, 10, 11) == pytest.approx(config.beta_final)
-    assert klmath.beta_at(config, 5, 11) == pytest.approx((config.beta + config.beta_final) / 2)
+    pipelinerl = dataclasses.replace(presets.kl_config("pipelinerl"), beta_final=0.0001)
+    assert pipelinerl.beta_final_at == "end"
+    last = dataclasses.replace(pipelinerl, beta_final_at="last")
+    assert klmath.beta_at(last, 0, 11) == last.beta
+    assert klmath.beta_at(last, 10, 11) == pytest.approx(last.beta_final)
+    assert klmath.beta_at(last, 5, 11) == pytest.approx((last.beta + last.beta_final) / 2)
+    assert klmath.beta_at(pipelinerl, 0, 11) == pipelinerl.beta
+    for steps, final in ((2, 0.00055), (10, 0.00019), (1000, 0.0001009)):
+        assert klmath.beta_at(pipelinerl, steps - 1, steps) == pytest.approx(final, rel=1e-9), steps
+    assert klmath.beta_at(dataclasses.replace(pipelinerl, beta_final=None), 9, 10) == pipelinerl.beta
     assert klmath.beta_at(KLConfig("k3", "loss", beta=0.3), 7, 11) == 0.3
+
+
+def test_clamp_after_weighting_and_weight_detached_where_clamped():
+    """NeMo-RL's calculate_kl: the value clamp on weight x k3 (clamp_weighted), the weight detached where the
+    log-ratio clamp bites (clamp_detaches_weight). A weight with gradient keeps the gradient of a clamped k3
+    (k3_clamped x grad w) unless the product is clamped; tokens inside every clamp are unchanged."""
+    plain = KLConfig(
+        "k3", "loss", importance="self", importance_gradient=True, log_ratio_clamp=20.0, value_clamp=10.0
+    )
+    nemo = dataclasses.replace(plain, clamp_weighted=True, clamp_detaches_weight=True)
+    delta = torch.tensor([[-3.0, -25.0, 0.5, 25.0]], dtype=torch.float64)
+    mask = torch.ones_like(delta, dtype=torch.bool)
+    grads = {}
+    for name, config in (("plain", plain), ("nemo", nemo)):
+        logp = torch.zeros_like(delta, requires_grad=True)
+        terms = klmath.token_terms(logp, -delta, mask, config)
+        terms.sum().backward()
+        grads[name] = logp.grad[0].tolist()
+        assert terms[0, 0].item() == pytest.approx(10.0)  # k3(-3) = 16.1, clamped at 10 either way
+    assert grads["plain"][:2] == [10.0, 10.0]  # k3 clamped, x grad w (= grad log pi): 10
+    assert grads["nemo"][0] == 0.0 and grads["nemo"][1] == 0.0  # clamped product; detached weight
+    assert grads["nemo"][2] == pytest.approx(grads["plain"][2]) != 0  # no clamp bites: the same
+    # k3(25) = 24 -> 10 by the value clamp; the log-ratio clamp (20) bites too: no gradient either way
+    assert grads["nemo"][3] == 0.0
+    # the keys need their clamp; unbiased_gradient's term is never clamped
+    with pytest.raises(UserError) as info:
+        KLConfig("k3", "loss", clamp_weighted=True, clamp_detaches_weight=True, unbiased_gradient=True)
+    assert [p.where for p in info.value.problems] == [
+        "clamp_weighted",
+        "clamp_detaches_weight",
+        "unbiased_gradient",
+    ]
 
 
 def test_new_keys_default_to_todays_computation():
@@ -191,8 +231,10 @@ def test_invalid_new_keys_are_all_reported():
             value_clamp=float("inf"),
             importance_gradient="yes",
             beta_final=-0.1,
+            beta_final_at="first",
             straight_through=True,
             unbiased_gradient=True,
+            clamp_weighted="yes",
         )
     fields = {p.where for p in info.value.problems}
     assert fields == {
@@ -202,6 +244,8 @@ def test_invalid_new_keys_are_all_reported():
         "value_clamp",
         "importance_gradient",
         "beta_final",
+        "beta_final_at",
+        "clamp_weighted",
         "straight_through, unbiased_gradient",
     }
 

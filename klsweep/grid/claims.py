@@ -145,8 +145,8 @@ def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Cl
     group = raw.get("group")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         problems.append(Problem(f"{where}.group", f"{group!r}", "the name of an any-of claim"))
-    a = _filters(raw.get("a"), f"{where}.a", schema, problems)
-    b = _filters(raw.get("b"), f"{where}.b", schema, problems)
+    a = parse_filters(raw.get("a"), f"{where}.a", schema, problems)
+    b = parse_filters(raw.get("b"), f"{where}.b", schema, problems)
     if a and {k: sorted(map(repr, v)) for k, v in a.items()} == {
         k: sorted(map(repr, v)) for k, v in b.items()
     }:
@@ -187,8 +187,11 @@ def _size(raw: dict, key: str, where: str, problems: list[Problem]) -> tuple[flo
     return size, relative
 
 
-def _filters(value: Any, where: str, schema: Schema, problems: list[Problem]) -> dict[str, list[Any]]:
-    """A group's filters: key -> the values it accepts (a value or a list); keys of RunConfig or ``unbiased``."""
+def parse_filters(
+    value: Any, where: str, schema: Schema, problems: list[Problem], unbiased: bool = True
+) -> dict[str, list[Any]]:
+    """A group's filters: key -> the values it accepts (a value or a list); keys of RunConfig, or ``unbiased``
+    (when ``unbiased``: a claim's side; a label's filters select by config keys only)."""
     if not isinstance(value, dict) or not value:
         problems.append(Problem(where, "missing: the runs of this side", "{kl.beta: 0, offpolicy.lag: 16}"))
         return {}
@@ -196,7 +199,7 @@ def _filters(value: Any, where: str, schema: Schema, problems: list[Problem]) ->
     for key, raw in value.items():
         w = f"{where}.{key}"
         values = raw if isinstance(raw, list) else [raw]
-        if key == UNBIASED:
+        if key == UNBIASED and unbiased:
             if not all(isinstance(v, bool) for v in values):
                 problems.append(Problem(w, f"{raw!r}", "true or false (the KL gradient audit's verdict)"))
         elif (p := schema.key_problem(str(key), w, allow_name=False)) is not None:
@@ -244,9 +247,9 @@ def check_grid_values(
                     continue
                 if key not in grid:
                     found = (lookup(r, key, missing) for r in configs)
-                    grid[key] = {_plain(g): g for g in found if g is not missing}
+                    grid[key] = {comparable(g): g for g in found if g is not missing}
                 for v in values:
-                    if _plain(v) not in grid[key]:
+                    if comparable(v) not in grid[key]:
                         shown = ", ".join(sorted(map(repr, grid[key].values()))) or "none: no run sets it"
                         problems.append(
                             Problem(
@@ -257,7 +260,7 @@ def check_grid_values(
                         )
 
 
-def _plain(v: Any) -> Any:
+def comparable(v: Any) -> Any:
     """A value as filters compare it: a number by value (0 == 0.0), a bool apart from the numbers."""
     if isinstance(v, bool):
         return ("bool", v)

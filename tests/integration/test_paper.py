@@ -19,7 +19,7 @@ import pytest
 import sweepgen
 
 from klsweep import report as rp
-from klsweep.report import background, figures
+from klsweep.report import background, curves, figstyle
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 REPO = Path(__file__).resolve().parents[2]
@@ -49,16 +49,16 @@ def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
         "wide": sweepgen.write_sweep(root / "wide", sweepgen.wide_grid(), seeds=2),
     }
     out: dict[str, dict[str, object]] = {}
-    save = figures._save
+    save = figstyle.save
     for name, sweep in sweeps.items():
         seen: dict[str, object] = {}
 
-        def capture(fig, path, digest, vector, seen=seen):
+        def capture(fig, path, digest, vector, about="", seen=seen):
             seen[path.stem] = fig
-            return save(fig, path, digest, vector)
+            return save(fig, path, digest, vector, about)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(figures, "_save", capture)
+            mp.setattr(figstyle, "save", capture)
             # drawn in this process, where capture sees them
             mp.setattr(background, "usable_cores", lambda: 1)
             seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md", "pdf"))
@@ -121,30 +121,25 @@ def test_legends_are_whole_and_cover_nothing(drawn, sweep):
 def test_curves_are_small_multiples_labelled_by_what_varies(drawn):
     fig = drawn["tiny"]["curves"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["estimator=k1", "estimator=k3", "no KL"]  # level and beta are the same in every KL run
-    rows = [ax.get_ylabel() for ax in fig.axes[:: len(figures.CURVES)]]
-    assert rows == [f"placement={p}\nlag={lag}" for p in ("both", "loss", "reward") for lag in (0, 4)]
-    assert len(fig.axes) == 6 * len(figures.CURVES)
+    assert labels == ["k1", "k3", "no KL"]  # level and beta are the same in every KL run
+    rows = [ax.get_ylabel() for ax in fig.axes[:: len(curves.CURVES)]]
+    assert rows == [f"KL in {p}\nlag {lag}" for p in ("both", "loss", "reward") for lag in (0, 4)]
+    assert len(fig.axes) == 6 * len(curves.CURVES)
     for ax in fig.axes:
         (lines,) = ax.collections[:1]
         assert len(lines.get_segments()) == 3  # k1, k3 and the no-KL run of that lag
         assert len({tuple(c) for c in lines.get_colors()}) == 3
 
     fig = drawn["wide"]["curves"]  # 40 configurations: still one legend, a few lines per panel
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "estimator=k1",
-        "estimator=k2",
-        "estimator=k3",
-        "no KL",
-    ]
-    assert len(fig.axes) == 12 * len(figures.CURVES)
-    assert all(len(ax.collections[0].get_segments()) <= figures.MAX_LINES for ax in fig.axes)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["k1", "k2", "k3", "no KL"]
+    assert len(fig.axes) == 12 * len(curves.CURVES)
+    assert all(len(ax.collections[0].get_segments()) <= figstyle.MAX_LINES for ax in fig.axes)
 
-    fig = drawn["fixture"]["curves"]  # 3 configurations: one panel per metric, both axes named
-    assert len(fig.axes) == len(figures.CURVES) and [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "estimator=k1, placement=reward",
-        "estimator=k3, placement=loss",
-        "estimator=k3, placement=reward",
+    fig = drawn["fixture"]["curves"]  # 3 configurations: one panel per metric, named as the paper does
+    assert len(fig.axes) == len(curves.CURVES) and [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "k1 in reward",
+        "k3 in loss",
+        "k3 in reward",
         "a run collapsed (its step)",
         "a run diverged (its step)",
     ]
@@ -156,10 +151,10 @@ def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn)
     import numpy as np
 
     fig = drawn["tiny"]["curves"]
-    kl = {i for i, (name, _) in enumerate(figures.CURVES) if name in figures.KL_CURVES}
+    kl = {i for i, (name, _) in enumerate(curves.CURVES) if name in curves.KL_CURVES}
     own = 0
     for i, ax in enumerate(fig.axes):
-        column = i % len(figures.CURVES)
+        column = i % len(curves.CURVES)
         if column in kl:
             assert ax.get_yscale() in ("log", "symlog"), ax.get_title()
             continue
@@ -168,7 +163,7 @@ def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn)
         pad = 0.05 * (hi - lo)
         assert ax.get_ylim() == pytest.approx((lo - pad, hi + pad))  # the panel's own values, padded
         own += 1
-    tops = [fig.axes[r * len(figures.CURVES)].get_ylim()[1] for r in range(6)]
+    tops = [fig.axes[r * len(curves.CURVES)].get_ylim()[1] for r in range(6)]
     assert own and len(set(np.round(tops, 6))) > 1  # rows of other scales keep them
     (reward, *_) = drawn["fixture"]["curves"].axes
     marks = {

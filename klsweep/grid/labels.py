@@ -13,7 +13,7 @@ replaces the words the report would write for the filters' keys (docs/REPORT.md,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class LabelRule:
 
     filters: dict[str, list[Any]]
     label: str
+    index: int = field(default=0, compare=False)  # its place in the file's list (where a problem is located)
 
 
 def parse_labels(value: Any, where: str, schema: Schema, problems: list[Problem]) -> list[LabelRule]:
@@ -69,7 +70,7 @@ def parse_labels(value: Any, where: str, schema: Schema, problems: list[Problem]
             )
         seen.setdefault(key, i)
         if len(problems) == before:
-            out.append(LabelRule(parsed, str(label).strip()))
+            out.append(LabelRule(parsed, str(label).strip(), i))
     return out
 
 
@@ -120,7 +121,8 @@ def check_grid_values(
     from klsweep.grid.claims import comparable
 
     missing = object()
-    for i, rule in enumerate(rules):
+    for rule in rules:
+        i = rule.index
         filters = {
             k: v
             for k, v in rule.filters.items()

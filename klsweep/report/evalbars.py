@@ -65,7 +65,7 @@ def _title(report: Report, column: str, words: str) -> str:
     tasks = report.in_domain if column == ID_AVG else report.ood
     if len(tasks) == 1:
         return f"{words}: {tasks[0]}"
-    return f"{words}: mean of {len(tasks)} tasks" if tasks else words
+    return f"{words}: {len(tasks)} tasks" if tasks else words
 
 
 def _steps0(report: Report) -> list[float]:

@@ -43,6 +43,9 @@ SHORT = {
 KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance")
 KL = "kl"  # the slot of the estimator and the placement (and of every KL field of a run without KL)
 SLOTS = (
+    "model.name",
+    "model.path",
+    "task.name",
     KL,
     "kl.level",
     "kl.beta",
@@ -50,9 +53,6 @@ SLOTS = (
     "offpolicy.lag",
     "offpolicy.num_iterations",
     "kl.importance",
-    "model.name",
-    "model.path",
-    "task.name",
 )  # their order in a name; any other axis after them, by its key
 IMPORTANCE = {
     "token": "token IS",

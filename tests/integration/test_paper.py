@@ -453,7 +453,7 @@ def test_latex_numbers_are_right_aligned(nasty):
     columns = [c.strip() for c in header.removesuffix("\\\\").split("&")]
     assert columns[:2] == ["configuration", "n"]  # the axes as one column of names
     assert spec[0] == "l" and set(spec[1:]) == {"r"}  # text left, every number right
-    rows = [line for line in main.splitlines() if line.startswith("Qwen2.5-7B \\\"{U}n\\\"{\\i}c\\o{}d\\'{e}")]
+    rows = [line for line in main.splitlines() if line.startswith('Qwen2.5-7B \\"{U}n\\"{\\i}c\\o{}d\\\'{e}')]
     assert len(rows) == 4 and ", k1 in loss, lag 4 &" in rows[1], rows  # the model's name first
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem
 from klsweep.grid.schema import Schema, did_you_mean, lookup, unknown
 
 METRICS = ("in_domain", "ood", "unstable", "peak_kl", "reward_drop")  # or any column of the report's runs.csv
@@ -43,37 +43,22 @@ def read_claims_file(path: str | Path, problems: list[Problem] | None = None) ->
     """The ``claims:`` list of a YAML file (a grid file, or a file holding only ``claims:``). ``problems``: where
     to record what is wrong (the good claims returned), for the caller to report with its own checks at once
     (the report: metrics, keys of the runs); None: raised here."""
-    from klsweep.grid.parse import load_yaml, read_text
+    from klsweep.grid.parse import read_section
 
-    where = str(path)
-    found: list[Problem] = []
-    data = load_yaml(read_text(Path(path), where, "claims file"), where, found)
-    claims: list[Claim] = []
-    if not isinstance(data, dict) or "claims" not in data:
-        found.append(Problem(where, "no top-level `claims:` list", "claims: [- name: ..., metric: ...]"))
-    else:
-        claims = parse_claims(data["claims"], f"{where}: claims", Schema(), found)
-    return _checked(claims, found, problems)
+    example = "claims: [- name: ..., metric: ...]"
+    return read_section(Path(path), str(path), "claims", _parse, problems, "invalid claims", example)
 
 
 def grid_claims(grid_text: str, where: str, problems: list[Problem] | None = None) -> list[Claim]:
     """The claims of a grid file's text (as a sweep's sweep.yaml keeps it); none when it has none.
     ``problems``: as ``read_claims_file``'s."""
-    from klsweep.grid.parse import load_yaml
+    from klsweep.grid.parse import read_section
 
-    found: list[Problem] = []
-    data = load_yaml(grid_text, where, found)
-    if not isinstance(data, dict) or not data.get("claims"):
-        return []
-    return _checked(parse_claims(data["claims"], f"{where}: claims", Schema(), found), found, problems)
+    return read_section(grid_text, where, "claims", _parse, problems, "invalid claims")
 
 
-def _checked(claims: list[Claim], found: list[Problem], problems: list[Problem] | None) -> list[Claim]:
-    if problems is not None:
-        problems += found
-    elif found:
-        raise UserError(found, title="invalid claims")
-    return claims
+def _parse(value: Any, where: str, problems: list[Problem]) -> list[Claim]:
+    return parse_claims(value, where, Schema(), problems)
 
 
 def parse_claims(value: Any, where: str, schema: Schema, problems: list[Problem]) -> list[Claim]:

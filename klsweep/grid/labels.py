@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem
 from klsweep.grid.schema import Schema, lookup
 
 LABEL = "label"
@@ -77,39 +77,21 @@ def parse_labels(value: Any, where: str, schema: Schema, problems: list[Problem]
 def grid_labels(grid_text: str, where: str, problems: list[Problem] | None = None) -> list[LabelRule]:
     """The label rules of a grid file's text (as a sweep's sweep.yaml keeps it); none when it has none.
     ``problems``: where to record what is wrong (None: raised here)."""
-    from klsweep.grid.parse import load_yaml
+    from klsweep.grid.parse import read_section
 
-    found: list[Problem] = []
-    data = load_yaml(grid_text, where, found)
-    rules = (
-        parse_labels(data.get("labels"), f"{where}: labels", Schema(), found)
-        if isinstance(data, dict)
-        else []
-    )
-    return _checked(rules, found, problems)
+    return read_section(grid_text, where, "labels", _parse, problems, "invalid labels")
 
 
 def read_labels_file(path: str | Path, problems: list[Problem] | None = None) -> list[LabelRule]:
     """The ``labels:`` list of a YAML file (a grid file, or a file holding only ``labels:``)."""
-    from klsweep.grid.parse import load_yaml, read_text
+    from klsweep.grid.parse import read_section
 
-    where = str(path)
-    found: list[Problem] = []
-    data = load_yaml(read_text(Path(path), where, "labels file"), where, found)
-    rules: list[LabelRule] = []
-    if not isinstance(data, dict) or "labels" not in data:
-        found.append(Problem(where, "no top-level `labels:` list", "labels: [- {kl.beta: 0, label: no KL}]"))
-    else:
-        rules = parse_labels(data["labels"], f"{where}: labels", Schema(), found)
-    return _checked(rules, found, problems)
+    example = "labels: [- {kl.beta: 0, label: no KL}]"
+    return read_section(Path(path), str(path), "labels", _parse, problems, "invalid labels", example)
 
 
-def _checked(rules: list[LabelRule], found: list[Problem], problems: list[Problem] | None) -> list[LabelRule]:
-    if problems is not None:
-        problems += found
-    elif found:
-        raise UserError(found, title="invalid labels")
-    return rules
+def _parse(value: Any, where: str, problems: list[Problem]) -> list[LabelRule]:
+    return parse_labels(value, where, Schema(), problems)
 
 
 def check_grid_values(

@@ -51,6 +51,36 @@ def read_text(path: Path, where: str, what: str) -> str:
         raise UserError([Problem(where, f"cannot read the {what}: {e.strerror or e}")]) from e
 
 
+def read_section(
+    source: Path | str,
+    where: str,
+    key: str,
+    parse: Callable[[Any, str, list[Problem]], list[Any]],
+    problems: list[Problem] | None,
+    title: str,
+    example: str = "",
+) -> list[Any]:
+    """The top-level ``key:`` list (``claims``, ``labels``) of a YAML file (``source`` a Path: a grid file or a
+    file holding only that list; one without it is a problem, ``example`` the fix) or of a grid file's text
+    (``source`` a str, as a sweep's sweep.yaml keeps it: none when it has none), read by ``parse(value, where,
+    problems)``. ``problems``: where to record what is wrong (the good entries returned), for the caller to
+    report with its own checks at once; None: raised here (``UserError`` titled ``title``)."""
+    found: list[Problem] = []
+    if isinstance(source, Path):
+        data = load_yaml(read_text(source, where, f"{key} file"), where, found)
+        if not isinstance(data, dict) or key not in data:
+            found.append(Problem(where, f"no top-level `{key}:` list", example))
+    else:
+        data = load_yaml(source, where, found)
+    value = data.get(key) if isinstance(data, dict) else None
+    items = parse(value, f"{where}: {key}", found) if value else []
+    if problems is not None:
+        problems += found
+    elif found:
+        raise UserError(found, title=title)
+    return items
+
+
 def read_grid_file(path: Path, where: str, problems: list[Problem]) -> tuple[str, dict]:
     """The grid file's text and its top-level mapping; raises ``UserError`` when there is none."""
     text = read_text(path, where, "grid file")

@@ -208,6 +208,16 @@ def test_eval_bars_say_whether_training_helped(drawn):
         assert ax.get_xlabel() == "score"  # no eval id on the axis
     legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
     assert "step-0 model" in legend and "Δ: change from it" in legend
+    renderer = _renderer(fig)  # the Δ column and the titles overlap nothing: no panel, no other text
+    boxes = [t.get_window_extent(renderer) for ax in fig.axes for t in [*ax.texts, ax.title, ax._left_title]]
+    boxes = [b for b in boxes if b.width > 0]
+    for i, a in enumerate(boxes):
+        assert _inside(a, fig.bbox)
+        assert not any(_overlap(a, b) for b in boxes[i + 1 :]), a
+    for ax in fig.axes:
+        for t in ax.texts:
+            assert not any(_overlap(t.get_window_extent(renderer), other.get_window_extent(renderer))
+                           for other in fig.axes), t.get_text()  # fmt: skip
     about = Image.open(report.out_dir / "eval_bars.png").text["Description"]
     assert report.eval_label in about and "eval " in about
     md = (report.out_dir / "report.md").read_text()

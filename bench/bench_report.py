@@ -14,7 +14,8 @@ come from the report's cache and whose figures are unchanged and not redrawn), w
 and of ``klsweep status`` over
 the same sweep, each as a ratio to the baseline measured in the same run: the time just to read every file of
 the sweep (json, and yaml's C loader for config.yaml); then the same as whole processes (the default
-``klsweep report``: report.md and the PNG figures, no PDF copies; against a Python process that reads every
+``klsweep report``: since issue 43, what ``klsweep study`` writes: report.md, report.html, the CSV files and
+tables.json, the LaTeX tables, the PNG figures and their PDF copies; against a Python process that reads every
 file). Targets (on a quiet 2-core machine): the report within 1.5x of the baseline and < 2 s at 1,000 runs;
 status < 1 s; as processes, the cold default report within 2x of the reading process, the warm one 1.5x.
 """
@@ -258,8 +259,8 @@ def _children_cpu() -> float:
 
 def processes(sweep: Path, root: Path, formats: str) -> None:
     """The same as whole processes, as a user meets them: the default ``klsweep report`` (imports, the
-    terminal tables, report.md and the PNG figures) against a Python process that reads every file, each timed
-    twice, interleaved; the report's first process writes a fresh folder (no cache, every figure drawn), its
+    terminal tables, ``report.DEFAULT_FORMATS`` and the figures with their PDF copies) against a Python
+    process that reads every file, each timed twice, interleaved; the report's first process writes a fresh folder (no cache, every figure drawn), its
     second finds them. ``formats``: unused (the in-process calls' formats), kept for the call's shape."""
     import shutil
     import subprocess

@@ -73,7 +73,7 @@ def run_study(
     *,
     cluster: str | None = None,
     out: str | Path = "results",
-    formats: Sequence[str] = ("md", "csv", "latex", "html"),
+    formats: Sequence[str] | None = None,
     retry_failed: bool = False,
     on_stage: Callable[[str], None] = lambda stage: None,
     on_progress: Callable[[list[Any]], None] | None = None,
@@ -124,7 +124,7 @@ def run_study(
     outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
-    rep = report.build_report(plan.sweep_dir, formats=formats)
+    rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS)
     changes = fragile = None
     if expected is not None:
         verdicts = {c: v for c, (v, _) in expected.items()}

@@ -20,7 +20,8 @@ def report_command(
         typer.Option(
             "--format",
             "-f",
-            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or comma-separate",
+            help="md | csv | latex | html | pdf (the figures' PDF copies, latex too); repeat or "
+            "comma-separate (default: md, csv, latex, html: what klsweep study writes)",
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="where to write (default: <sweep>/report/)")] = None,
@@ -41,15 +42,22 @@ def report_command(
             help="a YAML file with a claims: list to test (default: the sweep's grid file's claims)"
         ),
     ] = None,
+    labels: Annotated[
+        Path | None,
+        typer.Option(
+            help="a YAML file with a labels: list naming the configurations (default: the sweep's grid file's)"
+        ),
+    ] = None,
 ) -> None:
     """Tables (results, stability, KL gradient audit, the study's numbers) and plots of a sweep, as it stands;
     logged to W&B beside the runs when they mirrored online (--wandb: offline too)."""
     from klsweep.console import print_report, print_report_tables
-    from klsweep.report import build_report
+    from klsweep.report import DEFAULT_FORMATS, build_report
 
     console = terminal()
     report = build_report(
-        sweep, out_dir=out, formats=fmt or ["md"], eval_hash=eval_hash, wandb=wandb, claims=claims,
+        sweep, out_dir=out, formats=fmt or DEFAULT_FORMATS, eval_hash=eval_hash, wandb=wandb, claims=claims,
+        labels=labels,
         on_tables=None if quiet else lambda r: print_report_tables(console, r),  # while the figures are drawn
     )  # fmt: skip
     print_report(console, terminal(stderr=True), report, tables=False)

@@ -16,6 +16,8 @@ A grid file (see ``sweeps/*.yaml``)::
     claims:                     # optional: hypotheses the report tests (claims.py; docs/REPORT.md)
       - {name: k3 beats k1, metric: in_domain, test: welch, direction: greater,
          a: {kl.estimator: k3}, b: {kl.estimator: k1}}
+    labels:                     # optional: the report's names of configurations (labels.py; docs/REPORT.md)
+      - {kl.estimator: k1, kl.placement: reward, label: k1-R}
 
 ``grid:`` may also be a list of such mappings: the plan is the union of their products, deduplicated by run
 id (e.g. the full product plus a no-KL baseline ``{kl.beta: 0, seed: range(3)}``). Precedence, lowest first:
@@ -42,6 +44,7 @@ One question per module:
     overrides.py  how values are written: Hydra's override grammar, axes, base mappings, the command line
     compose.py    how a run's config is made: Hydra composition once per group choice, values set on top
     claims.py     the ``claims:`` a report tests: read and checked up front (``Claim``)
+    labels.py     the ``labels:`` the report names configurations by: read and checked up front
     expand.py     which runs: each sub-grid's product minus excludes, deduplicated by id; the varying axes
     shipped.py    the grids klsweep ships (sweeps/): listed, copied, found by a bare name
     keys.py       every key described (``klsweep keys``): default, type, values allowed, help

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klsweep.errors import Problem, UserError
+from klsweep.errors import Problem
 from klsweep.grid.schema import Schema, did_you_mean, lookup, unknown
 
 METRICS = ("in_domain", "ood", "unstable", "peak_kl", "reward_drop")  # or any column of the report's runs.csv
@@ -43,37 +43,22 @@ def read_claims_file(path: str | Path, problems: list[Problem] | None = None) ->
     """The ``claims:`` list of a YAML file (a grid file, or a file holding only ``claims:``). ``problems``: where
     to record what is wrong (the good claims returned), for the caller to report with its own checks at once
     (the report: metrics, keys of the runs); None: raised here."""
-    from klsweep.grid.parse import load_yaml, read_text
+    from klsweep.grid.parse import read_section
 
-    where = str(path)
-    found: list[Problem] = []
-    data = load_yaml(read_text(Path(path), where, "claims file"), where, found)
-    claims: list[Claim] = []
-    if not isinstance(data, dict) or "claims" not in data:
-        found.append(Problem(where, "no top-level `claims:` list", "claims: [- name: ..., metric: ...]"))
-    else:
-        claims = parse_claims(data["claims"], f"{where}: claims", Schema(), found)
-    return _checked(claims, found, problems)
+    example = "claims: [- name: ..., metric: ...]"
+    return read_section(Path(path), str(path), "claims", _parse, problems, "invalid claims", example)
 
 
 def grid_claims(grid_text: str, where: str, problems: list[Problem] | None = None) -> list[Claim]:
     """The claims of a grid file's text (as a sweep's sweep.yaml keeps it); none when it has none.
     ``problems``: as ``read_claims_file``'s."""
-    from klsweep.grid.parse import load_yaml
+    from klsweep.grid.parse import read_section
 
-    found: list[Problem] = []
-    data = load_yaml(grid_text, where, found)
-    if not isinstance(data, dict) or not data.get("claims"):
-        return []
-    return _checked(parse_claims(data["claims"], f"{where}: claims", Schema(), found), found, problems)
+    return read_section(grid_text, where, "claims", _parse, problems, "invalid claims")
 
 
-def _checked(claims: list[Claim], found: list[Problem], problems: list[Problem] | None) -> list[Claim]:
-    if problems is not None:
-        problems += found
-    elif found:
-        raise UserError(found, title="invalid claims")
-    return claims
+def _parse(value: Any, where: str, problems: list[Problem]) -> list[Claim]:
+    return parse_claims(value, where, Schema(), problems)
 
 
 def parse_claims(value: Any, where: str, schema: Schema, problems: list[Problem]) -> list[Claim]:
@@ -145,8 +130,8 @@ def _claim(raw: dict, where: str, schema: Schema, problems: list[Problem]) -> Cl
     group = raw.get("group")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         problems.append(Problem(f"{where}.group", f"{group!r}", "the name of an any-of claim"))
-    a = _filters(raw.get("a"), f"{where}.a", schema, problems)
-    b = _filters(raw.get("b"), f"{where}.b", schema, problems)
+    a = parse_filters(raw.get("a"), f"{where}.a", schema, problems)
+    b = parse_filters(raw.get("b"), f"{where}.b", schema, problems)
     if a and {k: sorted(map(repr, v)) for k, v in a.items()} == {
         k: sorted(map(repr, v)) for k, v in b.items()
     }:
@@ -187,8 +172,11 @@ def _size(raw: dict, key: str, where: str, problems: list[Problem]) -> tuple[flo
     return size, relative
 
 
-def _filters(value: Any, where: str, schema: Schema, problems: list[Problem]) -> dict[str, list[Any]]:
-    """A group's filters: key -> the values it accepts (a value or a list); keys of RunConfig or ``unbiased``."""
+def parse_filters(
+    value: Any, where: str, schema: Schema, problems: list[Problem], unbiased: bool = True
+) -> dict[str, list[Any]]:
+    """A group's filters: key -> the values it accepts (a value or a list); keys of RunConfig, or ``unbiased``
+    (when ``unbiased``: a claim's side; a label's filters select by config keys only)."""
     if not isinstance(value, dict) or not value:
         problems.append(Problem(where, "missing: the runs of this side", "{kl.beta: 0, offpolicy.lag: 16}"))
         return {}
@@ -196,7 +184,7 @@ def _filters(value: Any, where: str, schema: Schema, problems: list[Problem]) ->
     for key, raw in value.items():
         w = f"{where}.{key}"
         values = raw if isinstance(raw, list) else [raw]
-        if key == UNBIASED:
+        if key == UNBIASED and unbiased:
             if not all(isinstance(v, bool) for v in values):
                 problems.append(Problem(w, f"{raw!r}", "true or false (the KL gradient audit's verdict)"))
         elif (p := schema.key_problem(str(key), w, allow_name=False)) is not None:
@@ -244,9 +232,9 @@ def check_grid_values(
                     continue
                 if key not in grid:
                     found = (lookup(r, key, missing) for r in configs)
-                    grid[key] = {_plain(g): g for g in found if g is not missing}
+                    grid[key] = {comparable(g): g for g in found if g is not missing}
                 for v in values:
-                    if _plain(v) not in grid[key]:
+                    if comparable(v) not in grid[key]:
                         shown = ", ".join(sorted(map(repr, grid[key].values()))) or "none: no run sets it"
                         problems.append(
                             Problem(
@@ -257,7 +245,7 @@ def check_grid_values(
                         )
 
 
-def _plain(v: Any) -> Any:
+def comparable(v: Any) -> Any:
     """A value as filters compare it: a number by value (0 == 0.0), a bool apart from the numbers."""
     if isinstance(v, bool):
         return ("bool", v)

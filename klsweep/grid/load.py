@@ -17,7 +17,7 @@ from typing import Any
 from klsweep import store
 from klsweep.config import KL_ONLY_KEYS
 from klsweep.errors import Problem, UserError
-from klsweep.grid import claims, expand, parse, shipped
+from klsweep.grid import claims, expand, labels, parse, shipped
 from klsweep.grid.compose import RESET, Composer
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
@@ -94,6 +94,7 @@ def load_plan(
     excludes = parse.excludes(data.get("exclude"), where, b.reader.axis, file_axes | set(cmd_sweep), problems)
     claim_problems: list[Problem] = []  # with those of the claims' values against the expanded grid's
     tested = claims.parse_claims(data.get("claims"), f"{where}: claims", b.reader.schema, claim_problems)
+    named = labels.parse_labels(data.get("labels"), f"{where}: labels", b.reader.schema, claim_problems)
     if problems:
         raise UserError(problems + claim_problems, title="invalid grid")
 
@@ -115,6 +116,7 @@ def load_plan(
     # values gone with the others
     narrowed = cmd_keys | (set(KL_ONLY_KEYS) if "kl.beta" in cmd_keys else set())
     claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=narrowed)
+    labels.check_grid_values(named, configs, f"{where}: labels", claim_problems, skip=narrowed)
     problems += claim_problems
     if not expansion.runs and not problems:
         what = "every run is excluded" if expansion.excluded else "the grid has no run"

@@ -1,5 +1,6 @@
 """The file as written: YAML text -> data (with duplicate keys reported), and the shape of a grid file's
-top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids), ``exclude`` and ``claims`` (``claims.py``). The keys and values
+top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids), ``exclude``, ``claims`` (``claims.py``) and
+``labels`` (``labels.py``). The keys and values
 inside them are read by ``overrides`` and checked by ``schema`` and ``validate``."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import did_you_mean, unknown
 from klsweep.grid.validate import NAME_ALLOWED, hashable, name_problem
 
-TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims")
+TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims", "labels")
 MAX_FILE_BYTES = 16 << 20  # a grid, claims or run file larger than this is not one (read no further)
 MAX_YAML_VALUES = 1_000_000  # values a YAML file may hold once its aliases are expanded (an alias bomb: more)
 
@@ -48,6 +49,36 @@ def read_text(path: Path, where: str, what: str) -> str:
         ) from e
     except OSError as e:
         raise UserError([Problem(where, f"cannot read the {what}: {e.strerror or e}")]) from e
+
+
+def read_section(
+    source: Path | str,
+    where: str,
+    key: str,
+    parse: Callable[[Any, str, list[Problem]], list[Any]],
+    problems: list[Problem] | None,
+    title: str,
+    example: str = "",
+) -> list[Any]:
+    """The top-level ``key:`` list (``claims``, ``labels``) of a YAML file (``source`` a Path: a grid file or a
+    file holding only that list; one without it is a problem, ``example`` the fix) or of a grid file's text
+    (``source`` a str, as a sweep's sweep.yaml keeps it: none when it has none), read by ``parse(value, where,
+    problems)``. ``problems``: where to record what is wrong (the good entries returned), for the caller to
+    report with its own checks at once; None: raised here (``UserError`` titled ``title``)."""
+    found: list[Problem] = []
+    if isinstance(source, Path):
+        data = load_yaml(read_text(source, where, f"{key} file"), where, found)
+        if not isinstance(data, dict) or key not in data:
+            found.append(Problem(where, f"no top-level `{key}:` list", example))
+    else:
+        data = load_yaml(source, where, found)
+    value = data.get(key) if isinstance(data, dict) else None
+    items = parse(value, f"{where}: {key}", found) if value else []
+    if problems is not None:
+        problems += found
+    elif found:
+        raise UserError(found, title=title)
+    return items
 
 
 def read_grid_file(path: Path, where: str, problems: list[Problem]) -> tuple[str, dict]:

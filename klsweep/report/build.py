@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import Claim, grid_claims, read_claims_file
+from klsweep.grid.labels import LabelRule, grid_labels, read_labels_file
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import (
@@ -29,7 +30,7 @@ from klsweep.report.figures import draw_figures
 from klsweep.report.problems import OUTCOME_CACHE, load_outcomes
 from klsweep.report.publish import log_report
 from klsweep.report.reference import REFERENCE_CSV, reference_table
-from klsweep.report.render import FORMATS, VECTOR_FORMATS, WRITERS
+from klsweep.report.render import DEFAULT_FORMATS, FORMATS, VECTOR_FORMATS, WRITERS
 from klsweep.report.stability import COLLAPSE_CACHE, WINDOW, attach_stability, rule_text, run_rule
 from klsweep.report.tables import Report, environment_table, label_configs, main_table, stability_table
 
@@ -40,13 +41,14 @@ if TYPE_CHECKING:
 def build_report(
     sweep_dir: str | Path,
     out_dir: str | Path | None = None,
-    formats: Sequence[str] = ("md",),
+    formats: Sequence[str] = DEFAULT_FORMATS,
     *,
     eval_hash: str | None = None,
     window: int = WINDOW,
     reference_csv: str | Path | None = REFERENCE_CSV,
     wandb: bool | None = None,
     claims: str | Path | None = None,
+    labels: str | Path | None = None,
     on_tables: Callable[[Report], None] | None = None,
     rehearsal: bool = False,
 ) -> Report:
@@ -54,7 +56,8 @@ def build_report(
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
     ``wandb`` None when the runs mirrored online, True also offline beside runs that mirrored offline, False never. ``window``: the smoothing of the curves and of the
     stability table (the collapse rule is each run's own). ``claims``: a YAML file whose ``claims:`` the report
-    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``on_tables``:
+    tests (default: the sweep's grid file's, as sweep.yaml keeps it; none: no claims table). ``labels``: a YAML
+    file whose ``labels:`` name the configurations (default: the sweep's grid file's; ``names.py``). ``on_tables``:
     called with the report once its tables are built, while its figures are still being drawn (the CLI prints
     them then, seconds before a large sweep's figures are done). ``rehearsal``: the folder is a rehearsal's
     (``klsweep rehearse`` reports it; any other caller is refused one). UserError when the sweep does not
@@ -71,6 +74,14 @@ def build_report(
         if claims is not None
         else _sweep_claims(sweep, claim_problems)
     )
+    label_problems: list[Problem] = []
+    label_rules = (
+        read_labels_file(labels, label_problems)
+        if labels is not None
+        else _sweep_labels(sweep, label_problems)
+    )
+    if label_problems:  # checked without the runs: refused before anything is read or written
+        raise UserError([*claim_problems, *label_problems], title="invalid labels")
     dirs = store.sweep_runs(sweep)
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
     store.check_writable(
@@ -107,7 +118,7 @@ def build_report(
     engine_flags = attach_engine_agreement(runs, metrics)
     baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
-    runs = label_configs(runs, axes)
+    runs, names = label_configs(runs, axes, label_rules, run_configs)
     audit, cache_warnings = _audit_table(runs)
     report = Report(
         sweep_dir=sweep,
@@ -115,6 +126,7 @@ def build_report(
         eval_hash=chosen,
         eval_label=choice.label,
         eval_note=choice.note,
+        names=names,
         axes=axes,
         in_domain=in_domain,
         ood=ood,
@@ -194,6 +206,12 @@ def _sweep_claims(sweep: Path, problems: list[Problem]) -> list[Claim]:
     """The claims of the grid file the sweep was planned from (sweep.yaml's ``grid`` text); none without it."""
     text = store.read_sweep_file(sweep).get("grid")
     return grid_claims(text, f"{sweep / store.SWEEP_FILE}: grid", problems) if isinstance(text, str) else []
+
+
+def _sweep_labels(sweep: Path, problems: list[Problem]) -> list[LabelRule]:
+    """The label rules of the grid file the sweep was planned from (sweep.yaml's ``grid`` text)."""
+    text = store.read_sweep_file(sweep).get("grid")
+    return grid_labels(text, f"{sweep / store.SWEEP_FILE}: grid", problems) if isinstance(text, str) else []
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:

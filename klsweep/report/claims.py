@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import UNBIASED, Claim
 from klsweep.report.audit_table import run_unbiased
-from klsweep.report.data import ID_AVG, OOD_AVG, nan_to_none
+from klsweep.report.data import ID_AVG, OOD_AVG
+from klsweep.report.names import KL_KEYS, kl_on, matches
 from klsweep.report.statistics import (
     ALPHA,
     EFFECT,
@@ -39,7 +40,7 @@ from klsweep.report.statistics import (
     welch_power,
     welch_summary,
 )
-from klsweep.report.tables import DASH, KL_KEYS, csv_cell, fmt_value, kl_on
+from klsweep.report.tables import DASH, csv_cell, fmt_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -143,19 +144,6 @@ DEFAULT_EFFECT = {ID_AVG: (EFFECT["accuracy"], False), OOD_AVG: (EFFECT["accurac
 DEFAULT_EFFECT[PEAK_KL] = (EFFECT["peak KL"], True)
 
 
-def _same(v: Any, wanted: Any) -> bool:
-    """A run's value against a filter's (YAML) value: numbers by value, the rest as text."""
-    v = nan_to_none(v)
-    if isinstance(wanted, bool) or isinstance(v, bool):
-        return str(v).lower() == str(wanted).lower()
-    if isinstance(wanted, int | float) and not isinstance(v, str | type(None)):
-        try:
-            return float(v) == float(wanted)
-        except (TypeError, ValueError):
-            return False
-    return fmt_value(v) == fmt_value(wanted)
-
-
 def claim_side(runs: pd.DataFrame, configs: dict[str, dict], filters: dict[str, list[Any]]) -> pd.DataFrame:
     """The finished runs matching every filter (a key: one of its values); keys not in runs.csv are read from
     the runs' configs; ``unbiased``: the audit's verdict at the run's own lag."""
@@ -184,12 +172,12 @@ class _Sides:
         return self.columns[key]
 
     def mask(self, key: str, wanted: Any) -> Any:
-        """Which runs have ``wanted`` at ``key`` (``_same``), computed once."""
+        """Which runs have ``wanted`` at ``key`` (``names.matches``), computed once."""
         import numpy as np
 
         k = (key, type(wanted).__name__, repr(wanted))
         if k not in self.masks:
-            self.masks[k] = np.array([_same(v, wanted) for v in self._column(key)], dtype=bool)
+            self.masks[k] = np.array([matches(v, wanted) for v in self._column(key)], dtype=bool)
         return self.masks[k]
 
     def side(self, filters: dict[str, list[Any]]) -> pd.DataFrame:

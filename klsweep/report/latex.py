@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 from klsweep import store
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE
+from klsweep.report.names import fixed_text
+from klsweep.report.statistics import LEVEL
 from klsweep.report.tables import (
     DASH,
     SHORT,
     TITLES,
     Report,
     captions,
-    fixed_text,
-    labelled_axes,
     numeric_columns,
     status_text,
     view,
@@ -195,20 +195,25 @@ def _cell(value: str, bold: bool) -> str:
 
 
 def _paper_view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The columns of ``view`` a paper table keeps, and the caption sentences for what it leaves out."""
+    """The columns of ``view`` a paper table keeps (the configuration axes as one ``configuration`` column of
+    names: ``names.py``), and the sentences of the method note for what it leaves out."""
     cells, bold = view(report, table)
     notes: list[str] = []
     drop: list[str] = []
-    labelled = [SHORT.get(a, a) for a in labelled_axes(report.runs, report.axes)]
-    if table in ("main", "stability") and report.axes:
-        drop += [SHORT.get(a, a) for a in report.axes if SHORT.get(a, a) not in labelled]
-        fixed = fixed_text(report.runs, report.axes)
-        if fixed:
-            notes.append(f"Not shown: {fixed}.")
     if table in ("main", "stability"):
+        drop += [SHORT.get(a, a) for a in report.axes]
+        cells, bold = (
+            cells.drop(columns=CONFIGURATION, errors="ignore"),
+            bold.drop(columns=CONFIGURATION, errors="ignore"),
+        )
+        names = list((report.main if table == "main" else report.stability)["label"])
+        base = cells["status"] == "baseline"
+        models = list(report.baseline["model.name"]) if len(report.baseline) > 1 else []
+        step0 = [f"step-0 model ({visible(m)})" for m in models] or ["step-0 model"] * int(base.sum())
+        cells.insert(0, CONFIGURATION, [*step0[: int(base.sum())], *names])
+        bold.insert(0, CONFIGURATION, False)
         drop.append("status")
-        states = list(report.runs["state"])
-        notes.append(f"Runs: {status_text(states)}.")
+        notes.append(f"Runs: {status_text(list(report.runs['state']))}.")
     if table == "main":
         drop += [D_ID, D_OOD, f"{ID_AVG} {SE}", f"{OOD_AVG} {SE}"]
         notes.append("The mean per-run eval stderr of each configuration: report.md.")
@@ -230,6 +235,37 @@ def _paper_view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame,
         drop += ["configurations", "runs"]
     keep = [c for c in cells.columns if c not in drop]
     return cells[keep], bold[keep], notes
+
+
+CONFIGURATION = "configuration"
+
+
+def paper_caption(report: Report, table: str) -> str:
+    """A paper table's caption: its title and one sentence of what it shows (the method: ``method_note``)."""
+    fixed = fixed_text(report.runs, report.axes) if report.axes else ""
+    kept = f" ({fixed})" if fixed else ""
+    interval = f"mean ± half-width of the {LEVEL:.0%} interval over seeds"
+    sentences = {
+        "main": f"each configuration's score in domain and out of domain at its last checkpoint{kept}, {interval} "
+        "(n: seeds evaluated / seeds), below the step-0 model's",
+        "stability": f"each configuration's final and peak task reward, reward drop, peak KL and lowest entropy{kept}, "
+        f"{interval}, and how many of its runs diverged or collapsed",
+        "audit": "the expected KL update of each configuration's trainer against the gradient of the reverse and "
+        "forward KL, by exact enumeration on a tabular policy (unbiased, in bold: scale 1, cosine 1)",
+        "reference": "the study's reported figures (arXiv 2512.21852) beside ours for the configurations that "
+        f"match ({interval})",
+    }
+    return f"{TITLES[table]}: {sentences[table]}."
+
+
+def method_note(report: Report, table: str, notes: list[str]) -> list[str]:
+    """The method a paper table's numbers come from (the report's full caption and what the table leaves out),
+    as comment lines of its ``.tex`` file: for the paper's text or a table note, not the caption."""
+    import textwrap
+
+    text = " ".join([captions(report)[table], *notes])
+    lines = textwrap.wrap(tex_escape(text), 100, break_long_words=False, break_on_hyphens=False)
+    return ["% Method (for your text or a table note; docs/REPORT.md):", *(f"%   {line}" for line in lines)]
 
 
 def _groups(report: Report, table: str, columns: list[str]) -> list[tuple[str, int, int]]:
@@ -272,17 +308,16 @@ def latex_sections(report: Report) -> list[str]:
 
 def write_latex(report: Report) -> list[Path]:
     """One ``table`` float per table (``<table>.tex``); see the module docstring."""
-    caps = captions(report)
     paths = []
     for t in latex_sections(report):
         cells, bold, notes = _paper_view(report, t)
-        caption = " ".join([f"{TITLES[t]}. {caps[t]}", *notes])
         tex = [
             f"% klsweep report of {tex_escape(report.sweep_dir.name)}: needs {PREAMBLE}",
+            *method_note(report, t, notes),
             r"\begin{table}",
             r"\centering",
             r"\small",
-            f"\\caption{{{tex_escape(caption)}}}",
+            f"\\caption{{{tex_escape(paper_caption(report, t))}}}",
             f"\\label{{tab:klsweep-{_label(report.sweep_dir.name)}-{t}}}",
             r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
             *_tabular(cells, bold, _groups(report, t, list(cells.columns))),

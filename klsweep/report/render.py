@@ -3,7 +3,8 @@
 - ``md``: ``report.md`` (summary, every table with its caption, the figures, the claims with their verdicts,
   the comparisons with the references, the environments, the runs);
 - ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``comparisons``,
-  ``claims`` (claim, group, verdict, test, statistic, p_value, p_holm, n, detail; only with claims), ``environment``, ``runs``);
+  ``claims`` (claim, group, verdict, test, statistic, p_value, p_holm, n, detail; only with claims), ``environment``, ``runs``),
+  floats to 4 significant digits, and ``tables.json``: the same tables with every digit (``FULL_PRECISION``);
 - ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
 - ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
   embedded as data URIs, numbers right-aligned;
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMATS = ("md", "csv", "latex", "html", "pdf")  # pdf: the figures' vector copies (latex too)
+# what `klsweep report` and `klsweep study` (./dev.sh study) write unless told otherwise: every file the README
+# lists, so that a report rebuilt by hand has the files the study left (the figures' PDF copies with LaTeX)
+DEFAULT_FORMATS = ("md", "csv", "latex", "html")
 VECTOR_FORMATS = ("latex", "pdf")  # the formats that draw the figures' PDF copies
 # sections of report.md and report.html after the paper tables (not LaTeX tables), and what each says when empty
 EXTRA_SECTIONS = ("claims", "comparisons", "environment")
@@ -138,16 +142,35 @@ def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+FIGURES = {  # the table a figure follows: (its file, its alt text)
+    "main": ("eval_bars.png", "Each configuration's score beside the step-0 model's"),
+    "stability": ("curves.png", "Training curves per configuration"),
+}
+
+
+def figure_caption(report: Report, name: str) -> str:
+    """What a figure shows, in one sentence, and which eval (its axes leave the eval out)."""
+    if name == "curves.png":
+        return (
+            "Training curves per configuration: the mean over seeds of the task reward, KL and entropy, "
+            f"smoothed over {report.window} steps."
+        )
+    tasks = ", ".join(report.in_domain) or DASH, ", ".join(report.ood) or DASH
+    return (
+        f"Each configuration's score in domain ({tasks[0]}) and out of domain ({tasks[1]}) beside the step-0 "
+        f"model's, with its change from it (Δ); eval: {report.eval_label}."
+    )
+
+
 def _write_md(report: Report) -> list[Path]:
     caps = captions(report)
     parts = [f"# klsweep report: {md_text(report.sweep_dir.name)}", "", *_summary(report, md_text), ""]
     for t in latex_sections(report):
         cells, bold = view(report, t)
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
-        if t == "main":
-            parts += ["![In-domain and OOD averages per configuration](eval_bars.png)", ""]
-        if t == "stability":
-            parts += ["![Training curves per configuration](curves.png)", ""]
+        if t in FIGURES:
+            name, alt = FIGURES[t]
+            parts += [f"![{alt}]({name})", "", f"*{md_text(figure_caption(report, name))}*", ""]
     note = _reference_note(report)
     if note is not None:
         parts += [f"## {TITLES['reference']}", "", note, ""]
@@ -170,19 +193,27 @@ def _lists(report: Report) -> list[tuple[str, list[str]]]:
     return [(title, lines) for title, lines in sections if lines]
 
 
+CSV_TABLES = (
+    "main",
+    "baseline",
+    "stability",
+    "audit",
+    "reference",
+    "comparisons",
+    "claims",
+    "environment",
+    "runs",
+)
+FULL_PRECISION = "tables.json"  # every CSV table with every digit of its numbers
+
+
 def _write_csv(report: Report) -> list[Path]:
-    paths = []
-    for name in (
-        "main",
-        "baseline",
-        "stability",
-        "audit",
-        "reference",
-        "comparisons",
-        "claims",
-        "environment",
-        "runs",
-    ):
+    """One ``<table>.csv`` per table (floats to ``tables.CSV_DIGITS`` significant digits), and
+    ``FULL_PRECISION``: the same tables, every number as computed (a float's shortest exact repr)."""
+    import json
+
+    paths, full = [], {}
+    for name in CSV_TABLES:
         path = report.out_dir / f"{name}.csv"
         if name == "claims" and not len(report.claims):  # no claims, no table (nor a stale one)
             path.unlink(missing_ok=True)
@@ -190,7 +221,25 @@ def _write_csv(report: Report) -> list[Path]:
         table = getattr(report, name)
         store.atomic_write_text(path, table.map(csv_cell).rename(columns=csv_cell).to_csv(index=False))
         paths.append(path)
-    return paths
+        full[name] = [
+            {visible(k): _json_value(v) for k, v in row.items()} for row in table.to_dict("records")
+        ]
+    path = report.out_dir / FULL_PRECISION
+    store.atomic_write_text(path, json.dumps(full, ensure_ascii=False, allow_nan=False, indent=1) + "\n")
+    return [*paths, path]
+
+
+def _json_value(v: Any) -> Any:
+    """A table cell as JSON: numbers as they are (NaN and infinities: null), text as written."""
+    import math
+
+    if hasattr(v, "item") and not isinstance(v, str | bytes):  # a numpy scalar
+        v = v.item()
+    if v is None or isinstance(v, bool | int | str):
+        return visible(v) if isinstance(v, str) else v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return visible(str(v))
 
 
 def _reference_note(report: Report) -> str | None:
@@ -237,10 +286,7 @@ def _write_html(report: Report) -> list[Path]:
     caps = captions(report)
     body = [f"<h1>klsweep report: {html.escape(visible(report.sweep_dir.name))}</h1>"]
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report, visible)]
-    figures = {
-        "main": ("eval_bars.png", "In-domain and OOD averages per configuration"),
-        "stability": ("curves.png", "Training curves per configuration"),
-    }
+    figures = FIGURES
     for t in latex_sections(report):
         body += [
             f"<h2>{html.escape(TITLES[t])}</h2>",
@@ -250,6 +296,7 @@ def _write_html(report: Report) -> list[Path]:
         if t in figures and (report.out_dir / figures[t][0]).is_file():
             name, alt = figures[t]
             body.append(f'<img src="{_data_uri(report.out_dir / name)}" alt="{html.escape(alt)}">')
+            body.append(f"<p><i>{html.escape(visible(figure_caption(report, name)))}</i></p>")
     note = _reference_note(report)
     if note is not None:
         body += [f"<h2>{html.escape(TITLES['reference'])}</h2>", f"<p>{html.escape(note)}</p>"]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.config import NO_KL
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
+from klsweep.report.names import DASH, SHORT, Names, fmt_value, sort_key
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
 from klsweep.report.statistics import (
     ALPHA,
@@ -33,24 +33,8 @@ from klsweep.report.statistics import (
 if TYPE_CHECKING:
     import pandas as pd
 
+    from klsweep.grid.labels import LabelRule
     from klsweep.report.problems import Outcomes
-
-DASH = "—"
-
-# Short column names of the configuration axes.
-SHORT = {
-    "model.name": "model",
-    "model.path": "model path",
-    "task.name": "task",
-    "kl.estimator": "estimator",
-    "kl.placement": "placement",
-    "kl.level": "level",
-    "kl.beta": "beta",
-    "kl.importance": "importance",
-    "kl.reward_mode": "reward mode",
-    "offpolicy.lag": "lag",
-    "offpolicy.num_iterations": "iterations",
-}
 
 
 @dataclass
@@ -63,6 +47,7 @@ class Report:
     eval_hash: str | None
     eval_label: str  # which eval the scores are, in words: suite, problems per task, hash (evalchoice.py)
     eval_note: str  # how that eval was chosen when not as the grid says, and the others present ("": none)
+    names: Names  # each configuration's name (the ``label`` columns, the figures; names.py)
     axes: list[str]  # the dotted config keys that vary between runs (the configuration columns)
     in_domain: list[str]  # eval task names
     ood: list[str]
@@ -85,13 +70,15 @@ class Report:
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
 
 
-def sort_key(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Configuration order: numbers before names, "no KL" after the KL configurations."""
-    return tuple((v is None, v == NO_KL, isinstance(v, str), v if v is not None else 0) for v in values)
-
-
-def label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
-    """Adds ``config`` (0.. in sorted axis order) and ``label`` ("estimator=k1, placement=reward, ...")."""
+def label_configs(
+    runs: pd.DataFrame,
+    axes: list[str],
+    rules: list[LabelRule] | None = None,
+    configs: dict[str, dict[str, Any]] | None = None,
+) -> tuple[pd.DataFrame, Names]:
+    """Adds ``config`` (0.. in sorted axis order) and ``label``, each configuration's name ("k1 in reward, lag
+    16": ``names.Names``, with the label ``rules`` of the grid; ``configs``: each run's flattened config, for
+    rules on other keys); returns the runs and their ``Names``."""
     keys = (
         [tuple(nan_to_none(v) for v in row) for row in runs[axes].itertuples(index=False)]
         if axes
@@ -99,20 +86,11 @@ def label_configs(runs: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
     )
     order = {k: i for i, k in enumerate(sorted(set(keys), key=sort_key))}
     runs["config"] = [order[k] for k in keys]
-    runs["label"] = [
-        ", ".join(f"{SHORT.get(a, a)}={fmt_value(v)}" for a, v in zip(axes, k, strict=True)) or "all runs"
-        for k in keys
-    ]
-    return runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
-
-
-def fmt_value(v: Any) -> str:
-    v = nan_to_none(v)
-    if v is None:
-        return DASH
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+    runs = runs.sort_values(["config", "seed", "run"], kind="stable").reset_index(drop=True)
+    names = Names(runs, axes, rules, configs)
+    label = names.unique(list(order.values()))
+    runs["label"] = runs["config"].map(label)
+    return runs, names
 
 
 def visible(text: Any) -> str:
@@ -127,9 +105,13 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-
 
 
 def csv_cell(value: Any) -> Any:
-    """A cell of a report's CSV: a number as it is; text as written (``visible``), and text that a spreadsheet
-    would run as a formula (opening with ``= + - @``, a tab or a carriage return, and not a number) behind a
-    ``'`` as OWASP recommends ("'=cmd|..." shows as typed in Excel, LibreOffice and Sheets)."""
+    """A cell of a report's CSV: a float to ``CSV_DIGITS`` significant digits (a whole number whole: step
+    12000 stays 12000; every digit: tables.json), any other number as it is; text as written (``visible``),
+    and text that a spreadsheet would run as a formula (opening with ``= + - @``, a tab or a carriage return,
+    and not a number) behind a ``'`` as OWASP recommends ("'=cmd|..." shows as typed in Excel, LibreOffice and
+    Sheets)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.{CSV_DIGITS}g}"
     if not isinstance(value, str):
         return value
     text = visible(value)
@@ -139,6 +121,7 @@ def csv_cell(value: Any) -> Any:
 
 
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
+CSV_DIGITS = 4  # significant digits of a float in a report's CSV files: what the numbers carry
 
 
 def _is_number(text: str) -> bool:
@@ -615,34 +598,6 @@ def captions(report: Report) -> dict[str, str]:
             f"{LEVEL:.0%} CI over seeds (n seeds)."
         ),
     }
-
-
-# ------------------------------------------------------------------------------------------------ shown axes
-
-KL_KEYS = ("kl.estimator", "kl.placement", "kl.level", "kl.beta", "kl.importance")
-
-
-def kl_on(runs: pd.DataFrame) -> pd.Series:
-    """Per run: whether it trains with a KL term (beta > 0). A bool Series even when empty: an empty object
-    Series would index a frame's columns, not its rows (a report before any run finished)."""
-    return runs["kl.beta"].map(lambda b: nan_to_none(b) is not None and float(b) != 0).astype(bool)
-
-
-def labelled_axes(runs: pd.DataFrame, axes: list[str]) -> list[str]:
-    """The axes a figure or a paper table labels: every configuration axis but a KL field that varies only
-    because the runs without KL (beta = 0) show it as "no KL" (e.g. level "token" for every KL run)."""
-    on = runs[kl_on(runs)]
-    return [a for a in axes if a not in KL_KEYS or on[a].map(fmt_value).nunique() > 1]
-
-
-def fixed_text(runs: pd.DataFrame, axes: list[str]) -> str:
-    """What the labels leave out: "level = token, beta = 0.1 in every run with KL" (or "")."""
-    on = runs[kl_on(runs)]
-    fixed = [a for a in axes if a not in labelled_axes(runs, axes) and len(on)]
-    if not fixed:
-        return ""
-    values = ", ".join(f"{SHORT.get(a, a)} = {fmt_value(on[a].iloc[0])}" for a in fixed)
-    return f"{values} in every run with KL"
 
 
 # a number, count ("2/3"), range ("20–40") or mean ± CI half-width, maybe with a note in parentheses ("(n=2)")

@@ -19,7 +19,7 @@ import pytest
 import sweepgen
 
 from klsweep import report as rp
-from klsweep.report import background, figures
+from klsweep.report import background, curves, figstyle
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_tiny"
 REPO = Path(__file__).resolve().parents[2]
@@ -49,16 +49,16 @@ def drawn(tmp_path_factory) -> dict[str, dict[str, object]]:
         "wide": sweepgen.write_sweep(root / "wide", sweepgen.wide_grid(), seeds=2),
     }
     out: dict[str, dict[str, object]] = {}
-    save = figures._save
+    save = figstyle.save
     for name, sweep in sweeps.items():
         seen: dict[str, object] = {}
 
-        def capture(fig, path, digest, vector, seen=seen):
+        def capture(fig, path, digest, vector, about="", seen=seen):
             seen[path.stem] = fig
-            return save(fig, path, digest, vector)
+            return save(fig, path, digest, vector, about)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(figures, "_save", capture)
+            mp.setattr(figstyle, "save", capture)
             # drawn in this process, where capture sees them
             mp.setattr(background, "usable_cores", lambda: 1)
             seen["report"] = rp.build_report(sweep, root / f"{name}-report", formats=("md", "pdf"))
@@ -121,30 +121,25 @@ def test_legends_are_whole_and_cover_nothing(drawn, sweep):
 def test_curves_are_small_multiples_labelled_by_what_varies(drawn):
     fig = drawn["tiny"]["curves"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["estimator=k1", "estimator=k3", "no KL"]  # level and beta are the same in every KL run
-    rows = [ax.get_ylabel() for ax in fig.axes[:: len(figures.CURVES)]]
-    assert rows == [f"placement={p}\nlag={lag}" for p in ("both", "loss", "reward") for lag in (0, 4)]
-    assert len(fig.axes) == 6 * len(figures.CURVES)
+    assert labels == ["k1", "k3", "no KL"]  # level and beta are the same in every KL run
+    rows = [ax.get_ylabel() for ax in fig.axes[:: len(curves.CURVES)]]
+    assert rows == [f"KL in {p}\nlag {lag}" for p in ("both", "loss", "reward") for lag in (0, 4)]
+    assert len(fig.axes) == 6 * len(curves.CURVES)
     for ax in fig.axes:
         (lines,) = ax.collections[:1]
         assert len(lines.get_segments()) == 3  # k1, k3 and the no-KL run of that lag
         assert len({tuple(c) for c in lines.get_colors()}) == 3
 
     fig = drawn["wide"]["curves"]  # 40 configurations: still one legend, a few lines per panel
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "estimator=k1",
-        "estimator=k2",
-        "estimator=k3",
-        "no KL",
-    ]
-    assert len(fig.axes) == 12 * len(figures.CURVES)
-    assert all(len(ax.collections[0].get_segments()) <= figures.MAX_LINES for ax in fig.axes)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["k1", "k2", "k3", "no KL"]
+    assert len(fig.axes) == 12 * len(curves.CURVES)
+    assert all(len(ax.collections[0].get_segments()) <= figstyle.MAX_LINES for ax in fig.axes)
 
-    fig = drawn["fixture"]["curves"]  # 3 configurations: one panel per metric, both axes named
-    assert len(fig.axes) == len(figures.CURVES) and [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "estimator=k1, placement=reward",
-        "estimator=k3, placement=loss",
-        "estimator=k3, placement=reward",
+    fig = drawn["fixture"]["curves"]  # 3 configurations: one panel per metric, named as the paper does
+    assert len(fig.axes) == len(curves.CURVES) and [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "k1 in reward",
+        "k3 in loss",
+        "k3 in reward",
         "a run collapsed (its step)",
         "a run diverged (its step)",
     ]
@@ -156,10 +151,10 @@ def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn)
     import numpy as np
 
     fig = drawn["tiny"]["curves"]
-    kl = {i for i, (name, _) in enumerate(figures.CURVES) if name in figures.KL_CURVES}
+    kl = {i for i, (name, _) in enumerate(curves.CURVES) if name in curves.KL_CURVES}
     own = 0
     for i, ax in enumerate(fig.axes):
-        column = i % len(figures.CURVES)
+        column = i % len(curves.CURVES)
         if column in kl:
             assert ax.get_yscale() in ("log", "symlog"), ax.get_title()
             continue
@@ -168,7 +163,7 @@ def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn)
         pad = 0.05 * (hi - lo)
         assert ax.get_ylim() == pytest.approx((lo - pad, hi + pad))  # the panel's own values, padded
         own += 1
-    tops = [fig.axes[r * len(figures.CURVES)].get_ylim()[1] for r in range(6)]
+    tops = [fig.axes[r * len(curves.CURVES)].get_ylim()[1] for r in range(6)]
     assert own and len(set(np.round(tops, 6))) > 1  # rows of other scales keep them
     (reward, *_) = drawn["fixture"]["curves"].axes
     marks = {
@@ -178,17 +173,186 @@ def test_curves_each_row_its_own_scale_kl_on_a_log_scale_collapses_marked(drawn)
 
 
 def test_eval_bars_grouped_by_configuration_labels_readable_intervals_in_0_1(drawn):
-    """Eval bars: one group (in-domain, OOD) per configuration, labelled in words on horizontal lines (no
-    rotated tick labels), the 95% CI clipped to [0, 1] (the fixture's k1 0.7 ± 1.27 ran to 1.97 and -0.57)."""
-    (ax,) = drawn["tiny"]["eval_bars"].axes
+    """Eval bars: one row per configuration, named as the paper does on horizontal lines (no rotated tick
+    labels), in domain and out of domain side by side, the 95% interval clipped to [0, 1] (the fixture's k1
+    0.7 ± 1.27 ran to 1.97 and -0.57)."""
+    ax, ood = drawn["tiny"]["eval_bars"].axes
     ticks = [t.get_text() for t in ax.get_yticklabels()]
-    assert ticks[0] == "estimator=k1, placement=both, lag=0" and len(ticks) == 14  # not level, not beta
+    assert ticks[:2] == ["k1 in both", "k1 in both, lag 4"] and len(ticks) == 14  # not level, not beta
+    assert ticks[-2:] == ["no KL", "no KL, lag 4"]
     assert all(t.get_rotation() == 0 for t in ax.get_yticklabels())
-    assert "score; " in ax.get_xlabel() and "eval " in ax.get_xlabel()  # which eval
-    (ax,) = drawn["fixture"]["eval_bars"].axes
+    assert not any(t.get_text() for t in ood.get_yticklabels())  # the names once, on the left
+    assert ax.get_title(loc="left").startswith("in domain") and ood.get_title(loc="left").startswith("out of")
+    ax, _ = drawn["fixture"]["eval_bars"].axes
     ends = [x for c in ax.collections for seg in c.get_segments() for x, _ in seg]
     assert ends and min(ends) >= 0 and max(ends) <= 1
     assert max(ends) == pytest.approx(1.0)  # k1's interval reaches 1, clipped there
+
+
+def test_eval_bars_say_whether_training_helped(drawn):
+    """Issue 41: each configuration's score beside the step-0 model's (a dashed line at its score) and its
+    change from it (Δ, one a row, in each panel), so a reader sees at once whether training helped; which eval
+    is in the files' metadata and the report's caption, not on the axis (issue 43 item 6)."""
+    from PIL import Image
+
+    report = drawn["tiny"]["report"]
+    fig = drawn["tiny"]["eval_bars"]
+    for ax, (col, dcol) in zip(
+        fig.axes, (("in-domain avg", "Δ in-domain"), ("OOD avg", "Δ OOD")), strict=True
+    ):
+        dashed = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
+        assert [ln.get_xdata()[0] for ln in dashed] == [pytest.approx(report.baseline[col].iloc[0])]
+        deltas = [t.get_text() for t in ax.texts if t.get_text() not in ("Δ",)]
+        want = [f"{v:+.2f}".replace("-", "\u2212") if round(v, 2) else "0.00" for v in report.main[dcol]]
+        assert deltas == want, (deltas, want)
+        assert ax.get_xlabel() == "score"  # no eval id on the axis
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert "step-0 model" in legend and "Δ: change from it" in legend
+    renderer = _renderer(fig)  # the Δ column and the titles overlap nothing: no panel, no other text
+    boxes = [t.get_window_extent(renderer) for ax in fig.axes for t in [*ax.texts, ax.title, ax._left_title]]
+    boxes = [b for b in boxes if b.width > 0]
+    for i, a in enumerate(boxes):
+        assert _inside(a, fig.bbox)
+        assert not any(_overlap(a, b) for b in boxes[i + 1 :]), a
+    for ax in fig.axes:
+        for t in ax.texts:
+            assert not any(_overlap(t.get_window_extent(renderer), other.get_window_extent(renderer))
+                           for other in fig.axes), t.get_text()  # fmt: skip
+    about = Image.open(report.out_dir / "eval_bars.png").text["Description"]
+    assert report.eval_label in about and "eval " in about
+    md = (report.out_dir / "report.md").read_text()
+    assert f"eval: {report.eval_label}." in md  # the figure's caption names the eval
+
+
+def test_a_configuration_has_one_colour_in_every_figure_from_a_colour_blind_safe_palette(drawn):
+    """The eval bars' colour of a configuration is its line's in the curves (their legend's entry for its
+    name without the faceted axes); the colours are Okabe & Ito's (no red next to green)."""
+    from matplotlib.colors import to_hex
+
+    report = drawn["tiny"]["report"]
+    curves_fig, bars = drawn["tiny"]["curves"], drawn["tiny"]["eval_bars"].axes[0]
+    legend = {t.get_text(): to_hex(h.get_color()) for t, h in zip(curves_fig.legends[0].get_texts(),
+                                                                  curves_fig.legends[0].legend_handles, strict=True)}  # fmt: skip
+    colours = [to_hex(p.get_facecolor()) for p in bars.patches]
+    for label, colour in zip(report.main["label"], colours, strict=True):
+        name = "no KL" if label.startswith("no KL") else label.split(" in ")[0]  # k1 in both, lag 4 -> k1
+        assert colour == legend[name], (label, colour, legend)
+    assert {legend["k1"], legend["k3"]} <= {c.lower() for c in figstyle.OKABE_ITO}
+
+
+def test_one_seed_draws_no_interval_and_steps_are_whole(tmp_path):
+    """Issue 43 item 6: with one seed there is no interval to draw: the eval bars drew a 95% CI whisker of
+    length 0 (with caps) and said "mean ± 95% CI over seeds", the curves a min-max band of one run; and a short
+    run had step ticks at 0.5, 1.5, ..."""
+    sweep = sweepgen.write_sweep(tmp_path / "one", sweepgen.tiny_grid()[:3], seeds=1, steps=3)
+    seen = _figures(sweep, tmp_path / "out")
+    bars = seen["eval_bars"]
+    for ax in bars.axes:
+        segments = [seg for c in ax.collections for seg in c.get_segments()]
+        assert not segments and not any(ln.get_marker() == "|" for ln in ax.lines)  # no whisker, no cap
+    legend = " ".join(t.get_text() for t in bars.legends[0].get_texts())
+    assert "95%" not in legend and "interval" not in legend and "1 seed" in legend, legend
+    fig = seen["curves"]
+    assert "band" not in fig.legends[0].get_title().get_text()
+    for ax in fig.axes:
+        assert not [c for c in ax.collections if type(c).__name__ == "FillBetweenPolyCollection"
+                    or type(c).__name__ == "PolyCollection"]  # fmt: skip
+        x0, x1 = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if x0 <= t <= x1]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def _figures(sweep: Path, out: Path, **kw) -> dict[str, object]:
+    """The figures of a report of ``sweep`` as saved (matplotlib Figures), and the report."""
+    save = figstyle.save
+    seen: dict[str, object] = {}
+
+    def capture(fig, path, digest, vector, about=""):
+        seen[path.stem] = fig
+        return save(fig, path, digest, vector, about)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figstyle, "save", capture)
+        mp.setattr(background, "usable_cores", lambda: 1)
+        seen["report"] = rp.build_report(sweep, out, formats=("md",), **kw)
+    return seen
+
+
+def test_names_from_the_grids_label_map_in_every_figure_and_paper_table(drawn, tmp_path):
+    """A grid's ``labels:`` (or ``klsweep report --labels FILE``) name the configurations in the legends, the
+    eval bars, the LaTeX tables and the label column; the words a rule does not cover stay the report's."""
+    import yaml
+
+    from klsweep import store
+
+    sweep = drawn["tiny"]["report"].sweep_dir
+    rules = [
+        {"kl.estimator": "k1", "kl.placement": "reward", "label": "Schulman (k1-R)"},
+        {"kl.beta": 0, "label": "GRPO"},
+        {"offpolicy.lag": 4, "label": "async"},
+    ]
+    (sweep / store.SWEEP_FILE).write_text(yaml.safe_dump({"grid": yaml.safe_dump({"labels": rules})}))
+    try:
+        seen = _figures(sweep, tmp_path / "out")
+    finally:
+        (sweep / store.SWEEP_FILE).unlink()
+    report = seen["report"]
+    names = list(report.main["label"])
+    assert names[4:6] == ["Schulman (k1-R)", "Schulman (k1-R), async"] and names[-2:] == [
+        "GRPO",
+        "GRPO, async",
+    ]
+    assert "k3 in loss, async" in names  # the lag's rule, the report's words for the rest
+    bars = [t.get_text() for t in seen["eval_bars"].axes[0].get_yticklabels()]
+    assert bars == names
+    # the curves keep a rule's keys in one name: placement is no longer a facet, the legend says it
+    legend = [t.get_text() for t in seen["curves"].legends[0].get_texts()]
+    assert "Schulman (k1-R)" in legend and "GRPO" in legend, legend
+    rows = [ax.get_ylabel() for ax in seen["curves"].axes[:: len(curves.CURVES)]]
+    assert rows == ["lag 0", "async"], rows
+    tex = rp.build_report(
+        sweep, tmp_path / "tex", formats=("latex", "csv"), labels=_labels_file(tmp_path, rules)
+    )
+    main = (tex.out_dir / "main.tex").read_text()
+    assert "Schulman (k1-R), async &" in main and "\nGRPO &" in main.replace("\n", "\n")
+
+
+def _labels_file(tmp_path: Path, rules: list[dict]) -> Path:
+    import yaml
+
+    path = tmp_path / "labels.yaml"
+    path.write_text(yaml.safe_dump({"labels": rules}))
+    return path
+
+
+def test_the_log_scale_kl_axis_starts_at_the_data(drawn):
+    """Issue 43 item 6: a KL panel's range began far below its data (a log axis at min / 1.5; a symlog one
+    at -linthresh when the KL started at 0), an empty band under its lowest tick; now both ends are the data's,
+    padded by ``curves.PAD`` of the range in the axis's own scale."""
+    import numpy as np
+
+    kl = {i for i, (name, _) in enumerate(curves.CURVES) if name in curves.KL_CURVES}
+    checked = 0
+    for sweep in ("fixture", "tiny"):
+        fig = drawn[sweep]["curves"]
+        for i, ax in enumerate(fig.axes):
+            if i % len(curves.CURVES) not in kl:
+                continue
+            lines = [np.asarray(s)[:, 1] for s in ax.collections[0].get_segments()]
+            bands = [p.vertices[:, 1] for c in ax.collections[1:] for p in c.get_paths()]
+            ys = np.concatenate(lines + bands)
+            ys = ys[np.isfinite(ys)]
+            transform = ax.yaxis.get_transform()
+            (t0, t1), (d0, d1) = transform.transform(ax.get_ylim()), transform.transform([ys.min(), ys.max()])
+            below, above = (d0 - t0) / (t1 - t0), (t1 - d1) / (t1 - t0)
+            assert 0 <= below <= curves.PAD * 1.01 and 0 <= above <= curves.PAD * 1.01, (
+                sweep,
+                i,
+                below,
+                above,
+            )
+            checked += 1
+    assert checked >= 2 + 12
 
 
 def test_png_edges_are_blank(drawn):
@@ -295,10 +459,12 @@ def test_latex_tables_fit_an_article_page_and_lose_nothing(sweep, drawn, nasty, 
 def test_latex_numbers_are_right_aligned(nasty):
     main = (nasty.out_dir / "main.tex").read_text()
     spec = re.search(r"\\begin\{tabular\}\{(\w+)\}", main)[1]
-    header = next(line for line in main.splitlines() if line.startswith("model"))
+    header = next(line for line in main.splitlines() if line.startswith("configuration"))
     columns = [c.strip() for c in header.removesuffix("\\\\").split("&")]
-    assert columns[:3] == ["model", "estimator", "lag"] and columns[3] == "n"
-    assert spec[:2] == "ll" and set(spec[2:]) == {"r"}  # text left, every number right
+    assert columns[:2] == ["configuration", "n"]  # the axes as one column of names
+    assert spec[0] == "l" and set(spec[1:]) == {"r"}  # text left, every number right
+    rows = [line for line in main.splitlines() if line.startswith('Qwen2.5-7B \\"{U}n\\"{\\i}c\\o{}d\\\'{e}')]
+    assert len(rows) == 4 and ", k1 in loss, lag 4 &" in rows[1], rows  # the model's name first
 
 
 # ------------------------------------------------------------------------------------------------ package data

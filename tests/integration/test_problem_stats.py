@@ -21,6 +21,7 @@ from klsweep import store
 from klsweep.config import RunConfig
 from klsweep.report import problems
 from klsweep.report.data import ID_AVG, OOD_AVG
+from klsweep.report.evalbars import interval_text
 from klsweep.report.problems import OUTCOME_CACHE, load_outcomes
 from klsweep.report.tables import BY_PROBLEMS, BY_SEEDS, CI_METHOD
 
@@ -91,6 +92,8 @@ def test_report_reads_real_samples_and_tests_paired_on_the_problems(
     add = outcomes[ID_AVG].values
     assert (add != add[:1]).any() and (add.min(axis=0) != add.max(axis=0)).any() and 0 < add.mean() < 1 / 16
     assert (r.main[f"{ID_AVG} {CI_METHOD}"] == BY_PROBLEMS).all()
+    # the eval bars' legend says which interval the whiskers are (it said "over seeds": issue 43 item 6)
+    assert interval_text(r.main, [ID_AVG, OOD_AVG]) == "95% interval over seeds × problems"
     assert (r.main[f"{ID_AVG} low"] <= r.main[ID_AVG]).all() and (
         r.main[ID_AVG] <= r.main[f"{ID_AVG} high"]
     ).all()

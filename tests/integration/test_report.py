@@ -5,6 +5,7 @@ crafted curves, LaTeX that compiles, the CLI's errors, and a report of real tiny
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -288,6 +289,62 @@ def test_csv_tables(rep):
         assert (rep.out_dir / f"{name}.csv").is_file()
 
 
+def test_csv_numbers_carry_four_significant_digits_and_tables_json_every_digit(rep):
+    """Issue 43 item 6: the CSV files held 17-digit floats (0.07500000000000001); now 4 significant digits
+    (a whole number whole), and tables.json holds every table with every digit, as computed."""
+    import csv
+    import json
+
+    digits = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e[+-]\d+)?$")
+    numbers = 0
+    for path in rep.out_dir.glob("*.csv"):
+        for row in csv.reader(path.open()):
+            for cell in row:
+                m = digits.match(cell)
+                if m and m[2]:  # a decimal fraction: at most 4 significant digits
+                    numbers += 1
+                    assert len((m[1] + m[2]).lstrip("0")) <= 4, (path.name, cell)
+    assert numbers > 50
+    full = json.loads((rep.out_dir / "tables.json").read_text())
+    assert set(full) >= {"main", "baseline", "stability", "audit", "runs"}
+    main = full["main"]
+    assert [r["in-domain avg std"] for r in main] == [
+        None if v != v else v for v in rep.main["in-domain avg std"]
+    ]  # exactly the report's floats
+    assert list(main[0]) == list(rep.main.columns)
+
+
+def test_latex_captions_are_one_sentence_and_the_method_a_note(rep):
+    """Issue 43 item 6: a LaTeX caption was a 150-190-word methods paragraph; now one sentence, the method in
+    comment lines above the float (for a table note or the paper's text) and in docs/REPORT.md."""
+    for name in ("main", "stability", "audit"):
+        tex = (rep.out_dir / f"{name}.tex").read_text()
+        caption = re.search(r"\\caption\{(.*)\}", tex)[1]
+        words = caption.split()
+        assert len(words) <= 50 and caption.endswith(".") and ". " not in caption, (name, caption)
+        comments = [line for line in tex.splitlines() if line.startswith("%")]
+        assert any("Method" in line for line in comments) and sum(len(c.split()) for c in comments) > 40
+    main = (rep.out_dir / "main.tex").read_text()
+    assert "c0ffee1234" in main.split("\\begin{table}")[0]  # which eval: in the note
+
+
+def test_report_writes_what_the_study_writes_by_default(tmp_path):
+    """Issue 43 item 8: `klsweep report` wrote report.md alone (and the PNGs) while the README lists what
+    `./dev.sh study` writes; now both write md, csv, LaTeX, html and the figures with their PDF copies."""
+    from klsweep.study import run_study
+
+    shutil.copytree(FIXTURE, tmp_path / "results" / "tiny_copy")
+    proc = _cli("tiny_copy", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "results" / "tiny_copy" / "report"
+    written = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    assert written >= {"report.md", "report.html", "main.csv", "tables.json", "main.tex", "curves.png",
+                       "curves.pdf", "eval_bars.png", "eval_bars.pdf"}, written  # fmt: skip
+    assert rp.DEFAULT_FORMATS == ("md", "csv", "latex", "html")
+    assert inspect.signature(rp.build_report).parameters["formats"].default == rp.DEFAULT_FORMATS
+    assert inspect.signature(run_study).parameters["formats"].default is None  # the report's default
+
+
 def test_latex_fragments_compile(rep, tmp_path):
     tex = {t: (rep.out_dir / f"{t}.tex").read_text() for t in ("main", "stability", "audit")}
     main = tex["main"]
@@ -568,7 +625,7 @@ def test_figures_redrawn_only_when_their_inputs_change(tmp_path):
     def stamps() -> dict[str, int]:
         return {p.name: p.stat().st_mtime_ns for p in sorted(out.glob("*.p[nd][gf]"))}
 
-    rp.build_report(sweep, out, formats=("md",))  # the default: PNG, no PDF copies
+    rp.build_report(sweep, out, formats=("md",))  # md alone: PNG, no PDF copies
     assert set(stamps()) == {"curves.png", "eval_bars.png"}
     rp.build_report(sweep, out, formats=("csv", "latex"))  # a paper's: the PDF copies too
     first = stamps()

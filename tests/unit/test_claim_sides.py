@@ -53,14 +53,14 @@ def test_a_side_is_every_run_matching_each_filter():
 def test_each_filter_value_is_compared_with_the_runs_once_whatever_the_claims(monkeypatch):
     runs, configs = _runs(200)
     calls = 0
-    same = rc._same
+    same = rc.matches
 
     def counting(v, wanted):
         nonlocal calls
         calls += 1
         return same(v, wanted)
 
-    monkeypatch.setattr(rc, "_same", counting)
+    monkeypatch.setattr(rc, "matches", counting)
     distinct = {(k, repr(v)) for f in FILTERS for k, vs in f.items() for v in vs}
     for claims in (len(FILTERS), 2000):
         calls = 0

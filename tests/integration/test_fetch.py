@@ -15,6 +15,7 @@ from clitools import cli
 from hubcache import COMMIT, MODELS, cache_model, populate
 
 from klsweep import fetch
+from klsweep.fetch import download as fetching
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "sweeps" / "paper.yaml"
@@ -89,7 +90,7 @@ def test_populated_caches_plan_passes_and_nothing_is_fetched_again(
     def no_download(need):
         raise AssertionError(f"downloaded {need}")
 
-    monkeypatch.setattr(fetch, "_download", no_download)
+    monkeypatch.setattr(fetching, "_download", no_download)
     code, out, err = cli(["fetch", PAPER], monkeypatch, capsys, columns=80)
     assert code == 0, err
     rows = [line for line in out.splitlines() if line.startswith(("model", "train", "eval"))]
@@ -139,8 +140,8 @@ def test_gated_and_missing_repos_say_what_to_do(hf_home, monkeypatch):
     def download(need):
         raise errors[need.repo]
 
-    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None)  # the hub answers
-    monkeypatch.setattr(fetch, "_download", download)
+    monkeypatch.setattr(fetching, "hub_unreachable", lambda: None)  # the hub answers
+    monkeypatch.setattr(fetching, "_download", download)
     found = fetch.fetch([fetch.Need("model", repo) for repo in errors])
     assert [f.state for f in found] == ["failed", "failed"]
     assert (
@@ -275,8 +276,8 @@ def test_partial_caches_are_refused_and_fetch_repairs_them(
         if not (target / "dataset_info.json").is_file():
             shutil.copytree(prepared, target, dirs_exist_ok=True)
 
-    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None)
-    monkeypatch.setattr(fetch, "_download", hub_download)
+    monkeypatch.setattr(fetching, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(fetching, "_download", hub_download)
     code, out, err = cli(["fetch", PAPER], monkeypatch, capsys)
     assert code == 0, err
     rows = [line for line in out.splitlines() if line.startswith(("model", "train", "eval"))]
@@ -354,8 +355,8 @@ def test_fetch_errors_are_told_by_their_type_not_their_text(hf_home, monkeypatch
     def download(need):
         errors[need.repo]()
 
-    monkeypatch.setattr(fetch, "hub_unreachable", lambda: None, raising=False)  # the hub answers
-    monkeypatch.setattr(fetch, "_download", download)
+    monkeypatch.setattr(fetching, "hub_unreachable", lambda: None, raising=False)  # the hub answers
+    monkeypatch.setattr(fetching, "_download", download)
     found = fetch.fetch([fetch.Need("train data", repo, split="train") for repo in errors])
     assert found[0].message.startswith("datasets.exceptions.DatasetGenerationError: An error occurred")
     assert "accepted the licence at https://huggingface.co/datasets/someone/maths" in found[1].message

@@ -546,6 +546,16 @@ MALFORMED = {
         [],
         ["grid.kl.beta", "list of values or a sweep"],
     ),
+    "a key YAML reads as a boolean under grid": (  # issue 44 D8: an AttributeError before
+        "name: bad\ngrid: {true: 1}\n",
+        [],
+        ["grid: True", "a key YAML reads as bool True, not a config key", "klsweep keys"],
+    ),
+    "a sweep written inside {...} under grid": (  # {seed: 0,1} is {seed: 0, 1: null}
+        "name: bad\ngrid: {seed: 0,1}\n",
+        [],
+        ["grid: 1", "a key YAML reads as int 1", "quote a sweep: {seed: '0,1'}"],
+    ),
     "unknown key inside a list of grids": (
         "name: bad\ngrid:\n  - seed: 1\n  - sed: 2\n",
         [],
@@ -647,6 +657,12 @@ def test_claims_are_validated_up_front(tmp_path):
         ("claims[2] (t).margin", "missing"),
     ]:
         assert f"{where}: {what}" in text or (where in text and what in text), (where, text)
+    # issue 44 D13: an item that is not a mapping is named, the others checked beside it
+    mixed = write(tmp_path, base + "claims:\n  - just a string\n  - {name: x, metric: ood}\n", "mixed.yaml")
+    with pytest.raises(grid.UserError) as e:
+        grid.load_plan(mixed, out=tmp_path / "r")
+    assert "claims[0]: 'just a string' (str): a claim must be a mapping" in str(e.value)
+    assert "must be a list of claims" not in str(e.value) and "claims[1] (x).test" in str(e.value)
 
 
 def test_claim_sides_are_checked_against_the_grid(tmp_path):

@@ -31,7 +31,13 @@ from klsweep.fetch.caches import (
 )
 from klsweep.fetch.download import IGNORED_FILES, fetch, hub_page, hub_unreachable, size_text
 from klsweep.fetch.needs import OFFLINE_ENV, Need, needs, offline, task_yaml
-from klsweep.fetch.offline import fetch_command, job_environment, require_cached, require_cached_for_eval
+from klsweep.fetch.offline import (
+    cache_refusals,
+    fetch_command,
+    job_environment,
+    require_cached,
+    require_cached_for_eval,
+)
 from klsweep.fetch.revisions import pin_revisions, plan_configs, recorded_revisions
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
     "model_problems",
     "dataset_problems",
     "fetch_command",
+    "cache_refusals",
     "require_cached",
     "require_cached_for_eval",
     "job_environment",

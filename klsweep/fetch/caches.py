@@ -153,7 +153,9 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
     ``model_type``; the tokenizer's vocabulary is there (tokenizer.json, which parses, or the slow tokenizers'
     files) and its tokenizer_config.json parses; a chat template when ``chat`` (model.chat_template applies
     it); every weight file the index names, or the single one, is whole (safetensors: its header parses and
-    covers the file, and it holds the tensors the index maps to it; a .bin: its zip directory reads)."""
+    covers the file, and it holds the tensors the index maps to it; a .bin: its zip directory reads); and the
+    weights cover the parameters of the model config.json describes (``coverage.uncovered``: what transformers
+    would initialise at random is missing)."""
     problems: list[str] = []
     broken: list[str] = []
 
@@ -167,6 +169,7 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
         bad("config.json", why)
     elif not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         bad("config.json", "names no model_type")
+    configured = not problems
     tok_config, why = read_json(folder / "tokenizer_config.json")
     if why == "is missing":
         tok_config = {}
@@ -193,6 +196,8 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
         ):
             problems.append("chat_template.jinja is missing (model.chat_template is true; nor chat_template.json, "
                             "nor a chat_template in tokenizer_config.json)")  # fmt: skip
+    before = len(problems)
+    weights: list[str] = []  # the weight files a run loads: an index and its shards, or the single file
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             data, why = read_json(folder / index)
@@ -206,6 +211,7 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
             for shard, tensors in shards.items():
                 if (why := _weights_problem(folder / shard, tensors)) is not None:
                     bad(shard, why)
+            weights = [index, *shards]
             break
     else:
         single = next((f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()), None)
@@ -213,6 +219,14 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
             problems.append("model.safetensors is missing (nor pytorch_model.bin, nor a weight index)")
         elif (why := _weights_problem(folder / single, set())) is not None:
             bad(single, why)
+        weights = [single] if single else []
+    if configured and len(problems) == before and weights:  # whole: do they cover the model's parameters?
+        from klsweep.fetch.coverage import uncovered
+
+        if (why := uncovered(folder, weights)) is not None:
+            named = weights[0] if len(weights) == 1 else f"{weights[0]} and its {len(weights) - 1} shard(s)"
+            problems.append(f"{named}: {why}")
+            broken += [w for w in weights if (folder / w).is_file()]
     return problems, broken
 
 

@@ -1,5 +1,6 @@
 """The offline clusters' check (``cluster.offline`` or ``HF_HUB_OFFLINE=1``): ``require_cached`` refuses while
-the caches lack what runs load, naming each and the ``klsweep fetch`` command; the environment of an offline
+the caches lack what runs load, naming each and the ``klsweep fetch`` command (``cache_refusals``: the same as
+data, for ``klsweep plan`` to show beside the plan); the environment of an offline
 job (``job_environment``)."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 
 from klsweep.errors import Problem, UserError
 from klsweep.fetch.caches import Found, check, datasets_cache, hub_cache
-from klsweep.fetch.needs import OFFLINE_ENV, needs, offline
+from klsweep.fetch.needs import HF_ID, OFFLINE_ENV, needs, offline
+
+FETCH_FIRST = "fetch them first, where the hub can be reached, into the same HF_HOME"
 
 
 def fetch_command(grid: str | Path, overrides: list[str] | None, out: Path = Path("results")) -> str:
@@ -23,33 +26,55 @@ def fetch_command(grid: str | Path, overrides: list[str] | None, out: Path = Pat
     return shlex.join(["klsweep", "fetch", str(grid), *(overrides or []), *where])
 
 
-def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
-    """Offline (``offline(configs)``): a ``UserError`` listing every model and dataset the caches lack, with
-    the ``klsweep fetch`` command that gets them (``command``: the grid and overrides). A no-op online."""
+def cache_refusals(configs: list[Mapping[str, Any]], command: str) -> list[Problem]:
+    """Offline (``offline(configs)``): what ``require_cached`` refuses, one ``Problem`` per model and dataset
+    the runs load that the caches lack or hold incomplete (a hub model whose weights do not cover its
+    parameters among them), and a local ``model.path`` (or dataset) that is no folder here, then one saying
+    to fetch them with ``command`` (the ``klsweep fetch`` of the grid and overrides). Empty online or when
+    every one is there."""
     if not offline(configs):
-        return
-    missing = [f for f in check(n for n in needs(configs) if not n.local) if not f.cached]  # the hub's only
+        return []
+    missing = [f for f in check(needs(configs)) if not f.cached]
     if not missing:
-        return
+        return []
     problems = [Problem(f"{f.need.kind} {f.need.label}", _not_loadable(f)) for f in missing]
     problems.append(
         Problem(
             "offline (cluster.offline or HF_HUB_OFFLINE=1)",
             "jobs would fail loading these",
-            f"fetch them first, where the hub can be reached, into the same HF_HOME: {command}",
+            f"{FETCH_FIRST}: {command}",
         )
     )
-    raise UserError(problems, title="missing from the local caches")
+    return problems
+
+
+def require_cached(configs: list[Mapping[str, Any]], command: str) -> None:
+    """Offline (``offline(configs)``): a ``UserError`` listing every model and dataset the caches lack
+    (``cache_refusals``), with the ``klsweep fetch`` command that gets them (``command``: the grid and
+    overrides). A no-op online."""
+    problems = cache_refusals(configs, command)
+    if problems:
+        raise UserError(problems, title="missing from the local caches")
 
 
 def _not_loadable(found: Found) -> str:
-    """Why a need the caches lack would not load: not in the cache, or what is incomplete there."""
+    """Why a need the caches lack would not load: not in the cache, what is incomplete there, or (a local
+    path) no such folder."""
     need = found.need
-    where = hub_cache() if need.kind == "model" else datasets_cache()
     said = "; ".join(s for s in (need.used_by, need.reading) if s)
     said = f" ({said})" if said else ""
+    if need.local and found.state == "missing":
+        hub = (
+            ""
+            if HF_ID.match(need.repo) or need.repo.startswith(("/", ".", "~"))
+            else (f", and {need.repo!r} is no hub id (namespace/name)")
+        )
+        what = "folder" if need.kind == "model" else "file or folder"
+        return f"no such {what} here: {Path(need.repo).expanduser().absolute()}{hub}{said}"
     if found.state == "incomplete":
-        return f"incomplete in the cache {found.where}: {found.message}{said}"
+        place = "the folder" if need.local else "the cache"
+        return f"incomplete in {place} {found.where}: {found.message}{said}"
+    where = hub_cache() if need.kind == "model" else datasets_cache()
     return f"not in the cache {where}{said}"
 
 

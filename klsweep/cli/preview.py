@@ -65,6 +65,8 @@ def plan_command(
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
         console.print_time(out, summary, width=width)
+        for line in summary["notes"]:
+            console.print_warning(out, line, label="note")
         console.print_refusals(out, refused, command)
 
 

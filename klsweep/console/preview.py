@@ -227,7 +227,7 @@ def print_refusals(console: Console, problems: list[Problem], command: str) -> N
     why, then one item a line), and the ``klsweep fetch`` command that gets it, on a line of its own to copy."""
     import textwrap
 
-    from klsweep.fetch.offline import FETCH_FIRST
+    from klsweep.fetch.refusal import FETCH_FIRST
     from klsweep.report.tables import visible
 
     if not problems:

@@ -12,8 +12,9 @@ the ``klsweep fetch`` command. ``pin_revisions`` records the commit each hub mod
 configs; ``recorded_revisions`` reads them back, for the checks. See
 docs/CLUSTER.md and slurm/README.md.
 
-One module per concern: ``needs`` (what runs load), ``caches`` (what the local caches hold, checked to load),
-``revisions`` (the commits runs load), ``offline`` (the offline refusal), ``download`` (fetching).
+One module per concern: ``needs`` (what runs load), ``caches`` (what the local caches hold, checked to load;
+``coverage``: a model's weights cover its parameters),
+``revisions`` (the commits runs load), ``refusal`` (the offline refusal), ``download`` (fetching).
 """
 
 from klsweep.fetch.caches import (
@@ -31,7 +32,7 @@ from klsweep.fetch.caches import (
 )
 from klsweep.fetch.download import IGNORED_FILES, fetch, hub_page, hub_unreachable, size_text
 from klsweep.fetch.needs import OFFLINE_ENV, Need, needs, offline, task_yaml
-from klsweep.fetch.offline import (
+from klsweep.fetch.refusal import (
     cache_refusals,
     fetch_command,
     job_environment,

@@ -108,7 +108,7 @@ def check_model(need: Need) -> Found:
         path = Path(need.repo).expanduser()
         if not path.is_dir():
             return Found(need, False, str(path), state="missing", message=f"no such folder: {path}")
-        problems, _ = model_problems(path, need.chat)
+        problems, _ = model_problems(path, need.chat, covered=False)  # a folder of the user's own
         return _found(need, path, problems, [])
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -147,7 +147,7 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"is not JSON ({describe(e, max_lines=1, max_chars=80)})"
 
 
-def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[str]]:
+def model_problems(folder: Path, chat: bool = False, covered: bool = True) -> tuple[list[str], list[str]]:
     """What keeps the model folder ``folder`` from loading as a run loads it, one line each, and the files in
     it that are there but broken (to be fetched again), relative to it: config.json parses and names its
     ``model_type``; the tokenizer's vocabulary is there (tokenizer.json, which parses, or the slow tokenizers'
@@ -155,7 +155,8 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
     it); every weight file the index names, or the single one, is whole (safetensors: its header parses and
     covers the file, and it holds the tensors the index maps to it; a .bin: its zip directory reads); and the
     weights cover the parameters of the model config.json describes (``coverage.uncovered``: what transformers
-    would initialise at random is missing)."""
+    would initialise at random is missing), unless not ``covered`` (a local folder: the user's own, which the
+    job's loading report checks)."""
     problems: list[str] = []
     broken: list[str] = []
 
@@ -220,13 +221,19 @@ def model_problems(folder: Path, chat: bool = False) -> tuple[list[str], list[st
         elif (why := _weights_problem(folder / single, set())) is not None:
             bad(single, why)
         weights = [single] if single else []
-    if configured and len(problems) == before and weights:  # whole: do they cover the model's parameters?
+    if (
+        covered and configured and len(problems) == before and weights
+    ):  # whole: do they cover the model's parameters?
         from klsweep.fetch.coverage import uncovered
 
-        if (why := uncovered(folder, weights)) is not None:
+        verdict = uncovered(folder, weights)
+        if verdict is not None and verdict[1]:  # it loads, without some of its parameters
             named = weights[0] if len(weights) == 1 else f"{weights[0]} and its {len(weights) - 1} shard(s)"
-            problems.append(f"{named}: {why}")
+            problems.append(f"{named}: {verdict[0]}")
             broken += [w for w in weights if (folder / w).is_file()]
+        elif verdict is not None:  # config.json or the weights: fetched again, both
+            problems.append(f"the model {verdict[0]}")
+            broken += [w for w in ["config.json", *weights] if (folder / w).is_file()]
     return problems, broken
 
 

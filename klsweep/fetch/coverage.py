@@ -5,7 +5,8 @@ loads without an error). Told by transformers itself: the folder loaded as a run
 shapes only), with its loading report (``output_loading_info``): its missing keys are the parameters the
 weights lack (tied weights and the keys a model declares optional are not missing). The verdict is kept in
 ``$KLSWEEP_CACHE/coverage/``, keyed by the stat of the folder's config and weight files, transformers' version
-and this module: importing transformers and torch takes seconds, the check of a folder seen before none.
+and this module (a load that failed is tried again): importing transformers and torch takes seconds, the check
+of a folder seen before none.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 from klsweep.errors import describe, parameters_missing
 
 
-def uncovered(folder: Path, weights: list[str]) -> str | None:
+def uncovered(folder: Path, weights: list[str]) -> tuple[str, bool] | None:
     """Why the weight files ``weights`` of ``folder`` (an index and its shards, or one file: each whole) do not
-    cover the parameters of the model its config.json describes, in words that follow the files' names
-    ("missing 27 of the model's parameters (lm_head.weight, ...): ..."); None when they do."""
+    cover the parameters of the model its config.json describes ("missing 27 of the model's parameters
+    (lm_head.weight, ...): ..."), and whether the model loaded (False: it did not, the words say why, and the
+    config may be to blame as much as the weights); None when they do."""
     import hashlib
     import json
     from importlib.metadata import version
@@ -34,18 +36,19 @@ def uncovered(folder: Path, weights: list[str]) -> str | None:
     key = json.dumps([stats, version("transformers"), Path(__file__).read_text()])
     cache = store.cache_dir() / "coverage" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     try:
-        kept = json.loads(cache.read_text())
-        if isinstance(kept, dict) and (kept.get("why") is None or isinstance(kept["why"], str)):
-            return kept["why"]
-    except (OSError, ValueError, KeyError):
+        kept = json.loads(cache.read_text())["verdict"]
+        if kept is None or (isinstance(kept[0], str) and isinstance(kept[1], bool)):
+            return None if kept is None else (kept[0], kept[1])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
-    why = _load_report(folder)
-    with contextlib.suppress(OSError):  # a read-only cache: checked again next time
-        store.atomic_write_text(cache, json.dumps({"why": why}))
-    return why
+    verdict = _load_report(folder)
+    if verdict is None or verdict[1]:  # a load that failed is not kept: it may not fail next time
+        with contextlib.suppress(OSError):  # a read-only cache: checked again next time
+            store.atomic_write_text(cache, json.dumps({"verdict": verdict}))
+    return verdict
 
 
-def _load_report(folder: Path) -> str | None:
+def _load_report(folder: Path) -> tuple[str, bool] | None:
     """The folder loaded onto the meta device as a run loads it; why its weights do not cover the model."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
@@ -58,10 +61,10 @@ def _load_report(folder: Path) -> str | None:
             str(folder), device_map="meta", output_loading_info=True, local_files_only=True
         )
     except Exception as e:  # an architecture this transformers does not know, shapes that do not fit ...
-        return f"not loadable as a run loads it ({describe(e, max_lines=1, max_chars=160)})"
+        return f"does not load as a run loads it ({describe(e, max_lines=1, max_chars=160)})", False
     finally:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
     missing = sorted(info.get("missing_keys") or [])
-    return parameters_missing(missing) if missing else None
+    return (parameters_missing(missing), True) if missing else None

@@ -223,6 +223,7 @@ def test_a_job_refuses_weights_that_lack_parameters(tmp_path, tiny_hub_model):
 
 
 def test_jobs_of_an_offline_cluster_run_offline():
+    assert fetch.offline([{"cluster": {"offline": True}}])  # the function (fetch/refusal.py is the module)
     assert fetch.job_environment({"cluster": {"offline": True}}) == {
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",

@@ -177,20 +177,35 @@ def test_gated_and_missing_repos_say_what_to_do(hf_home, monkeypatch):
 def test_a_job_names_the_model_it_cannot_load(hf_home, tmp_path):
     """Offline with an empty cache, the training job fails with the model's name and the fetch command in its
     reason (not transformers' bare "couldn't connect")."""
-    config = tmp_path / "run.yaml"
-    config.write_text("model:\n  path: Qwen/Qwen2.5-7B\n  chat_template: false\ntrain:\n  steps: 1\n")
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env["WANDB_MODE"] = "disabled"
+    status = _failed_training(tmp_path, "path: Qwen/Qwen2.5-7B\n  chat_template: false", env)
+    assert "model Qwen/Qwen2.5-7B could not be loaded" in status["reason"]
+    assert "klsweep fetch" in status["reason"]
+
+
+def _failed_training(tmp_path: Path, model: str, env: dict[str, str]) -> dict:
+    """`klsweep train` of a one-step run whose `model:` section is ``model``, in ``env``: it fails (exit 1);
+    its status.json."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  {model}\ntrain:\n  steps: 1\n")
     run_dir = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "klsweep", "train", str(config), "wandb.mode=disabled", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
+        capture_output=True, text=True, env={**env, "WANDB_MODE": "disabled"}, cwd=tmp_path,
     )  # fmt: skip
-    assert out.returncode == 1
+    assert out.returncode == 1, out.stderr
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed"
-    assert "model Qwen/Qwen2.5-7B could not be loaded" in status["reason"]
-    assert "klsweep fetch" in status["reason"]
+    return status
+
+
+def _drop_tensor(weights: Path, name: str) -> None:
+    """``weights`` (a safetensors file) rewritten without the tensor ``name``."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(weights))
+    del tensors[name]
+    save_file(tensors, str(weights), metadata={"format": "pt"})
 
 
 def test_a_job_refuses_weights_that_lack_parameters(tmp_path, tiny_hub_model):
@@ -198,25 +213,13 @@ def test_a_job_refuses_weights_that_lack_parameters(tmp_path, tiny_hub_model):
     it at random and train on) fails its run before step 1, naming the parameter (it trained to `done`)."""
     import shutil
 
-    from safetensors.numpy import load_file, save_file
-
     model = tmp_path / "model"
     shutil.copytree(tiny_hub_model, model)
-    tensors = load_file(str(model / "model.safetensors"))
-    del tensors["model.layers.0.mlp.down_proj.weight"]
-    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
-    config = tmp_path / "run.yaml"
-    config.write_text(f"model:\n  path: {model}\ntrain:\n  steps: 1\n")
+    _drop_tensor(model / "model.safetensors", "model.layers.0.mlp.down_proj.weight")
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
-    env["WANDB_MODE"] = "disabled"
+    status = _failed_training(tmp_path, f"path: {model}", env)
+    assert status["step"] == 0
     run_dir = tmp_path / "run"
-    out = subprocess.run(
-        [sys.executable, "-m", "klsweep", "train", str(config), "wandb.mode=disabled", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert out.returncode == 1, out.stderr
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "failed" and status["step"] == 0
     assert "NotLoaded" in status["reason"] and f"model {model}" in status["reason"], status["reason"]
     assert "missing 1 of the model's parameters (model.layers.0.mlp.down_proj.weight)" in status["reason"]
     assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
@@ -297,12 +300,9 @@ def _weightless(home):  # issue 44 D4: a weight file of the right format holding
 
 
 def _weights_lack_one(home):  # one layer's norm gone from a model's weights (the index's shards likewise)
-    from safetensors.numpy import load_file, save_file
-
-    blob = (_snapshot(home, "Qwen/Qwen3-4B-Instruct-2507") / "model.safetensors").resolve()
-    tensors = load_file(str(blob))
-    del tensors["model.norm.weight"]
-    save_file(tensors, str(blob), metadata={"format": "pt"})
+    _drop_tensor(
+        (_snapshot(home, "Qwen/Qwen3-4B-Instruct-2507") / "model.safetensors").resolve(), "model.norm.weight"
+    )
     return "Qwen/Qwen3-4B-Instruct-2507", "missing 1 of the model's parameters (model.norm.weight)"
 
 

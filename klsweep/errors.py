@@ -114,3 +114,13 @@ def not_loaded(what: str, error: BaseException) -> NotLoaded:
         f"{what} could not be loaded: run `klsweep fetch GRID` where the hub can be reached, into the jobs' "
         f"HF_HOME ({describe(error, max_lines=1, max_chars=120)})"
     )
+
+
+def parameters_missing(missing: list[str]) -> str:
+    """What a model's weights that lack the parameters ``missing`` (transformers' loading report, non-empty)
+    would train from, in words: the fetch check and the training job say it alike."""
+    shown = ", ".join(missing[:2]) + (", ..." if len(missing) > 2 else "")
+    return (
+        f"missing {len(missing)} of the model's parameters ({shown}): transformers would initialise them at "
+        "random"
+    )

@@ -166,7 +166,7 @@ def tiny_model(model: dict[str, Any], folder: Path) -> tuple[Path, list[str]]:
     if model.get("path") == "tiny":
         return tinymodel.tiny_model_path(), ["the project's tiny model"]
     need = fetch.Need("model", model["path"], model.get("revision"))
-    cached = fetch._check_model(need) if not need.local else fetch.Found(need, True, model["path"])
+    cached = fetch.check_model(need) if not need.local else fetch.Found(need, True, model["path"])
     model_type = (model.get("arch") or {}).get("model_type")
     real_config = Path(cached.where) / "config.json" if cached.where else None
     if real_config is not None and real_config.is_file():

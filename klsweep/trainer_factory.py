@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from klsweep import engines
-from klsweep.errors import Problem, UserError, not_loaded
+from klsweep.errors import NotLoaded, Problem, UserError, not_loaded, parameters_missing
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -65,12 +65,20 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
         onto = {"device_map": f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"}
     else:
         onto = {}
+    what = f"model {path}" + (f" at {config.model.revision}" if pin else "")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **pin)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, output_loading_info=True, **pin
+        )
+        if missing := sorted(loading.get("missing_keys") or []):  # never train from random initialisation
+            raise NotLoaded(
+                f"{what}: its weights are {parameters_missing(missing)}: an incomplete download? `klsweep "
+                "fetch GRID` repairs a snapshot in the hub cache"
+            )
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **onto, **pin)
         tokenizer = AutoTokenizer.from_pretrained(path, **pin)
     except OSError as e:  # not in the cache offline, gated, no network: name it in the run's reason
-        raise not_loaded(f"model {path}" + (f" at {config.model.revision}" if pin else ""), e) from e
+        raise not_loaded(what, e) from e
     own = dict(  # every name is in trlargs.KLSWEEP_SETS (refused in train.trl)
         output_dir=str(Path(run_dir) / store.CHECKPOINTS_DIR),
         max_steps=train.steps,

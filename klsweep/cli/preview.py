@@ -1,5 +1,5 @@
 """Commands that look before anything runs: plan, fetch, rehearse, config, keys, grids (klsweep/grid/,
-klsweep/planner/, klsweep/fetch.py, klsweep/rehearse.py)."""
+klsweep/planner/, klsweep/fetch/, klsweep/rehearse.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from klsweep.cli.app import (
     OutOpt,
     OverridesArg,
     app,
-    require_cached,
     terminal,
 )
 from klsweep.errors import UserError
@@ -34,14 +33,18 @@ def plan_command(
     max_runs: MaxRunsOpt = None,
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
-    or fit its GPUs; nothing is written or submitted)."""
+    or fit its GPUs; nothing is written or submitted). Offline, what `klsweep run` would refuse while the
+    caches lack it follows the plan, with the `klsweep fetch` command that gets it."""
     from klsweep import console, fetch, planner
     from klsweep import grid as grid_mod
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     summary = planner.summary(plan)
-    require_cached(plan, grid, overrides)
+    command = fetch.fetch_command(grid, overrides, out)
+    refused = fetch.cache_refusals(fetch.plan_configs(plan), command)  # a preview: shown, not raised
     summary["warnings"] += fetch.node_local_warnings(r.config for r in plan.runs)
+    summary["run_would_refuse"] = [str(p) for p in refused[:-1]]
+    summary["fetch_command"] = command if refused else None
     estimates = summary.pop("estimates")
     if as_json:
         import json
@@ -62,6 +65,9 @@ def plan_command(
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
         out.print(console.resources_table(summary, width=width))
         console.print_time(out, summary, width=width)
+        for line in summary["notes"]:
+            console.print_warning(out, line, label="note")
+        console.print_refusals(out, refused, command)
 
 
 @app.command("fetch")

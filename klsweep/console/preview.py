@@ -5,12 +5,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from klsweep.console.terminal import NARROW, axis_labels, cell, pack_items, print_warning, shown_params
+from klsweep.console.terminal import (
+    NARROW,
+    axis_labels,
+    cell,
+    pack_items,
+    print_warning,
+    prose_width,
+    shown_params,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from klsweep.errors import Problem
     from klsweep.fetch import Found
     from klsweep.grid import Plan
     from klsweep.grid.keys import KeyDoc
@@ -211,6 +220,26 @@ def print_time(console: Console, counts: dict[str, Any], width: int | None = Non
         console.print(table)
     for line in counts["warnings"]:
         print_warning(console, line)
+
+
+def print_refusals(console: Console, problems: list[Problem], command: str) -> None:
+    """After an offline plan: what ``klsweep run`` would refuse while the caches lack it (``fetch.cache_refusals``:
+    why, then one item a line), and the ``klsweep fetch`` command that gets it, on a line of its own to copy."""
+    import textwrap
+
+    from klsweep.fetch.refusal import FETCH_FIRST
+    from klsweep.report.tables import visible
+
+    if not problems:
+        return
+    *missing, last = problems
+    print_warning(console, f"{last.where}: {last.what}:", label="run would refuse")
+    for p in missing:
+        for line in textwrap.wrap(f"- {visible(str(p))}", prose_width(console), initial_indent="  ",
+                                  subsequent_indent="    ", break_long_words=False, break_on_hyphens=False):  # fmt: skip
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"{FETCH_FIRST}:", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"  {visible(command)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def fetch_table(found: list[Found], width: int | None = None) -> Any:

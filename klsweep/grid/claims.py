@@ -7,6 +7,7 @@ plus ``unbiased``). The report tests them (``klsweep.report.claims``); format an
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,20 @@ def parse_claims(value: Any, where: str, schema: Schema, problems: list[Problem]
     """``claims:`` as ``Claim``s; a problem recorded (not raised) for each bad claim, key by key."""
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+    if not isinstance(value, list):
         problems.append(Problem(where, "must be a list of claims", "- {name: ..., metric: ..., test: ...}"))
         return []
     out, names = [], set()
     for i, raw in enumerate(value):
+        if not isinstance(raw, dict):
+            problems.append(
+                Problem(
+                    f"{where}[{i}]",
+                    f"{reprlib.repr(raw)} ({type(raw).__name__}): a claim must be a mapping",
+                    "- {name: ..., metric: ..., test: ..., direction: ..., a: {...}, b: {...}}",
+                )
+            )
+            continue
         name = raw.get("name")
         if isinstance(name, str) and name in names:
             problems.append(Problem(f"{where}[{i}].name", f"{name!r} twice", "a name per claim"))

@@ -1,5 +1,6 @@
-"""How a run's config is made: Hydra composes ``klsweep/conf`` (plus the search path) once per distinct
-combination of config-group choices, the composed values are checked, and each run's own values are set
+"""How a run's config is made: Hydra composes ``klsweep/conf`` (after the user's folders: a grid's
+``searchpath:`` and ``--config-dir``, whose files win over the shipped ones of the same name, ``shadowed``
+says which) once per distinct combination of config-group choices, the composed values are checked, and each run's own values are set
 as plain data on a copy of the composed config that copies only the sections the run changes (the others are
 shared: a plan of 100,000 runs holds one copy of each unchanged section). Also the options of each config
 group (for value checks and ``glob(...)``)."""
@@ -16,6 +17,10 @@ from klsweep.grid.schema import GROUPS, Schema, lookup
 from klsweep.grid.validate import CHECKS, TRL, check_leaf
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
+# The primary config (CONF_DIR/config.yaml: the schema and the default group choices), composed from Hydra's
+# ConfigStore under this name so that every config folder, the shipped one included, is on the search path in
+# order: the user's first (Hydra searches its primary config folder before ``hydra.searchpath``)
+PRIMARY = "klsweep_primary"
 
 
 class _Reset:
@@ -29,8 +34,8 @@ RESET = _Reset()
 
 
 class Composer:
-    """Composes configs (once per group choice) and lists group options, from ``CONF_DIR`` and the search
-    path, recording problems."""
+    """Composes configs (once per group choice) and lists group options, from the search path (the user's
+    folders) and then ``CONF_DIR``, recording problems."""
 
     def __init__(self, searchpath: list[str], schema: Schema, problems: list[Problem]):
         self.searchpath = searchpath
@@ -44,26 +49,28 @@ class Composer:
         if group not in self.options:
             with self._hydra() as gh:
                 self.options[group] = gh.config_loader().get_group_options(
-                    group, config_name="config", overrides=self._sp()
+                    group, config_name=PRIMARY, overrides=self._sp()
                 )
         return self.options[group]
 
     def _sp(self) -> list[str]:
-        if not self.searchpath:
-            return []
-        return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in self.searchpath) + "]"]
+        """The search path: the user's folders, then the shipped groups (the first folder holding a file wins)."""
+        return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in [*self.searchpath, CONF_DIR]) + "]"]
 
     def _hydra(self):
         from contextlib import contextmanager
 
-        from hydra import initialize_config_dir
+        from hydra import initialize
         from hydra.core.config_store import ConfigStore
         from hydra.core.global_hydra import GlobalHydra
+        from omegaconf import OmegaConf
 
         @contextmanager
         def ctx():
-            ConfigStore.instance().store(name="klsweep_schema", node=config_mod.RunConfig)
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="klsweep"):
+            store = ConfigStore.instance()
+            store.store(name="klsweep_schema", node=config_mod.RunConfig)
+            store.store(name=PRIMARY, node=OmegaConf.load(CONF_DIR / "config.yaml"))
+            with initialize(config_path=None, version_base="1.3", job_name="klsweep"):
                 yield GlobalHydra.instance()
 
         return ctx()
@@ -77,11 +84,12 @@ class Composer:
         from omegaconf import OmegaConf, open_dict
         from omegaconf.errors import OmegaConfBaseException
 
-        overrides = [f"{g}={'null' if o is None else o}" for g, o in choices] + self._sp()
+        picks = [f"{g}={'null' if o is None else o}" for g, o in choices]
+        chosen, overrides = " ".join(picks), picks + self._sp()
         result: tuple[str, dict[str, Any]] | None
         try:
             with self._hydra():
-                cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+                cfg = compose(config_name=PRIMARY, overrides=overrides, return_hydra_config=True)
             picked = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
             with open_dict(cfg):
                 del cfg["hydra"]
@@ -89,16 +97,14 @@ class Composer:
             result = json.dumps(plain), picked
         except (HydraException, OmegaConfBaseException) as e:
             text = " ".join(str(e).split())
-            self.problems.append(
-                Problem(f"config groups {' '.join(overrides)}", f"cannot be composed: {text}")
-            )
+            self.problems.append(Problem(f"config groups {chosen}", f"cannot be composed: {text}"))
             result = None
         if result is not None:
             composed = json.loads(result[0])
             for key in [*CHECKS, TRL]:
                 ok, _, err = check_leaf(self.schema, key, lookup(composed, key))
                 for e in [] if ok else err if isinstance(err, list) else [err]:
-                    self.problems.append(Problem(f"config groups {' '.join(overrides)}: {key}", e[0], e[1]))
+                    self.problems.append(Problem(f"config groups {chosen}: {key}", e[0], e[1]))
         self.composed[choices] = result
         return result
 
@@ -131,6 +137,23 @@ class Composer:
             else:
                 node[leaf] = json.loads(json.dumps(value)) if isinstance(value, list | dict) else value
         return config, composed[1]
+
+
+def shadowed(searchpath: list[str]) -> list[str]:
+    """The shipped config-group files a user's folder replaces (a file of the same group and name: the first
+    folder holding it wins), one line each, for ``klsweep plan`` to say."""
+    out, seen = [], set()
+    for folder in searchpath:
+        for group in GROUPS:
+            for path in sorted(Path(folder, group).glob("*.yaml")):
+                if (group, path.stem) in seen or not (CONF_DIR / group / path.name).is_file():
+                    continue
+                seen.add((group, path.stem))
+                out.append(
+                    f"{path} replaces the shipped {group} {path.stem} (klsweep/conf/{group}/{path.name}): "
+                    f"{group}={path.stem} is yours"
+                )
+    return out
 
 
 def _has(config: dict, key: str) -> bool:

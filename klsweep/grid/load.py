@@ -18,7 +18,7 @@ from klsweep import store
 from klsweep.config import KL_ONLY_KEYS
 from klsweep.errors import Problem, UserError
 from klsweep.grid import claims, expand, labels, parse, shipped
-from klsweep.grid.compose import RESET, Composer
+from klsweep.grid.compose import RESET, Composer, shadowed
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
 from klsweep.grid.schema import Schema, under
@@ -125,8 +125,9 @@ def load_plan(
         raise UserError(problems, title="invalid grid")
     axes = expand.varying_axes(expansion)
     return Plan(
-        name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text, expansion.merged
-    )
+        name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text, expansion.merged,
+        shadowed(searchpath),
+    )  # fmt: skip
 
 
 def _limit(max_runs: int | None, problems: list[Problem]) -> int:

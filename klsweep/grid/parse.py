@@ -246,10 +246,21 @@ def sub_grids(value: Any, where: str, problems: list[Problem]) -> list[tuple[str
             )
         )
         return []
+    out = []
     for label, g in items:
         if not g:
             problems.append(Problem(f"{where}: {label}", "empty: no axis", "key: a,b | key: [a, b]"))
-    return items
+        for key in [k for k in g if not isinstance(k, str)]:
+            problems.append(
+                Problem(
+                    f"{where}: {label}: {key!r}",
+                    f"a key YAML reads as {type(key).__name__} {key!r}, not a config key (inside {{...}} a "
+                    "comma ends an entry: {seed: 0,1} is seed: 0 and a key 1)",
+                    "a config key (klsweep keys); inside {...} quote a sweep: {seed: '0,1'}",
+                )
+            )
+        out.append((label, {k: v for k, v in g.items() if isinstance(k, str)}))
+    return out
 
 
 def excludes(

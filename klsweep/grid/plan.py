@@ -34,6 +34,8 @@ class Plan:
     excluded: int  # runs dropped by `exclude:`
     grid_text: str  # the grid file as written
     merged: int = 0  # configurations that train the same thing as another one of the plan, merged into it
+    # the shipped config-group files a user's folder replaces (``compose.shadowed``), one line each
+    shadowed: list[str] = field(default_factory=list)
 
     def table_order(self) -> list[PlannedRun]:
         """The runs as ``klsweep plan`` lists them (``--runs``, ``--json``): configuration by configuration

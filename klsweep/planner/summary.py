@@ -98,6 +98,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         },
         "resources": resources,
         "warnings": warnings(plan, estimates),
+        "notes": list(plan.shadowed),  # a user's config file in place of a shipped one
         "estimates": estimates,
     }
 

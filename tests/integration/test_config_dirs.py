@@ -45,6 +45,7 @@ def test_every_grid_command_takes_config_dir(command, groups, tmp_path, monkeypa
 
 
 def test_eval_takes_a_suite_from_config_dir(groups, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # offline, eval refuses the runs' model first: no such folder
     run = tmp_path / "sweep" / "run0"
     model = tmp_path / "model"
     write_config(run, model)

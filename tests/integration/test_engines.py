@@ -70,6 +70,7 @@ def test_run_refuses_a_missing_engine_and_plan_warns(
 def test_eval_refuses_the_vllm_backend_without_vllm(
     tmp_path: Path, without_vllm: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # offline, eval refuses the runs' model first: no such folder
     run = tmp_path / "sweep" / "run0"
     write_config(run, tmp_path / "model", **{"model.resources.gpus_per_node": 4})
     (run / store.CHECKPOINTS_DIR / "checkpoint-2").mkdir(parents=True)

@@ -489,7 +489,8 @@ def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
                 capture_output=True,
                 text=True,
                 timeout=300,
-                env={**os.environ, "COLUMNS": "400"},
+                # online: offline, `run` refuses the model of the grid, /models/m, first (no such folder)
+                env={**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}, "COLUMNS": "400"},
             )
             assert proc.returncode == 2, (args, proc.stderr)
             assert "cannot write in" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -570,6 +571,9 @@ def test_a_killed_run_says_it_died_without_a_word(tmp_path, monkeypatch, capsys)
 
 
 def test_skipped_failed_and_cancelled_runs_name_retry_failed(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(
+        "HF_HUB_OFFLINE"
+    )  # offline, `run` refuses the grid's model, /models/m (no such folder)
     g = _small(tmp_path)
     plan = grid.load_plan(g, out=tmp_path / "res")
     for run, state in zip(plan.runs, ("failed", "cancelled"), strict=True):

@@ -327,6 +327,7 @@ GRID = "name: linked\nbase:\n  model.path: /models/m\ngrid:\n  seed: 0,1\n"
 
 
 def test_a_run_folder_linked_out_of_the_results_folder_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # offline, `run` refuses the grid's model, /models/m, first
     g = tmp_path / "g.yaml"
     g.write_text(GRID)
     res = tmp_path / "res"

@@ -301,6 +301,64 @@ def test_bad_preset_from_a_user_searchpath_is_reported(tmp_path, monkeypatch, ca
     assert "kl.estimator" in err and "'k7'" in err and "k1, k2, k3" in err
 
 
+def _shadowing(conf: Path) -> dict[str, tuple[str, object]]:
+    """A config folder whose files have the names of shipped ones, one per config group, each changing a
+    value: the key it sets and that value."""
+    shipped = grid.CONF_DIR
+    files = {
+        "preset/trl.yaml": "# @package _global_\nkl:\n  estimator: k1\n  placement: reward\n  beta: 0.7\n",
+        "model/tiny.yaml": (shipped / "model" / "tiny.yaml").read_text().replace("mem_gb: 4", "mem_gb: 5"),
+        "task/tiny.yaml": (shipped / "task" / "tiny.yaml").read_text().replace("split: train", "split: mine"),
+        "eval/tiny.yaml": (shipped / "eval" / "tiny.yaml").read_text().replace("limit: 64", "limit: 8"),
+        "cluster/local.yaml": "kind: local\nmax_local_jobs: 1\n",
+    }
+    for name, text in files.items():
+        (conf / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf / name).write_text(text)
+    return {
+        "preset/trl.yaml": ("kl.beta", 0.7),
+        "model/tiny.yaml": ("model.resources.mem_gb", 5),
+        "task/tiny.yaml": ("task.split", "mine"),
+        "eval/tiny.yaml": ("eval.limit", 8),
+        "cluster/local.yaml": ("cluster.max_local_jobs", 1),
+    }
+
+
+def test_a_user_config_file_wins_over_the_shipped_one_and_plan_says_so(tmp_path, monkeypatch, capsys):
+    """Issue 44 D5: a file of a config group in the user's folder (--config-dir, a grid's searchpath:) with the
+    name of a shipped one is the one used (the user pointed at it; the shipped one won silently before), in
+    every group, and `plan` notes each shipped file it replaces."""
+    from klsweep.grid.schema import lookup
+
+    conf = tmp_path / "myconf"
+    changed = _shadowing(conf)
+    text = "name: s\nbase: {model: tiny, task: tiny, eval: tiny, cluster: local}\ngrid:\n  preset: trl\n"
+    for plan in (
+        grid.load_plan(write(tmp_path, text), config_dirs=[str(conf)], out=tmp_path / "r"),
+        grid.load_plan(write(tmp_path, "searchpath: myconf\n" + text), out=tmp_path / "r"),
+    ):
+        config = plan.runs[0].config
+        for name, (key, value) in changed.items():
+            assert lookup(config, key) == value, (name, key)
+        assert config["kl"]["estimator"] == "k1" and config["kl"]["placement"] == "reward"
+        assert len(plan.shadowed) == 5
+        for name in changed:
+            group, option = name.removesuffix(".yaml").split("/")
+            line = f"{conf / name} replaces the shipped {group} {option} (klsweep/conf/{name})"
+            assert any(note.startswith(line) for note in plan.shadowed), (line, plan.shadowed)
+    plain = grid.load_plan(write(tmp_path, text), out=tmp_path / "r")  # without the folder: the shipped ones
+    assert plain.runs[0].config["kl"]["beta"] == 0.04 and plain.shadowed == []
+    g = write(tmp_path, text)
+    code, out, err = cli(["plan", g, "--config-dir", conf, "--out", tmp_path / "r"], monkeypatch, capsys)
+    assert code == 0, err
+    assert f"note: {conf / 'preset' / 'trl.yaml'} replaces the shipped preset trl" in out, out
+    code, out, err = cli(["plan", g, "--config-dir", conf, "--json"], monkeypatch, capsys)
+    assert len(json.loads(out)["notes"]) == 5
+    code, out, err = cli(["config", g, "0", "--config-dir", conf], monkeypatch, capsys)
+    kl = yaml.safe_load(out)["kl"]
+    assert code == 0 and (kl["estimator"], kl["placement"], kl["beta"]) == ("k1", "reward", 0.7), out
+
+
 def test_compose_run_config_round_trips_a_planned_config(tmp_path):
     plan = grid.load_plan(write(tmp_path, TINY))
     run = plan.runs[5]
@@ -552,6 +610,16 @@ MALFORMED = {
         [],
         ["grid.kl.beta", "list of values or a sweep"],
     ),
+    "a key YAML reads as a boolean under grid": (  # issue 44 D8: an AttributeError before
+        "name: bad\ngrid: {true: 1}\n",
+        [],
+        ["grid: True", "a key YAML reads as bool True, not a config key", "klsweep keys"],
+    ),
+    "a sweep written inside {...} under grid": (  # {seed: 0,1} is {seed: 0, 1: null}
+        "name: bad\ngrid: {seed: 0,1}\n",
+        [],
+        ["grid: 1", "a key YAML reads as int 1", "quote a sweep: {seed: '0,1'}"],
+    ),
     "unknown key inside a list of grids": (
         "name: bad\ngrid:\n  - seed: 1\n  - sed: 2\n",
         [],
@@ -653,6 +721,12 @@ def test_claims_are_validated_up_front(tmp_path):
         ("claims[2] (t).margin", "missing"),
     ]:
         assert f"{where}: {what}" in text or (where in text and what in text), (where, text)
+    # issue 44 D13: an item that is not a mapping is named, the others checked beside it
+    mixed = write(tmp_path, base + "claims:\n  - just a string\n  - {name: x, metric: ood}\n", "mixed.yaml")
+    with pytest.raises(grid.UserError) as e:
+        grid.load_plan(mixed, out=tmp_path / "r")
+    assert "claims[0]: 'just a string' (str): a claim must be a mapping" in str(e.value)
+    assert "must be a list of claims" not in str(e.value) and "claims[1] (x).test" in str(e.value)
 
 
 def test_claim_sides_are_checked_against_the_grid(tmp_path):

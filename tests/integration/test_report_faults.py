@@ -107,6 +107,72 @@ def test_a_cache_of_the_wrong_shape_is_rebuilt(tmp_path, kind):
     assert _index(cache) == index
 
 
+def _cut_short(cache: Path) -> None:
+    data = cache.read_bytes()
+    cache.write_bytes(data[: len(data) // 2])
+
+
+def _flip_a_byte(cache: Path) -> None:
+    """One bit of one byte flipped inside the first member's data (the zip's CRC no longer matches)."""
+    import zipfile
+
+    with zipfile.ZipFile(cache) as z:
+        info = z.infolist()[0]
+    data = bytearray(cache.read_bytes())
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
+    data[at] ^= 0x10
+    cache.write_bytes(bytes(data))
+
+
+def _header_of_10_to_the_12(cache: Path) -> None:
+    """A well-formed zip (every CRC right) whose index's .npy header declares 10^12 elements."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(cache) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    npy = members["index.npy"]
+    n = int.from_bytes(npy[8:10], "little")  # format 1.0: the header's length, then the header
+    header = re.sub(rb"'shape': \(\d+,\)", b"'shape': (1000000000000,)", npy[10 : 10 + n])
+    header = header.rstrip(b" \n").ljust(n - 1) + b"\n"
+    assert b"1000000000000" in header and len(header) == n
+    with zipfile.ZipFile(cache, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, npy[:10] + header + npy[10 + n :] if name == "index.npy" else data)
+
+
+@pytest.mark.parametrize("cache_name", [".configs.npz", ".metrics.npz", ".collapses.npz", ".outcomes.npz"])
+def test_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys, cache_name):
+    """Issue 44 D1: a report cache cut short, with one byte flipped, or whose header declares 10^12 elements
+    gave a traceback on every later report (BadZipFile, a CRC error, MemoryError) until the user found the
+    hidden file. Each of the four caches, each damage: the report is the same and the cache is rebuilt."""
+    sweep = _sweep(tmp_path, seeds=1)
+    out = tmp_path / "r"
+    cols = ["run", "kl.estimator", "final reward", "collapse_step", "in-domain avg"]
+    expected = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols]
+    cache = out / cache_name
+    whole = _contents(cache)
+    for damage in (_cut_short, _flip_a_byte, _header_of_10_to_the_12):
+        damage(cache)
+        assert _contents(cache) is None
+        code, _, err = cli(["report", sweep, "--out", out, "-f", "csv", "-q"], monkeypatch, capsys)
+        assert code == 0 and "Traceback" not in err, (damage.__name__, err)
+        assert _contents(cache) == whole, damage.__name__  # rebuilt
+        damage(cache)
+        got = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols]
+        assert got.equals(expected), damage.__name__
+        assert _contents(cache) == whole, damage.__name__
+
+
+def _contents(cache: Path) -> tuple[dict, dict[str, bytes]] | None:
+    """A cache's index and arrays (its bytes hold the time it was written); None when it cannot be read."""
+    try:
+        with np.load(cache) as z:
+            return _index(cache), {k: z[k].tobytes() for k in z.files if k != "index"}
+    except Exception:
+        return None
+
+
 def test_a_read_only_audit_cache_is_a_warning(tmp_path, monkeypatch, capsys):
     from mounts import read_only
 

@@ -434,7 +434,7 @@ def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:
     except store.UnreadableFile as e:
         set_aside.append(f"{path} skipped: {e.what}; {e.todo}")
         return None
-    damage = _damage(res)
+    damage = _damage(res) or _elsewhere(res, path)
     if damage is not None:
         set_aside.append(f"{path} skipped: {damage}; rerun `klsweep eval` to redo it")
         return None
@@ -461,6 +461,21 @@ def _damage(res: Any) -> str | None:
     for task, v in stderr.items():
         if v is not None and not (_number(v) and (math.isnan(v) or 0 <= v < math.inf)):  # NaN: not known
             return f"stderr {v!r} of task {task!r} is not a finite number >= 0"
+    return None
+
+
+def _elsewhere(res: dict[str, Any], path: Path) -> str | None:
+    """Why results do not name the checkpoint they lie beside, or None: ``checkpoint`` is the name of its own
+    folder (``eval/<hash>/<checkpoint>/results.json``, as the eval writes it; the report reads that folder's
+    samples, so a path there would make it read any file) and ``step`` a whole number."""
+    checkpoint, step = res.get("checkpoint"), res.get("step")
+    if checkpoint != path.parent.name:
+        return (
+            f"`checkpoint` {checkpoint!r} is not the folder it lies in ({path.parent.name!r}): "
+            "results name a checkpoint of their own run folder"
+        )
+    if step is not None and not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return f"`step` {step!r} is not a whole number of steps"
     return None
 
 

@@ -56,6 +56,38 @@ def test_an_infinite_accuracy_is_a_damaged_file_set_aside(tmp_path):
     assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"checkpoint": "/nonexistent/x", "final_state": "done"},
+        {"checkpoint": "../../../{other}/eval/{hash}/checkpoint-20", "final_state": "done"},
+        {"checkpoint": "checkpoint-8"},
+        {"step": "six"},
+        {"step": 2.5},
+    ],
+)
+def test_results_naming_another_checkpoint_are_set_aside(tmp_path, monkeypatch, capsys, field):
+    """Issue 44 D6: results.json's `checkpoint` became a path the report read (`"/nonexistent/x"`: a raw
+    FileNotFoundError; another run's folder: its samples), `"step": "six"` a raw ValueError. Results name the
+    checkpoint of the folder they lie in, and a whole step, or are set aside with the reason."""
+    sweep = _sweep(tmp_path)
+    run, other = _runs(sweep, "k1")
+    (path,) = (run / store.EVAL_DIR).glob("*/*/results.json")
+    field = {k: v.format(other=other.name, hash=path.parent.parent.name) if isinstance(v, str) else v
+             for k, v in field.items()}  # fmt: skip
+    path.write_text(json.dumps({**json.loads(path.read_text()), **field}))
+    code, out, err = cli(
+        ["report", sweep, "--out", tmp_path / "r", "-f", "md,csv,latex,html"], monkeypatch, capsys
+    )
+    assert code == 0 and "Traceback" not in err, err
+    report = rp.build_report(sweep, tmp_path / "r2", formats=("csv",), wandb=False)
+    (aside,) = [s for s in report.set_aside if str(path) in s]
+    assert "skipped" in aside and ("checkpoint" in aside or "step" in aside), aside
+    assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
+    assert report.runs.loc[report.runs["run"] == other.name, "eval_checkpoint"].notna().all()
+    assert "Set aside" in (tmp_path / "r" / "report.md").read_text()
+
+
 def _index(cache: Path) -> dict:
     with np.load(cache) as z:
         return json.loads(bytes(z["index"]).decode())

@@ -77,10 +77,7 @@ def main() -> None:
     try:
         app()
     except UserError as e:
-        from rich.markup import escape
+        from klsweep.console import styled
 
-        from klsweep.report.tables import visible
-
-        text = "\n".join(visible(line) for line in str(e).split("\n"))  # a name's control characters visible
-        terminal(stderr=True).print(f"[bold red]error[/]: {escape(text)}", highlight=False)
+        terminal(stderr=True).print(styled(("error", "bold red"), f": {e}"), highlight=False)
         sys.exit(2)

@@ -204,8 +204,7 @@ def eval_command(
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
     settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
-    from rich.markup import escape
-
+    from klsweep.console import styled
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
@@ -223,7 +222,7 @@ def eval_command(
         overrides=overrides or [], config_dirs=config_dir or [],
     )  # fmt: skip
     console = terminal()
-    console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
+    console.print(f"eval: {outcome.eval}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
     for job in outcome.jobs:
@@ -231,7 +230,7 @@ def eval_command(
     for result in outcome.results:
         console.print(str(result), highlight=False, soft_wrap=True)
     for run, message in outcome.errors.items():
-        console.print(f"[bold red]eval failed[/]: {escape(run)}: {escape(message)}", highlight=False)
+        console.print(styled(("eval failed", "bold red"), f": {run}: {message}"), highlight=False)
         if run in outcome.logs:
             console.print(f"log: {outcome.logs[run]}", highlight=False, markup=False, soft_wrap=True)
     if outcome.errors:

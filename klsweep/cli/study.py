@@ -86,15 +86,22 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep.console import print_failures, print_report, progress_line, status_table, table_width
+    from klsweep.console import (
+        print_failures,
+        print_report,
+        progress_line,
+        status_table,
+        styled,
+        table_width,
+    )
+    from klsweep.printable import visible
     from klsweep.report.statistics import FRAGILE
-    from klsweep.report.tables import visible
     from klsweep.study import run_study
 
     console = terminal()
     start = time.time()
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -103,7 +110,7 @@ def study_command(
     task = progress.add_task("runs final", total=None)
 
     def on_stage(stage: str) -> None:
-        console.print(f"[bold]{time.time() - start:6.0f}s[/] {stage}", highlight=False)
+        console.print(styled((f"{time.time() - start:6.0f}s", "bold"), f" {stage}"), highlight=False)
 
     last: list[str] = []
 
@@ -147,24 +154,25 @@ def study_command(
             console.print(f"claims: {same} verdicts as in {expect_claims}", highlight=False)
         else:
             console.print(
-                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
-                "differ (a claim on one side only reads missing on the other):[/]",
+                styled(
+                    (
+                        f"claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
+                        "differ (a claim on one side only reads missing on the other):",
+                        "bold red",
+                    )
+                ),
                 highlight=False,
             )
             for claim, want, got in res.claim_changes:
-                console.print(
-                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
-                )
+                console.print(f"  {visible(claim)}: expected {want}, got {got}", highlight=False)
         if fragile:
             console.print(
                 f"claims: {len(fragile)} expected-fragile (replication under {FRAGILE:g} there) changed:",
                 highlight=False,
             )
             for claim, want, got in fragile:
-                console.print(
-                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
-                )
+                console.print(f"  {visible(claim)}: expected {want}, got {got}", highlight=False)
         if res.cpu_note:
-            console.print(f"note: {res.cpu_note}", highlight=False, markup=False)
+            console.print(f"note: {res.cpu_note}", highlight=False)
         if res.claim_changes:
             raise typer.Exit(1)

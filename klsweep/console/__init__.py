@@ -47,6 +47,7 @@ from klsweep.console.terminal import (
     print_warning,
     prose_width,
     shown_params,
+    styled,
     table_width,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "axis_labels",
     "prose_width",
     "print_warning",
+    "styled",
     "LIST_RUNS_UP_TO",
     "plan_table",
     "keys_table",

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from klsweep import store
-from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, terminal
+from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, says_what_goes_on, terminal
 
 
 @app.command("report")
@@ -126,20 +126,21 @@ def study_command(
         done = sum(r.state in store.FINAL_STATES for r in runs)
         progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
 
-    try:
-        res = run_study(
-            grid,
-            overrides,
-            cluster=cluster,
-            out=out,
-            retry_failed=retry_failed,
-            on_stage=on_stage,
-            on_progress=on_progress,
-            expect_claims=expect_claims,
-            config_dirs=config_dir,
-        )
-    finally:
-        progress.stop()
+    with says_what_goes_on():  # Ctrl-C: which runs go on, how to stop them
+        try:
+            res = run_study(
+                grid,
+                overrides,
+                cluster=cluster,
+                out=out,
+                retry_failed=retry_failed,
+                on_stage=on_stage,
+                on_progress=on_progress,
+                expect_claims=expect_claims,
+                config_dirs=config_dir,
+            )
+        finally:
+            progress.stop()
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
     print_failures(console, res.runs)

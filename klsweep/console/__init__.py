@@ -33,7 +33,15 @@ from klsweep.console.preview import (
     time_table,
 )
 from klsweep.console.report import print_report, print_report_tables
-from klsweep.console.runs import COLOUR, print_failures, progress_line, status_table, step_line, watch_view
+from klsweep.console.runs import (
+    COLOUR,
+    print_failures,
+    print_going_on,
+    progress_line,
+    status_table,
+    step_line,
+    watch_view,
+)
 from klsweep.console.terminal import (
     COMPACT,
     NARROW,
@@ -84,6 +92,7 @@ __all__ = [
     "watch_view",
     "status_table",
     "print_failures",
+    "print_going_on",
     "VERDICT_STYLES",
     "audit_tables",
     "GRPO_VERDICT_STYLES",

@@ -361,6 +361,15 @@ def _changes(runs: list[RunStatus]) -> list[tuple[Any, ...]]:
     return [(r.run_id, r.state, r.eval_state, r.job_state, r.job_reason) for r in runs]
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while waiting on a sweep (``wait_until_final``, ``klsweep.study.run_study``): the sweep's jobs go on
+    without the waiter (local ones run in their own session); ``sweep_dir`` says which sweep."""
+
+    def __init__(self, sweep_dir: str | Path):
+        super().__init__(str(sweep_dir))
+        self.sweep_dir = Path(sweep_dir)
+
+
 def wait_until_final(
     sweep_dir: str | Path,
     poll_s: float = 2.0,
@@ -370,7 +379,22 @@ def wait_until_final(
     """Poll ``status`` until every run (and its eval) is final; returns the last statuses. Queries are
     ``poll_s`` apart at first and after every change of a run's state, further apart while nothing changes
     (``poll_delay``: at most ``POLL_MAX_S``). ``TimeoutError`` after ``timeout_s``, naming the runs not final
-    with their state, the scheduler's state and reason, and their job log's last lines."""
+    with their state, the scheduler's state and reason, and their job log's last lines; ``Interrupted`` on
+    Ctrl-C."""
+    try:
+        return _wait_until_final(Path(sweep_dir), poll_s, on_update, timeout_s)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(sweep_dir) from None
+
+
+def _wait_until_final(
+    sweep_dir: Path,
+    poll_s: float,
+    on_update: Callable[[list[RunStatus]], None] | None,
+    timeout_s: float | None,
+) -> list[RunStatus]:
     start = last_change = time.time()
     seen: list[tuple[Any, ...]] | None = None
     while True:

@@ -88,6 +88,41 @@ def test_results_naming_another_checkpoint_are_set_aside(tmp_path, monkeypatch, 
     assert "Set aside" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_a_lost_last_row_and_a_nan_reward_are_said(tmp_path, monkeypatch, capsys):
+    """Issue 44 D11, D12: a metrics.jsonl cut mid-line at its end lost its last row without a note (a torn
+    middle line was listed under "Set aside"), and a NaN reward_mean was dropped, the peak and final reward
+    changed, without a note. Both are said where the report lists what it set aside; a running run's
+    unfinished last line is not damage, and the report says which is which, from its cache too."""
+    sweep = _sweep(tmp_path, seeds=2)
+    cut, writing = _runs(sweep, "k1")
+    nan_run = _runs(sweep, "k3")[0]
+    for run in (cut, writing):
+        path = run / store.METRICS_FILE
+        text = path.read_text()
+        path.write_text(text[: len(text) - 30])  # the last line cut mid-line: no newline, not JSON
+    store.write_json(writing / store.STATUS_FILE, {"state": "running", "step": 20, "total_steps": 20})
+    path = nan_run / store.METRICS_FILE
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[-1]["reward_mean"] = math.nan  # json writes NaN
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r"
+    for again in (False, True):  # read afresh, then from the report's cache
+        code, stdout, err = cli(["report", sweep, "--out", out, "-f", "md"], monkeypatch, capsys)
+        assert code == 0, err
+        said = " ".join((stdout + err).split())
+        md = " ".join((out / "report.md").read_text().replace("\\", "").split())  # Markdown's escapes
+        for text in (said, md):
+            assert f"{cut.name}/metrics.jsonl: its last line (line 20) is cut short" in text, (again, text)
+            assert "damage, that row is lost" in text
+            assert f"{writing.name}/metrics.jsonl: its last line (line 20) is still being written" in text
+            assert "(the run is running): not damage" in text
+            assert f"{nan_run.name}/metrics.jsonl: 'reward_mean' is NaN in 1 row(s) (step 20)" in text
+    store.write_json(writing / store.STATUS_FILE, {"state": "failed", "step": 19, "total_steps": 20})
+    report = rp.build_report(sweep, out, formats=("md",), wandb=False)  # metrics from the cache
+    (note,) = [s for s in report.set_aside if writing.name in s]
+    assert "cut short" in note and "the run is failed" in note, note
+
+
 def _index(cache: Path) -> dict:
     with np.load(cache) as z:
         return json.loads(bytes(z["index"]).decode())

@@ -625,25 +625,12 @@ def load_run(run_dir: str | os.PathLike) -> RunConfig:
 
 def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
     """Write a resolved RunConfig (plain data) to ``run_dir/config.yaml``. A folder that already holds a config
-    is the same run when the two differ only in keys its run id does not see (``_id_blind``: ``ID_HASHED_AT``,
-    ``COSMETIC_KEYS``, ``id_omitted_at``'s at their value): its config.yaml is then rewritten with ``config``'s
-    values, as ``klsweep run`` does on a resume. Any other difference is an error naming the keys (the folder's
-    checkpoints belong to its own config)."""
-    from omegaconf import OmegaConf
-
+    is the same run when the two differ only in keys its run id does not see (``run_differences``): its
+    config.yaml is then rewritten with ``config``'s values, as ``klsweep run`` does on a resume. Any other
+    difference is an error naming the keys (the folder's checkpoints belong to its own config)."""
     path = Path(run_dir) / store.CONFIG_FILE
     if path.is_file():
-        read_run_file(run_dir)  # UnreadableFile when it was cut short
-        loaded = OmegaConf.load(path)
-        omitted = id_omitted_at(config)  # a folder written before these keys existed: the same run
-        for dotted, value in omitted.items():
-            if OmegaConf.select(loaded, dotted, default=None) is None:
-                OmegaConf.update(loaded, dotted, value, force_add=True)
-        held = OmegaConf.to_container(loaded, resolve=True)
-        changed = _differences(held, dict(config))
-        if not changed:
-            return path
-        seen = [k for k, was, now in changed if not _id_blind(k, was, now, held, config)]
+        seen = [k for k, _, _ in run_differences(run_dir, config)]
         if seen:
             raise UserError(
                 Problem(
@@ -655,6 +642,24 @@ def write_run(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
             )
     store.atomic_write_text(path, run_file_text(config))
     return path
+
+
+def run_differences(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Where the run folder's ``config.yaml`` and ``config`` (a resolved RunConfig, plain data) are not the same
+    run: (dotted key, the folder's value, ``config``'s) for each key the run id sees (``_id_blind``); [] when
+    they are (a key one of them lacks: None). A key the folder predates reads as what it trained with
+    (``LEGACY_VALUES``), else as ``config``'s where the id leaves it out (``id_omitted_at``).
+    ``store.UnreadableFile`` when the file cannot be read."""
+    from omegaconf import OmegaConf
+
+    read_run_file(run_dir)  # UnreadableFile when it was cut short
+    loaded = OmegaConf.load(Path(run_dir) / store.CONFIG_FILE)
+    for dotted, value in {**id_omitted_at(config), **LEGACY_VALUES}.items():  # a folder from before the key
+        if OmegaConf.select(loaded, dotted, default=None) is None:
+            OmegaConf.update(loaded, dotted, value, force_add=True)
+    held: Any = OmegaConf.to_container(loaded, resolve=True)
+    seen = [d for d in _differences(held, dict(config)) if not _id_blind(*d, held, config)]
+    return [(key, None if was is _ABSENT else was, None if now is _ABSENT else now) for key, was, now in seen]
 
 
 _ABSENT = object()
@@ -675,9 +680,12 @@ def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -
 
 def _id_blind(key: str, was: Any, now: Any, held: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     """Whether the run id (``grid.run_id``) does not see ``key`` changing from ``was`` (in the folder's config
-    ``held``) to ``now`` (in ``config``): a key hashed at its default, a cosmetic key (or one inside), or one
-    left out of both ids at the values both hold."""
+    ``held``) to ``now`` (in ``config``): a key hashed at its default, a cosmetic key (or one inside), a KL-only
+    key of two runs without KL, or one left out of both ids at the values both hold."""
     if key in ID_HASHED_AT or is_cosmetic(key):
+        return True
+    no_kl = kl_off_hashed_at(held), kl_off_hashed_at(config)  # no KL in either: a KL-only key does nothing
+    if key in no_kl[0] and key in no_kl[1]:
         return True
     before, after = id_omitted_at(held), id_omitted_at(config)
     return key in before and key in after and before[key] == was and after[key] == now

@@ -31,6 +31,7 @@ COLOUR = {
     "done": "green",
     "failed": "red",
     "unreadable": "red",
+    "incomplete": "red",
     "diverged": "magenta",
     "collapsed": "magenta",
     "cancelled": "yellow",
@@ -138,13 +139,14 @@ def status_table(
 
 
 def print_failures(console: Console, runs: list[RunStatus]) -> None:
-    """Print what follows the status table for each failed or unreadable run, and each failed eval, sorted by
-    run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to the
-    terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
-    copied) and the log's last lines as written."""
+    """Print what follows the status table for each failed, unreadable or incomplete run, and each failed eval,
+    sorted by run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to
+    the terminal; what is missing), where its log is (the job's stderr in the run's ``logs/``, never cut or
+    wrapped, so it can be copied) and the log's last lines as written."""
+    said = ("failed", "unreadable", "incomplete")
     for r in sorted(runs, key=lambda r: r.run_id):
-        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state in ("failed", "partial")
-        if r.state not in ("failed", "unreadable") and not failed_eval:
+        failed_eval = r.state not in said and r.eval_state in ("failed", "partial")
+        if r.state not in said and not failed_eval:
             continue
         state = f"eval {r.eval_state}" if failed_eval else r.state
         console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)

@@ -118,7 +118,10 @@ def test_every_command_prints_an_escape_in_a_folder_name_visibly(tmp_path, monke
     esc = "\x1b[2J"  # clear the screen: not a colour, which the tests' cli() takes for rich's own
     where = tmp_path / f"w{esc}"
     where.mkdir()
-    grid = write(where, "name: esc\nbase: {model: tiny, task: tiny, eval: tiny, train.steps: 2}\ngrid: {seed: range(2)}\n")
+    grid = write(
+        where,
+        "name: esc\nbase: {model: tiny, task: tiny, eval: tiny, train.steps: 2}\ngrid: {seed: range(2)}\n",
+    )
     out = where / f"results{esc}"
     outputs = {}
 

@@ -260,14 +260,15 @@ def _unfinished_note(path: Path, line: int, state: Any) -> str:
 
 
 def _code_hash() -> str:
-    """The code a cached config was read with: config.py (schema, defaults, legacy values) and this module."""
+    """The code a cached config was read with: the config package (schema, defaults, legacy values, the run
+    file's reader) and this module."""
     import hashlib
 
     from klsweep import config
 
     h = hashlib.sha256()
-    for module in (config.__file__, __file__):
-        h.update(Path(module).read_bytes())
+    for module in (*sorted(Path(config.__file__).parent.glob("*.py")), Path(__file__)):
+        h.update(module.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -16,23 +16,32 @@ def write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
     return p
 
 
-def test_toggling_micro_batch_size_or_use_vllm_resumes_the_same_run_ids(tmp_path, monkeypatch, capsys):
-    """`klsweep run` after a change of how the runs are computed: the same run folders, resumed where they
-    stopped, then skipped once done; `klsweep plan` counts them done with use_vllm toggled."""
+def _trained(tmp_path: Path, monkeypatch, capsys, name: str, more: str = "") -> tuple[Path, Path, Path]:
+    """A grid of one run of a random tiny model (3 steps, a checkpoint at each, in this process) trained by
+    `klsweep run`: the grid file, the results folder, the run folder."""
     from klsweep import store
     from klsweep.tinymodel import random_tiny_model
 
     model = random_tiny_model(tmp_path / "model")
     text = (
-        f"name: resume\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
+        f"name: {name}\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
         "  train.save_steps: 1\n  train.keep_checkpoints: null\n  train.prompts_per_step: 2\n"
-        "  train.group_size: 4\n  train.max_completion_length: 4\n  offpolicy.num_iterations: 2\n"
-        "  wandb.mode: disabled\ngrid:\n  seed: 0\n"
+        f"  train.group_size: 4\n  train.max_completion_length: 4\n{more}  wandb.mode: disabled\n"
+        "grid:\n  seed: 0\n"
     )
     g, out = write(tmp_path, text), tmp_path / "results"
     code, stdout, _ = cli(["run", g, "--out", out], monkeypatch, capsys)
     assert code == 0 and "1 submit" in stdout, stdout
-    (run,) = store.run_dirs(out / "resume")
+    (run,) = store.run_dirs(out / name)
+    return g, out, run
+
+
+def test_toggling_micro_batch_size_or_use_vllm_resumes_the_same_run_ids(tmp_path, monkeypatch, capsys):
+    """`klsweep run` after a change of how the runs are computed: the same run folders, resumed where they
+    stopped, then skipped once done; `klsweep plan` counts them done with use_vllm toggled."""
+    from klsweep import store
+
+    g, out, run = _trained(tmp_path, monkeypatch, capsys, "resume", "  offpolicy.num_iterations: 2\n")
     # killed after step 1, in the middle of a generation batch's two updates: TRL's buffer is in use
     import shutil
 
@@ -66,18 +75,8 @@ def test_a_done_run_is_done_only_with_its_whole_final_checkpoint_of_the_grids_co
     import shutil
 
     from klsweep import store
-    from klsweep.tinymodel import random_tiny_model
 
-    model = random_tiny_model(tmp_path / "model")
-    text = (
-        f"name: stale\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
-        "  train.save_steps: 1\n  train.keep_checkpoints: null\n  train.prompts_per_step: 2\n"
-        "  train.group_size: 4\n  train.max_completion_length: 4\n  wandb.mode: disabled\ngrid:\n  seed: 0\n"
-    )
-    g, out = write(tmp_path, text), tmp_path / "results"
-    code, stdout, _ = cli(["run", g, "--out", out], monkeypatch, capsys)
-    assert code == 0 and "1 submit" in stdout, stdout
-    (run,) = store.run_dirs(out / "stale")
+    g, out, run = _trained(tmp_path, monkeypatch, capsys, "stale")
     final = run / store.CHECKPOINTS_DIR / "checkpoint-3"
 
     def said(*args: object) -> tuple[int, str]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import store
 from klsweep.collapse import Rule, find_collapse
+from klsweep.printable import visible_lines
 
 if TYPE_CHECKING:
     from klsweep.config import RunConfig
@@ -44,7 +45,7 @@ _ROW_SOURCES = frozenset(ROW_KEYS.values())  # log keys already mapped to a row 
 def record_warning(warnings: list[str], text: str) -> None:
     """A run's warning: in ``warnings`` (status.json's) and on stderr (the job's log)."""
     warnings.append(text)
-    print(f"klsweep warning: {text}", file=sys.stderr, flush=True)
+    print(visible_lines(f"klsweep warning: {text}"), file=sys.stderr, flush=True)
 
 
 class RunMonitor:

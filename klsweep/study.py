@@ -80,7 +80,8 @@ def run_study(
     expect_claims: str | Path | None = None,
     config_dirs: list[str] | None = None,
 ) -> StudyResult:
-    """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``.
+    """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``; Ctrl-C
+    while it waits raises ``submit.Interrupted`` (the sweep's jobs go on).
     ``expect_claims``: a ``claims.csv`` (e.g. the committed one) whose verdicts this study's are compared with;
     it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
@@ -118,10 +119,13 @@ def run_study(
         plan, kind, retry_failed=retry_failed, chain_eval=False,
         on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
     )  # fmt: skip
-    runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
-    on_stage("eval: every finished run and the step-0 baseline")
-    # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
-    outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
+    try:  # Ctrl-C from here on: the sweep's jobs go on, say so
+        runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
+        on_stage("eval: every finished run and the step-0 baseline")
+        # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
+        outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
+    except KeyboardInterrupt:
+        raise submit.Interrupted(plan.sweep_dir) from None
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS)

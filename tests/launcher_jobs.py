@@ -43,6 +43,15 @@ def _seed(run_dir: Path) -> int:
     return int(OmegaConf.load(run_dir / store.CONFIG_FILE).seed)
 
 
+def final_checkpoint(run_dir: Path, step: int) -> str:
+    """The checkpoint a trainer leaves where a run ended (a config.json: whole for ``store.stale_end``, no
+    weights); its name, for status.json's ``final_checkpoint``."""
+    folder = run_dir / store.CHECKPOINTS_DIR / f"checkpoint-{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    store.write_json(folder / "config.json", {})
+    return folder.name
+
+
 def ok_train(run_dir: Path) -> dict:
     """Three quick steps; records when it ran (to check how many ran at once)."""
     with open(run_dir / "spans.txt", "a") as f:
@@ -54,7 +63,9 @@ def ok_train(run_dir: Path) -> dict:
         store.write_status(run_dir, "running", step=step)
     with open(run_dir / "spans.txt", "a") as f:
         f.write(f"end {time.time()}\n")
-    return store.write_status(run_dir, "done", finished_at=time.time(), elapsed_s=1.5)
+    return store.write_status(
+        run_dir, "done", finished_at=time.time(), elapsed_s=1.5, final_checkpoint=final_checkpoint(run_dir, 3)
+    )
 
 
 def bad_train(run_dir: Path) -> dict:
@@ -82,7 +93,8 @@ def slow_train(run_dir: Path, total: int = 20, step_s: float = 1.0) -> dict:
         done += 1
         store.atomic_write_text(progress, str(done))
         store.write_status(run_dir, "running", step=done)
-    return store.write_status(run_dir, "done", step=done, finished_at=time.time())
+    end = final_checkpoint(run_dir, done)
+    return store.write_status(run_dir, "done", step=done, finished_at=time.time(), final_checkpoint=end)
 
 
 def short_slow_train(run_dir: Path) -> dict:
@@ -144,7 +156,8 @@ def hung_train(run_dir: Path) -> dict:
         time.sleep(1)
         store.atomic_write_text(run_dir / "progress.txt", str(step))
         store.write_status(run_dir, "running", step=step)
-    return store.write_status(run_dir, "done", finished_at=time.time())
+    end = final_checkpoint(run_dir, 1000)
+    return store.write_status(run_dir, "done", finished_at=time.time(), final_checkpoint=end)
 
 
 def ok_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:

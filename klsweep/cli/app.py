@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -72,15 +74,32 @@ def require_cached(plan, grid: Path, overrides: list[str] | None) -> None:
     require_cached(plan_configs(plan), fetch_command(grid, overrides, Path(plan.sweep_dir).parent))
 
 
+@contextlib.contextmanager
+def says_what_goes_on(sweep_dir: Path | None = None, what: str = "interrupted") -> Iterator[None]:
+    """Around what a command does once a sweep's jobs were submitted (``run --wait``, ``study``, ``status
+    --watch``): on Ctrl-C, say which of the sweep's runs go on without this command and how to stop them
+    (``console.print_going_on``), then exit 130 as an interrupted command does. The sweep: ``sweep_dir``, or
+    the one a ``submit.Interrupted`` names."""
+    from klsweep import submit
+
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        folder = e.sweep_dir if isinstance(e, submit.Interrupted) else sweep_dir
+        if folder is None:  # before anything was submitted
+            raise
+        from klsweep.console import print_going_on
+
+        print_going_on(terminal(stderr=True), submit.status(folder), folder, what)
+        raise typer.Exit(130) from None
+
+
 def main() -> None:
     """Console-script entry: run the app, turning UserError into a clear message and exit code 2."""
     try:
         app()
     except UserError as e:
-        from rich.markup import escape
+        from klsweep.console import styled
 
-        from klsweep.report.tables import visible
-
-        text = "\n".join(visible(line) for line in str(e).split("\n"))  # a name's control characters visible
-        terminal(stderr=True).print(f"[bold red]error[/]: {escape(text)}", highlight=False)
+        terminal(stderr=True).print(styled(("error", "bold red"), f": {e}"), highlight=False)
         sys.exit(2)

@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from klsweep import store
-from klsweep.cli.app import ConfigDirOpt, GridArg, MaxRunsOpt, OverridesArg, app, require_cached, terminal
+from klsweep.cli.app import (
+    ConfigDirOpt,
+    GridArg,
+    MaxRunsOpt,
+    OverridesArg,
+    app,
+    require_cached,
+    says_what_goes_on,
+    terminal,
+)
 
 
 @app.command("train")
@@ -81,7 +90,7 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import print_failures, progress_line, status_table, table_width
+    from klsweep.console import print_failures
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
@@ -92,12 +101,29 @@ def run_command(
         plan, cluster, retry_failed=retry_failed, force=force,
         on_build=lambda p: console.print(f"building the tiny model (once, cached in {p})", highlight=False),
     )  # fmt: skip
+    with says_what_goes_on(res.sweep_dir if wait and cluster != "debug" else None):
+        runs = _said_and_waited(console, plan, res, cluster, wait)
+    if runs is None:
+        return
+    print_failures(console, runs)
+    line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
+    console.print(f"{plan.name}: {line}", highlight=False)
+    if code:
+        raise typer.Exit(code)
+
+
+def _said_and_waited(console: Any, plan: Any, res: Any, cluster: str, wait: bool) -> list[Any] | None:
+    """What `klsweep run` says of its submission and, with --wait (or --cluster debug), the runs once final
+    (None: not waited for)."""
+    from klsweep import submit
+    from klsweep.console import progress_line, status_table, table_width
+
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
         f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
     )
     for line in res.hints():
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(line, highlight=False, soft_wrap=True)
     if wait and cluster != "debug":
         from rich.progress import Progress
 
@@ -112,15 +138,10 @@ def run_command(
                 ),
             )
         console.print(status_table(runs, title=plan.name, width=table_width(console)))
-    elif cluster == "debug":  # in this process: every run is final already
-        runs = submit.status(res.sweep_dir)
-    else:
-        return
-    print_failures(console, runs)
-    line, code = submit.final_summary(runs, fail_on_diverged=fail_on_diverged)
-    console.print(f"{plan.name}: {line}", highlight=False)
-    if code:
-        raise typer.Exit(code)
+        return runs
+    if cluster == "debug":  # in this process: every run is final already
+        return submit.status(res.sweep_dir)
+    return None
 
 
 @app.command("status")
@@ -154,7 +175,7 @@ def status_command(
     if watch:
         from rich.live import Live
 
-        with Live(console=console) as live:
+        with says_what_goes_on(sweep_dir, "stopped watching"), Live(console=console) as live:
             runs = submit.wait_until_final(
                 sweep_dir, on_update=lambda rs: live.update(watch_view(rs, sweep_dir.name, width))
             )
@@ -204,8 +225,7 @@ def eval_command(
 ) -> None:
     """Evaluate finished runs' checkpoints (and the sweep's step-0 baselines) with lm-eval, with the eval
     settings of their grid (eval.limit included) unless --suite or eval.KEY=VALUE overrides change them."""
-    from rich.markup import escape
-
+    from klsweep.console import styled
     from klsweep.submit import submit_eval
 
     path = Path(target) if Path(target).exists() else Path("results") / target
@@ -223,7 +243,7 @@ def eval_command(
         overrides=overrides or [], config_dirs=config_dir or [],
     )  # fmt: skip
     console = terminal()
-    console.print(f"eval: {escape(outcome.eval)}", highlight=False, soft_wrap=True)
+    console.print(f"eval: {outcome.eval}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
     for job in outcome.jobs:
@@ -231,7 +251,7 @@ def eval_command(
     for result in outcome.results:
         console.print(str(result), highlight=False, soft_wrap=True)
     for run, message in outcome.errors.items():
-        console.print(f"[bold red]eval failed[/]: {escape(run)}: {escape(message)}", highlight=False)
+        console.print(styled(("eval failed", "bold red"), f": {run}: {message}"), highlight=False)
         if run in outcome.logs:
             console.print(f"log: {outcome.logs[run]}", highlight=False, markup=False, soft_wrap=True)
     if outcome.errors:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from klsweep import store
-from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, terminal
+from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, says_what_goes_on, terminal
 
 
 @app.command("report")
@@ -94,15 +94,22 @@ def study_command(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from klsweep.console import print_failures, print_report, progress_line, status_table, table_width
+    from klsweep.console import (
+        print_failures,
+        print_report,
+        progress_line,
+        status_table,
+        styled,
+        table_width,
+    )
+    from klsweep.printable import visible
     from klsweep.report.statistics import FRAGILE
-    from klsweep.report.tables import visible
     from klsweep.study import run_study
 
     console = terminal()
     start = time.time()
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -111,7 +118,7 @@ def study_command(
     task = progress.add_task("runs final", total=None)
 
     def on_stage(stage: str) -> None:
-        console.print(f"[bold]{time.time() - start:6.0f}s[/] {stage}", highlight=False)
+        console.print(styled((f"{time.time() - start:6.0f}s", "bold"), f" {stage}"), highlight=False)
 
     last: list[str] = []
 
@@ -127,20 +134,21 @@ def study_command(
         done = sum(r.state in store.FINAL_STATES for r in runs)
         progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
 
-    try:
-        res = run_study(
-            grid,
-            overrides,
-            cluster=cluster,
-            out=out,
-            retry_failed=retry_failed,
-            on_stage=on_stage,
-            on_progress=on_progress,
-            expect_claims=expect_claims,
-            config_dirs=config_dir,
-        )
-    finally:
-        progress.stop()
+    with says_what_goes_on():  # Ctrl-C: which runs go on, how to stop them
+        try:
+            res = run_study(
+                grid,
+                overrides,
+                cluster=cluster,
+                out=out,
+                retry_failed=retry_failed,
+                on_stage=on_stage,
+                on_progress=on_progress,
+                expect_claims=expect_claims,
+                config_dirs=config_dir,
+            )
+        finally:
+            progress.stop()
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
     print_failures(console, res.runs)
@@ -155,24 +163,25 @@ def study_command(
             console.print(f"claims: {same} verdicts as in {expect_claims}", highlight=False)
         else:
             console.print(
-                f"[bold red]claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
-                "differ (a claim on one side only reads missing on the other):[/]",
+                styled(
+                    (
+                        f"claims: {len(res.claim_changes)} of {n} verdicts robust in {expect_claims} "
+                        "differ (a claim on one side only reads missing on the other):",
+                        "bold red",
+                    )
+                ),
                 highlight=False,
             )
             for claim, want, got in res.claim_changes:
-                console.print(
-                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
-                )
+                console.print(f"  {visible(claim)}: expected {want}, got {got}", highlight=False)
         if fragile:
             console.print(
                 f"claims: {len(fragile)} expected-fragile (replication under {FRAGILE:g} there) changed:",
                 highlight=False,
             )
             for claim, want, got in fragile:
-                console.print(
-                    f"  {visible(claim)}: expected {want}, got {got}", highlight=False, markup=False
-                )
+                console.print(f"  {visible(claim)}: expected {want}, got {got}", highlight=False)
         if res.cpu_note:
-            console.print(f"note: {res.cpu_note}", highlight=False, markup=False)
+            console.print(f"note: {res.cpu_note}", highlight=False)
         if res.claim_changes:
             raise typer.Exit(1)

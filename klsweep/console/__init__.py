@@ -36,7 +36,15 @@ from klsweep.console.preview import (
     time_table,
 )
 from klsweep.console.report import print_report, print_report_tables
-from klsweep.console.runs import COLOUR, print_failures, progress_line, status_table, step_line, watch_view
+from klsweep.console.runs import (
+    COLOUR,
+    print_failures,
+    print_going_on,
+    progress_line,
+    status_table,
+    step_line,
+    watch_view,
+)
 from klsweep.console.terminal import (
     COMPACT,
     NARROW,
@@ -50,6 +58,7 @@ from klsweep.console.terminal import (
     print_warning,
     prose_width,
     shown_params,
+    styled,
     table_width,
 )
 
@@ -67,6 +76,7 @@ __all__ = [
     "axis_labels",
     "prose_width",
     "print_warning",
+    "styled",
     "LIST_RUNS_UP_TO",
     "plan_table",
     "keys_table",
@@ -86,6 +96,7 @@ __all__ = [
     "watch_view",
     "status_table",
     "print_failures",
+    "print_going_on",
     "VERDICT_STYLES",
     "audit_tables",
     "checked_lines",

@@ -26,6 +26,7 @@ def audit_tables(rows: list[AuditRow], title: str = "") -> list:
     forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     off_policy = any(r.behavior_shift > 0 for r in rows)
     presets = any(r.preset for r in rows)
@@ -41,7 +42,7 @@ def audit_tables(rows: list[AuditRow], title: str = "") -> list:
         for r in rows:
             if presets or r.importance == importance:
                 values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
-                verdict = f"[{VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                verdict = Text(r.verdict, style=VERDICT_STYLES[r.verdict])
                 names = (r.preset,) if presets else ()
                 t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
         out.append(t)
@@ -67,6 +68,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
     grad KL(ref||pi), ``err rev`` the relative error of effective / unit against grad KL(pi||ref)."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     out = []
 
@@ -95,7 +97,7 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
         t.add_column("verdict", no_wrap=True)
         for r in rows:
             if table_of(r) == key:
-                verdict = f"[{GRPO_VERDICT_STYLES[r.verdict]}]{r.verdict}[/]"
+                verdict = Text(r.verdict, style=GRPO_VERDICT_STYLES[r.verdict])
                 numbers = (r.effective_scale, r.cos_reverse, r.cos_forward, r.rel_err_reverse)
                 names = (r.preset,) if presets else ()
                 t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in numbers), verdict)

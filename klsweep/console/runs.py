@@ -31,6 +31,7 @@ COLOUR = {
     "done": "green",
     "failed": "red",
     "unreadable": "red",
+    "incomplete": "red",
     "diverged": "magenta",
     "collapsed": "magenta",
     "cancelled": "yellow",
@@ -138,13 +139,14 @@ def status_table(
 
 
 def print_failures(console: Console, runs: list[RunStatus]) -> None:
-    """Print what follows the status table for each failed or unreadable run, and each failed eval, sorted by
-    run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to the
-    terminal), where its log is (the job's stderr in the run's ``logs/``, never cut or wrapped, so it can be
-    copied) and the log's last lines as written."""
+    """Print what follows the status table for each failed, unreadable or incomplete run, and each failed eval,
+    sorted by run id: a ``--- <run id> (<state>) ---`` line, why (the exception's type and message, wrapped to
+    the terminal; what is missing), where its log is (the job's stderr in the run's ``logs/``, never cut or
+    wrapped, so it can be copied) and the log's last lines as written."""
+    said = ("failed", "unreadable", "incomplete")
     for r in sorted(runs, key=lambda r: r.run_id):
-        failed_eval = r.state not in ("failed", "unreadable") and r.eval_state in ("failed", "partial")
-        if r.state not in ("failed", "unreadable") and not failed_eval:
+        failed_eval = r.state not in said and r.eval_state in ("failed", "partial")
+        if r.state not in said and not failed_eval:
             continue
         state = f"eval {r.eval_state}" if failed_eval else r.state
         console.print(f"--- {r.run_id} ({state}) ---", highlight=False, markup=False)
@@ -154,6 +156,45 @@ def print_failures(console: Console, runs: list[RunStatus]) -> None:
         whole = ([f"log: {r.log}"] if r.log else []) + [line for line in r.log_tail if line != why]
         for line in whole:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+GOING_ON_SHOWN = 8  # run ids named when runs go on after an interrupt; the rest counted
+
+
+def print_going_on(
+    console: Console, runs: list[RunStatus], sweep_dir: Any, what: str = "interrupted"
+) -> None:
+    """What a command that waited on a sweep (``run --wait``, ``study``, ``status --watch``) says when it is
+    interrupted (Ctrl-C): its runs' jobs do not stop with it (local ones run in their own session, Slurm's on
+    the cluster), so which runs go on (training, or their eval) and the command that stops them."""
+    from klsweep.console.terminal import print_warning
+
+    going = [r for r in runs if r.state in LIVE or r.eval_state in LIVE]
+    if not going:
+        print_warning(console, "no run of the sweep goes on", label=what)
+        return
+    ids = [r.run_id for r in going]
+    named = ", ".join(ids[:GOING_ON_SHOWN]) + (
+        f" and {len(ids) - GOING_ON_SHOWN} more" if len(ids) > GOING_ON_SHOWN else ""
+    )
+    counts = ", ".join(
+        f"{n} {kind}"
+        for kind, n in (
+            ("training", sum(r.state == "running" for r in going)),
+            ("waiting to train", sum(r.state == "pending" for r in going)),
+            ("evaluated", sum(r.state not in LIVE for r in going)),
+        )
+        if n
+    )
+    print_warning(
+        console,
+        f"{len(going)} run(s) go on in the background ({counts}): {named}. "
+        f"`klsweep cancel {sweep_dir}` stops them; `klsweep status {sweep_dir}` shows them",
+        label=what,
+    )
+
+
+LIVE = ("pending", "running")  # a run's (or its eval's) states whose job goes on
 
 
 _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")

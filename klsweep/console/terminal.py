@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.segment import Segment
     from rich.text import Text
 
 
@@ -15,13 +18,40 @@ PIPE_WIDTH = 100_000  # a pipe or a file: lines as long as they are (rich's defa
 
 def cli_console(stderr: bool = False) -> Console:
     """The terminal's console; when the output is not a terminal, one of the width ``COLUMNS`` asks for, or
-    else one no line of which is wrapped."""
-    from rich.console import Console
-
-    console = Console(stderr=stderr)
+    else one no line of which is wrapped. Whatever it prints is text as written: never rich markup (a name's
+    ``[bold]`` or ``[link=...]`` prints as typed: styles are given as rich ``Text`` styles, ``styled``), and
+    every character it sends but its own styles and cursor moves goes through ``printable.visible`` (an escape
+    in a folder's name reads ``\x1b``): one escaping for every line of every command."""
+    console_class = _visible_console()
+    console = console_class(stderr=stderr, markup=False)
     if console.is_terminal:
         return console
-    return Console(file=_Unpadded(stderr), width=columns() or PIPE_WIDTH)  # type: ignore[arg-type]
+    return console_class(file=_Unpadded(stderr), width=columns() or PIPE_WIDTH, markup=False)  # type: ignore[arg-type]
+
+
+@functools.cache
+def _visible_console() -> type[Console]:
+    """rich's Console, each segment it renders (a line's text, a table's cell, a live display's) shown with
+    its control characters visible (``printable.visible_lines``; the line breaks are the layout's), rich's own
+    control codes (colours, cursor moves) sent as they are."""
+    from rich.console import Console
+
+    from klsweep.printable import visible_lines
+
+    class VisibleConsole(Console):
+        def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
+            for segment in super().render(renderable, options):
+                yield segment if segment.control else segment._replace(text=visible_lines(segment.text))
+
+    return VisibleConsole
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line of text as written, some parts in a style: ``styled(("error", "bold red"), ": ", message)``
+    (the console reads no markup)."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 class _Unpadded:
@@ -113,7 +143,7 @@ def pack_items(items: list[str], room: int | None) -> Text:
     line breaks are the layout's (each item as written, its control characters visible: ``visible``)."""
     from rich.text import Text
 
-    from klsweep.report.tables import visible
+    from klsweep.printable import visible
 
     lines = [""]
     for item in map(visible, items):
@@ -143,9 +173,7 @@ def print_warning(console: Console, line: str, label: str = "warning") -> None:
     word longer than a line, such as a path, is kept whole)."""
     import textwrap
 
-    from rich.markup import escape
-
-    from klsweep.report.tables import visible
+    from klsweep.printable import visible
 
     first, *rest = textwrap.wrap(
         f"{label}: {visible(line)}",  # a folder's or a claim's name as written, its control characters visible
@@ -154,6 +182,6 @@ def print_warning(console: Console, line: str, label: str = "warning") -> None:
         break_long_words=False,
         break_on_hyphens=False,
     )
-    console.print(f"[yellow]{label}[/]{escape(first.removeprefix(label))}", highlight=False, soft_wrap=True)
+    console.print(styled((label, "yellow"), first.removeprefix(label)), highlight=False, soft_wrap=True)
     for part in rest:
-        console.print(part, highlight=False, markup=False, soft_wrap=True)
+        console.print(part, highlight=False, soft_wrap=True)

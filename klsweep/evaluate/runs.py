@@ -21,6 +21,7 @@ from klsweep.errors import Problem, UserError, describe
 from klsweep.evaluate import running
 from klsweep.evaluate.running import RESULTS_FILE, Item
 from klsweep.evaluate.suites import EvalError, Suite, as_eval_section
+from klsweep.printable import visible_lines
 
 ERROR_FILE = "error.json"
 BASELINE_CHECKPOINT = "step-0"
@@ -115,7 +116,9 @@ def _eval_one_run(run_dir: Path, suite: Suite, checkpoints: str) -> list[Path]:
             hash_dir = run_dir / store.EVAL_DIR / suite.hash
         message = f"{run_dir.name} {current}: {describe(e)}"
         text = traceback.format_exc()
-        print(f"{message}\n{text}", file=sys.stderr, flush=True)  # the whole traceback in the job's log
+        print(
+            visible_lines(f"{message}\n{text}"), file=sys.stderr, flush=True
+        )  # the whole traceback: the job's log
         _record_error(run_dir, hash_dir, message, "".join(text.splitlines(True)[-30:]))
         raise EvalError(message) from e
 

@@ -5,10 +5,10 @@ In a source checkout ``klsweep/sweeps`` is a link to the top-level ``sweeps/``; 
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from klsweep import store
 from klsweep.errors import Problem, UserError
 
 SHIPPED_DIR = Path(__file__).parents[1] / "sweeps"
@@ -71,24 +71,25 @@ def missing_hint(grid: str | Path) -> str | None:
 
 
 def copy(name: str, dest: str | Path, force: bool = False) -> Path:
-    """Copy the shipped grid ``name`` to ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite
-    a file unless ``force``. Returns the file written."""
-    source = SHIPPED_DIR / f"{name.removesuffix('.yaml')}.yaml"
+    """Copy the shipped grid ``name`` (a name ``klsweep grids`` lists, ``.yaml`` or not; never a path) to
+    ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite a file unless ``force``. Written
+    through an unpredictable temporary file beside it (``store.atomic_write_text``: created anew, never
+    through a link planted there). Returns the file written."""
+    grids = {g.name: g.path for g in shipped()}
+    source = grids.get(name.removesuffix(".yaml"))
     problems = []
-    if not source.is_file():
-        problems.append(Problem(f"grid {name!r}", "is no shipped grid", _names()))
+    if source is None:
+        problems.append(Problem(f"grid {name!r}", "is no shipped grid", f"one of {_names()} (klsweep grids)"))
     target = Path(dest)
     if target.is_dir():
-        target = target / source.name
+        target = target / (source.name if source is not None else f"{Path(name).stem}.yaml")
     if target.exists() and not force:
         problems.append(Problem(str(target), "exists already", "another path, or --force to overwrite it"))
     elif not target.parent.is_dir():
         problems.append(
             Problem(str(target), f"its folder {target.parent} does not exist", "an existing folder")
         )
-    if problems:
+    if problems or source is None:
         raise UserError(problems, title="not copied")
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(target)
+    store.atomic_write_text(target, source.read_bytes())
     return target

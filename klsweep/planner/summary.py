@@ -25,6 +25,17 @@ def learning_rates(runs: list[PlannedRun]) -> list[str]:
     return [f"{lr:.0e} {schedule}" for lr, schedule in sorted(seen)]
 
 
+def _state(run_dir: Any) -> str | None:
+    """A run's state as `klsweep run` decides by it: its status', but a done run whose final checkpoint is gone
+    or not whole (``store.stale_end``) is not done (`run` trains it again)."""
+    from klsweep import store
+
+    status = store.read_status(run_dir)
+    state = status.get("state")
+    stale = store.stale_end(run_dir, status) is not None
+    return "incomplete" if stale else state
+
+
 def summary(plan: Plan) -> dict[str, Any]:
     """Counts of the plan (total, excluded, merged: configurations that train the same thing as a run of the plan,
     done: status.json says done or diverged under the out folder, failed: failed or cancelled, both skipped by
@@ -41,7 +52,7 @@ def summary(plan: Plan) -> dict[str, Any]:
     store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
     # as `klsweep run` decides (submit.sweep): trained runs are skipped, failed and cancelled ones too unless
     # --retry-failed
-    states = {r.id: store.read_status(r.run_dir).get("state") for r in plan.runs}
+    states = {r.id: _state(r.run_dir) for r in plan.runs}
     todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:

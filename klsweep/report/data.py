@@ -138,7 +138,7 @@ def load_runs(
         if all(value[0][1] is not None for value in loaded):  # no run can be read: nothing to keep
             config_cache.discard()
             metrics_cache.discard()
-    for d, ((config, unreadable), _), (status, env), (notes, arrays) in zip(
+    for d, ((config, unreadable), _), (status, env), ((notes, unfinished), arrays) in zip(
         dirs, loaded, statuses, metrics_of, strict=True
     ):
         if unreadable is not None:
@@ -148,6 +148,8 @@ def load_runs(
             set_aside.append(f"run {d.name} left out: {status}")
             continue
         set_aside += notes
+        if unfinished is not None:
+            set_aside.append(_unfinished_note(d / store.METRICS_FILE, unfinished, status.get("state")))
         config = without_kl_when_off(config)
         configs.append(config)
         rows.append(
@@ -221,48 +223,72 @@ def _is_config(value: Value) -> bool:
 
 
 def _metrics_value(run_dir: Path) -> Value:
+    """A run's metrics as the cache keeps them: [notes, the number of an unfinished last line or None] and the
+    steps x ``METRICS`` array (whether that line is damage depends on the run's state: said by ``load_runs``)."""
     notes: list[str] = []
-    return notes, {"values": _read_metrics(run_dir, notes)}
+    values, unfinished = _read_metrics(run_dir, notes)
+    return [notes, unfinished], {"values": values}
 
 
 def _is_metrics(value: Value) -> bool:
-    """Whether cached metrics are: notes (strs) and a steps x ``METRICS`` array."""
-    notes, arrays = value
+    """Whether cached metrics are: [notes (strs), a line number or None] and a steps x ``METRICS`` array."""
+    meta, arrays = value
     values = arrays.get("values")
     return (
-        isinstance(notes, list)
-        and all(isinstance(n, str) for n in notes)
+        isinstance(meta, list)
+        and len(meta) == 2
+        and isinstance(meta[0], list)
+        and all(isinstance(n, str) for n in meta[0])
+        and (meta[1] is None or (isinstance(meta[1], int) and not isinstance(meta[1], bool)))
         and getattr(values, "ndim", 0) == 2
         and values.shape[1] == len(METRICS)
     )
 
 
+def _unfinished_note(path: Path, line: int, state: Any) -> str:
+    """What the report says of a metrics.jsonl whose last line is unfinished (no newline, not JSON): a line
+    being written while the run runs, or, once it does not, a file cut short (its row lost)."""
+    if state == "running":
+        return (
+            f"{path}: its last line (line {line}) is still being written (the run is running): not damage; "
+            "left out of this report, the rows before it are reported"
+        )
+    return (
+        f"{path}: its last line (line {line}) is cut short (no newline, not JSON; the run is {state or 'pending'}, "
+        "so nothing is writing it): damage, that row is lost; the rows before it are reported"
+    )
+
+
 def _code_hash() -> str:
-    """The code a cached config was read with: config.py (schema, defaults, legacy values) and this module."""
+    """The code a cached config was read with: the config package (schema, defaults, legacy values, the run
+    file's reader) and this module."""
     import hashlib
 
     from klsweep import config
 
     h = hashlib.sha256()
-    for module in (config.__file__, __file__):
-        h.update(Path(module).read_bytes())
+    for module in (*sorted(Path(config.__file__).parent.glob("*.py")), Path(__file__)):
+        h.update(module.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _read_metrics(run_dir: Path, set_aside: list[str]) -> Any:
+def _read_metrics(run_dir: Path, set_aside: list[str]) -> tuple[Any, int | None]:
     """A run's ``METRICS`` per step (a steps x ``METRICS`` float array; NaN where a row has no such number) from
     ``store.read_metrics``'s file, parsed as one JSON array (several times faster); the store's line-by-line
-    reader (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails."""
+    reader (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails. Also the
+    number of its last line when that one is unfinished (no newline, not JSON: being written, or cut short),
+    else None."""
     import numpy as np
 
     p = run_dir / store.METRICS_FILE
     if not p.exists():
-        return np.zeros((0, len(METRICS)))
+        return np.zeros((0, len(METRICS))), None
     try:
-        data = store.read_bytes(p).strip()
+        data = store.read_bytes(p)
     except store.UnreadableFile as e:
         set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
-        return np.zeros((0, len(METRICS)))
+        return np.zeros((0, len(METRICS))), None
+    unfinished = None
     try:
         rows = parse_jsonl(data)
     except (ValueError, UnicodeDecodeError):
@@ -272,7 +298,18 @@ def _read_metrics(run_dir: Path, set_aside: list[str]) -> Any:
             set_aside.append(
                 f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
             )
-    return _numbers(rows, p, set_aside)
+        last = data.rpartition(b"\n")[2]
+        if last.strip() and not _json(last):  # what scan_jsonl leaves out without counting it
+            unfinished = data.count(b"\n") + 1
+    return _numbers(rows, p, set_aside), unfinished
+
+
+def _json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def _numbers(rows: list[Any], path: Path, set_aside: list[str]) -> Any:
@@ -293,6 +330,13 @@ def _numbers(rows: list[Any], path: Path, set_aside: list[str]) -> Any:
             out[:, j] = np.array(numbers, dtype=float)
             set_aside.append(
                 f"{path}: {key!r} not a number in {numbers.count(None) - column.count(None)} row(s)"
+            )
+        nan = [r.get("step") for r, v in zip(objects, column, strict=True) if isinstance(v, float) and v != v]
+        if nan:  # the trainer writes a non-finite number as null: a NaN is a hand's or another writer's
+            steps = ", ".join(map(str, nan[:5])) + (", ..." if len(nan) > 5 else "")
+            set_aside.append(
+                f"{path}: {key!r} is NaN in {len(nan)} row(s) (step {steps}): left out as not logged there; "
+                "the curves, peaks and finals are of the other rows"
             )
     return out
 
@@ -434,7 +478,7 @@ def _read_results(path: Path, set_aside: list[str]) -> dict[str, Any] | None:
     except store.UnreadableFile as e:
         set_aside.append(f"{path} skipped: {e.what}; {e.todo}")
         return None
-    damage = _damage(res)
+    damage = _damage(res) or _elsewhere(res, path)
     if damage is not None:
         set_aside.append(f"{path} skipped: {damage}; rerun `klsweep eval` to redo it")
         return None
@@ -461,6 +505,21 @@ def _damage(res: Any) -> str | None:
     for task, v in stderr.items():
         if v is not None and not (_number(v) and (math.isnan(v) or 0 <= v < math.inf)):  # NaN: not known
             return f"stderr {v!r} of task {task!r} is not a finite number >= 0"
+    return None
+
+
+def _elsewhere(res: dict[str, Any], path: Path) -> str | None:
+    """Why results do not name the checkpoint they lie beside, or None: ``checkpoint`` is the name of its own
+    folder (``eval/<hash>/<checkpoint>/results.json``, as the eval writes it; the report reads that folder's
+    samples, so a path there would make it read any file) and ``step`` a whole number."""
+    checkpoint, step = res.get("checkpoint"), res.get("step")
+    if checkpoint != path.parent.name:
+        return (
+            f"`checkpoint` {checkpoint!r} is not the folder it lies in ({path.parent.name!r}): "
+            "results name a checkpoint of their own run folder"
+        )
+    if step is not None and not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return f"`step` {step!r} is not a whole number of steps"
     return None
 
 

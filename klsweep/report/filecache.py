@@ -36,9 +36,10 @@ def stat_key(path: Path) -> list[int] | None:
 class FileCache:
     """Values read from files, one per item, kept in one ``.npz``: an index (JSON: per item its key, what it
     holds besides arrays and where its arrays lie) and one flat array per dtype. An item whose key changed, or a
-    cache that is missing, damaged, of the wrong shape or of another version, is read afresh; the file is
-    rewritten (atomically) when anything was read afresh or left out; a results folder one cannot write to goes
-    without. ``path`` None: nothing kept (every item read)."""
+    cache that is missing, damaged (however: cut short, a byte flipped, a header that lies), of the wrong shape
+    or of another version, is read afresh; the file is rewritten (atomically) when anything was read afresh or
+    left out; a results folder one cannot write to goes without. ``path`` None: nothing kept (every item
+    read)."""
 
     def __init__(self, path: Path | None, version: str) -> None:
         self.path, self.version = path, version
@@ -58,8 +59,12 @@ class FileCache:
                     if index.get("version") == self.version and isinstance(index.get("items"), dict):
                         self.items = index["items"]
                         self.pools = {k: z[k] for k in z.files if k != "index"}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError):
-                pass  # damaged, or not an .npz: everything read afresh and the file rewritten
+            except Exception:
+                # Damaged, or not an .npz: everything read afresh and the file rewritten. Whatever numpy and
+                # zipfile raise on it (a file cut short or one byte flipped: BadZipFile, a CRC error; a header
+                # declaring 10^12 elements: MemoryError; ValueError, EOFError, OSError ...): a cache is only
+                # ever a copy of what the runs' files hold, so nothing in it is worth a failed report.
+                self.items, self.pools = {}, {}
         return self
 
     def read(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.printable import visible
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
 from klsweep.report.names import DASH, SHORT, Names, fmt_value, sort_key
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
@@ -91,17 +92,6 @@ def label_configs(
     label = names.unique(list(order.values()))
     runs["label"] = runs["config"].map(label)
     return runs, names
-
-
-def visible(text: Any) -> str:
-    """``text`` as written, its control characters made visible: a newline, a carriage return, an escape
-    (ANSI colours, cursor moves), a bidirectional override or a zero-width character reads as its Python escape
-    (``\\r``, ``\\x1b``, ``\\u202e``), so a name cannot rewrite a terminal, a line or a file around it."""
-    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), str(text))
-
-
-# C0 and C1 controls (DEL too), Unicode format characters (bidi overrides, zero-width) and line separators
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
 
 def csv_cell(value: Any) -> Any:

@@ -50,6 +50,7 @@ from klsweep.store.checkpoints import (
     has_weights,
     newest_usable,
     set_aside_checkpoint,
+    stale_end,
 )
 from klsweep.store.files import (
     REGULAR_TODO,
@@ -162,6 +163,7 @@ __all__ = [
     "set_aside_checkpoint",
     "checkpoint_step",
     "final_checkpoint",
+    "stale_end",
     "evaluated_checkpoints",
     "checkpoint_order",
     "drop_incomplete_checkpoints",

@@ -1,6 +1,6 @@
 """A run's checkpoints: which there are, whether one is whole (weights, trainer state, a safetensors header
-that reads), the newest usable, one cut short set aside, where a run ended (``FINAL_MARKER``), which were
-evaluated."""
+that reads), the newest usable, one cut short set aside, where a run ended (``FINAL_MARKER``) and whether that
+one is still there (``stale_end``), which were evaluated."""
 
 from __future__ import annotations
 
@@ -111,6 +111,32 @@ def final_checkpoint(run_dir: str | os.PathLike, status: dict[str, Any] | None =
     if status.get("state") not in ("done", "diverged"):
         return None
     return status.get("final_checkpoint") or (f"checkpoint-{status['step']}" if status.get("step") else None)
+
+
+def stale_end(
+    run_dir: str | os.PathLike, status: dict[str, Any] | None = None
+) -> tuple[str, Path | None] | None:
+    """A done run that is not done after all: its final checkpoint (``final_checkpoint``) is gone or not whole
+    (no config.json, a file cut short: ``checkpoint_problem``) and was never scored (its results, under any
+    eval settings, keep what the run ended as: a sweep whose checkpoints were removed once evaluated stays
+    done). Returns what is wrong, in words, and the newest usable checkpoint to train it again from (None:
+    none is left); None when the run is done, or not done by its status. ``status``: the run's, when already
+    read. (A diverged run is a result where it diverged, whatever is left of its checkpoints.)"""
+    status = read_status(run_dir) if status is None else status
+    final = final_checkpoint(run_dir, status) if status.get("state") == "done" else None
+    if final is None or final in evaluated_checkpoints(run_dir):
+        return None
+    folder = Path(run_dir) / CHECKPOINTS_DIR / final
+    if not folder.is_dir():
+        problem = f"its final checkpoint {final} is gone"
+    elif not (folder / "config.json").is_file():
+        problem = f"its final checkpoint {final} is not whole (no config.json)"
+    elif (broken := checkpoint_problem(folder)) is not None:
+        problem = f"its final checkpoint {final} is not whole ({broken})"
+    else:
+        return None
+    found = [c for c in checkpoints(run_dir) if c.name != final and (c / TRAINER_STATE).is_file()]
+    return problem, newest_usable(found)[0]
 
 
 def evaluated_checkpoints(run_dir: str | os.PathLike) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.errors import Problem, UserError
+from klsweep.printable import visible_lines
 from klsweep.store.layout import TRAIN_LOCK
 
 TRAIN_LOCK_WAIT_S = 30.0  # how long a trainer waits for the lock (a dying trainer releases it at its exit)
@@ -147,8 +148,8 @@ def _lock_both(run_dir: Path, folder_fd: int, wait_s: float) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         file_locked = _try_flock(fd, fcntl.LOCK_EX)
         if file_locked is None and folder_locked is None:
-            print(f"klsweep warning: {path}: no lock (no flock on this file system); training unlocked",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            warning = f"klsweep warning: {path}: no lock (no flock on this file system); training unlocked"
+            print(visible_lines(warning), file=sys.stderr, flush=True)
             return fd
         if file_locked is not False and _names(path, fd):
             return fd

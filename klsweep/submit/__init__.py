@@ -12,6 +12,7 @@ scheduler, state, evals, joblogs) and how they work: docs/DESIGN.md (Modules, Su
 
 from klsweep.submit.evals import EvalSubmission, submit_eval
 from klsweep.submit.state import (
+    Interrupted,
     RunStatus,
     cancel,
     final_summary,
@@ -24,6 +25,7 @@ from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
     "EvalSubmission",
+    "Interrupted",
     "RunStatus",
     "SubmitResult",
     "cancel",

@@ -23,6 +23,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
 from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
+from klsweep.submit.state import stale_reason
 from klsweep.submit.sweep import CLUSTERS
 
 EVALUATED_STATES = ("done", "diverged")  # the run states klsweep eval evaluates
@@ -119,12 +120,16 @@ def _targets(target: Path) -> tuple[list[Path], dict[str, str], Path | None]:
     chosen, skipped = [], {}
     for run in runs:
         try:
-            state = store.read_status(run).get("state", "pending")
+            status = store.read_status(run)
             evaluate.run_config(run)
         except store.UnreadableFile as e:
             skipped[str(run)] = f"unreadable: {e.message}"
             continue
-        if state in EVALUATED_STATES:
+        state = status.get("state", "pending")
+        stale = store.stale_end(run, status)
+        if stale is not None:  # nothing to score where it ended: an earlier checkpoint is not its result
+            skipped[str(run)] = stale_reason(status, *stale)
+        elif state in EVALUATED_STATES:
             chosen.append(run)
         else:
             skipped[str(run)] = state

@@ -20,6 +20,7 @@ from typing import Any
 
 from klsweep import store
 from klsweep.errors import describe
+from klsweep.printable import visible_lines
 from klsweep.submit import joblogs
 
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -77,7 +78,11 @@ class TrainJob:
                     return status
                 return fn(Path(self.run_dir))
         except store.AlreadyTraining as e:  # the run is the other trainer's: its status stays as it says
-            print(f"klsweep: {e.problems[0].what}; this job does not train it", file=sys.stderr, flush=True)
+            print(
+                visible_lines(f"klsweep: {e.problems[0].what}; this job does not train it"),
+                file=sys.stderr,
+                flush=True,
+            )
             raise
         except Exception as e:
             # a status.json that cannot be read is left as it is (the error names it in the job's log)

@@ -27,6 +27,7 @@ from typing import Any
 from klsweep import store
 from klsweep.config import tasks_per_node
 from klsweep.environment import usable_cores
+from klsweep.printable import visible_lines
 from klsweep.submit import joblogs
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
 from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, pid_alive, submission_folder
@@ -355,7 +356,7 @@ class LocalWorker:
         """Run queued job ``i`` here; whether it succeeded (a failure is in its run's status and this log)."""
         it = pool.items[i]
         self._current = i
-        print(f"klsweep worker: {it['kind']} {it['run_id']}", file=sys.stderr, flush=True)
+        print(visible_lines(f"klsweep worker: {it['kind']} {it['run_id']}"), file=sys.stderr, flush=True)
         try:
             it["fn"]()
             # a run that failed inside train_run returns its status: its eval does not follow

@@ -43,14 +43,16 @@ from klsweep.submit.scheduler import (
     live_jobs,
 )
 
-FINAL = (*store.FINAL_STATES, "unreadable")  # states that do not change by themselves
+INCOMPLETE = "incomplete"  # done by its status, but its final checkpoint is gone or not whole (never scored)
+FINAL = (*store.FINAL_STATES, "unreadable", INCOMPLETE)  # states that do not change by themselves
 
 
 @dataclass
 class RunStatus:
     run_id: str
     params: dict[str, Any]  # the sweep's varying axes -> this run's value
-    state: str  # pending | running | done | failed | diverged | cancelled
+    state: str  # pending | running | done | failed | diverged | cancelled | unreadable | incomplete (done by
+    # its status, but its final checkpoint unscored and gone or not whole: ``store.stale_end``)
     step: int
     total_steps: int | None
     reward: float | None  # reward_mean of the last metrics row
@@ -61,8 +63,8 @@ class RunStatus:
     eval_state: str | None  # None (no eval) | pending | running | done | failed | cancelled | skipped |
     # partial (checkpoints scored, not the run's final one: an eval cancelled part-way)
     log_tail: list[str]  # failed runs (or evals): the last lines of the job's stderr (or the traceback kept)
-    reason: str | None = None  # failed, diverged, unreadable: why, in one line (failed: the exception's type
-    # and message)
+    reason: str | None = None  # failed, diverged, unreadable, incomplete: why, in one line (failed: the
+    # exception's type and message; incomplete: what is missing and what `klsweep run` does)
     log: str | None = None  # failed runs (or evals): the job's stderr, in the run's logs/ (else submitit's)
     eval_error: str | None = None  # a failed (or partial) eval: why, in one line
     job_state: str | None = None  # the training job's state in the scheduler's words (Slurm's: TIMEOUT ...)
@@ -203,6 +205,9 @@ def _run_status(
         state = "running"
     if state not in ("done", "diverged", "running") and store.trainer_of(run_dir) is not None:
         state = "running"  # a process holds its training lock, whatever the jobs' records say
+    stale = store.stale_end(run_dir, st) if state == "done" else None
+    if stale is not None:
+        state = INCOMPLETE
     # the eval is done when the run's final checkpoint is scored; some other checkpoints alone: partial
     complete = has_eval_results(run_dir, st)
     scored = [] if complete else store.evaluated_checkpoints(run_dir)
@@ -220,6 +225,8 @@ def _run_status(
                 eval_state = "failed"
             elif eval_state in ("done", "cancelled") and scored:  # e.g. scancel part-way
                 eval_state = "partial"
+    if stale is not None and eval_state == "partial":
+        eval_state = None  # its final checkpoint cannot be scored: the run's reason says what to do
     partial = None
     if eval_state == "partial":
         final = store.final_checkpoint(run_dir, st)
@@ -266,6 +273,8 @@ def _run_status(
             )
     elif eval_state == "failed":
         tail = _log_tail(log)
+    if stale is not None:
+        reason = stale_reason(st, *stale)
     return RunStatus(
         run_id=rid,
         params={a: params.get(a) for a in axes} if axes else dict(params),
@@ -284,6 +293,21 @@ def _run_status(
         eval_error=st.get("eval_error") if eval_state == "failed" else partial,
         job_state=sched,
         job_reason=job.reason if job else None,
+    )
+
+
+def stale_reason(status: dict[str, Any], problem: str, resume: Path | None, submitted: bool = False) -> str:
+    """What `klsweep status` and `klsweep run` say of a run ``store.stale_end`` finds not finished after all:
+    what is missing, and what `klsweep run` does about it (``submitted``: what this one did)."""
+    ended = f"{status.get('state')} at step {status.get('step')}, but {problem}"
+    start = resume.name if resume is not None else "step 0"
+    if submitted:
+        return f"{ended}: trained again from {start}"
+    if resume is not None:
+        return f"{ended}: `klsweep run` trains it again from {start}"
+    return (
+        f"{ended}, and no checkpoint is left to train it again from: "
+        "`klsweep run --retry-failed` trains it again from step 0"
     )
 
 
@@ -361,6 +385,15 @@ def _changes(runs: list[RunStatus]) -> list[tuple[Any, ...]]:
     return [(r.run_id, r.state, r.eval_state, r.job_state, r.job_reason) for r in runs]
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while waiting on a sweep (``wait_until_final``, ``klsweep.study.run_study``): the sweep's jobs go on
+    without the waiter (local ones run in their own session); ``sweep_dir`` says which sweep."""
+
+    def __init__(self, sweep_dir: str | Path):
+        super().__init__(str(sweep_dir))
+        self.sweep_dir = Path(sweep_dir)
+
+
 def wait_until_final(
     sweep_dir: str | Path,
     poll_s: float = 2.0,
@@ -370,7 +403,22 @@ def wait_until_final(
     """Poll ``status`` until every run (and its eval) is final; returns the last statuses. Queries are
     ``poll_s`` apart at first and after every change of a run's state, further apart while nothing changes
     (``poll_delay``: at most ``POLL_MAX_S``). ``TimeoutError`` after ``timeout_s``, naming the runs not final
-    with their state, the scheduler's state and reason, and their job log's last lines."""
+    with their state, the scheduler's state and reason, and their job log's last lines; ``Interrupted`` on
+    Ctrl-C."""
+    try:
+        return _wait_until_final(Path(sweep_dir), poll_s, on_update, timeout_s)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(sweep_dir) from None
+
+
+def _wait_until_final(
+    sweep_dir: Path,
+    poll_s: float,
+    on_update: Callable[[list[RunStatus]], None] | None,
+    timeout_s: float | None,
+) -> list[RunStatus]:
     start = last_change = time.time()
     seen: list[tuple[Any, ...]] | None = None
     while True:

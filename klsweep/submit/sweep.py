@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep import engines, store
-from klsweep.config import run_file_text
+from klsweep.config import run_differences, run_file_text
 from klsweep.errors import Problem, UserError
 from klsweep.submit.jobs import has_eval_results, wants_eval
 from klsweep.submit.local import submit_debug, submit_local
@@ -40,6 +40,7 @@ from klsweep.submit.scheduler import (
     scheduler_states,
 )
 from klsweep.submit.slurm import SubmissionRefused, submit_slurm
+from klsweep.submit.state import stale_reason
 
 CLUSTERS = ("local", "slurm", "debug")
 
@@ -48,11 +49,14 @@ CLUSTERS = ("local", "slurm", "debug")
 class SubmitResult:
     sweep_dir: Path
     cluster: str
-    # run id -> submit | resume | eval | skip-done | skip-live | skip-failed | skip-unreadable
+    # run id -> submit | resume | eval | skip-done | skip-live | skip-failed | skip-unreadable | skip-other |
+    # skip-incomplete
     actions: dict[str, str]
     jobs: list[dict[str, Any]] = field(default_factory=list)  # the jobs.jsonl rows written
     sbatch_calls: int = 0
     unreadable: dict[str, str] = field(default_factory=dict)  # run id -> the file, what is wrong, what to do
+    # run id -> what is wrong with a run that is not the grid's or not finished after all, and what is done
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def submitted(self) -> list[str]:
@@ -74,6 +78,7 @@ class SubmitResult:
                 "rerun with --retry-failed to resubmit them"
             )
         lines += [f"run {rid} set aside: {message}" for rid, message in self.unreadable.items()]
+        lines += [f"run {rid}: {message}" for rid, message in self.notes.items()]
         return lines
 
 
@@ -154,16 +159,22 @@ def submit(
             if force and run_dir.exists() and _trainer_gone(run_dir):
                 shutil.rmtree(run_dir)
             undo.keep_run(run.id, run_dir)
+            other = _another_run(run, run_dir)  # before config.yaml is rewritten: what the folder trained
+            if other is not None:
+                result.actions[run.id], result.notes[run.id] = "skip-other", other
+                continue
             run_dir.mkdir(parents=True, exist_ok=True)
             cfg_text = run_file_text(run.config)
             if _text(run_dir / store.CONFIG_FILE) != cfg_text:  # also repairs a config.yaml cut short
                 store.atomic_write_text(run_dir / store.CONFIG_FILE, cfg_text)
             try:
-                action = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
+                action, note = _decide(run, rows, live, retry_failed, chain_eval, eval_state)
             except store.UnreadableFile as e:
-                action = "skip-unreadable"
+                action, note = "skip-unreadable", None
                 result.unreadable[run.id] = e.message
             result.actions[run.id] = action
+            if note is not None:
+                result.notes[run.id] = note
             if action in ("submit", "resume"):
                 store.write_status(run_dir, "pending", reason=action, error=None, finished_at=None)
                 train.append(run)
@@ -197,6 +208,39 @@ def _check_inside(plan: Any) -> None:
     problems = store.links_out(sweep_dir.parent, [sweep_dir, *(Path(r.run_dir) for r in plan.runs)])
     if problems:
         raise UserError(problems, title="a folder outside the results folder")
+
+
+def _another_run(run: Any, run_dir: Path) -> str | None:
+    """Why the run folder holds another run than the grid's ``run``, or None: it trained something (a state
+    past pending, a checkpoint, a metrics row) under a config.yaml that differs from the grid's in keys the
+    run id sees (``config.run_differences``: a rehearsal's folder copied in, train.steps 2 against 8). Such a
+    folder is neither skipped as done nor trained over: its config.yaml is left as it is. A config.yaml that
+    cannot be read is rewritten, as before (the run's status and checkpoints say the rest)."""
+    config_file = run_dir / store.CONFIG_FILE
+    if not config_file.is_file():
+        return None
+    try:
+        trained = (
+            store.read_status(run_dir).get("state", "pending") != "pending"
+            or bool(store.checkpoints(run_dir))
+            or (run_dir / store.METRICS_FILE).is_file()
+        )
+        differ = run_differences(run_dir, run.config) if trained else []
+    except store.UnreadableFile:
+        return None
+    if not differ:
+        return None
+    shown = "; ".join(f"{key} {_value(was)} there, {_value(now)} in the grid" for key, was, now in differ[:4])
+    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    return (
+        f"not the grid's run: its folder trained another configuration ({shown}{more}); neither skipped as "
+        f"done nor trained over, its config.yaml kept. Move it away (mv {run_dir} ELSEWHERE) or remove it, "
+        "then rerun to train the grid's run"
+    )
+
+
+def _value(v: Any) -> str:
+    return "(none)" if v is None else repr(v) if isinstance(v, str) else str(v)
 
 
 def _trainer_gone(run_dir: Path, wait_s: float = 10.0) -> bool:
@@ -293,23 +337,32 @@ def _decide(
     retry_failed: bool,
     chain_eval: bool = True,
     eval_row_state: Callable[[dict[str, Any]], str] | None = None,
-) -> str:
+) -> tuple[str, str | None]:
+    """What to do with a run, and a line to say of it (a done run not finished after all) or None."""
     run_dir = Path(run.run_dir)
     if (run.id, "train") in live or store.trainer_of(run_dir) is not None:  # its trainer's lock: live
-        return "skip-live"
-    state = store.read_status(run_dir).get("state", "pending")
+        return "skip-live", None
+    status = store.read_status(run_dir)
+    state = status.get("state", "pending")
+    stale = store.stale_end(run_dir, status)
+    if stale is not None:  # its final checkpoint gone or not whole, never scored: not finished
+        if stale[1] is None and not retry_failed:
+            return "skip-incomplete", stale_reason(status, *stale)
+        return "resume", stale_reason(status, *stale, submitted=True)
     if state in store.TRAINED_STATES:
         if state == "done" and chain_eval and wants_eval(run) and not has_eval_results(run_dir):
             if (run.id, "eval") in live:
-                return "skip-live"
+                return "skip-live", None
             last = rows.get((run.id, "eval"))
             if last is None or retry_failed:
-                return "eval"
-            return "skip-failed" if (eval_row_state or row_state)(last) in ("FAILED", "CANCELLED") else "eval"
-        return "skip-done"
+                return "eval", None
+            failed = (eval_row_state or row_state)(last) in ("FAILED", "CANCELLED")
+            return ("skip-failed" if failed else "eval"), None
+        return "skip-done", None
     if state in store.STOPPED_STATES and not retry_failed:
-        return "skip-failed"
-    return "resume" if store.checkpoints(run_dir) or state in ("running", "failed", "cancelled") else "submit"
+        return "skip-failed", None
+    trained = store.checkpoints(run_dir) or state in ("running", "failed", "cancelled")
+    return ("resume" if trained else "submit"), None
 
 
 MERGED_DIR = "merged"  # under a sweep: the folders of runs merged into another one (no run folder of its own)

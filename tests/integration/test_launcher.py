@@ -443,3 +443,64 @@ def test_final_summary_and_exit_code() -> None:
     assert submit.final_summary([run("cancelled")])[1] == 1
     assert submit.final_summary([run("done", "failed")]) == ("1 done, 1 eval(s) failed", 1)
     assert submit.final_summary([run("done", "done")]) == ("1 done", 0)
+
+
+def test_interrupted_waits_say_which_runs_go_on(tmp_path: Path) -> None:
+    """Issue 44 (issue 43 item 5): `klsweep run --wait` interrupted (Ctrl-C) exited 130 without a word while its
+    local runs trained on in their own session. Interrupted, `run --wait`, `study` and `status --watch` exit 130
+    and say which runs go on and that `klsweep cancel SWEEP` stops them; the runs do go on."""
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text(
+        "name: ctrlc\nbase: {model: tiny, task: tiny, eval: tiny, train.steps: 400, wandb.mode: disabled,\n"
+        "  cluster.max_local_jobs: 1}\ngrid: {seed: range(2)}\n"
+    )
+    out = tmp_path / "res"
+    sweep = out / "ctrlc"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
+    env.pop("TTY_COMPATIBLE", None)
+
+    def start(*args: object, **more: str) -> subprocess.Popen:
+        command = [sys.executable, "-m", "klsweep", *map(str, args)]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**env, **more}, cwd=tmp_path)  # fmt: skip
+
+    def until_said(proc: subprocess.Popen, text: str, timeout_s: float = 300) -> None:
+        """Read the process's stdout until ``text`` appears (it waits then)."""
+        assert proc.stdout is not None
+        said, deadline = "", time.time() + timeout_s
+        while text not in said:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.time()))
+            line = proc.stdout.readline() if ready else ""
+            assert line, f"never said {text!r}: {said}{proc.communicate()[1]}"
+            said += line
+
+    def interrupt(proc: subprocess.Popen) -> str:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", err).split())  # status --watch: a terminal's colours
+
+    try:
+        run = start("run", grid, "--out", out, "--wait")
+        until_said(run, "2 runs on local")
+        said = interrupt(run)
+        ids = sorted(p.name for p in store.run_dirs(sweep))
+        assert "interrupted: 2 run(s) go on in the background" in said, said
+        assert all(i in said for i in ids) and f"`klsweep cancel {sweep}` stops them" in said, said
+        watch = start("status", sweep, "--watch", TTY_COMPATIBLE="1")
+        until_said(watch, "ctrlc")  # the live table: it watches
+        said = interrupt(watch)
+        assert "stopped watching: 2 run(s) go on" in said and f"`klsweep cancel {sweep}`" in said, said
+        study = start("study", grid, "--out", out)
+        until_said(study, " pending")  # its first progress line: it waits
+        said = interrupt(study)
+        assert "interrupted: 2 run(s) go on" in said and f"`klsweep cancel {sweep}`" in said, said
+        assert {r.state for r in submit.status(sweep)} <= {"pending", "running"}  # they do go on
+    finally:
+        if sweep.exists():
+            submit.cancel(sweep)

@@ -103,3 +103,50 @@ def test_task_names_in_the_report_summary_print_as_written(tmp_path, monkeypatch
     assert (
         "<img src=x" not in page and "&lt;img src=x onerror=alert(3)&gt;" in page and not CONTROL.search(page)
     )
+
+
+def test_every_command_prints_an_escape_in_a_folder_name_visibly(tmp_path, monkeypatch, capsys):
+    """Issue 44 D7: `klsweep status` printed a run folder's name raw in the lines under its table (a real ESC
+    reached the terminal; the table's cell was escaped), `report` the paths it wrote, `cancel` the runs it
+    cancelled. Every line of every command goes through one escaping (the CLI's console): an ESC in a folder's
+    name, a results folder's, a run's reason reads `\\x1b` in plan, run, status, eval, cancel and report."""
+    import shutil
+
+    from klsweep import grid as grid_mod
+    from klsweep import store
+
+    esc = "\x1b[2J"  # clear the screen: not a colour, which the tests' cli() takes for rich's own
+    where = tmp_path / f"w{esc}"
+    where.mkdir()
+    grid = write(
+        where,
+        "name: esc\nbase: {model: tiny, task: tiny, eval: tiny, train.steps: 2}\ngrid: {seed: range(2)}\n",
+    )
+    out = where / f"results{esc}"
+    outputs = {}
+
+    def run(*args):
+        code, stdout, err = cli(list(args), monkeypatch, capsys, columns=100)
+        outputs[args[0]] = stdout + err
+        return code, stdout + err
+
+    assert run("plan", grid, "--out", out)[0] == 0
+    plan = grid_mod.load_plan(grid, out=out)
+    sweep = Path(plan.sweep_dir)
+    for r in plan.runs:  # failed before: run skips them, status says why
+        Path(r.run_dir).mkdir(parents=True)
+        store.write_status(r.run_dir, "failed", step=1, reason=f"RuntimeError: boom{esc}", error=None)
+    code, said = run("run", grid, "--out", out)
+    assert code == 0 and "skip-failed" in said, said
+    waiting = sweep / f"waiting{esc}run"  # a folder of its own: status and cancel name it
+    shutil.copytree(plan.runs[0].run_dir, waiting)
+    store.write_status(waiting, "pending")
+    assert run("status", sweep)[0] == 0
+    code, said = run("eval", waiting, "--cluster", "debug")
+    assert code != 0 and "no complete checkpoint" in said, said
+    code, said = run("cancel", sweep, waiting.name)
+    assert code == 0 and "cancelled 1 run(s)" in said, said
+    assert run("report", sweep, "--out", where / f"report{esc}")[0] == 0
+    for command, text in outputs.items():
+        assert "\x1b" not in text and "\\x1b[2J" in text, (command, text)
+    assert "boom\\x1b[2J" in outputs["status"] and "waiting\\x1b[2Jrun" in outputs["cancel"]

@@ -41,7 +41,8 @@ def metered_train(run_dir: Path) -> dict:
         done += 1
         store.append_jsonl(run_dir / store.METRICS_FILE, {"step": done, "pid": os.getpid()})
         store.write_status(run_dir, "running", step=done)
-    return store.write_status(run_dir, "done", step=done, finished_at=time.time())
+    end = jobs.final_checkpoint(run_dir, done)
+    return store.write_status(run_dir, "done", step=done, finished_at=time.time(), final_checkpoint=end)
 
 
 def counted_eval(run_dir: Path, eval_cfg: dict, checkpoints: str = "last") -> dict:

@@ -56,6 +56,73 @@ def test_an_infinite_accuracy_is_a_damaged_file_set_aside(tmp_path):
     assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"checkpoint": "/nonexistent/x", "final_state": "done"},
+        {"checkpoint": "../../../{other}/eval/{hash}/checkpoint-20", "final_state": "done"},
+        {"checkpoint": "checkpoint-8"},
+        {"step": "six"},
+        {"step": 2.5},
+    ],
+)
+def test_results_naming_another_checkpoint_are_set_aside(tmp_path, monkeypatch, capsys, field):
+    """Issue 44 D6: results.json's `checkpoint` became a path the report read (`"/nonexistent/x"`: a raw
+    FileNotFoundError; another run's folder: its samples), `"step": "six"` a raw ValueError. Results name the
+    checkpoint of the folder they lie in, and a whole step, or are set aside with the reason."""
+    sweep = _sweep(tmp_path)
+    run, other = _runs(sweep, "k1")
+    (path,) = (run / store.EVAL_DIR).glob("*/*/results.json")
+    field = {k: v.format(other=other.name, hash=path.parent.parent.name) if isinstance(v, str) else v
+             for k, v in field.items()}  # fmt: skip
+    path.write_text(json.dumps({**json.loads(path.read_text()), **field}))
+    code, out, err = cli(
+        ["report", sweep, "--out", tmp_path / "r", "-f", "md,csv,latex,html"], monkeypatch, capsys
+    )
+    assert code == 0 and "Traceback" not in err, err
+    report = rp.build_report(sweep, tmp_path / "r2", formats=("csv",), wandb=False)
+    (aside,) = [s for s in report.set_aside if str(path) in s]
+    assert "skipped" in aside and ("checkpoint" in aside or "step" in aside), aside
+    assert report.runs.loc[report.runs["run"] == run.name, "eval_checkpoint"].isna().all()
+    assert report.runs.loc[report.runs["run"] == other.name, "eval_checkpoint"].notna().all()
+    assert "Set aside" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_lost_last_row_and_a_nan_reward_are_said(tmp_path, monkeypatch, capsys):
+    """Issue 44 D11, D12: a metrics.jsonl cut mid-line at its end lost its last row without a note (a torn
+    middle line was listed under "Set aside"), and a NaN reward_mean was dropped, the peak and final reward
+    changed, without a note. Both are said where the report lists what it set aside; a running run's
+    unfinished last line is not damage, and the report says which is which, from its cache too."""
+    sweep = _sweep(tmp_path, seeds=2)
+    cut, writing = _runs(sweep, "k1")
+    nan_run = _runs(sweep, "k3")[0]
+    for run in (cut, writing):
+        path = run / store.METRICS_FILE
+        text = path.read_text()
+        path.write_text(text[: len(text) - 30])  # the last line cut mid-line: no newline, not JSON
+    store.write_json(writing / store.STATUS_FILE, {"state": "running", "step": 20, "total_steps": 20})
+    path = nan_run / store.METRICS_FILE
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[-1]["reward_mean"] = math.nan  # json writes NaN
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r"
+    for again in (False, True):  # read afresh, then from the report's cache
+        code, stdout, err = cli(["report", sweep, "--out", out, "-f", "md"], monkeypatch, capsys)
+        assert code == 0, err
+        said = " ".join((stdout + err).split())
+        md = " ".join((out / "report.md").read_text().replace("\\", "").split())  # Markdown's escapes
+        for text in (said, md):
+            assert f"{cut.name}/metrics.jsonl: its last line (line 20) is cut short" in text, (again, text)
+            assert "damage, that row is lost" in text
+            assert f"{writing.name}/metrics.jsonl: its last line (line 20) is still being written" in text
+            assert "(the run is running): not damage" in text
+            assert f"{nan_run.name}/metrics.jsonl: 'reward_mean' is NaN in 1 row(s) (step 20)" in text
+    store.write_json(writing / store.STATUS_FILE, {"state": "failed", "step": 19, "total_steps": 20})
+    report = rp.build_report(sweep, out, formats=("md",), wandb=False)  # metrics from the cache
+    (note,) = [s for s in report.set_aside if writing.name in s]
+    assert "cut short" in note and "the run is failed" in note, note
+
+
 def _index(cache: Path) -> dict:
     with np.load(cache) as z:
         return json.loads(bytes(z["index"]).decode())
@@ -105,6 +172,72 @@ def test_a_cache_of_the_wrong_shape_is_rebuilt(tmp_path, kind):
     cache.write_bytes(b"not an npz")
     assert rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols].equals(expected[cols])
     assert _index(cache) == index
+
+
+def _cut_short(cache: Path) -> None:
+    data = cache.read_bytes()
+    cache.write_bytes(data[: len(data) // 2])
+
+
+def _flip_a_byte(cache: Path) -> None:
+    """One bit of one byte flipped inside the first member's data (the zip's CRC no longer matches)."""
+    import zipfile
+
+    with zipfile.ZipFile(cache) as z:
+        info = z.infolist()[0]
+    data = bytearray(cache.read_bytes())
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
+    data[at] ^= 0x10
+    cache.write_bytes(bytes(data))
+
+
+def _header_of_10_to_the_12(cache: Path) -> None:
+    """A well-formed zip (every CRC right) whose index's .npy header declares 10^12 elements."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(cache) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    npy = members["index.npy"]
+    n = int.from_bytes(npy[8:10], "little")  # format 1.0: the header's length, then the header
+    header = re.sub(rb"'shape': \(\d+,\)", b"'shape': (1000000000000,)", npy[10 : 10 + n])
+    header = header.rstrip(b" \n").ljust(n - 1) + b"\n"
+    assert b"1000000000000" in header and len(header) == n
+    with zipfile.ZipFile(cache, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, npy[:10] + header + npy[10 + n :] if name == "index.npy" else data)
+
+
+@pytest.mark.parametrize("cache_name", [".configs.npz", ".metrics.npz", ".collapses.npz", ".outcomes.npz"])
+def test_a_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys, cache_name):
+    """Issue 44 D1: a report cache cut short, with one byte flipped, or whose header declares 10^12 elements
+    gave a traceback on every later report (BadZipFile, a CRC error, MemoryError) until the user found the
+    hidden file. Each of the four caches, each damage: the report is the same and the cache is rebuilt."""
+    sweep = _sweep(tmp_path, seeds=1)
+    out = tmp_path / "r"
+    cols = ["run", "kl.estimator", "final reward", "collapse_step", "in-domain avg"]
+    expected = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols]
+    cache = out / cache_name
+    whole = _contents(cache)
+    for damage in (_cut_short, _flip_a_byte, _header_of_10_to_the_12):
+        damage(cache)
+        assert _contents(cache) is None
+        code, _, err = cli(["report", sweep, "--out", out, "-f", "csv", "-q"], monkeypatch, capsys)
+        assert code == 0 and "Traceback" not in err, (damage.__name__, err)
+        assert _contents(cache) == whole, damage.__name__  # rebuilt
+        damage(cache)
+        got = rp.build_report(sweep, out, formats=("csv",), wandb=False).runs[cols]
+        assert got.equals(expected), damage.__name__
+        assert _contents(cache) == whole, damage.__name__
+
+
+def _contents(cache: Path) -> tuple[dict, dict[str, bytes]] | None:
+    """A cache's index and arrays (its bytes hold the time it was written); None when it cannot be read."""
+    try:
+        with np.load(cache) as z:
+            return _index(cache), {k: z[k].tobytes() for k in z.files if k != "index"}
+    except Exception:
+        return None
 
 
 def test_a_read_only_audit_cache_is_a_warning(tmp_path, monkeypatch, capsys):

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from klsweep import config as config_mod
 from klsweep import grid, store
+from klsweep.config import runfile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +47,7 @@ def test_shipped_runs_read_as_omegaconf_reads_them(tmp_path, shipped_runs):
     for i, config in enumerate(shipped_runs):
         d = _write(tmp_path, config, f"r{i}")
         data = config_mod.read_run_file(d)
-        assert config_mod._exact(config_mod.RunConfig, data) is not config_mod._NOT_EXACT  # the fast path
+        assert runfile._exact(config_mod.RunConfig, data) is not runfile._NOT_EXACT  # the fast path
         assert config_mod.load_run(d) == _omegaconf(data)
 
 
@@ -67,7 +68,7 @@ def test_changed_configs_read_as_omegaconf_reads_them(tmp_path, shipped_runs, ch
     change(config)
     d = _write(tmp_path, config)
     data = config_mod.read_run_file(d)
-    assert (config_mod._exact(config_mod.RunConfig, data) is not config_mod._NOT_EXACT) == fast
+    assert (runfile._exact(config_mod.RunConfig, data) is not runfile._NOT_EXACT) == fast
     assert config_mod.load_run(d) == _omegaconf(data)
 
 
@@ -85,6 +86,6 @@ def test_configs_omegaconf_refuses_are_refused(tmp_path, shipped_runs, change):
     config = copy.deepcopy(shipped_runs[0])
     change(config)
     d = _write(tmp_path, config)
-    assert config_mod._exact(config_mod.RunConfig, config_mod.read_run_file(d)) is config_mod._NOT_EXACT
+    assert runfile._exact(config_mod.RunConfig, config_mod.read_run_file(d)) is runfile._NOT_EXACT
     with pytest.raises(store.UnreadableFile):
         config_mod.load_run(d)

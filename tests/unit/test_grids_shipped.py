@@ -100,3 +100,44 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
     assert done.returncode == 0, done.stderr
     want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).table_order()]
     assert [r["id"] for r in json.loads(done.stdout)["runs"]] == want
+
+
+def test_grids_cp_never_writes_through_a_planted_link(tmp_path, monkeypatch, capsys):
+    """Issue 44 D2: a link planted at the fixed temporary name `.new.yaml.tmp` had its target overwritten and
+    made `new.yaml` a link. The copy goes through an unpredictable temporary file created anew (O_EXCL,
+    O_NOFOLLOW): the link's target is untouched, and so is the link; new.yaml is a regular file."""
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / ".new.yaml.tmp").symlink_to(victim)
+    code, _, err = cli(["grids", "cp", "starter", "new.yaml"], monkeypatch, capsys)
+    assert code == 0, err
+    assert victim.read_text() == "precious"
+    new = tmp_path / "new.yaml"
+    assert not new.is_symlink() and new.read_text() == (REPO / "sweeps" / "starter.yaml").read_text()
+    assert (tmp_path / ".new.yaml.tmp").is_symlink()  # left as it was
+    # --force over a link: the link is replaced by the file, its target untouched
+    (tmp_path / "linked.yaml").symlink_to(victim)
+    code, _, err = cli(["grids", "cp", "tiny", "linked.yaml", "--force"], monkeypatch, capsys)
+    assert code == 0, err
+    assert victim.read_text() == "precious" and not (tmp_path / "linked.yaml").is_symlink()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+@pytest.mark.parametrize("name", ["{tmp}/g1", "{up}/g1", "../../../g1", "./tiny", "sweeps/tiny"])
+def test_grids_cp_copies_only_a_shipped_name(tmp_path, monkeypatch, capsys, name):
+    """Issue 44 D3: `grids cp /any/path/g1 o.yaml` and `grids cp ../../../x/g1 o.yaml` copied any YAML. A
+    shipped grid is a name `klsweep grids` lists, nothing else: exit 2 with the names allowed, nothing
+    written."""
+    (tmp_path / "g1.yaml").write_text("name: secret\n")
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    from klsweep.grid.shipped import SHIPPED_DIR
+
+    name = name.format(tmp=tmp_path, up=os.path.relpath(tmp_path, SHIPPED_DIR))  # up: ../../../tmp/...
+    code, _, err = cli(["grids", "cp", name, "o.yaml"], monkeypatch, capsys)
+    assert code == 2 and "is no shipped grid" in err, err
+    text = " ".join(err.split())
+    assert "starter" in text and "tiny" in text and "Traceback" not in err  # the names allowed
+    assert not (work / "o.yaml").exists()

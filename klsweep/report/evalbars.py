@@ -12,12 +12,13 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from klsweep.printable import visible
 from klsweep.report import figstyle
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
 from klsweep.report.figstyle import CHAR_IN, FONT, LINE_IN, plain_text
 from klsweep.report.names import DASH, fmt_value
 from klsweep.report.statistics import LEVEL
-from klsweep.report.tables import BY_PROBLEMS, CI_METHOD, visible
+from klsweep.report.tables import BY_PROBLEMS, CI_METHOD
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from klsweep.collapse import OUTCOME_WORDS
+from klsweep.printable import visible
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view, visible
+from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 

@@ -110,7 +110,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
     dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
-    with _vllm_start(args, model.config, world, gpu):
+    with vllm_engine_start(args, model.config, world, gpu):
         trainer = KLGRPOTrainer(
             model,
             reward_funcs=tasks.reward_function(config.task),
@@ -128,7 +128,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
 
 
 @contextlib.contextmanager
-def _vllm_start(args: Any, model_config: Any, world: int, gpu: bool) -> Iterator[None]:
+def vllm_engine_start(args: Any, model_config: Any, world: int, gpu: bool) -> Iterator[None]:
     """Around the trainer's build, where TRL starts its colocate vLLM engine (``args.use_vllm``): in a run of one
     process, a rendezvous port of its own (``engines.own_rendezvous_port``); without a GPU, the KV cache of the
     engine's batch, ``max_num_seqs`` (TRL's: the micro-batch x tensor parallel x steps per generation)

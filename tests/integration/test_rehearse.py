@@ -26,10 +26,12 @@ def test_covering_runs_hold_every_value_of_the_paper_grid():
     chosen = rehearse.covering_runs(plan.runs)
     assert len(chosen) <= 6 < len(plan.runs)
     for key in rehearse.COVERED:
-        every = {json.dumps(rehearse._values(r.config)[key]) for r in plan.runs}
-        held = {json.dumps(rehearse._values(r.config)[key]) for r in chosen}
+        every = {json.dumps(rehearse.covered_values(r.config)[key]) for r in plan.runs}
+        held = {json.dumps(rehearse.covered_values(r.config)[key]) for r in chosen}
         assert held == every, key
-    assert json.dumps(NO_KL) in {json.dumps(rehearse._values(r.config)["kl.estimator"]) for r in chosen}
+    assert json.dumps(NO_KL) in {
+        json.dumps(rehearse.covered_values(r.config)["kl.estimator"]) for r in chosen
+    }
 
 
 @pytest.mark.slow

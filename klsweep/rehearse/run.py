@@ -16,6 +16,7 @@ from klsweep.rehearse import stages
 from klsweep.rehearse.covering import covered_values, covering_runs
 from klsweep.rehearse.findings import real_run_findings
 from klsweep.rehearse.folder import DEFAULT_OUT, MARKER, MARKER_TEXT, only_rehearsal
+from klsweep.rehearse.memory import check_memory
 from klsweep.rehearse.runconfig import rehearsal_config
 from klsweep.rehearse.stages import RunRehearsal, run_stage
 from klsweep.rehearse.standins import check_chat, rewire_tasks, tiny_model
@@ -54,20 +55,22 @@ def rehearse(
     """Rehearse the covering runs of a grid in this process (see the module docstring), then say what the real
     run needs that is missing here (``Rehearsal.findings``, ``real_run_findings``). ``UserError`` when
     another rehearsal writes the same folder, or the folder holds anything but a rehearsal
-    (``folder.only_rehearsal``)."""
+    (``folder.only_rehearsal``), or vLLM's engines would not find the memory they take free here
+    (``memory.check_memory``)."""
     from klsweep import grid, planner
 
     start = time.time()
     plan = grid.load_plan(grid_path, overrides, out=Path(out or DEFAULT_OUT), config_dirs=config_dirs)
     planner.check(plan)
+    import torch
+
+    check_memory(covering_runs(plan.runs), torch.cuda.device_count())  # before anything is written
     folder = Path(plan.sweep_dir)
     lock = only_rehearsal(folder)
     try:
         done = _rehearse(plan, folder, on_run, start)
     finally:
         os.close(lock)  # releases it; the file stays (removing it would let a third one lock another file)
-    import torch
-
     from klsweep.fetch import fetch_command
 
     real = grid.load_plan(grid_path, overrides)  # the real run's plan (its results folder, its commits)

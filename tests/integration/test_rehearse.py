@@ -122,6 +122,34 @@ def _failed(out: str, stage: str) -> str:
     return lines[0]
 
 
+def test_too_little_memory_free_for_vllms_engines_is_said_before_starting(tmp_path, monkeypatch, capsys):
+    """#44: where vLLM's CPU build would train and evaluate (here as if it were installed) and less memory is free
+    than the rehearsal's process and an engine's KV cache (1 GiB for the stand-ins, or VLLM_CPU_KVCACHE_SPACE)
+    need, the rehearsal says so with both numbers and writes nothing; before, every engine failed minutes in
+    ("Available memory on node 0 (16.62/23.54 GiB) ... less than requested memory for kv")."""
+    from klsweep import engines
+    from klsweep.rehearse import memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683784 kB\nMemAvailable:    3355443 kB\n")
+    assert round(memory.free_gib(str(meminfo)), 1) == 3.2  # what the kernel says is free, read as it is here
+    monkeypatch.setattr(engines, "vllm_build", lambda: "vLLM 0.31.0 CPU")
+    monkeypatch.setattr(memory, "MEMINFO", str(meminfo))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    out = tmp_path / "out"
+    code, _, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", out], monkeypatch, capsys, columns=200)
+    said = " ".join(err.split())
+    assert code == 2, err
+    assert (
+        "3.2 GiB free, but the rehearsal needs about 5 GiB" in said
+        and ", 1 GiB (VLLM_CPU_KVCACHE_SPACE" in said
+    )
+    assert not out.exists()  # nothing written
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's size is the one the engines take
+    code, _, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", out], monkeypatch, capsys, columns=200)
+    assert code == 2 and "needs about 7 GiB" in " ".join(err.split()), err
+
+
 def test_prompts_that_cannot_fit_fail_training(tmp_path, monkeypatch, capsys):
     code, out, err = cli(
         ["rehearse", PAPER, *ONE_RUN, "train.max_prompt_length=8", "--out", tmp_path], monkeypatch, capsys

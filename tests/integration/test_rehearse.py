@@ -177,9 +177,10 @@ def test_an_eval_prompt_field_missing_from_the_data_fails_eval(tmp_path, monkeyp
 
 
 def test_a_chat_template_mismatch_fails(tmp_path, monkeypatch, capsys):
-    from klsweep.tinymodel import random_tiny_model
+    from klsweep.tinymodel import TinySpec, random_tiny_model
 
-    model = random_tiny_model(tmp_path / "model")  # a tokenizer without a chat template
+    # a tokenizer without a chat template; the context of the paper's vLLM engines (plan refuses a shorter one)
+    model = random_tiny_model(tmp_path / "model", TinySpec(max_position_embeddings=32768))
     for f in model.glob("chat_template.*"):
         f.unlink()
     cfg = json.loads((model / "tokenizer_config.json").read_text())

@@ -27,6 +27,7 @@ def test_toggling_micro_batch_size_or_use_vllm_resumes_the_same_run_ids(tmp_path
         f"name: resume\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
         "  train.save_steps: 1\n  train.keep_checkpoints: null\n  train.prompts_per_step: 2\n"
         "  train.group_size: 4\n  train.max_completion_length: 4\n  offpolicy.num_iterations: 2\n"
+        "  train.max_prompt_length: 128\n"  # vLLM's context within the model's 256 (plan refuses a longer one)
         "  wandb.mode: disabled\ngrid:\n  seed: 0\n"
     )
     g, out = write(tmp_path, text), tmp_path / "results"

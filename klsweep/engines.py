@@ -244,22 +244,28 @@ def cpu_kv_cache(nbytes: int) -> Iterator[None]:
 _HELD: list[Any] = []  # the TCPStore server this process holds its rendezvous port with (one at most)
 
 
+# the variables of the engine's process group: its rendezvous, and the rank and size TRL sets for vLLM
+PROCESS_GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
 @contextlib.contextmanager
 def own_rendezvous_port() -> Iterator[int | None]:
     """While TRL's colocate vLLM engine of a one-process run starts: a rendezvous port of this process's own,
     bound at its first use and held for the process's life, in ``MASTER_PORT`` (``MASTER_ADDR`` localhost
-    unless set); both are put back as they were after, so that no process started later inherits the port.
-    vLLM's engine joins a torch process group at ``MASTER_ADDR:MASTER_PORT``. Where ``MASTER_PORT`` is unset
-    TRL (``ensure_master_addr_port``) takes the first of four fixed ports found free and the engine binds it
-    seconds later: two runs starting at once on a node found the same one free, and one of them failed. Here
-    the kernel gives a free port to torch's TCPStore server, which this process keeps listening; the process
-    group's store (torch's ``env://`` rendezvous opens rank 0's as multi-tenant) takes over the server this
-    process runs on that port, so there is no moment where another process could take it. A ``MASTER_PORT``
-    set (by the user, by a job of several processes: ``submit.jobs.master_port``) is kept: yields None."""
+    unless set). vLLM's engine joins a torch process group at ``MASTER_ADDR:MASTER_PORT``. Where ``MASTER_PORT``
+    is unset TRL (``ensure_master_addr_port``) takes the first of four fixed ports found free and the engine
+    binds it seconds later: two runs starting at once on a node found the same one free, and one of them
+    failed. Here the kernel gives a free port to torch's TCPStore server, which this process keeps listening;
+    the process group's store (torch's ``env://`` rendezvous opens rank 0's as multi-tenant) takes over the
+    server this process runs on that port, so there is no moment where another process could take it.
+    ``PROCESS_GROUP_VARIABLES`` (TRL also sets the rank and world size for vLLM) are put back as they were
+    after: no process started later inherits the port, nor a world of one that accelerate would start a process
+    group for on its default port. A ``MASTER_PORT`` set (by the user, by a job of several processes:
+    ``submit.jobs.master_port``) is kept: yields None."""
     if os.environ.get("MASTER_PORT", "").strip().lower() not in ("", "0", "auto"):
         yield None
         return
-    saved = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT")}
+    saved = {key: os.environ.get(key) for key in PROCESS_GROUP_VARIABLES}
     os.environ["MASTER_ADDR"] = saved["MASTER_ADDR"] or "localhost"
     if not _HELD:
         from torch.distributed import TCPStore

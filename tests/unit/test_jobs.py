@@ -37,19 +37,21 @@ def test_jobs_with_ids_closer_than_the_range_never_share_a_port(tmp_path):
 
 def test_a_one_process_run_holds_a_rendezvous_port_of_its_own(monkeypatch):
     """#44: TRL's colocate engine of a one-process run gets a port this process bound and holds (no other
-    process can take it meanwhile), the same for every engine of the process; MASTER_PORT is put back after
-    (a process started later does not inherit it); one the user set is kept."""
+    process can take it meanwhile), the same for every engine of the process; MASTER_PORT, and the rank and
+    world size TRL sets, are put back after (a process started later does not inherit them); a MASTER_PORT the
+    user set is kept."""
     import socket
 
     from klsweep import engines
 
-    monkeypatch.delenv("MASTER_PORT", raising=False)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    for key in engines.PROCESS_GROUP_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
     with engines.own_rendezvous_port() as port:
         assert os.environ["MASTER_PORT"] == str(port) and os.environ["MASTER_ADDR"] == "localhost"
         with socket.socket() as other, pytest.raises(OSError):
             other.bind(("", port))
-    assert "MASTER_PORT" not in os.environ and "MASTER_ADDR" not in os.environ
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # as TRL sets them for vLLM
+    assert not set(engines.PROCESS_GROUP_VARIABLES) & set(os.environ)  # as they were
     with socket.socket() as other, pytest.raises(OSError):
         other.bind(("", port))  # still held: the next engine of this process (a resume) takes it again
     with engines.own_rendezvous_port() as again:

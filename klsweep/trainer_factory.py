@@ -9,10 +9,12 @@ module stays TRL's class alone. Precision, sharding and vLLM: docs/DESIGN.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from klsweep import engines
 from klsweep.errors import NotLoaded, Problem, UserError, not_loaded, parameters_missing
@@ -116,17 +118,36 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
     dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
-    trainer = KLGRPOTrainer(
-        model,
-        reward_funcs=tasks.reward_function(config.task),
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        kl=kl,
-        lag=config.offpolicy.lag,
-        # a base model's answer ends where the eval's does (a chat model's at its end-of-turn token)
-        stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
-        ref_model=reference,
-    )
+    with vllm_engine_start(args, model.config, world, gpu):
+        trainer = KLGRPOTrainer(
+            model,
+            reward_funcs=tasks.reward_function(config.task),
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            kl=kl,
+            lag=config.offpolicy.lag,
+            # a base model's answer ends where the eval's does (a chat model's at its end-of-turn token)
+            stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
+            ref_model=reference,
+        )
     trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
     return trainer
+
+
+@contextlib.contextmanager
+def vllm_engine_start(args: Any, model_config: Any, world: int, gpu: bool) -> Iterator[None]:
+    """Around the trainer's build, where TRL starts its colocate vLLM engine (``args.use_vllm``): in a run of one
+    process, a rendezvous port of its own (``engines.own_rendezvous_port``); without a GPU, the KV cache of the
+    engine's batch, ``max_num_seqs`` (TRL's: the micro-batch x tensor parallel x steps per generation)
+    sequences of its context (``engines.cpu_kv_cache``)."""
+    with contextlib.ExitStack() as stack:
+        if args.use_vllm and world == 1:
+            stack.enter_context(engines.own_rendezvous_port())
+        if args.use_vllm and not gpu:
+            seqs = (
+                args.per_device_train_batch_size * args.vllm_tensor_parallel_size * args.steps_per_generation
+            )
+            need = engines.kv_cache_bytes(model_config, args.vllm_max_model_length, seqs)
+            stack.enter_context(engines.cpu_kv_cache(need))
+        yield

@@ -1,5 +1,5 @@
 """Commands that look before anything runs: plan, fetch, rehearse, config, keys, grids (klsweep/grid/,
-klsweep/planner/, klsweep/fetch/, klsweep/rehearse.py)."""
+klsweep/planner/, klsweep/fetch/, klsweep/rehearse/)."""
 
 from __future__ import annotations
 

@@ -68,6 +68,9 @@ class Architecture:
     num_key_value_heads: int | None = key(None, "key/value heads (grouped-query attention)")
     head_dim: int | None = key(None, "width of a head; null: hidden_size // num_attention_heads")
     tie_word_embeddings: bool = key(False, "whether the output layer shares the input embedding")
+    max_position_embeddings: int | None = key(
+        None, "the longest context (tokens); klsweep plan refuses a longer vLLM context (null: not checked)"
+    )
     model_type: str | None = key(
         None, "its config.json's model_type (qwen2, llama, qwen3): the class klsweep rehearse builds tiny"
     )

@@ -6,6 +6,7 @@ tooling. The results contract is in docs/DESIGN.md.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -66,18 +67,34 @@ def vllm_model_args(item: Item, cfg: EvalSection) -> dict[str, Any]:
     return args
 
 
+def _kv_cache_need(item: Item, cfg: EvalSection) -> int:
+    """The KV cache of the eval's vLLM engine on a CPU: ``eval.batch_size`` sequences of its context
+    (``eval.max_model_len``, else the model's ``max_position_embeddings`` as vLLM takes it; 2,048 where the
+    config has none, vLLM's too)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(item.model_path, **_pin(item))
+    text = config.get_text_config()
+    longest = cfg.max_model_len or getattr(text, "max_position_embeddings", None) or 2048
+    return engines.kv_cache_bytes(config, longest, cfg.batch_size)
+
+
 def _pin(item: Item) -> dict[str, str]:
     """A hub model's baseline at the commit its runs trained from (a checkpoint is a local folder)."""
     return {"revision": item.model.revision} if item.model.revision and item.step == 0 else {}
 
 
 def _make_lm(item: Item, cfg: EvalSection) -> Any:
+    import torch
     from lm_eval.api.registry import get_model
 
     if cfg.backend == "vllm":
         engines.import_lm_eval_vllm()
-        return get_model("vllm").create_from_arg_obj(vllm_model_args(item, cfg), {"batch_size": "auto"})
-    import torch
+        args = vllm_model_args(item, cfg)
+        with contextlib.ExitStack() as stack:
+            if not torch.cuda.is_available():
+                stack.enter_context(engines.cpu_kv_cache(_kv_cache_need(item, cfg)))
+            return get_model("vllm").create_from_arg_obj(args, {"batch_size": "auto"})
 
     dtype = item.model.dtype
     pin = _pin(item)

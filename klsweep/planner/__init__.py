@@ -86,13 +86,22 @@ from klsweep.planner.needs import (
     signal_delay,
     vllm_share,
 )
-from klsweep.planner.shape import ARCH_KEYS, Arch, BatchShape, architecture, batch_shape, processes
+from klsweep.planner.shape import (
+    ARCH_KEYS,
+    Arch,
+    BatchShape,
+    architecture,
+    batch_shape,
+    context_length,
+    processes,
+)
 from klsweep.planner.summary import STORAGE_WARN_GB, learning_rates, summary, warnings
 
 __all__ = [
     "Arch",
     "ARCH_KEYS",
     "architecture",
+    "context_length",
     "BatchShape",
     "batch_shape",
     "processes",

@@ -11,7 +11,15 @@ from klsweep import cost
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.planner.needs import Estimate, estimate
-from klsweep.planner.shape import ARCH_KEYS, Arch, BatchShape, architecture, batch_shape, processes
+from klsweep.planner.shape import (
+    ARCH_KEYS,
+    Arch,
+    BatchShape,
+    architecture,
+    batch_shape,
+    context_length,
+    processes,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -60,6 +68,7 @@ def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple
                 "none on CPUs, or model.resources.gpus_per_node > 0",
             )
         )
+    found += _past_context(config)
     arch = architecture(model)
     if arch is None and gpus:  # without GPUs, nothing is checked against the estimate
         found.append(
@@ -92,6 +101,32 @@ def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple
             )
         )
     return est, found
+
+
+def _past_context(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """A vLLM context (TRL's colocate engine: prompt + completion; the eval's ``max_model_len``) longer than the
+    model's (``shape.context_length``): vLLM refuses to start such an engine."""
+    known = context_length(config["model"])
+    if known is None:
+        return []
+    longest, how = known
+    model, train, ev = config["model"], config["train"], config.get("eval", {})
+    past = f"past the {longest} tokens of {model.get('path')!r} ({how}): vLLM refuses to start"
+    found = []
+    prompt, completion = int(train["max_prompt_length"]), int(train["max_completion_length"])
+    if train.get("use_vllm") and prompt + completion > longest:
+        found.append(
+            (
+                "train.max_prompt_length",
+                f"vLLM's context {prompt + completion} (max_prompt_length {prompt} + max_completion_length "
+                f"{completion}) is {past}",
+                f"max_prompt_length + max_completion_length <= {longest}",
+            )
+        )
+    asked = ev.get("max_model_len")
+    if ev.get("suite", "none") != "none" and ev.get("backend") == "vllm" and asked and asked > longest:
+        found.append(("eval.max_model_len", f"{asked} is {past}", f"<= {longest}, or null (the model's own)"))
+    return found
 
 
 def _host_too_big(est: Estimate) -> str:

@@ -64,28 +64,34 @@ ARCH_KEYS = (
 )
 
 
-def architecture(model: Mapping[str, Any]) -> Arch | None:
-    """The architecture of a run's ``model`` section: the tiny model's spec, a local path's ``config.json``, else
-    the section's ``arch`` numbers; None when none of them gives every number (or a number is not one: the
-    model's own loading says what is wrong with it). Nothing is downloaded."""
-    numbers: Mapping[str, Any] = model.get("arch") or {}
+def _numbers(model: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The numbers of a run's ``model`` section's architecture: the tiny model's spec, a local path's
+    ``config.json`` (its ``text_config`` for a multimodal one), else the section's ``arch``; None when a
+    ``config.json`` is there but is no JSON object (the model's own loading says what is wrong with it)."""
     if model.get("path") == "tiny":
         from dataclasses import asdict
 
         from klsweep.tinymodel import TinySpec
 
-        numbers = {**asdict(TinySpec()), "tie_word_embeddings": True}
-    else:
-        config_json = Path(str(model.get("path", ""))).expanduser() / "config.json"
-        if config_json.is_file():
-            try:
-                data = json.loads(config_json.read_text())
-            except (OSError, ValueError):  # not JSON: loading the model says what is wrong with it
-                return None
-            if not isinstance(data, dict):
-                return None
-            numbers = data.get("text_config", data) if "hidden_size" not in data else data
-    if any(numbers.get(k) is None for k in ARCH_KEYS):
+        return {**asdict(TinySpec()), "tie_word_embeddings": True}
+    config_json = Path(str(model.get("path", ""))).expanduser() / "config.json"
+    if not config_json.is_file():
+        return model.get("arch") or {}
+    try:
+        data = json.loads(config_json.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return data.get("text_config", data) if "hidden_size" not in data else data
+
+
+def architecture(model: Mapping[str, Any]) -> Arch | None:
+    """The architecture of a run's ``model`` section: the tiny model's spec, a local path's ``config.json``, else
+    the section's ``arch`` numbers; None when none of them gives every number (or a number is not one: the
+    model's own loading says what is wrong with it). Nothing is downloaded."""
+    numbers = _numbers(model)
+    if numbers is None or any(numbers.get(k) is None for k in ARCH_KEYS):
         return None
     try:
         n = {k: int(numbers[k]) for k in ARCH_KEYS}
@@ -93,6 +99,33 @@ def architecture(model: Mapping[str, Any]) -> Arch | None:
     except (TypeError, ValueError, ZeroDivisionError):  # not numbers: loading the model says what is wrong
         return None
     return Arch(**n, head_dim=head_dim, tie_word_embeddings=bool(numbers.get("tie_word_embeddings", False)))
+
+
+# RoPE scalings whose max_position_embeddings is the scaled context already: vLLM applies no factor to them
+# (vllm/config/model.py, _get_and_verify_max_len)
+_SCALED_ALREADY = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def context_length(model: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The longest context vLLM accepts for a run's model (read where ``architecture`` reads its numbers), as
+    (tokens, how it follows from the config): ``max_position_embeddings``, times the RoPE scaling's ``factor``
+    where vLLM applies it; None when the numbers do not say."""
+    numbers = _numbers(model)
+    if numbers is None:
+        return None
+    try:
+        longest = int(numbers["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    how = f"max_position_embeddings {longest}"
+    rope = numbers.get("rope_scaling") or numbers.get("rope_parameters")
+    if isinstance(rope, dict):
+        kind = rope.get("rope_type", rope.get("type"))
+        factor = rope.get("factor")
+        if kind not in _SCALED_ALREADY and isinstance(factor, int | float) and factor > 0:
+            how += f" x RoPE factor {factor:g}"
+            longest = int(longest * factor)
+    return longest, how
 
 
 @dataclass(frozen=True)

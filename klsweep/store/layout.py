@@ -62,7 +62,7 @@ HF_WEIGHTS = (
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last when it saves a checkpoint: a complete one
 
 
-REHEARSAL_MARKER = ".klsweep-rehearsal"  # in a rehearsal's folder and its run folders (rehearse.py)
+REHEARSAL_MARKER = ".klsweep-rehearsal"  # in a rehearsal's folder and its run folders (klsweep.rehearse)
 
 
 UNUSABLE_PREFIX = (

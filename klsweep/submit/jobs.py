@@ -27,10 +27,14 @@ PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 def master_port(job_id: str, port_range_file: str = PORT_RANGE_FILE) -> int:
-    """The rendezvous port of a multi-task job, the same on every task: drawn from the job id, as submitit's
-    own (20000-60000), but below the kernel's ephemeral ports (32768 up by default), which any outgoing
-    connection may hold: rank 0 failed to listen there (EADDRINUSE) and the other ranks waited on it.
-    ``MASTER_PORT`` set by the user wins (``TrainJob`` sets this only where it is unset)."""
+    """The rendezvous port of a job of several processes, the same in each: from the job's id, in 20000 up to
+    the kernel's ephemeral ports (32768 by default), which any outgoing connection may hold (rank 0 failed to
+    listen there, EADDRINUSE, and the other ranks waited on it). A numeric id (Slurm's job id, one per array
+    task; a local job's process id) counts through the range: two jobs whose ids are closer than the range is
+    wide (12,768 ports by default) never share a port, however many run on a node at once (two 4-GPU runs on
+    one 8-GPU node); another id is hashed into it, as submitit does. ``MASTER_PORT`` set by the user wins
+    (``TrainJob`` sets this only where it is unset). A job of one process holds a port of its own instead
+    (``engines.own_rendezvous_port``)."""
     import random
 
     try:
@@ -38,6 +42,8 @@ def master_port(job_id: str, port_range_file: str = PORT_RANGE_FILE) -> int:
     except (OSError, ValueError, IndexError):
         low = 32768
     top = low - 1 if low > 21000 else 60000  # an unusual range: submitit's
+    if job_id.isdigit():
+        return 20000 + int(job_id) % (top - 20000 + 1)
     return random.Random(job_id).randint(20000, top)
 
 
@@ -56,7 +62,9 @@ class TrainJob:
         _offline_environment(self.run_dir)
         env = submitit.JobEnvironment()
         if env.num_tasks > 1:
-            os.environ.setdefault("MASTER_PORT", str(master_port(env.job_id)))  # read back by submitit
+            # Slurm's id of this job (an array task's own); submitit's id elsewhere (read back by submitit)
+            job_id = os.environ.get("SLURM_JOB_ID") or env.job_id
+            os.environ.setdefault("MASTER_PORT", str(master_port(job_id)))
             submitit.helpers.TorchDistributedEnvironment().export(
                 set_cuda_visible_devices=False, overwrite=True
             )

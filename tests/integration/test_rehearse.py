@@ -26,10 +26,12 @@ def test_covering_runs_hold_every_value_of_the_paper_grid():
     chosen = rehearse.covering_runs(plan.runs)
     assert len(chosen) <= 6 < len(plan.runs)
     for key in rehearse.COVERED:
-        every = {json.dumps(rehearse._values(r.config)[key]) for r in plan.runs}
-        held = {json.dumps(rehearse._values(r.config)[key]) for r in chosen}
+        every = {json.dumps(rehearse.covered_values(r.config)[key]) for r in plan.runs}
+        held = {json.dumps(rehearse.covered_values(r.config)[key]) for r in chosen}
         assert held == every, key
-    assert json.dumps(NO_KL) in {json.dumps(rehearse._values(r.config)["kl.estimator"]) for r in chosen}
+    assert json.dumps(NO_KL) in {
+        json.dumps(rehearse.covered_values(r.config)["kl.estimator"]) for r in chosen
+    }
 
 
 @pytest.mark.slow
@@ -120,6 +122,34 @@ def _failed(out: str, stage: str) -> str:
     return lines[0]
 
 
+def test_too_little_memory_free_for_vllms_engines_is_said_before_starting(tmp_path, monkeypatch, capsys):
+    """#44: where vLLM's CPU build would train and evaluate (here as if it were installed) and less memory is free
+    than the rehearsal's process and an engine's KV cache (1 GiB for the stand-ins, or VLLM_CPU_KVCACHE_SPACE)
+    need, the rehearsal says so with both numbers and writes nothing; before, every engine failed minutes in
+    ("Available memory on node 0 (16.62/23.54 GiB) ... less than requested memory for kv")."""
+    from klsweep import engines
+    from klsweep.rehearse import memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683784 kB\nMemAvailable:    3355443 kB\n")
+    assert round(memory.free_gib(str(meminfo)), 1) == 3.2  # what the kernel says is free, read as it is here
+    monkeypatch.setattr(engines, "vllm_build", lambda: "vLLM 0.31.0 CPU")
+    monkeypatch.setattr(memory, "MEMINFO", str(meminfo))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    out = tmp_path / "out"
+    code, _, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", out], monkeypatch, capsys, columns=200)
+    said = " ".join(err.split())
+    assert code == 2, err
+    assert (
+        "3.2 GiB free, but the rehearsal needs about 5 GiB" in said
+        and ", 1 GiB (VLLM_CPU_KVCACHE_SPACE" in said
+    )
+    assert not out.exists()  # nothing written
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's size is the one the engines take
+    code, _, err = cli(["rehearse", PAPER, *ONE_RUN, "--out", out], monkeypatch, capsys, columns=200)
+    assert code == 2 and "needs about 7 GiB" in " ".join(err.split()), err
+
+
 def test_prompts_that_cannot_fit_fail_training(tmp_path, monkeypatch, capsys):
     code, out, err = cli(
         ["rehearse", PAPER, *ONE_RUN, "train.max_prompt_length=8", "--out", tmp_path], monkeypatch, capsys
@@ -147,9 +177,10 @@ def test_an_eval_prompt_field_missing_from_the_data_fails_eval(tmp_path, monkeyp
 
 
 def test_a_chat_template_mismatch_fails(tmp_path, monkeypatch, capsys):
-    from klsweep.tinymodel import random_tiny_model
+    from klsweep.tinymodel import TinySpec, random_tiny_model
 
-    model = random_tiny_model(tmp_path / "model")  # a tokenizer without a chat template
+    # a tokenizer without a chat template; the context of the paper's vLLM engines (plan refuses a shorter one)
+    model = random_tiny_model(tmp_path / "model", TinySpec(max_position_embeddings=32768))
     for f in model.glob("chat_template.*"):
         f.unlink()
     cfg = json.loads((model / "tokenizer_config.json").read_text())

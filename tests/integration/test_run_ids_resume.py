@@ -26,8 +26,9 @@ def _trained(tmp_path: Path, monkeypatch, capsys, name: str, more: str = "") -> 
     text = (
         f"name: {name}\nbase:\n  model.path: {model}\n  cluster: debug\n  train.steps: 3\n"
         "  train.save_steps: 1\n  train.keep_checkpoints: null\n  train.prompts_per_step: 2\n"
-        f"  train.group_size: 4\n  train.max_completion_length: 4\n{more}  wandb.mode: disabled\n"
-        "grid:\n  seed: 0\n"
+        f"  train.group_size: 4\n  train.max_completion_length: 4\n{more}"
+        "  train.max_prompt_length: 128\n"  # vLLM's context within the model's 256 (plan refuses a longer one)
+        "  wandb.mode: disabled\ngrid:\n  seed: 0\n"
     )
     g, out = write(tmp_path, text), tmp_path / "results"
     code, stdout, _ = cli(["run", g, "--out", out], monkeypatch, capsys)

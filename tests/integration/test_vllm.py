@@ -72,7 +72,7 @@ def test_colocate_vllm_trains_with_lag_syncs_weights_each_step_and_resumes(
     )
     here = str(Path(__file__).parent)
     path = os.pathsep.join([here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
     kill_after_step_3(run, env, timeout_s=300, setup=_SETUP)
     assert [c.name for c in store.checkpoints(run)] == ["checkpoint-2"]
 
@@ -159,3 +159,127 @@ def test_colocate_vllm_stops_at_a_special_token_stop_sequence(
     assert len(written) >= 2, generated  # the random stand-in writes it: the case is exercised
     for ids in written:  # vLLM stopped at it: nothing was decoded after it
         assert ids.index(stop_id) == len(ids) - 1, ids
+
+
+def test_colocate_vllm_on_a_cpu_sizes_its_kv_cache_to_the_run(
+    tmp_path: Path, stand_in: Path, monkeypatch
+) -> None:
+    """#44: without a GPU TRL's colocate engine gets the KV cache its batch needs (``engines.kv_cache_bytes``:
+    TRL's max_num_seqs sequences of prompt + completion, in the CPU build's whole GiB), not vLLM's CPU default
+    (TRL's vllm_gpu_memory_utilization of the machine's memory less the process's, which a busy machine did
+    not have: every rehearsed run failed). The blocks vLLM allocated hold that batch."""
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+
+    from klsweep import config as config_mod
+    from klsweep import engines, trainer_factory
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # klsweep's rule, not the environment's
+    run = tmp_path / "run"
+    write_config(run, stand_in, **{"train.use_vllm": True, "train.max_prompt_length": 128})
+    trainer = trainer_factory.build_trainer(config_mod.load_run(run), run)
+    cache = trainer.vllm_generation.llm.llm_engine.vllm_config.cache_config
+    assert cache.kv_cache_memory_bytes == 2**30  # the CPU build's least: the batch needs well under a MiB
+    args = trainer.args
+    seqs = args.per_device_train_batch_size * args.steps_per_generation
+    assert cache.num_gpu_blocks * cache.block_size >= seqs * args.vllm_max_model_length
+    need = engines.kv_cache_bytes(trainer.model.config, args.vllm_max_model_length, seqs)
+    assert need == seqs * args.vllm_max_model_length * 2 * 2 * 1 * 64 * 4  # layers, KV heads, head_dim, fp32
+    assert engines.KV_CACHE_VARIABLE not in os.environ  # put back: the next engine is sized for its own run
+
+
+def test_two_colocate_runs_started_at_the_same_instant_take_ports_of_their_own(
+    tmp_path: Path, stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#44: two one-process training jobs with TRL's colocate vLLM (submitit's local jobs, klsweep's TrainJob)
+    reach TRL's choice of a rendezvous port at the same instant (each waits there for the other). TRL alone
+    took the first of four fixed ports found free, the same in both, and the second engine could not bind it;
+    each now holds a port of its own (``engines.own_rendezvous_port``) and both train."""
+    import submitit
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+
+    from klsweep.submit.jobs import TrainJob
+
+    runs = [tmp_path / f"run{i}" for i in range(2)]
+    for run in runs:
+        values = {
+            "train.use_vllm": True,
+            "train.steps": 1,
+            "train.save_steps": 1,
+            "train.max_prompt_length": 128,
+        }
+        write_config(run, stand_in, **values)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    for key in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+    ):  # jobs as a node starts them
+        monkeypatch.delenv(key, raising=False)
+
+    def train_at_once(run_dir: Path) -> dict:  # pickled by value into each job
+        import os
+        import time
+
+        from trl.generation import vllm_generation
+
+        from klsweep import job
+
+        choose = vllm_generation.ensure_master_addr_port
+
+        def at_once() -> None:  # the other job is here too: both choose now
+            (gate / run_dir.name).touch()
+            until = time.time() + 600  # the other job failed on its way: this one goes on alone
+            while len(list(gate.iterdir())) < 2 and time.time() < until:
+                time.sleep(0.01)
+            choose()
+            (run_dir.parent / f"{run_dir.name}.port").write_text(os.environ["MASTER_PORT"])
+
+        vllm_generation.ensure_master_addr_port = at_once
+        return job.train_run(run_dir)
+
+    executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    executor.update_parameters(timeout_min=15)
+    jobs = [executor.submit(TrainJob(str(run), fn=train_at_once)) for run in runs]
+    for j in jobs:
+        j.wait()
+    states = [store.read_status(run) for run in runs]
+    assert [s["state"] for s in states] == ["done", "done"], [s.get("reason") for s in states]
+    ports = {(tmp_path / f"{run.name}.port").read_text() for run in runs}
+    assert len(ports) == 2, ports
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        None,
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 32},
+    ],
+    ids=["plain", "linear", "dynamic", "yarn", "llama3"],
+)  # fmt: skip
+def test_plan_refuses_the_contexts_vllm_refuses(tmp_path: Path, stand_in: Path, rope: dict | None) -> None:
+    """#44: the longest context ``klsweep plan`` lets through for a model (``planner.context_length``) is the
+    longest vLLM's own ModelConfig accepts for it: one token more, vLLM refuses (a pydantic ValidationError in
+    the job before), and so does plan."""
+    import shutil
+
+    from pydantic import ValidationError
+    from vllm.config import ModelConfig
+
+    from klsweep import planner
+
+    model = tmp_path / "model"
+    shutil.copytree(stand_in, model)
+    config = json.loads((model / "config.json").read_text())
+    if rope is not None:
+        (model / "config.json").write_text(json.dumps({**config, "rope_scaling": rope}))
+    longest, _ = planner.context_length({"path": str(model)})
+    ModelConfig(model=str(model), max_model_len=longest)
+    with pytest.raises(ValidationError, match=f"max_model_len \\({longest + 1}\\) is greater"):
+        ModelConfig(model=str(model), max_model_len=longest + 1)

@@ -1,6 +1,7 @@
 """lm-eval's ``vllm`` backend through klsweep's eval path (``eval.backend: vllm``), on vLLM's CPU build
 (``./dev.sh vllm-test``): a trained stand-in scores the same greedy answers as with the ``hf`` backend on the
-same items, and eval.max_model_len / eval.gpu_memory_utilization reach vLLM's engine."""
+same items, and eval.max_model_len / eval.gpu_memory_utilization reach vLLM's engine (on a CPU, its KV cache is what
+the eval needs)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_vllm_backend_gives_the_hf_backends_greedy_answers(tmp_path, trained, mo
     from test_evaluate import make_run  # tests/integration is on sys.path under pytest
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # klsweep's rule, not the environment's
     run = make_run(tmp_path / "sweep", "trained", trained)
     built = []
     make_lm = running._make_lm
@@ -57,6 +59,9 @@ def test_vllm_backend_gives_the_hf_backends_greedy_answers(tmp_path, trained, mo
     engine = built[-1].model.llm_engine.vllm_config  # the vllm backend's LLM, kept alive by this list
     assert engine.model_config.max_model_len == 200
     assert engine.cache_config.gpu_memory_utilization == 0.5
+    # #44: on a CPU the KV cache its batch needs (16 x 200 tokens: the CPU build's least, 1 GiB), not
+    # gpu_memory_utilization of the machine's memory (0.9 of it: more than a busy machine has free)
+    assert engine.cache_config.kv_cache_memory_bytes == 2**30
     assert len(answers["hf"]) == 3 * LIMIT and answers["hf"].keys() == answers["vllm"].keys()
     differ = {
         k: (answers["hf"][k], answers["vllm"][k])

@@ -304,6 +304,24 @@ REFUSED = {
             "null (the model's decision) or False",
         ],
     ),
+    "vLLM's training context past the model's": (  # 250 + 16 against the tiny model's 256 positions
+        ["train.use_vllm=true", "train.max_prompt_length=250"],
+        [
+            "train.max_prompt_length",
+            "vLLM's context 266 (max_prompt_length 250 + max_completion_length 16) is past the 256 tokens of "
+            "'tiny' (max_position_embeddings 256): vLLM refuses to start",
+            "max_prompt_length + max_completion_length <= 256",
+        ],
+    ),
+    "the eval's vLLM context past the model's": (  # the model's arch numbers (conf/model), nothing downloaded
+        ["model=qwen3-4b-instruct-2507", "eval=paper", "eval.max_model_len=300000"],
+        [
+            "eval.max_model_len",
+            "300000 is past the 262144 tokens of 'Qwen/Qwen3-4B-Instruct-2507' (max_position_embeddings "
+            "262144): vLLM refuses to start",
+            "<= 262144, or null (the model's own)",
+        ],
+    ),
     "two warm-ups": (
         ["train.warmup_steps=5", "train.warmup_ratio=0.1"],
         ["train.warmup_ratio", "set together with train.warmup_steps"],
@@ -324,6 +342,30 @@ def test_shapes_that_cannot_start_or_fit_are_refused(case, tmp_path, monkeypatch
     for s in expected:
         assert s in flat, f"{s!r} not in:\n{err}"
     assert not (tmp_path / "r").exists()
+
+
+def test_a_context_within_the_models_plans(tmp_path):
+    """The bound is the model's: vLLM's context at the model's length plans, HF generate and an hf eval are not
+    vLLM's (not checked), and a local model's config.json gives its length, scaled as vLLM scales RoPE."""
+    from klsweep.tinymodel import random_tiny_model
+
+    g = tmp_path / "g.yaml"
+    g.write_text("name: ctx\ngrid:\n  seed: 0\n")
+    planner.check(grid.load_plan(g, ["train.use_vllm=true", "train.max_prompt_length=240"]))
+    planner.check(grid.load_plan(g, ["train.max_prompt_length=250"]))  # HF generate
+    paper = ["model=qwen3-4b-instruct-2507", "eval=paper"]
+    planner.check(grid.load_plan(g, [*paper, "eval.max_model_len=262144"]))
+    planner.check(grid.load_plan(g, [*paper, "eval.max_model_len=300000", "eval.backend=hf"]))
+    folder = random_tiny_model(tmp_path / "m")
+    assert planner.context_length({"path": str(folder)}) == (256, "max_position_embeddings 256")
+    config = json.loads((folder / "config.json").read_text())
+    for rope, expected in (
+        ({"rope_type": "linear", "factor": 4.0}, (1024, "max_position_embeddings 256 x RoPE factor 4")),
+        ({"rope_type": "yarn", "factor": 4.0}, (256, "max_position_embeddings 256")),  # scaled already
+    ):
+        (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": rope}))
+        assert planner.context_length({"path": str(folder)}) == expected
+    assert planner.context_length({"path": "org/uncached", "arch": {}}) is None  # nothing to check against
 
 
 def test_the_suggested_change_fits(tmp_path):

@@ -43,7 +43,7 @@ def expand(
     matched = [0] * len(excludes)
     excluded = merged = 0
     effective: dict[str, list[Any]] = {}
-    memo: dict[tuple[str, int, str, str], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
+    memo: dict[tuple, Any] = {}  # run_id's JSON of the sections runs share, and their rules
     for axes in products:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):

@@ -152,6 +152,7 @@ def check(plan: Plan) -> dict[str, Estimate]:
     estimates: dict[str, Estimate] = {}
     grouped: dict[tuple[str, str, str], list[str]] = {}
     seen: dict[str, tuple[Estimate | None, list[tuple[str, str, str]]]] = {}
+    reprs: dict[tuple, str] = {}
     for run in plan.runs:
         c = run.config
         ev = c.get("eval", {})
@@ -164,7 +165,11 @@ def check(plan: Plan) -> dict[str, Estimate]:
             c.get("task", {}).get("name"),
             cost.uses_behaviour_forward(c),
         )
-        key = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
+        # the sections are shared by the runs that do not change them (grid.compose): their repr once each
+        same = (id(c["model"]), id(c["train"]), repr(c.get("offpolicy")), id(ev), *timing[1:])
+        key = reprs.get(same)
+        if key is None:
+            key = reprs[same] = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
         if key not in seen:  # runs differing only in KL settings or seed have the same needs
             seen[key] = run_problems(c)
         est, found = seen[key]

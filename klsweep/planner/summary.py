@@ -3,6 +3,7 @@ the warnings (``warnings``)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from klsweep import cost, engines
@@ -41,7 +42,12 @@ def summary(plan: Plan) -> dict[str, Any]:
     store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
     # as `klsweep run` decides (submit.sweep): trained runs are skipped, failed and cancelled ones too unless
     # --retry-failed
-    states = {r.id: store.read_status(r.run_dir).get("state") for r in plan.runs}
+    # only the runs whose folder exists have a status (one listing, not one open() per run of a large plan)
+    present = set(os.listdir(plan.sweep_dir)) if os.path.isdir(plan.sweep_dir) else set()
+    states = {
+        r.id: store.read_status(r.run_dir).get("state") if r.run_dir.name in present else "pending"
+        for r in plan.runs
+    }
     todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:

@@ -227,7 +227,7 @@ def node_local_warnings(configs: Iterable[Mapping[str, Any]]) -> list[str]:
             out.append(
                 f"{name} {path} (HF_HOME {home or 'unset'}) is on node-local storage (under {root}): the jobs "
                 "on the Slurm nodes would not see what is cached here and load from the hub, or fail offline: "
-                "set HF_HOME to a shared file system (slurm/README.md)"
+                "set HF_HOME to a shared file system (klsweep docs slurm)"
             )
     return out
 

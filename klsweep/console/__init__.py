@@ -20,6 +20,7 @@ from klsweep.console.audit import (
 )
 from klsweep.console.preview import (
     LIST_RUNS_UP_TO,
+    docs_table,
     fetch_table,
     grids_table,
     keys_table,
@@ -33,7 +34,15 @@ from klsweep.console.preview import (
     time_table,
 )
 from klsweep.console.report import print_report, print_report_tables
-from klsweep.console.runs import COLOUR, print_failures, progress_line, status_table, step_line, watch_view
+from klsweep.console.runs import (
+    COLOUR,
+    print_failures,
+    progress_line,
+    scores_table,
+    status_table,
+    step_line,
+    watch_view,
+)
 from klsweep.console.terminal import (
     COMPACT,
     NARROW,
@@ -51,6 +60,8 @@ from klsweep.console.terminal import (
 )
 
 __all__ = [
+    "docs_table",
+    "scores_table",
     "PIPE_WIDTH",
     "cli_console",
     "table_width",

@@ -99,6 +99,18 @@ def grids_table(grids: list[ShippedGrid], width: int | None = None) -> Any:
     )
 
 
+def docs_table(pages: dict[str, str], width: int | None = None) -> Any:
+    """``klsweep docs``: each page of the shipped documentation (what ``klsweep docs PAGE`` prints) and its
+    title."""
+    from klsweep.report.terminal import fitted_table
+
+    caption = "klsweep docs PAGE prints one (Markdown); a message's docs/KL.md is the page KL"
+    rows = [[name, title] for name, title in pages.items()]
+    return fitted_table(
+        "klsweep's documentation", ["page", "title"], rows, width=width, whole=["page"], caption=caption
+    )
+
+
 def _size(gb: float) -> str:
     return f"{gb / 1024:.1f} TiB" if gb >= 1024 else f"{gb:.1f} GiB"
 
@@ -142,7 +154,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         f"{_size(counts['storage_gb'])}{peak}"
     )
     return fitted_table(
-        "resources (estimates: slurm/README.md)",
+        "resources (estimates: klsweep docs slurm)",
         header,
         rows,
         width=width,
@@ -187,12 +199,12 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
     )
     caption = (
         f"{_hours(counts['gpu_hours_estimate_low'])}-{_hours(counts['gpu_hours_estimate_high'])} GPU-hours "
-        f"estimated to submit (a band: slurm/README.md; limit: at most "
+        f"estimated to submit (a band: klsweep docs slurm; limit: at most "
         f"{_hours(counts['gpu_hours_upper_bound'])}), of which eval {evals} (at most "
         f"{_hours(counts['eval_gpu_hours_limit'])})"
     )
     return fitted_table(
-        "time (estimates: slurm/README.md)",
+        "time (estimates: klsweep docs slurm)",
         header,
         rows,
         width=width,

@@ -28,6 +28,7 @@ class Expansion:
     matched: list[int]  # per exclude: the runs it dropped
     excluded: int  # runs dropped by any exclude
     merged: int  # runs that train the same thing as an earlier one (the same id), kept once
+    swept: list[str]  # the axes written with several values (over every product)
 
 
 def expand(
@@ -71,7 +72,12 @@ def expand(
                 old = run_id(config, memo, legacy=True)
                 if old != rid and old not in runs[rid].aliases:
                     runs[rid].aliases.append(old)
-    return Expansion(runs, all_axes, effective, matched, excluded, merged)
+    written: dict[str, set[Any]] = {}
+    for axes in products:
+        for k, vs in axes.items():
+            written.setdefault(k, set()).update(hashable(v) for v in vs)
+    swept = [k for k in all_axes if len(written[k]) > 1]
+    return Expansion(runs, all_axes, effective, matched, excluded, merged, swept)
 
 
 def unmatched_excludes(

@@ -123,7 +123,14 @@ def load_plan(
         raise UserError(problems, title="invalid grid")
     axes = expand.varying_axes(expansion)
     return Plan(
-        name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text, expansion.merged
+        name,
+        sweep_dir,
+        list(expansion.runs.values()),
+        axes,
+        expansion.excluded,
+        text,
+        expansion.merged,
+        expansion.swept,
     )
 
 

@@ -34,6 +34,9 @@ class Plan:
     excluded: int  # runs dropped by `exclude:`
     grid_text: str  # the grid file as written
     merged: int = 0  # configurations that train the same thing as another one of the plan, merged into it
+    swept: list[str] = field(
+        default_factory=list
+    )  # dotted keys written with several values (axes as written)
 
     def table_order(self) -> list[PlannedRun]:
         """The runs as ``klsweep plan`` lists them (``--runs``, ``--json``): configuration by configuration

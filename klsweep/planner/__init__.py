@@ -87,7 +87,7 @@ from klsweep.planner.needs import (
     vllm_share,
 )
 from klsweep.planner.shape import ARCH_KEYS, Arch, BatchShape, architecture, batch_shape, processes
-from klsweep.planner.summary import STORAGE_WARN_GB, learning_rates, summary, warnings
+from klsweep.planner.summary import STORAGE_WARN_GB, inert_axes, learning_rates, summary, warnings
 
 __all__ = [
     "Arch",
@@ -121,6 +121,7 @@ __all__ = [
     "run_label",
     "runs_text",
     "STORAGE_WARN_GB",
+    "inert_axes",
     "learning_rates",
     "summary",
     "warnings",

@@ -104,7 +104,7 @@ def _host_too_big(est: Estimate) -> str:
 
 def _host_fix(est: Estimate) -> str:
     return (
-        f"mem_gb >= {math.ceil(est.host_gb)} where the nodes have it (slurm/README.md, host memory), or fewer "
+        f"mem_gb >= {math.ceil(est.host_gb)} where the nodes have it (klsweep docs slurm: host memory), or fewer "
         "processes per node"
     )
 

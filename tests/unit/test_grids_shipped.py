@@ -100,3 +100,12 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
     assert done.returncode == 0, done.stderr
     want = [r.id for r in grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path).table_order()]
     assert [r["id"] for r in json.loads(done.stdout)["runs"]] == want
+
+
+def test_each_shipped_grid_is_described_by_its_description_not_a_command_line():
+    """`klsweep grids` described presets as "audit" (its `# audit: klsweep audit ...` line)."""
+    from klsweep.grid.shipped import shipped
+
+    said = {g.name: g.summary for g in shipped()}
+    assert said["presets"].startswith("Each framework's KL configuration"), said["presets"]
+    assert all(len(s.split()) >= 3 and "klsweep " not in s for s in said.values()), said

@@ -194,7 +194,7 @@ def bug_report() -> dict[str, Any]:
     out["klsweep location"] = str(Path(klsweep.__file__).parent)
     drift = lock_drift()
     out["not at the locked version"] = (
-        ", ".join(f"{n} {have or 'missing'} (lock {want})" for n, have, want in drift) if drift else "none"
+        ", ".join(f"{n} {have} (lock {want})" for n, have, want in drift) if drift else "none"
     )
     return out
 
@@ -204,9 +204,10 @@ LOCK = (
 )  # the repository's requirements.lock, shipped in the package
 
 
-def lock_drift(lock: Path = LOCK) -> list[tuple[str, str | None, str]]:
-    """The packages of klsweep's lock installed at another version, or not at all: (name, installed version or
-    None, locked version). torch is not in the lock (installed first, its CPU or CUDA build)."""
+def lock_drift(lock: Path = LOCK) -> list[tuple[str, str, str]]:
+    """The packages of klsweep's lock installed at another version: (name, installed version, locked version).
+    Packages not installed are not counted (the lock holds the test tools too); torch is not in the lock
+    (installed first, its CPU or CUDA build)."""
     if not lock.is_file():
         return []
     out = []
@@ -215,7 +216,7 @@ def lock_drift(lock: Path = LOCK) -> list[tuple[str, str | None, str]]:
         if not sep or line.startswith("#"):
             continue
         installed = _version(name.strip())
-        if installed != locked.strip():
+        if installed is not None and installed != locked.strip():
             out.append((name.strip(), installed, locked.strip()))
     return out
 

@@ -381,6 +381,8 @@ def _check_dataset(need: Need) -> Found:
     if need.local:
         path = Path(need.repo).expanduser()
         return Found(need, path.exists(), str(path), state="cached" if path.exists() else "missing")
+    if not _may_be_cached(need.repo):  # missing, said without importing datasets (a second: pandas, pyarrow)
+        return Found(need, False, state="missing")
     from datasets.naming import camelcase_to_snakecase
     from datasets.packaged_modules.cache.cache import _find_hash_in_cache
 
@@ -398,6 +400,18 @@ def _check_dataset(need: Need) -> Found:
     folder = root / config / version / commit
     problems = dataset_problems(folder, need.split)
     return _found(need, folder, problems, [folder] if problems else [])
+
+
+def _may_be_cached(repo: str) -> bool:
+    """Whether the datasets cache holds a folder that may be ``repo``'s: datasets names it ``<ns>___<name>``
+    with the name in snake case (``camelcase_to_snakecase``: lower case, underscores inserted), so a folder
+    whose name, lower-cased and without underscores, is not the repo's so written is none of its."""
+
+    def bare(text: str) -> str:
+        return text.replace("_", "").replace("/", "").lower()
+
+    folder = datasets_cache()
+    return folder.is_dir() and any(bare(p.name) == bare(repo) for p in folder.iterdir())
 
 
 def dataset_problems(folder: Path, split: str | None) -> list[str]:

@@ -10,14 +10,8 @@ are sentences, wrapped between words at the console's width, 80 on a pipe withou
 (``print_warning``). A long plan is summarised (runs per axis value); ``klsweep plan --runs`` lists every run.
 """
 
-from klsweep.console.audit import (
-    GRPO_LEGEND,
-    GRPO_VERDICT_STYLES,
-    VERDICT_STYLES,
-    audit_tables,
-    grpo_audit_tables,
-    print_audit,
-)
+from typing import Any
+
 from klsweep.console.preview import (
     LIST_RUNS_UP_TO,
     docs_table,
@@ -58,6 +52,26 @@ from klsweep.console.terminal import (
     shown_params,
     table_width,
 )
+
+# `klsweep audit`'s tables, loaded on first use: they import klsweep.audit (its exact enumeration, the GRPO
+# objective), which no other command needs
+_AUDIT = (
+    "GRPO_LEGEND",
+    "GRPO_VERDICT_STYLES",
+    "VERDICT_STYLES",
+    "audit_tables",
+    "grpo_audit_tables",
+    "print_audit",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _AUDIT:
+        from klsweep.console import audit
+
+        return getattr(audit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "docs_table",

@@ -36,6 +36,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         + f"{counts['to_submit']} to submit"
     )
     from klsweep.grid.plan import config_first, config_order
+    from klsweep.grid.validate import hashable
 
     shown = {r.id: shown_params(r.params) for r in plan.runs}
     axes = config_first(plan.axes)
@@ -51,11 +52,12 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
     rows = []
     for a, label in zip(axes, labels, strict=True):
-        per_value: dict[Any, int] = {}
-        for r in sorted(plan.runs, key=lambda r: config_order({a: shown[r.id].get(a)}, [a])):
+        per_value: dict[Any, list[Any]] = {}  # each value once (counted), then in configuration order
+        for r in plan.runs:
             v = shown[r.id].get(a)
-            per_value[v] = per_value.get(v, 0) + 1
-        rows.append([label, pack_items([f"{cell(v)} ×{n}" for v, n in per_value.items()], room)])
+            per_value.setdefault(hashable(v), [v, 0])[1] += 1
+        ordered = sorted(per_value.values(), key=lambda vn: config_order({a: vn[0]}, [a]))
+        rows.append([label, pack_items([f"{cell(v)} ×{n}" for v, n in ordered], room)])
     return fitted_table(
         title,
         ["axis", "runs per value"],

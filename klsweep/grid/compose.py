@@ -44,6 +44,7 @@ class Composer:
         self.composed: dict[tuple, tuple[str, dict[str, Any]] | None] = {}
         self.bases: dict[tuple, dict[str, Any]] = {}  # group choices -> the composed config, parsed once
         self.inputs: str | None = None  # the hash of what composing reads (``_cache_file``)
+        self.paths: dict[str, tuple[list[str], str]] = {}  # a dotted key -> (its parents, its leaf)
 
     def group_options(self, group: str) -> list[str]:
         """The options of a config group: its YAML files in ``CONF_DIR`` and the search path, sorted (what
@@ -153,11 +154,16 @@ class Composer:
         config = dict(self.bases[choices])
         config["name"] = name
         owned: set[int] = set()  # the sections copied for this run
+        paths = self.paths
         for key, value in assignment.items():  # in order: a RESET removes what came before it
             if key in GROUPS or (value is RESET and not _has(config, key)):
                 continue
             node = config
-            *parents, leaf = key.split(".")
+            path = paths.get(key)
+            if path is None:
+                *head, tail = key.split(".")
+                path = paths[key] = (head, tail)
+            parents, leaf = path
             for p in parents:
                 child = node.get(p)
                 if not isinstance(child, dict) or id(child) not in owned:

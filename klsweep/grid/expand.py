@@ -61,11 +61,10 @@ def expand(
             if built is None:
                 continue
             config, choices = built
-            values = [choices[k] if k in choices else lookup(config, k) for k in all_axes]
             rid = run_id(config, memo)
             if rid not in runs:
                 runs[rid] = PlannedRun(rid, {}, config, sweep_dir / rid)
-                effective[rid] = values
+                effective[rid] = [choices[k] if k in choices else lookup(config, k) for k in all_axes]
             else:
                 merged += 1
             if config_mod.kl_off_hashed_at(config):

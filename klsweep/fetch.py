@@ -239,6 +239,12 @@ def check(items: Iterable[Need]) -> list[Found]:
     return [_check_model(n) if n.kind == "model" else _check_dataset(n) for n in items]
 
 
+def hub_folder(repo: str) -> str:
+    """The folder of the hub cache that holds a model repo (huggingface_hub's layout, ``repo_folder_name``:
+    ``models--<org>--<name>``), named without importing huggingface_hub's download code (a second)."""
+    return "models--" + repo.replace("/", "--")
+
+
 def _check_model(need: Need) -> Found:
     if need.local:
         path = Path(need.repo).expanduser()
@@ -246,6 +252,10 @@ def _check_model(need: Need) -> Found:
             return Found(need, False, str(path), state="missing", message=f"no such folder: {path}")
         problems, _ = model_problems(path, need.chat)
         return _found(need, path, problems, [])
+    if not (
+        hub_cache() / hub_folder(need.repo)
+    ).is_dir():  # missing, said without importing snapshot_download
+        return Found(need, False, state="missing")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

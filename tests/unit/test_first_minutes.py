@@ -215,3 +215,23 @@ def test_the_readmes_first_screen(readme):
     for word in ("colocate", "weight sync", "gloo", "NCCL", "sleep mode", "tensor parallel"):
         assert word not in first, word
     assert [line for line in readme if len(line) > 100 and not line.startswith("|")] == []
+
+
+def test_the_cache_folders_plan_looks_for_are_the_libraries(tmp_path, monkeypatch):
+    """Offline, `plan` says a model or a dataset missing from the folder the library would keep it in, without
+    importing the library's download code: the same folder names as huggingface_hub's and datasets' own."""
+    from datasets.naming import camelcase_to_snakecase
+    from huggingface_hub.file_download import repo_folder_name
+
+    from klsweep import fetch
+
+    for repo in ("Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-4B-Instruct-2507"):
+        assert fetch.hub_folder(repo) == repo_folder_name(repo_id=repo, repo_type="model")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    repos = ("DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "cais/mmlu")
+    for repo in repos:
+        assert not fetch._may_be_cached(repo)
+        *ns, name = repo.split("/")
+        (tmp_path / "___".join([*ns, camelcase_to_snakecase(name)])).mkdir()  # datasets' folder of the repo
+        assert fetch._may_be_cached(repo)
+    assert not fetch._may_be_cached("cais/mmlu-pro")

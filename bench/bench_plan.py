@@ -1,7 +1,9 @@
 """Time planning a 10,000-run grid (goal: < 2 s) against a naive baseline measured in the same run: one Hydra
-compose per run (timed on a sample and extrapolated).
+compose per run (timed on a sample and extrapolated). Then `klsweep plan` as a user meets it, whole processes
+against `python -c "import klsweep.cli"` timed in the same run (issue 43's targets: the paper's sweep, nothing
+cached, within 7x; the tiny grid within 5x; a 100,800-run grid in 10 s on 2 cores), wall and CPU time.
 
-    .venv/bin/python bench/bench_plan.py
+    .venv/bin/python bench/bench_plan.py [--processes-only] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -87,5 +89,85 @@ def scaling(planned: float, n: int) -> None:
     print(f"refused a 2,016,000-run grid in {refusal:.2f} s ({refusal / planned:.2f}x the {n}-run plan)")
 
 
+def processes(rounds: int = 3) -> None:
+    """`klsweep plan` of the paper's sweep (offline, nothing cached: a fresh HF_HOME; and with
+    cluster.offline=false, where no cache is checked), of the tiny grid and of a 100,800-run grid, each a whole
+    process, interleaved ``rounds`` times with the baseline
+    `python -c "import klsweep.cli"`; the fastest of each, as wall time and as CPU time (the machine's load
+    moves the first, less the second). klsweep's modules compiled first, as an installed package has them
+    (PYTHONDONTWRITEBYTECODE would otherwise compile them in every process); composed configs cached by a
+    first, untimed plan of each grid (a plan keeps them, ``grid.compose``)."""
+    import compileall
+    import os
+    import subprocess
+    import sys
+
+    import klsweep
+
+    compileall.compile_dir(Path(klsweep.__file__).parent, quiet=1)
+    with tempfile.TemporaryDirectory() as d:
+        big = Path(d) / "big.yaml"
+        big.write_text(GRID.replace("range(28)", "range(280)"))  # 100,800 runs
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "HF_HUB_OFFLINE")}
+        env |= {"HF_HOME": str(Path(d) / "hf"), "COLUMNS": "80"}  # nothing cached
+        plan = [sys.executable, "-m", "klsweep", "plan"]
+        commands = {
+            "baseline": [sys.executable, "-c", "import klsweep.cli"],
+            "paper": [*plan, "paper", "--out", d],
+            "paper cluster.offline=false": [*plan, "paper", "cluster.offline=false", "--out", d],
+            "tiny": [*plan, "tiny", "--out", d],
+            "100,800 runs": [*plan, str(big), "--max-runs", "200000", "--out", d],
+        }
+        for name in list(commands)[1:]:  # compose caches filled, as after a first plan
+            subprocess.run(commands[name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+        wall: dict[str, list[float]] = {name: [] for name in commands}
+        cpu: dict[str, list[float]] = {name: [] for name in commands}
+        codes: dict[str, int] = {}
+        for _ in range(rounds):
+            for name, cmd in commands.items():
+                wall_s, cpu_s, codes[name] = _timed(cmd, env)
+                wall[name].append(wall_s)
+                cpu[name].append(cpu_s)
+        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    base_wall, base_cpu = min(wall["baseline"]), min(cpu["baseline"])
+    print(f'baseline `python -c "import klsweep.cli"`: {base_wall:.2f} s wall, {base_cpu:.2f} s CPU')
+    for name, target in (("paper", 7.0), ("paper cluster.offline=false", 7.0), ("tiny", 5.0)):
+        w, c = min(wall[name]), min(cpu[name])
+        met = "met" if w <= target * base_wall else "MISSED"
+        print(
+            f"`klsweep plan {name}` (exit {codes[name]}): {w:.2f} s wall, {w / base_wall:.1f}x (target "
+            f"{target:g}x: {met}); {c:.2f} s CPU, {c / base_cpu:.1f}x"
+        )
+    w, c = min(wall["100,800 runs"]), min(cpu["100,800 runs"])
+    print(
+        f"`klsweep plan` of a 100,800-run grid: {w:.2f} s wall (target 10 s on 2 cores: "
+        f"{'met' if w <= 10 else 'MISSED'}), {c:.2f} s CPU"
+    )
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """A process's wall time, its CPU time (user + system) and its exit code."""
+    import os
+    import subprocess
+
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, proc.returncode
+
+
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes-only", action="store_true", help="only the `klsweep plan` processes")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="times each process is timed (the fastest counts)"
+    )
+    args = parser.parse_args()
+    if not args.processes_only:
+        main()
+    processes(args.rounds)

@@ -24,7 +24,7 @@ REASON = "reward collapse"  # how a collapse's reason starts (status.json, the r
 # the words for an unstable outcome, said beside every table that uses them (status, the report, its claims)
 OUTCOME_WORDS = (
     "diverged: stopped early (non-finite values, or a reward collapse); collapsed: its reward collapsed "
-    "(docs/COLLAPSE.md); unstable (claims): diverged or collapsed"
+    "(klsweep docs collapse); unstable (claims): diverged or collapsed"
 )
 
 

@@ -1,7 +1,8 @@
 """The environment a run trained in, recorded in its folder (``env.json``) at every training start, so a sweep's
 report shows which machines and package versions its numbers come from (``report/``: the Environment section).
 
-``record(run_dir)`` writes ``describe()``: Python and the versions of the packages that decide the numbers
+``record(run_dir)`` writes ``describe()`` (``bug_report()``: the same, for ``klsweep env``, less the hostname and
+with a few more facts a bug report needs): Python and the versions of the packages that decide the numbers
 (``PACKAGES``), torch's intra-op threads and ``OMP_NUM_THREADS``, the CPU model (``/proc/cpuinfo``) and the
 CPU kernels torch dispatches to (``klsweep.PORTABLE_CPU_KERNELS``), the GPU
 name (None without CUDA), klsweep's version and git commit (None when it is not installed from a git
@@ -165,6 +166,59 @@ def describe() -> dict[str, Any]:
         "git commit": _git_commit(),
         "hostname": socket.gethostname(),
     }
+
+
+# what a bug report needs beyond ``describe`` (``klsweep env``): the engines' versions, the OS, the CPU's vendor,
+# where klsweep is imported from; not the hostname
+REPORT_PACKAGES = {"vllm": "vllm", "hydra-core": "hydra-core", "submitit": "submitit"}
+
+
+def bug_report() -> dict[str, Any]:
+    """``klsweep env``: this environment as a bug report needs it (as ``trl env`` says TRL's), from ``describe``
+    (the one source of what a run records in env.json) less the hostname, with the OS, the CPU's vendor, the
+    versions of vLLM, Hydra and submitit (None: not installed), where klsweep is imported from and the packages
+    not at the version of klsweep's lock (``lock_drift``)."""
+    import klsweep
+
+    env = describe()
+    more = {name: _version(dist) for name, dist in REPORT_PACKAGES.items()}
+    out: dict[str, Any] = {"platform": platform.platform()}
+    for key, value in env.items():
+        if key == "hostname":
+            continue
+        out[key] = value
+        if key == list(PACKAGES)[-1]:  # after the recorded packages, the engines'
+            out.update(more)
+        if key == "cpu":
+            out["cpu vendor"] = cpu_vendor()
+    out["klsweep location"] = str(Path(klsweep.__file__).parent)
+    drift = lock_drift()
+    out["not at the locked version"] = (
+        ", ".join(f"{n} {have} (lock {want})" for n, have, want in drift) if drift else "none"
+    )
+    return out
+
+
+LOCK = (
+    Path(__file__).parent / "requirements.lock"
+)  # the repository's requirements.lock, shipped in the package
+
+
+def lock_drift(lock: Path = LOCK) -> list[tuple[str, str, str]]:
+    """The packages of klsweep's lock installed at another version: (name, installed version, locked version).
+    Packages not installed are not counted (the lock holds the test tools too); torch is not in the lock
+    (installed first, its CPU or CUDA build)."""
+    if not lock.is_file():
+        return []
+    out = []
+    for line in lock.read_text().splitlines():
+        name, sep, locked = line.partition("==")
+        if not sep or line.startswith("#"):
+            continue
+        installed = _version(name.strip())
+        if installed is not None and installed != locked.strip():
+            out.append((name.strip(), installed, locked.strip()))
+    return out
 
 
 def record(run_dir: str | Path) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import platform
 import re
 import shutil
@@ -40,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import environment, tasks
+from klsweep import environment, store, tasks
 
 if TYPE_CHECKING:
     from klsweep.config import ModelSection
@@ -92,7 +91,7 @@ class TinyModelError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("KLSWEEP_CACHE", "~/.cache/klsweep")).expanduser()
+    return store.cache_dir()
 
 
 def _tokenizer_corpus() -> list[str]:

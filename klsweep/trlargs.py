@@ -10,11 +10,16 @@ GRPOConfig's dataclass fields: each name (a did-you-mean among them) and the typ
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import json
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
+
+from klsweep import store
 
 # GRPOConfig option -> the klsweep key that sets it (dotted), or "(...)": why klsweep sets it itself. Every
 # argument ``klsweep.job`` gives GRPOConfig is listed (it refuses to train otherwise).
@@ -83,16 +88,101 @@ def owner(name: str) -> tuple[str, str] | None:
     return f"{name!r} is set by klsweep from {source}", f"use {source}"
 
 
+# GRPOConfig's settable fields and their types (``field_types``), generated from the locked TRL: checking a grid's
+# ``train.trl`` keys needs no import of TRL (transformers, torch: seconds). Another installed TRL gets its own
+# table, generated once and cached (``KLSWEEP_CACHE``). Regenerate after changing the lock: ./dev.sh lock.
+FIELDS_FILE = Path(__file__).parent / "trl_fields.json"
+
+
+def trl_version() -> str | None:
+    """The installed TRL's version (its metadata: nothing imported), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def grpo_fields() -> dict[str, Any]:
-    """GRPOConfig's settable dataclass fields -> their resolved annotation (imports trl: seconds)."""
+    """GRPOConfig's settable dataclass fields -> their type (``field_types``' form) for the installed TRL: the
+    shipped table when it is the locked TRL, else the one cached for its version, else generated (imports trl:
+    seconds) and cached."""
+    installed = trl_version()
+    shipped = _read_table(FIELDS_FILE)
+    if shipped is not None and shipped["trl"] == installed:
+        return shipped["fields"]
+    cached = store.cache_dir() / "trl" / f"grpo-fields-{installed}.json"
+    table = _read_table(cached)
+    if table is not None and table["trl"] == installed:
+        return table["fields"]
+    table = fields_table()
+    with contextlib.suppress(OSError):  # a read-only cache: generated again next time
+        store.write_json(cached, table)
+    return table["fields"]
+
+
+def _read_table(path: Path) -> dict[str, Any] | None:
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(table, dict) and isinstance(table.get("fields"), dict) and "trl" in table
+    return table if ok else None
+
+
+def fields_table() -> dict[str, Any]:
+    """``{"trl": version, "fields": {name: type}}`` of the installed TRL's GRPOConfig (imports trl): what
+    ``FIELDS_FILE`` holds for the locked TRL."""
     import dataclasses
     import typing
 
     from trl import GRPOConfig
 
     hints = typing.get_type_hints(GRPOConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(GRPOConfig) if f.init}
+    fields = {f.name: field_type(hints[f.name]) for f in dataclasses.fields(GRPOConfig) if f.init}
+    return {"trl": trl_version(), "fields": fields}
+
+
+def write_fields_file() -> None:
+    """Write ``FIELDS_FILE`` from the installed TRL (./dev.sh lock, after the lock is resolved)."""
+    table = fields_table()
+    lines = [f"  {json.dumps(name)}: {json.dumps(tp)}" for name, tp in sorted(table["fields"].items())]
+    fields = "{\n" + ",\n".join(lines) + "\n}"
+    FIELDS_FILE.write_text(f'{{"trl": {json.dumps(table["trl"])}, "fields": {fields}}}\n')
+
+
+def field_type(tp: Any) -> Any:
+    """An annotation as JSON, what ``accepts`` and ``type_name`` read: ``"any"``, ``"none"``, ``"bool"``,
+    ``"int"``, ``"float"``, ``"str"``, ``{"union": [...]}``, ``{"literal": [values]}``, ``{"enum": [values]}``,
+    ``{"list": item or null}``, ``{"dict": name}``, ``{"object": name}`` (a Python object, not written in
+    YAML)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return "any"
+    if origin in (Union, types.UnionType):
+        return {"union": [field_type(a) for a in get_args(tp)]}
+    if origin is Literal:
+        return {"literal": list(get_args(tp))}
+    if tp is type(None):
+        return "none"
+    if tp in (bool, int, float, str):
+        return tp.__name__
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if tp is list or origin is list:
+        args = get_args(tp)
+        return {"list": field_type(args[0]) if args else None}
+    if tp is dict or origin is dict:
+        return {"dict": _annotation_name(tp)}
+    return {"object": _annotation_name(tp)}
+
+
+def _annotation_name(tp: Any) -> str:
+    if get_origin(tp) is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
 
 
 def check(options: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
@@ -151,45 +241,45 @@ def _is_int(v: Any) -> bool:
 
 
 def accepts(tp: Any, v: Any) -> bool:
-    """Whether a YAML value ``v`` is a value of annotation ``tp`` (an enum: one of its values)."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(accepts(a, v) for a in get_args(tp))
-    if origin is Literal:
-        return any(v == a and type(v) is type(a) for a in get_args(tp))
-    if tp is type(None):
-        return v is None
-    if tp is bool:
-        return isinstance(v, bool)
-    if tp is int:
-        return _is_int(v)
-    if tp is float:
-        return _is_int(v) or isinstance(v, float)
-    if tp is str:
-        return isinstance(v, str)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return v in {m.value for m in tp}
-    if tp is list or origin is list:
-        args = get_args(tp)
-        return isinstance(v, list) and (not args or all(accepts(args[0], x) for x in v))
-    if tp is dict or origin is dict:
+    """Whether a YAML value ``v`` is a value of type ``tp`` (``field_type``'s form; an enum: one of its
+    values)."""
+    if isinstance(tp, str):
+        if tp == "any":
+            return True
+        if tp == "none":
+            return v is None
+        if tp == "bool":
+            return isinstance(v, bool)
+        if tp == "int":
+            return _is_int(v)
+        if tp == "float":
+            return _is_int(v) or isinstance(v, float)
+        return tp == "str" and isinstance(v, str)
+    ((kind, arg),) = tp.items()
+    if kind == "union":
+        return any(accepts(a, v) for a in arg)
+    if kind == "literal":
+        return any(v == a and type(v) is type(a) for a in arg)
+    if kind == "enum":
+        return v in arg
+    if kind == "list":
+        return isinstance(v, list) and (arg is None or all(accepts(arg, x) for x in v))
+    if kind == "dict":
         return isinstance(v, dict)
     return False  # a Python object (e.g. accelerate's ParallelismConfig): not written in YAML
 
 
 def type_name(tp: Any) -> str:
-    """An annotation as a user reads it: ``int | None``, ``str``, ``list[float]``, ``Literal[False]``."""
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        return " | ".join(type_name(a) for a in get_args(tp))
-    if origin is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    if tp is type(None):
-        return "None"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return ", ".join(str(m.value) for m in tp)
-    if origin is not None:
-        return str(tp).replace("typing.", "")
-    return getattr(tp, "__name__", str(tp))
+    """A type (``field_type``'s form) as a user reads it: ``int | None``, ``str``, ``list[float]``, ``False``."""
+    if isinstance(tp, str):
+        return {"none": "None", "any": "Any"}.get(tp, tp)
+    ((kind, arg),) = tp.items()
+    if kind == "union":
+        return " | ".join(type_name(a) for a in arg)
+    if kind == "literal":
+        return " | ".join(repr(a) for a in arg)
+    if kind == "enum":
+        return ", ".join(str(a) for a in arg)
+    if kind == "list":
+        return "list" if arg is None else f"list[{type_name(arg)}]"
+    return arg

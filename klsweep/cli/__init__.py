@@ -5,7 +5,7 @@ that `klsweep --help` is instant.
 Expected mistakes raise ``klsweep.errors.UserError``: printed without a traceback, exit code 2.
 """
 
-from klsweep.cli import audit, preview, runs, study  # noqa: F401  (each registers its commands on app)
+from klsweep.cli import audit, preview, runs, study, support  # noqa: F401  (each registers its commands on app)
 from klsweep.cli.app import app, main
 
 __all__ = ["app", "main"]

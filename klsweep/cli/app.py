@@ -17,7 +17,7 @@ app = typer.Typer(
     name="klsweep",
     help="Sweep KL estimators x placements x levels x beta x models x lag x seeds for GRPO; evaluate; report.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion: tab completion of commands and options (bash, zsh, fish)
     pretty_exceptions_enable=False,
     # click's own help: flags read `--wait` (typer's rich panels print `--wait <bool>`), plain text that reads
     # at 80 columns and in a pipe

@@ -90,13 +90,15 @@ def run_command(
     results (exit 0) unless --fail-on-diverged."""
     from klsweep import grid as grid_mod
     from klsweep import planner, submit
-    from klsweep.console import print_failures
+    from klsweep.console import print_failures, print_warning
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
     planner.check(plan)  # refuses runs that cannot start or fit
     require_cached(plan, grid, overrides)
     cluster = cluster or submit.default_cluster(plan)
     console = terminal()
+    for line in planner.inert_axes(plan):  # an axis that changes nothing: said before anything is submitted
+        print_warning(console, line)
     res = submit.submit(
         plan, cluster, retry_failed=retry_failed, force=force,
         on_build=lambda p: console.print(f"building the tiny model (once, cached in {p})", highlight=False),
@@ -242,14 +244,28 @@ def eval_command(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
         overrides=overrides or [], config_dirs=config_dir or [],
     )  # fmt: skip
+    from klsweep.console import scores_table, table_width
+
     console = terminal()
     console.print(f"eval: {outcome.eval}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)
+    if outcome.nothing_left:
+        console.print(
+            f"nothing left to do: every checkpoint is scored already under this eval ({len(outcome.scored)} "
+            "results); eval.KEY=VALUE or --suite for another eval",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif outcome.scored:
+        console.print(f"scored already (not evaluated again): {len(outcome.scored)} results", highlight=False)
+    if outcome.todo and not outcome.nothing_left:
+        console.print(f"to evaluate: {outcome.todo}", highlight=False, soft_wrap=True)
     for job in outcome.jobs:
         console.print(f"submitted eval job {job}", highlight=False)
-    for result in outcome.results:
-        console.print(str(result), highlight=False, soft_wrap=True)
+    if outcome.results or outcome.nothing_left:  # the scores, as lm-eval prints them
+        shown = [*outcome.scored, *outcome.results]
+        console.print(scores_table(list(dict.fromkeys(shown)), title="scores", width=table_width(console)))
     for run, message in outcome.errors.items():
         console.print(styled(("eval failed", "bold red"), f": {run}: {message}"), highlight=False)
         if run in outcome.logs:

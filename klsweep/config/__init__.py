@@ -17,10 +17,14 @@ from klsweep.config.identity import (
     KL_ONLY_KEYS,
     LEGACY_VALUES,
     NO_KL,
+    ON_POLICY,
     id_omitted_at,
+    inert,
     is_cosmetic,
+    kl_off,
     kl_off_hashed_at,
     on_policy,
+    reward_logp_inert,
     without_kl_when_off,
 )
 from klsweep.config.runfile import (
@@ -55,6 +59,10 @@ from klsweep.config.schema import (
 )
 
 __all__ = [
+    "ON_POLICY",
+    "inert",
+    "kl_off",
+    "reward_logp_inert",
     "RunConfig",
     "Resources",
     "Architecture",

@@ -4,6 +4,7 @@ folder written before a key existed trained with (``LEGACY_VALUES``), and how a 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,18 +55,37 @@ def on_policy(config: Mapping[str, Any]) -> bool:
 
 def id_omitted_at(config: Mapping[str, Any]) -> dict[str, Any]:
     """``ID_OMITTED_AT`` for this run (a resolved RunConfig, nested plain data), plus ``kl.reward_logp``: left
-    out of the id wherever both values are the same computation (on-policy, shaped mode, no KL in the reward;
-    whatever it holds: the ids of runs written before the key existed stand), and otherwise while it holds
-    ``behavior``, what those runs trained with; so it is in the id only where ``current`` changes the run."""
+    out of the id wherever both values are the same computation (``reward_logp_inert``: on-policy, shaped mode,
+    no KL in the reward; whatever it holds: the ids of runs written before the key existed stand), and otherwise
+    while it holds ``behavior``, what those runs trained with; so it is in the id only where ``current`` changes
+    the run. Shared between runs (read-only): a plan's run ids find their rules once (``grid.run_id``)."""
+    own = (config.get("kl") or {}).get("reward_logp", "behavior")
+    value = own if reward_logp_inert(config) is not None else "behavior"
+    return _omitted_with(value) if isinstance(value, str) else {**ID_OMITTED_AT, "kl.reward_logp": value}
+
+
+@functools.cache
+def _omitted_with(reward_logp: str) -> dict[str, Any]:
+    return {**ID_OMITTED_AT, "kl.reward_logp": reward_logp}
+
+
+def reward_logp_inert(config: Mapping[str, Any]) -> str | None:
+    """Why ``kl.reward_logp`` changes nothing in this run (both of its values are the same computation), or
+    None where it does: on-policy, a KL in the reward in shaped mode, no KL in the reward (placement loss,
+    beta 0). The rule of ``id_omitted_at``."""
     kl = config.get("kl") or {}
-    changes_nothing = (
-        on_policy(config)
-        or kl.get("reward_mode") == "shaped"
-        or kl.get("placement") == "loss"
-        or not kl.get("beta")
-    )
-    own = kl.get("reward_logp", "behavior")
-    return {**ID_OMITTED_AT, "kl.reward_logp": own if changes_nothing else "behavior"}
+    if on_policy(config):
+        return ON_POLICY
+    if kl.get("reward_mode") == "shaped":
+        return "kl.reward_mode is shaped"
+    if kl.get("placement") == "loss":
+        return "kl.placement is loss"
+    if not kl.get("beta"):
+        return "kl.beta is 0"
+    return None
+
+
+ON_POLICY = "on-policy (offpolicy.lag 0, offpolicy.num_iterations 1)"
 
 
 # Keys that change how a run is computed, not what it computes (generation engine, batching into passes,
@@ -95,15 +115,97 @@ KL_ONLY_KEYS: tuple[str, ...] = (
 )
 
 
+def kl_off(config: Mapping[str, Any]) -> bool:
+    """Whether a resolved RunConfig (nested plain data) trains without KL: ``kl.beta`` 0 and no
+    ``kl.beta_final`` (a decay to a beta > 0 is a KL)."""
+    kl = config.get("kl") or {}
+    return not kl.get("beta") and not kl.get("beta_final")
+
+
 def kl_off_hashed_at(config: Mapping[str, Any]) -> dict[str, Any]:
     """The KL-only keys (``KL_ONLY_KEYS``) at their defaults when a resolved RunConfig (nested plain data) has
-    ``kl.beta`` 0, else nothing: hashed at that value in the run's id (``grid.run_id``), so the no-KL runs of a
-    grid that crosses beta 0 with estimators or placements are one run per seed. The defaults are what the no-KL
-    runs of the committed studies hold: their ids stand (docs/DESIGN.md, "Run configuration")."""
-    if (config.get("kl") or {}).get("beta") or (config.get("kl") or {}).get("beta_final"):
-        return {}
+    no KL (``kl_off``), else nothing: hashed at that value in the run's id (``grid.run_id``), so the no-KL runs
+    of a grid that crosses beta 0 with estimators or placements are one run per seed. The defaults are what the
+    no-KL runs of the committed studies hold: their ids stand (docs/DESIGN.md, "Run configuration"). Shared
+    between runs: read-only."""
+    return _kl_defaults() if kl_off(config) else _NOTHING
+
+
+_NOTHING: dict[str, Any] = {}  # shared: read-only
+
+
+@functools.cache
+def _kl_defaults() -> dict[str, Any]:
     defaults = KLSection()
     return {key: getattr(defaults, key.split(".", 1)[1]) for key in KL_ONLY_KEYS}
+
+
+# Keys a setting of the run makes inert (they change nothing it computes), beyond the KL-only keys of a run
+# without KL and kl.reward_logp (``reward_logp_inert``): key -> (the setting, its values that make the key
+# inert, why in words, what to set). The KL forms of the loss half (klsweep.kl.token_terms) do nothing where
+# the KL is only in the reward, whose importance weights are detached whatever importance_gradient says
+# (grpo.kl_reward_loss); a cap or a gradient of importance weights does nothing without weights; the reward
+# mode does nothing without a KL in the reward; vLLM's importance sampling and TRL's vllm_* options do nothing
+# without vLLM generation (klsweep.trainer, TRL's GRPOTrainer: read under use_vllm only).
+_MADE_INERT: dict[str, tuple[str, tuple[Any, ...], str, str]] = {
+    "kl.reward_mode": ("kl.placement", ("loss",), "kl.placement is loss", "set kl.placement: reward or both"),
+    "kl.straight_through": (
+        "kl.placement",
+        ("reward",),
+        "kl.placement is reward",
+        "set kl.placement: loss or both",
+    ),
+    "kl.unbiased_gradient": (
+        "kl.placement",
+        ("reward",),
+        "kl.placement is reward",
+        "set kl.placement: loss or both",
+    ),
+    "kl.importance_gradient": ("kl.importance", ("none",), "kl.importance is none", "set kl.importance"),
+    "kl.importance_cap": ("kl.importance", ("none",), "kl.importance is none", "set kl.importance"),
+    "train.vllm_importance_sampling": (
+        "train.use_vllm",
+        (False,),
+        "train.use_vllm is false",
+        "set train.use_vllm: true",
+    ),
+}
+
+
+_REWARD_LOGP_FIX = {
+    ON_POLICY: "set offpolicy.lag",
+    "kl.reward_mode is shaped": "set kl.reward_mode: separate",
+    "kl.placement is loss": "set kl.placement: reward or both",
+    "kl.beta is 0": "set kl.beta",
+}
+
+
+def inert(config: Mapping[str, Any], key: str) -> tuple[str, str] | None:
+    """Why the dotted ``key`` changes nothing in a run (a resolved RunConfig, nested plain data), and what to
+    set so that it does: (why, what to set), or None when it may change the run. The one rule behind the run
+    id's merges (``kl_off_hashed_at``, ``id_omitted_at``) and the plan's warning of an axis that changes nothing
+    in any run (``klsweep.planner``): the KL-only keys without KL, ``kl.reward_logp`` where
+    ``reward_logp_inert`` says, and ``_MADE_INERT``'s keys (``kl.importance_gradient`` under placement reward
+    too; ``train.trl.vllm_*`` options without ``train.use_vllm``)."""
+    if key in KL_ONLY_KEYS and kl_off(config):
+        return "kl.beta is 0", "set kl.beta"
+    if key == "kl.reward_logp" and (why := reward_logp_inert(config)) is not None:
+        return why, _REWARD_LOGP_FIX[why]
+    if key == "kl.importance_gradient" and _value(config, "kl.placement") == "reward":
+        return "kl.placement is reward", "set kl.placement: loss or both"
+    if key.startswith("train.trl.vllm_") and not _value(config, "train.use_vllm"):
+        key = "train.vllm_importance_sampling"  # the same rule
+    rule = _MADE_INERT.get(key)
+    if rule is not None and _value(config, rule[0]) in rule[1]:
+        return rule[2], rule[3]
+    return None
+
+
+def _value(config: Mapping[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
 
 
 def without_kl_when_off(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class Resources:
     gpu: str = key(
         "h100-80gb",
         "the GPU model, for klsweep plan's step-time and GPU-hour estimate (its data-sheet figures: "
-        "klsweep.cost, slurm/README.md); which nodes Slurm gives is cluster.constraint's business",
+        "klsweep.cost, klsweep docs slurm); which nodes Slurm gives is cluster.constraint's business",
     )
     timeout_min: int = key(
         60, "time limit of a training job (minutes); the job is requeued when it is reached"
@@ -164,12 +164,12 @@ class TrainSection:
     )
     vllm_importance_sampling: str = key(
         VLLM_IS_DEFAULT,
-        "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (docs/KL.md): "
+        "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (klsweep docs kl): "
         "token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default), off; the bound is "
         "train.trl.vllm_importance_sampling_clip_max (3)",
     )
     collapse_window: int = key(
-        10, "divergence: the task reward is averaged over windows of this many steps (docs/COLLAPSE.md)"
+        10, "divergence: the task reward is averaged over windows of this many steps (klsweep docs collapse)"
     )
     collapse_fraction: float = key(
         0.5, "divergence: the run stops when a window's mean reward falls below this fraction of the peak's"
@@ -177,7 +177,7 @@ class TrainSection:
     collapse_z: float = key(
         COLLAPSE_Z,
         "divergence: ... and only when it is also more than this many standard errors below the peak's (from "
-        "the logged reward_std over the completions a step): sets the false-collapse rate (docs/COLLAPSE.md)",
+        "the logged reward_std over the completions a step): sets the false-collapse rate (klsweep docs collapse)",
     )
     trl: dict[str, Any] = key(
         {},
@@ -206,7 +206,7 @@ class KLSection:
     importance_gradient: bool = key(
         False,
         "the loss half's importance weight keeps its gradient (TRL's use_bias_correction_kl, slime's "
-        "--use-unbiased-kl): on-policy it adds each token's own score term k x grad log pi (docs/KL.md)",
+        "--use-unbiased-kl): on-policy it adds each token's own score term k x grad log pi (klsweep docs kl)",
     )
     straight_through: bool = key(
         False, "the loss half has the estimator's value and k2's gradient (verl's '+' suffix, e.g. k3+)"
@@ -248,13 +248,13 @@ class KLSection:
     )
     reward_logp: str = key(
         "current",
-        "whose log-ratio the reward-placed KL uses, separate mode (docs/KL.md). current: the training forward "
+        "whose log-ratio the reward-placed KL uses, separate mode (klsweep docs kl). current: the training forward "
         "pass's (detached), the reward half its own importance-weighted term outside the clipped ratio; "
         "behavior: the generating policy's, inside the advantage (runs before this key). The same on-policy",
     )
     reward_mode: str = key(
         "separate",
-        "how a KL in the reward enters GRPO's advantage (klsweep/grpo.py, docs/KL.md). separate: its own "
+        "how a KL in the reward enters GRPO's advantage (klsweep docs kl). separate: its own "
         "centred advantage, never std-scaled, so beta means what it says; shaped: added to the task reward and "
         "normalised with it, as TRL reward functions and verl's KL-in-reward do",
     )

@@ -10,18 +10,11 @@ are sentences, wrapped between words at the console's width, 80 on a pipe withou
 (``print_warning``). A long plan is summarised (runs per axis value); ``klsweep plan --runs`` lists every run.
 """
 
-from klsweep.console.audit import (
-    GRPO_LEGEND,
-    GRPO_VERDICT_STYLES,
-    VERDICT_STYLES,
-    audit_tables,
-    checked_lines,
-    grpo_audit_tables,
-    print_audit,
-    print_framework_audit,
-)
+from typing import Any
+
 from klsweep.console.preview import (
     LIST_RUNS_UP_TO,
+    docs_table,
     fetch_table,
     grids_table,
     keys_table,
@@ -41,6 +34,7 @@ from klsweep.console.runs import (
     print_failures,
     print_going_on,
     progress_line,
+    scores_table,
     status_table,
     step_line,
     watch_view,
@@ -62,7 +56,31 @@ from klsweep.console.terminal import (
     table_width,
 )
 
+# `klsweep audit`'s tables, loaded on first use: they import klsweep.audit (its exact enumeration, the GRPO
+# objective), which no other command needs
+_AUDIT = (
+    "GRPO_LEGEND",
+    "GRPO_VERDICT_STYLES",
+    "VERDICT_STYLES",
+    "audit_tables",
+    "checked_lines",
+    "grpo_audit_tables",
+    "print_audit",
+    "print_framework_audit",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _AUDIT:
+        from klsweep.console import audit
+
+        return getattr(audit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "docs_table",
+    "scores_table",
     "PIPE_WIDTH",
     "cli_console",
     "table_width",

@@ -46,7 +46,17 @@ def audit_tables(rows: list[AuditRow], title: str = "") -> list:
                 names = (r.preset,) if presets else ()
                 t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
         out.append(t)
+    if out:  # under the last table: what its columns are
+        out[-1].caption, out[-1].caption_justify = AUDIT_LEGEND, "left"
     return out
+
+
+AUDIT_LEGEND = """\
+err rev, err fwd: |E g - grad KL| / |grad KL|, the error of the
+  expected gradient E g against the reverse KL(pi||ref) and the
+  forward KL(ref||pi) gradient.
+|E g|: the expected gradient's norm over the reverse-KL gradient's.
+variance: the trace of the per-sample gradient's covariance."""
 
 
 GRPO_VERDICT_STYLES = dict(zip(GRPO_VERDICTS, ("green", "cyan", "yellow", "magenta", "red"), strict=True))

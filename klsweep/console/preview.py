@@ -45,6 +45,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
         + f"{counts['to_submit']} to submit"
     )
     from klsweep.grid.plan import config_first, config_order
+    from klsweep.grid.validate import hashable
 
     shown = {r.id: shown_params(r.params) for r in plan.runs}
     axes = config_first(plan.axes)
@@ -60,11 +61,12 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
     room = None if width is None else max(20, width - max(map(len, ["axis", *labels])) - GAP)
     rows = []
     for a, label in zip(axes, labels, strict=True):
-        per_value: dict[Any, int] = {}
-        for r in sorted(plan.runs, key=lambda r: config_order({a: shown[r.id].get(a)}, [a])):
+        per_value: dict[Any, list[Any]] = {}  # each value once (counted), then in configuration order
+        for r in plan.runs:
             v = shown[r.id].get(a)
-            per_value[v] = per_value.get(v, 0) + 1
-        rows.append([label, pack_items([f"{cell(v)} ×{n}" for v, n in per_value.items()], room)])
+            per_value.setdefault(hashable(v), [v, 0])[1] += 1
+        ordered = sorted(per_value.values(), key=lambda vn: config_order({a: vn[0]}, [a]))
+        rows.append([label, pack_items([f"{cell(v)} ×{n}" for v, n in ordered], room)])
     return fitted_table(
         title,
         ["axis", "runs per value"],
@@ -105,6 +107,18 @@ def grids_table(grids: list[ShippedGrid], width: int | None = None) -> Any:
     caption = "klsweep plan NAME plans one anywhere; klsweep grids cp NAME FILE copies one to edit"
     return fitted_table(
         "shipped grids", ["name", "what it is"], rows, width=width, whole=["name"], caption=caption
+    )
+
+
+def docs_table(pages: dict[str, str], width: int | None = None) -> Any:
+    """``klsweep docs``: each page of the shipped documentation (what ``klsweep docs PAGE`` prints) and its
+    title."""
+    from klsweep.report.terminal import fitted_table
+
+    caption = "klsweep docs PAGE prints one (Markdown); a message's docs/KL.md is the page KL"
+    rows = [[name, title] for name, title in pages.items()]
+    return fitted_table(
+        "klsweep's documentation", ["page", "title"], rows, width=width, whole=["page"], caption=caption
     )
 
 
@@ -151,7 +165,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         f"{_size(counts['storage_gb'])}{peak}"
     )
     return fitted_table(
-        "resources (estimates: slurm/README.md)",
+        "resources (estimates: klsweep docs slurm)",
         header,
         rows,
         width=width,
@@ -196,12 +210,12 @@ def time_table(counts: dict[str, Any], width: int | None = None) -> Table | None
     )
     caption = (
         f"{_hours(counts['gpu_hours_estimate_low'])}-{_hours(counts['gpu_hours_estimate_high'])} GPU-hours "
-        f"estimated to submit (a band: slurm/README.md; limit: at most "
+        f"estimated to submit (a band: klsweep docs slurm; limit: at most "
         f"{_hours(counts['gpu_hours_upper_bound'])}), of which eval {evals} (at most "
         f"{_hours(counts['eval_gpu_hours_limit'])})"
     )
     return fitted_table(
-        "time (estimates: slurm/README.md)",
+        "time (estimates: klsweep docs slurm)",
         header,
         rows,
         width=width,

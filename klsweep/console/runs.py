@@ -3,6 +3,7 @@ the failures under it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.console.terminal import NARROW, axis_labels, cell, shown_params
@@ -213,3 +214,41 @@ def _scheduler_notes(runs: list[RunStatus], width: int | None) -> tuple[dict[str
         marks.setdefault(note, str(len(marks) + 1).translate(_SUPERSCRIPT))
     legend = ", ".join(f"{mark} {note}" for note, mark in marks.items())
     return {}, {rid: marks[note] for rid, note in said.items()}, f"scheduler: {legend}" if legend else ""
+
+
+def scores_table(paths: list[Path], title: str = "", width: int | None = None) -> Any:
+    """``klsweep eval``'s scores, as lm-eval prints its table: one row per run (or baseline), checkpoint and
+    task, the metric's value and its standard error, from each checkpoint's results.json."""
+    from klsweep import store
+    from klsweep.report.terminal import fitted_table
+
+    rows = []
+    for path in sorted(paths):
+        results = store.read_json(path)
+        checkpoint_dir = Path(path).parent
+        owner = checkpoint_dir.parents[2]  # <run>/eval/<hash>/<checkpoint>/results.json
+        name = f"{store.BASELINE_DIR} {owner.name}" if owner.parent.name == store.BASELINE_DIR else owner.name
+        stderr = results.get("stderr") or {}
+        for domain, label in (("in_domain", "in"), ("ood", "ood")):
+            for task, value in (results.get("metrics", {}).get(domain) or {}).items():
+                se = stderr.get(task)
+                rows.append(
+                    [
+                        name,
+                        results.get("checkpoint", checkpoint_dir.name),
+                        label,
+                        task,
+                        "—" if value is None else f"{value:.4f}",
+                        "—" if se is None else f"{se:.4f}",
+                    ]
+                )
+    metric = next((store.read_json(p).get("metric") for p in paths[:1]), None) or "value"
+    return fitted_table(
+        title,
+        ["run", "checkpoint", "domain", "task", metric, "stderr"],
+        rows,
+        width=width,
+        right=[metric, "stderr"],
+        whole=["run"],
+        optional=["stderr", "domain"],
+    )

@@ -10,7 +10,10 @@ import contextlib
 import gc
 import json
 import math
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +122,34 @@ def _json_line(row: dict[str, Any]) -> str:
     return json.dumps(row, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
 
+@contextlib.contextmanager
+def quiet_git_hash() -> Iterator[None]:
+    """lm-eval records the git commit of the folder it runs in (``get_git_commit_hash``: ``git describe`` with
+    git's stderr left on the terminal), so every evaluation outside a git checkout printed git's "fatal: not a
+    git repository". Its own function still runs, with git's stderr (this process's file descriptor 2, which
+    git inherits) sent to /dev/null for the while."""
+    import lm_eval.evaluator
+
+    original = lm_eval.evaluator.get_git_commit_hash
+
+    def quiet() -> Any:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            return original()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+    lm_eval.evaluator.get_git_commit_hash = quiet
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = original
+
+
 def evaluate_item(item: Item, suite: Suite) -> Path:
     """Run lm-eval on one model, write results.json and samples_<task>.jsonl; returns results.json."""
     import lm_eval
@@ -137,22 +168,23 @@ def evaluate_item(item: Item, suite: Suite) -> Path:
     try:
         for seed in range(cfg.num_samples):
             tracker = _lm_eval_tracker(item)
-            res = lm_eval.simple_evaluate(
-                model=lm,
-                model_args=f"pretrained={item.model_path}",  # what lm-eval's results file names the model by
-                tasks=list(suite.tasks.values()),
-                num_fewshot=cfg.num_fewshot,
-                limit=cfg.limit,
-                log_samples=True,
-                apply_chat_template=chat,
-                gen_kwargs=gen,
-                random_seed=seed,
-                numpy_random_seed=seed,
-                torch_random_seed=seed,
-                fewshot_random_seed=seed,
-                task_manager=suite.manager,
-                evaluation_tracker=tracker,
-            )
+            with quiet_git_hash():
+                res = lm_eval.simple_evaluate(
+                    model=lm,
+                    model_args=f"pretrained={item.model_path}",  # what lm-eval's results file names the model by
+                    tasks=list(suite.tasks.values()),
+                    num_fewshot=cfg.num_fewshot,
+                    limit=cfg.limit,
+                    log_samples=True,
+                    apply_chat_template=chat,
+                    gen_kwargs=gen,
+                    random_seed=seed,
+                    numpy_random_seed=seed,
+                    torch_random_seed=seed,
+                    fewshot_random_seed=seed,
+                    task_manager=suite.manager,
+                    evaluation_tracker=tracker,
+                )
             lm_eval_files.append(_save_lm_eval_results(tracker, res, cfg.backend))
             for task in suite.tasks:
                 result = res["results"][task]

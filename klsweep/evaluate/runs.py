@@ -42,17 +42,38 @@ def run_config(run_dir: Path) -> RunConfig:
     return load_run(run_dir)
 
 
-def _checkpoint_items(run_dir: Path, suite: Suite, checkpoints: str) -> list[Item]:
+def _chosen(run_dir: Path, checkpoints: str) -> list[Path]:
+    """The checkpoints an eval of the run scores: its last complete one with Hugging Face weights (not an FSDP
+    shard's only), or every one (``checkpoints``: last | all); none when it has none."""
     if checkpoints not in CHECKPOINT_CHOICES:
         raise UserError(Problem("checkpoints", f"{checkpoints!r}", ", ".join(CHECKPOINT_CHOICES)))
+    found = [c for c in store.checkpoints(run_dir) if store.has_weights(c)]
+    return found if checkpoints == "all" else found[-1:]
+
+
+def scored(run_dir: Path, suite: Suite, checkpoints: str) -> list[Path] | None:
+    """The results.json of every checkpoint an eval of the run would score under ``suite``'s settings, when
+    each is there already (nothing left to evaluate); None when one is missing, or when the run has no
+    checkpoint to score (its eval says why)."""
+    chosen = _chosen(Path(run_dir), checkpoints)
+    paths = [Path(run_dir) / store.EVAL_DIR / suite.hash / c.name / RESULTS_FILE for c in chosen]
+    return paths if paths and all(p.is_file() for p in paths) else None
+
+
+def baseline_results(sweep_dir: Path, model: ModelSection, suite: Suite) -> Path:
+    """Where the step-0 baseline of ``model`` has its results.json under ``suite``'s settings."""
+    base = Path(sweep_dir) / store.BASELINE_DIR / model_key(model)
+    return base / store.EVAL_DIR / suite.hash / BASELINE_CHECKPOINT / RESULTS_FILE
+
+
+def _checkpoint_items(run_dir: Path, suite: Suite, checkpoints: str) -> list[Item]:
     model = run_config(run_dir).model
-    found = [c for c in store.checkpoints(run_dir) if store.has_weights(c)]  # not an FSDP shard's only
-    if not found:
+    chosen = _chosen(run_dir, checkpoints)
+    if not chosen:
         raise EvalError(
             f"{run_dir.name}: no complete checkpoint with Hugging Face weights under "
             f"{run_dir / store.CHECKPOINTS_DIR} (sharded FSDP checkpoints have them only where the run ended)"
         )
-    chosen = found if checkpoints == "all" else found[-1:]
     hash_dir = run_dir / store.EVAL_DIR / suite.hash
     return [
         Item(
@@ -173,7 +194,7 @@ def eval_baseline(
             base / store.CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create({"model": asdict(model)}))
         )
     suite = suite or Suite(cfg)
-    out_dir = base / store.EVAL_DIR / suite.hash / BASELINE_CHECKPOINT
+    out_dir = baseline_results(sweep_dir, model, suite).parent
     if (out_dir / RESULTS_FILE).is_file():
         return out_dir / RESULTS_FILE
     item = Item(resolve_model_path(model), model, out_dir, BASELINE_CHECKPOINT, 0, suite.settings)

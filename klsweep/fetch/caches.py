@@ -92,7 +92,7 @@ def node_local_warnings(configs: Iterable[Mapping[str, Any]]) -> list[str]:
             out.append(
                 f"{name} {path} (HF_HOME {home or 'unset'}) is on node-local storage (under {root}): the jobs "
                 "on the Slurm nodes would not see what is cached here and load from the hub, or fail offline: "
-                "set HF_HOME to a shared file system (slurm/README.md)"
+                "set HF_HOME to a shared file system (klsweep docs slurm)"
             )
     return out
 
@@ -103,6 +103,12 @@ def check(items: Iterable[Need]) -> list[Found]:
     return [check_model(n) if n.kind == "model" else check_dataset(n) for n in items]
 
 
+def hub_folder(repo: str) -> str:
+    """The folder of the hub cache that holds a model repo (huggingface_hub's layout, ``repo_folder_name``:
+    ``models--<org>--<name>``), named without importing huggingface_hub's download code (a second)."""
+    return "models--" + repo.replace("/", "--")
+
+
 def check_model(need: Need) -> Found:
     if need.local:
         path = Path(need.repo).expanduser()
@@ -110,6 +116,10 @@ def check_model(need: Need) -> Found:
             return Found(need, False, str(path), state="missing", message=f"no such folder: {path}")
         problems, _ = model_problems(path, need.chat, covered=False)  # a folder of the user's own
         return _found(need, path, problems, [])
+    if not (
+        hub_cache() / hub_folder(need.repo)
+    ).is_dir():  # missing, said without importing snapshot_download
+        return Found(need, False, state="missing")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -267,6 +277,8 @@ def check_dataset(need: Need) -> Found:
     if need.local:
         path = Path(need.repo).expanduser()
         return Found(need, path.exists(), str(path), state="cached" if path.exists() else "missing")
+    if not _may_be_cached(need.repo):  # missing, said without importing datasets (a second: pandas, pyarrow)
+        return Found(need, False, state="missing")
     from datasets.naming import camelcase_to_snakecase
     from datasets.packaged_modules.cache.cache import _find_hash_in_cache
 
@@ -284,6 +296,18 @@ def check_dataset(need: Need) -> Found:
     folder = root / config / version / commit
     problems = dataset_problems(folder, need.split)
     return _found(need, folder, problems, [folder] if problems else [])
+
+
+def _may_be_cached(repo: str) -> bool:
+    """Whether the datasets cache holds a folder that may be ``repo``'s: datasets names it ``<ns>___<name>``
+    with the name in snake case (``camelcase_to_snakecase``: lower case, underscores inserted), so a folder
+    whose name, lower-cased and without underscores, is not the repo's so written is none of its."""
+
+    def bare(text: str) -> str:
+        return text.replace("_", "").replace("/", "").lower()
+
+    folder = datasets_cache()
+    return folder.is_dir() and any(bare(p.name) == bare(repo) for p in folder.iterdir())
 
 
 def dataset_problems(folder: Path, split: str | None) -> list[str]:

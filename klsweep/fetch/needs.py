@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klsweep.evaluate import include_dir, resolve_tasks
-
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # a hub id: "name" or "namespace/name" (transformers and datasets read a local folder of that name first)
@@ -93,6 +91,8 @@ def needs(configs: Iterable[Mapping[str, Any]]) -> list[Need]:
 def _eval_needs(ev: Mapping[str, Any]) -> list[Need]:
     """The datasets of a suite's lm-eval tasks: ``dataset_path``/``dataset_name``/``test_split`` of each task's
     YAML (following ``include:``); local builders (json, parquet, csv with data files) need nothing."""
+    from klsweep.evaluate import include_dir, resolve_tasks
+
     folder = include_dir(ev.get("include_path"))
     names = [*ev.get("in_domain", []), *ev.get("ood", [])]
     files = {}

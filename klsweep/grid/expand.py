@@ -28,6 +28,7 @@ class Expansion:
     matched: list[int]  # per exclude: the runs it dropped
     excluded: int  # runs dropped by any exclude
     merged: int  # runs that train the same thing as an earlier one (the same id), kept once
+    swept: list[str]  # the axes written with several values (over every product)
 
 
 def expand(
@@ -43,7 +44,7 @@ def expand(
     matched = [0] * len(excludes)
     excluded = merged = 0
     effective: dict[str, list[Any]] = {}
-    memo: dict[tuple[str, int, str, str], tuple[Any, str]] = {}  # run_id's JSON of the sections runs share
+    memo: dict[tuple, Any] = {}  # run_id's JSON of the sections runs share, and their rules
     for axes in products:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
@@ -60,18 +61,22 @@ def expand(
             if built is None:
                 continue
             config, choices = built
-            values = [choices[k] if k in choices else lookup(config, k) for k in all_axes]
             rid = run_id(config, memo)
             if rid not in runs:
                 runs[rid] = PlannedRun(rid, {}, config, sweep_dir / rid)
-                effective[rid] = values
+                effective[rid] = [choices[k] if k in choices else lookup(config, k) for k in all_axes]
             else:
                 merged += 1
             if config_mod.kl_off_hashed_at(config):
                 old = run_id(config, memo, legacy=True)
                 if old != rid and old not in runs[rid].aliases:
                     runs[rid].aliases.append(old)
-    return Expansion(runs, all_axes, effective, matched, excluded, merged)
+    written: dict[str, set[Any]] = {}
+    for axes in products:
+        for k, vs in axes.items():
+            written.setdefault(k, set()).update(hashable(v) for v in vs)
+    swept = [k for k in all_axes if len(written[k]) > 1]
+    return Expansion(runs, all_axes, effective, matched, excluded, merged, swept)
 
 
 def unmatched_excludes(

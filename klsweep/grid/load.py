@@ -125,9 +125,16 @@ def load_plan(
         raise UserError(problems, title="invalid grid")
     axes = expand.varying_axes(expansion)
     return Plan(
-        name, sweep_dir, list(expansion.runs.values()), axes, expansion.excluded, text, expansion.merged,
-        shadowed(searchpath),
-    )  # fmt: skip
+        name,
+        sweep_dir,
+        list(expansion.runs.values()),
+        axes,
+        expansion.excluded,
+        text,
+        expansion.merged,
+        shadowed=shadowed(searchpath),
+        swept=expansion.swept,
+    )
 
 
 def _limit(max_runs: int | None, problems: list[Problem]) -> int:

@@ -97,7 +97,7 @@ def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
     aliases expand to more than ``MAX_YAML_VALUES`` values (an alias bomb) is refused before it is built."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it
         def construct_mapping(self, node, deep=False):  # type: ignore[override]
             seen: set[Any] = set()
             for key_node, _ in node.value:

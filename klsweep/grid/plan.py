@@ -36,6 +36,9 @@ class Plan:
     merged: int = 0  # configurations that train the same thing as another one of the plan, merged into it
     # the shipped config-group files a user's folder replaces (``compose.shadowed``), one line each
     shadowed: list[str] = field(default_factory=list)
+    swept: list[str] = field(
+        default_factory=list
+    )  # dotted keys written with several values (axes as written)
 
     def table_order(self) -> list[PlannedRun]:
         """The runs as ``klsweep plan`` lists them (``--runs``, ``--json``): configuration by configuration
@@ -81,9 +84,7 @@ def config_first(axes: list[str]) -> list[str]:
     return [a for a in axes if a != "seed"] + [a for a in axes if a == "seed"]
 
 
-def run_id(
-    config: dict, memo: dict[tuple[str, int, str, str], tuple[Any, str]] | None = None, legacy: bool = False
-) -> str:
+def run_id(config: dict, memo: dict[tuple, Any] | None = None, legacy: bool = False) -> str:
     """First 10 hex chars of sha256 over the canonical JSON of ``config`` without ``config.COSMETIC_KEYS``,
     without the keys of ``config.id_omitted_at(config)`` that hold that value (``train.trl: {}``: a run that
     passes nothing to TRL keeps the id it had before the key existed; ``kl.reward_logp`` on-policy), and with
@@ -96,46 +97,92 @@ def run_id(
     the whole."""
     parts = []
     omitted = config_mod.id_omitted_at(config)
-    hashed = {**config_mod.ID_HASHED_AT, **({} if legacy else config_mod.kl_off_hashed_at(config))}
+    kl_off = _NOTHING if legacy else config_mod.kl_off_hashed_at(config)
+    rules, hashed = _rules(omitted, kl_off, memo)
     for key in sorted(config):
         if key in config_mod.COSMETIC_KEYS:
             continue
         value = config[key]
-        # what is omitted from a section may depend on the others (kl.reward_logp on offpolicy.lag)
-        memo_key = (
-            key,
-            id(value),
-            repr(sorted((k, v) for k, v in omitted.items() if k.startswith(key + "."))),
-            repr(sorted((k, v) for k, v in hashed.items() if k.startswith(key + "."))),
-        )
+        # what is omitted from a section may depend on the others (kl.reward_logp on offpolicy.lag); a section
+        # object shared by runs is known by its identity, a flat one of scalars (kl, offpolicy: a copy in every
+        # run that sets one of its keys) by its content, types included (1 and 1.0 are written apart)
+        memo_key: tuple = (key, id(value), rules)
         hit = memo.get(memo_key) if memo is not None else None
+        if (hit is None or hit[0] is not value) and isinstance(value, dict):
+            values = tuple(value.values())
+            content = (key, rules, tuple(value), values, tuple(map(type, values)))
+            try:
+                hit = memo.get(content) if memo is not None else None
+                memo_key = content
+            except TypeError:  # a value that cannot be hashed: by identity
+                pass
+            else:
+                if hit is not None:  # the same content: the same text
+                    hit = (value, hit[1])
         if hit is not None and hit[0] is value:
             text = hit[1]
         else:
-            text = _canonical(_without_cosmetic(key, value, omitted, hashed))
+            inner = _section_rules(key, rules, omitted, hashed, memo)
+            text = _canonical(_without_cosmetic(value, inner))
             if memo is not None and isinstance(value, dict | list):
                 memo[memo_key] = (value, text)
-        parts.append(f"{json.dumps(key)}:{text}")
+        name = _KEYS.get(key) or _KEYS.setdefault(key, json.dumps(key))
+        parts.append(f"{name}:{text}")
     return hashlib.sha256(("{" + ",".join(parts) + "}").encode()).hexdigest()[:10]
+
+
+_ABSENT = object()
+_KEYS: dict[str, str] = {}  # a section's name as JSON
+_NOTHING: dict[str, Any] = {}
+
+
+def _rules(omitted: dict[str, Any], kl_off: dict[str, Any], memo: dict | None) -> tuple[str, dict[str, Any]]:
+    """A run's rules in words (what is omitted, what hashed at a value: how they differ from the rules every
+    run has), and the keys hashed at a value. Most runs of a plan share them (``config.id_omitted_at`` and
+    ``kl_off_hashed_at`` return shared mappings), so each section's part is found once (``_section_rules``)."""
+    memo_key = ("rules", id(omitted), id(kl_off))
+    hit = memo.get(memo_key) if memo is not None else None
+    if hit is not None and hit[0] is omitted and hit[1] is kl_off:
+        return hit[2], hit[3]
+    hashed = {**config_mod.ID_HASHED_AT, **kl_off}
+    rules = repr(
+        (
+            [(k, v) for k, v in omitted.items() if config_mod.ID_OMITTED_AT.get(k, _ABSENT) != v],
+            [(k, v) for k, v in hashed.items() if config_mod.ID_HASHED_AT.get(k, _ABSENT) != v],
+        )
+    )
+    if memo is not None:  # the memo holds both mappings: their ids name no other while it lives
+        memo[memo_key] = (omitted, kl_off, rules, hashed)
+    return rules, hashed
+
+
+def _section_rules(
+    prefix: str, rules: str, omitted: dict[str, Any], hashed: dict[str, Any], memo: dict | None
+) -> list[tuple[str, Any, str]]:
+    """The keys inside section ``prefix`` that the id leaves out or hashes at a value: (key below the section,
+    value, "omit" | "hash-at" | "omit-at"), cosmetic ones first, then ``hashed`` (a key both hashed at and
+    omitted at its default, kl.importance_cap, is then omitted), then ``omitted``."""
+    memo_key = ("rules", prefix, rules)
+    if memo is not None and memo_key in memo:
+        return memo[memo_key]
+    start = prefix + "."
+    inner = [(k[len(start) :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(start)]
+    inner += [(k[len(start) :], v, "hash-at") for k, v in hashed.items() if k.startswith(start)]
+    inner += [(k[len(start) :], v, "omit-at") for k, v in omitted.items() if k.startswith(start)]
+    if memo is not None:
+        memo[memo_key] = inner
+    return inner
 
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _without_cosmetic(prefix: str, value: Any, omitted: dict[str, Any], hashed: dict[str, Any]) -> Any:
-    """The section ``prefix`` without its cosmetic keys (``model.name``, ``model.resources``) and its keys of
-    ``omitted`` that hold that value (after ``hashed``), its keys of ``hashed`` at that value, copied on the way down: the
+def _without_cosmetic(value: Any, inner: list[tuple[str, Any, str]]) -> Any:
+    """A section without its cosmetic keys (``model.name``, ``model.resources``) and its keys omitted at a value
+    that hold it, its keys hashed at a value at that value (``_section_rules``), copied on the way down: the
     caller's dict is never touched."""
-    if not isinstance(value, dict):
-        return value
-    inner = [
-        (k[len(prefix) + 1 :], None, "omit") for k in config_mod.COSMETIC_KEYS if k.startswith(prefix + ".")
-    ]
-    # hashed first: a key both hashed at and omitted at its default (kl.importance_cap) is then omitted
-    inner += [(k[len(prefix) + 1 :], v, "hash-at") for k, v in hashed.items() if k.startswith(prefix + ".")]
-    inner += [(k[len(prefix) + 1 :], v, "omit-at") for k, v in omitted.items() if k.startswith(prefix + ".")]
-    if not inner:
+    if not isinstance(value, dict) or not inner:
         return value
     kept = dict(value)
     for key, at, how in inner:

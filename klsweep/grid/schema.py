@@ -4,9 +4,10 @@ groups (folders of ``klsweep/conf``); the check of one key, with a did-you-mean 
 from __future__ import annotations
 
 import difflib
+import types
 from collections.abc import Iterable, Iterator
 from dataclasses import Field, fields, is_dataclass
-from typing import Any, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from klsweep import config as config_mod
 from klsweep.errors import Problem
@@ -18,11 +19,18 @@ class Schema:
     """RunConfig's key vocabulary, and a typed scratch RunConfig that converts a raw value to its key's type."""
 
     def __init__(self) -> None:
-        from omegaconf import OmegaConf
-
         self.leaves, self.sections = _schema_leaves()
         self.dict_leaves = {k for k, t in self.leaves.items() if str(t).startswith("dict")}
-        self.scratch = OmegaConf.structured(config_mod.RunConfig)
+        self._scratch: Any = None
+
+    @property
+    def scratch(self) -> Any:
+        """RunConfig as an OmegaConf structured config, built on first use (a tenth of a second)."""
+        if self._scratch is None:
+            from omegaconf import OmegaConf
+
+            self._scratch = OmegaConf.structured(config_mod.RunConfig)
+        return self._scratch
 
     def valid_keys(self) -> list[str]:
         return [*GROUPS, *self.leaves]
@@ -53,7 +61,11 @@ class Schema:
 
     def convert(self, key: str, raw: Any) -> Any:
         """``raw`` as the value of ``key`` in a RunConfig (OmegaConf's typed conversion). Raises OmegaConf's
-        errors (or ValueError) for a value the key's type does not take."""
+        errors (or ValueError) for a value the key's type does not take. A value already of the key's scalar
+        type is what OmegaConf would make of it (an int of a float key: that float), without OmegaConf."""
+        same = _as_scalar(self.leaves.get(key), raw)
+        if same is not _OTHER:
+            return same
         from omegaconf import OmegaConf
 
         OmegaConf.update(self.scratch, key, raw, merge=False, force_add=key not in self.leaves)
@@ -65,6 +77,28 @@ class Schema:
     def type_name(self, key: str) -> str:
         t = self.leaves.get(key)
         return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+_OTHER = object()
+
+
+def _as_scalar(tp: Any, raw: Any) -> Any:
+    """``raw`` as a value of the scalar annotation ``tp`` (``int``, ``float | None``, ...) when it already is one
+    (an int for a float: the float), else ``_OTHER``: OmegaConf converts it (or refuses it). A string that
+    OmegaConf reads as an interpolation (``${...}``) or as missing (``???``) is left to it."""
+    args = set(get_args(tp)) if get_origin(tp) in (Union, types.UnionType) else {tp}
+    if raw is None:
+        return None if type(None) in args else _OTHER
+    kind = type(raw)
+    if kind is bool:
+        return raw if bool in args else _OTHER
+    if kind is int and int in args:
+        return raw
+    if kind in (int, float) and float in args:
+        return float(raw)
+    if kind is str and str in args and "${" not in raw and raw != "???":
+        return raw
+    return _OTHER
 
 
 def walk_fields(cls: type = config_mod.RunConfig, prefix: str = "") -> Iterator[tuple[str, Any, Field]]:

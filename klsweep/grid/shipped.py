@@ -28,14 +28,15 @@ def shipped() -> list[ShippedGrid]:
 
 def _summary(path: Path) -> str:
     """The first sentence (to ". " or ": ") of the opening comment's description, after its command lines (how
-    to run, preview, override)."""
+    to run, preview, override, copy, and any other ``label: klsweep ...``)."""
     words: list[str] = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
         text = line.lstrip("#").strip()
-        if text.split(":")[0] in ("how to run", "preview", "override", "copy"):
-            continue
+        label, _, rest = text.partition(":")
+        if label in ("how to run", "preview", "override", "copy") or rest.strip().startswith("klsweep "):
+            continue  # a command line (how to run, preview, audit: klsweep audit ...)
         if not text:
             if words:
                 break

@@ -249,7 +249,7 @@ class Values:
         reported: set[tuple[str, str]] = set()
         for config in configs:
             kl = config["kl"]
-            key = tuple(sorted(kl.items()))
+            key = tuple(kl.items())  # in the composed config's order (another order: validated again)
             if key in seen:
                 continue
             seen.add(key)

@@ -95,7 +95,7 @@ from klsweep.planner.shape import (
     context_length,
     processes,
 )
-from klsweep.planner.summary import STORAGE_WARN_GB, learning_rates, summary, warnings
+from klsweep.planner.summary import STORAGE_WARN_GB, inert_axes, learning_rates, summary, warnings
 
 __all__ = [
     "Arch",
@@ -130,6 +130,7 @@ __all__ = [
     "run_label",
     "runs_text",
     "STORAGE_WARN_GB",
+    "inert_axes",
     "learning_rates",
     "summary",
     "warnings",

@@ -139,7 +139,7 @@ def _host_too_big(est: Estimate) -> str:
 
 def _host_fix(est: Estimate) -> str:
     return (
-        f"mem_gb >= {math.ceil(est.host_gb)} where the nodes have it (slurm/README.md, host memory), or fewer "
+        f"mem_gb >= {math.ceil(est.host_gb)} where the nodes have it (klsweep docs slurm: host memory), or fewer "
         "processes per node"
     )
 
@@ -187,6 +187,7 @@ def check(plan: Plan) -> dict[str, Estimate]:
     estimates: dict[str, Estimate] = {}
     grouped: dict[tuple[str, str, str], list[str]] = {}
     seen: dict[str, tuple[Estimate | None, list[tuple[str, str, str]]]] = {}
+    reprs: dict[tuple, str] = {}
     for run in plan.runs:
         c = run.config
         ev = c.get("eval", {})
@@ -199,7 +200,11 @@ def check(plan: Plan) -> dict[str, Estimate]:
             c.get("task", {}).get("name"),
             cost.uses_behaviour_forward(c),
         )
-        key = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
+        # the sections are shared by the runs that do not change them (grid.compose): their repr once each
+        same = (id(c["model"]), id(c["train"]), repr(c.get("offpolicy")), id(ev), *timing[1:])
+        key = reprs.get(same)
+        if key is None:
+            key = reprs[same] = repr((c["model"], c["train"], c.get("offpolicy"), *timing))
         if key not in seen:  # runs differing only in KL settings or seed have the same needs
             seen[key] = run_problems(c)
         est, found = seen[key]

@@ -3,8 +3,10 @@ the warnings (``warnings``)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
+from klsweep import config as config_mod
 from klsweep import cost, engines
 from klsweep.planner.check import check, run_label
 from klsweep.planner.needs import AT_RISK, SIGNAL_MARGIN_S, Estimate, gpu_hours
@@ -52,7 +54,9 @@ def summary(plan: Plan) -> dict[str, Any]:
     store.refuse_rehearsal(plan.sweep_dir)  # its runs are not done, whatever they say: `run` refuses it
     # as `klsweep run` decides (submit.sweep): trained runs are skipped, failed and cancelled ones too unless
     # --retry-failed
-    states = {r.id: _state(r.run_dir) for r in plan.runs}
+    # only the runs whose folder exists have a status (one listing, not one open() per run of a large plan)
+    present = set(os.listdir(plan.sweep_dir)) if os.path.isdir(plan.sweep_dir) else set()
+    states = {r.id: _state(r.run_dir) if r.run_dir.name in present else "pending" for r in plan.runs}
     todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
     for run in plan.runs:
@@ -159,12 +163,13 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
     """What the plan should say before anything is submitted, runs of one model together: a
     ``gpu_memory_gb`` larger than the GPU of ``model.resources.gpu`` has, training longer than its time limit
     (requeues needed; more than ``cluster.max_requeues`` allow), memory within ``AT_RISK`` of the GPU,
-    checkpoints past ``STORAGE_WARN_GB``, and an engine the jobs cannot import (``engines.missing``)."""
+    checkpoints past ``STORAGE_WARN_GB``, an engine the jobs cannot import (``engines.missing``), and first each
+    axis that changes nothing (``inert_axes``)."""
     slow: dict[str, list[Estimate]] = {}
     tight: dict[str, list[Estimate]] = {}
     short: dict[str, list[Estimate]] = {}  # a cluster.signal_delay_s shorter than the derived delay
     oversold: set[str] = set()  # models whose gpu_memory_gb is more than their GPU has
-    out: list[str] = []
+    out: list[str] = inert_axes(plan)
     for run in plan.runs:
         e = estimates.get(run.id)
         if e is None:
@@ -210,7 +215,7 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
         worst = max(ests, key=lambda e: e.peak_gb)
         out.append(
             f"{len(ests)} runs ({model}) need ~{worst.peak_gb:.1f} of {worst.gpu_memory_gb:g} GiB per GPU: "
-            f"within {AT_RISK:.0%} of the GPU, at risk (slurm/README.md); a smaller train.micro_batch_size "
+            f"within {AT_RISK:.0%} of the GPU, at risk (klsweep docs slurm); a smaller train.micro_batch_size "
             "leaves room"
         )
     storage = sum(e.storage_gb for e in estimates.values())
@@ -221,4 +226,42 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
         )
     # an engine the jobs' environment cannot import: klsweep run and klsweep eval refuse it (klsweep.engines)
     out += [f"{p.where}: {p.what} ({p.allowed})" for p in engines.missing(r.config for r in plan.runs)]
+    return out
+
+
+def inert_axes(plan: Plan) -> list[str]:
+    """A warning for each axis the grid sweeps (several values written) that changes nothing in any run: a
+    setting of every run makes it inert (``config.inert``: "kl.estimator, kl.placement vary but kl.beta is 0 in
+    every run: they change nothing; set kl.beta"), or the run id leaves it out (``config.ID_HASHED_AT``,
+    ``config.COSMETIC_KEYS``), so that its values are one run. Said by ``klsweep plan`` and ``klsweep run``."""
+    found: dict[tuple[str, ...], list[str]] = {}  # (why, ..., what to set) -> the axes
+    unseen: list[str] = []
+    for key in plan.swept:
+        reasons: list[tuple[str, str]] = []
+        for run in plan.runs:
+            reason = config_mod.inert(run.config, key)
+            if reason is None:
+                break
+            if reason not in reasons:
+                reasons.append(reason)
+        else:
+            whys = list(dict.fromkeys(w for w, _ in reasons))
+            fixes = list(dict.fromkeys(f for _, f in reasons))
+            found.setdefault((*whys, "; ".join(fixes)), []).append(key)
+            continue
+        if key not in plan.axes and (key in config_mod.ID_HASHED_AT or config_mod.is_cosmetic(key)):
+            unseen.append(key)
+    out = []
+    for (*whys, fix), keys in found.items():
+        they = "it changes" if len(keys) == 1 else "they change"
+        vary = "varies" if len(keys) == 1 else "vary"
+        if len(whys) == 1:
+            out.append(f"{', '.join(keys)} {vary} but {whys[0]} in every run: {they} nothing; {fix}")
+        else:
+            out.append(f"{', '.join(keys)} {vary} but change nothing in any run ({'; '.join(whys)}): {fix}")
+    for key in unseen:
+        out.append(
+            f"{key} varies but the run id leaves it out (how or where a run is computed, not what it trains): "
+            "its values make one run of each configuration, with the first value; one grid (with its own name) per value"
+        )
     return out

@@ -11,12 +11,30 @@ Public API: ``build_report``, ``DEFAULT_FORMATS``, ``Report``, ``rich_tables``, 
 and ``split_changes`` (this sweep's claims against a committed ``claims.csv``, its fragile verdicts apart), and the stability rule: ``smooth``, ``collapse_step``.
 """
 
-from klsweep.report.build import build_report
-from klsweep.report.claims import read_expected, read_verdicts, split_changes, verdict_changes
-from klsweep.report.render import DEFAULT_FORMATS
-from klsweep.report.stability import collapse_step, smooth
-from klsweep.report.tables import Report
-from klsweep.report.terminal import rich_tables
+import importlib
+from typing import Any
+
+# name -> its module: loaded on first use, so that a caller of one stage (``klsweep.report.terminal``'s
+# ``fitted_table``, for the plan's tables) does not import every other (build, claims, figures' callers)
+_LAZY = {
+    "DEFAULT_FORMATS": "render",
+    "build_report": "build",
+    "read_expected": "claims",
+    "read_verdicts": "claims",
+    "split_changes": "claims",
+    "verdict_changes": "claims",
+    "collapse_step": "stability",
+    "smooth": "stability",
+    "Report": "tables",
+    "rich_tables": "terminal",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "DEFAULT_FORMATS",

@@ -279,7 +279,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             group="model",
             optional=["peak KL k3", "peak reward"],
             caption="mean±95% CI half-width over seeds; diverged: of the runs, collapsed: of those with metrics (steps and "
-            f"reasons: the report's files). Collapse rule (docs/COLLAPSE.md): {report.collapse_rule.rstrip('.')}. "
+            f"reasons: the report's files). Collapse rule (klsweep docs collapse): {report.collapse_rule.rstrip('.')}. "
             + OUTCOME_WORDS,
         )
     )

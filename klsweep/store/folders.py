@@ -63,7 +63,7 @@ def resolve_sweep(
                 refuse_rehearsal(candidate)
             return candidate
     root = Path(results_root)
-    known = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    known = sweep_names(root)
     if p.is_file() and p.suffix in (".yaml", ".yml"):
         name = _grid_name(p)
         use = f"the sweep name {name}" if name else "its sweep's name (its name: key)"
@@ -80,6 +80,17 @@ def resolve_sweep(
             ", ".join(known) if known else "a sweep folder made by `klsweep run GRID` (its name: key)",
         ),
         title="no such sweep",
+    )
+
+
+def sweep_names(root: str | os.PathLike) -> list[str]:
+    """The sweep folders under a results root, by name: neither hidden (``.rehearsal``, where `klsweep rehearse`
+    writes) nor a rehearsal's."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and not rehearsals_in(d)
     )
 
 

@@ -9,6 +9,7 @@ jobs, like the evals chained to training by ``klsweep.submit.submit``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 from collections.abc import Sequence
@@ -36,6 +37,14 @@ class EvalSubmission(evaluate.EvalOutcome):
     jobs: list[str] = field(default_factory=list)  # scheduler job ids (local/slurm)
     logs: dict[str, str] = field(default_factory=dict)  # a failed run's folder -> its eval job's log (wait)
     eval: str = ""  # which eval, in words (``evaluate.eval_label``): suite, problems per task, eval hash
+    # the results.json of the runs and baselines scored already under these settings: not evaluated again
+    scored: list[Path] = field(default_factory=list)
+    todo: str = ""  # what is evaluated, in words: "2 runs and the step-0 baseline of tiny"
+
+    @property
+    def nothing_left(self) -> bool:
+        """Every run and baseline of the request was scored already: no job, no evaluation."""
+        return bool(self.scored) and not self.jobs and not self.results and not self.errors
 
 
 def check_target(target: Path) -> None:
@@ -74,15 +83,45 @@ def submit_eval(
     engines.require(  # the jobs run in this environment
         {"model": asdict(evaluate.run_config(r).model), "eval": request.eval_cfg} for r in request.runs
     )
-    if cluster == "debug":
+    todo, already = _left_to_do(request)
+    what = [f"{len(todo.runs)} run{'s' if len(todo.runs) != 1 else ''}"] if todo.runs else []
+    what += [f"the step-0 baseline of {m.name}" for _, m in todo.baselines]
+    if not todo.runs and not todo.baselines:
+        out = EvalSubmission(skipped=request.skipped, scored=already)
+    elif cluster == "debug":
         done = evaluate.eval_batch(
-            [str(r) for r in request.runs], request.eval_cfg, request.checkpoints, request.baselines
+            [str(r) for r in todo.runs], todo.eval_cfg, todo.checkpoints, todo.baselines
         )
-        out = EvalSubmission(results=done.results, errors=done.errors, skipped=request.skipped)
+        out = EvalSubmission(
+            results=done.results, errors=done.errors, skipped=request.skipped, scored=already
+        )
     else:
-        out = _submit(request, cluster, wait, jobs)
+        out = _submit(todo, cluster, wait, jobs, resources_of=request.runs[0])
+        out.scored = already
     out.eval = request.label
+    out.todo = " and ".join(what)
     return out
+
+
+def _left_to_do(request: EvalRequest) -> tuple[EvalRequest, list[Path]]:
+    """The request less the runs and baselines scored already under its settings (``evaluate.scored``: every
+    checkpoint it would score has its results.json), and their results.json."""
+    suite = evaluate.Suite(evaluate.as_eval_section(request.eval_cfg))
+    runs, already = [], []
+    for run in request.runs:
+        found = evaluate.scored(run, suite, request.checkpoints)
+        if found is None:
+            runs.append(run)
+        else:
+            already += found
+    baselines = []
+    for sweep_dir, model in request.baselines:
+        path = evaluate.baseline_results(Path(sweep_dir), model, suite)
+        if path.is_file():
+            already.append(path)
+        else:
+            baselines.append((sweep_dir, model))
+    return dataclasses.replace(request, runs=runs, baselines=baselines), already
 
 
 @dataclass
@@ -211,21 +250,28 @@ def _check_inside(target: Path, request: EvalRequest) -> None:
         raise UserError(problems, title="a folder outside the results folder")
 
 
-def _submit(request: EvalRequest, cluster: str, wait: bool, n_jobs: int | None = None) -> EvalSubmission:
-    """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl."""
+def _submit(
+    request: EvalRequest,
+    cluster: str,
+    wait: bool,
+    n_jobs: int | None = None,
+    resources_of: Path | None = None,
+) -> EvalSubmission:
+    """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl. ``resources_of``: the
+    run whose resources and cluster settings the jobs take (default: the request's first run)."""
     import submitit
     from filelock import FileLock
 
     runs, baselines = request.runs, request.baselines
     cfg, checkpoints = request.eval_cfg, request.checkpoints
-    if not runs:  # the baselines are those of the runs' models: none without runs
+    if not runs and not baselines:
         return EvalSubmission(skipped=request.skipped)
     sweep_dir = Path(baselines[0][0]) if baselines else runs[0].parent
     down = controller_problem() if cluster == "slurm" else None
     if down is not None:
         raise SubmissionRefused(down, len(runs) + len(baselines), [])
     folder = submission_folder(sweep_dir)
-    config = evaluate.run_config(runs[0])
+    config = evaluate.run_config(resources_of or runs[0])
     res, cl = asdict(config.model.resources), asdict(config.cluster)
     calls: list[tuple[list[str], tuple[Any, ...]]] = []  # (run ids in jobs.jsonl, job arguments)
     # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)

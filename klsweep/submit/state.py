@@ -353,23 +353,28 @@ PROGRESS_ORDER = ("running", "pending", "done", "diverged", "failed", "cancelled
 
 def progress(runs: list[RunStatus]) -> tuple[dict[str, int], float | None]:
     """The runs per state (running first, then pending, then the final states) and an estimate of the seconds
-    until every run is final: the steps left (running and pending runs) over the steps a second the running
-    runs make together; None until a running run has trained a step. A rough figure: it takes the pending runs
-    to start as soon as a slot frees, and every step to take as long as the running runs' so far."""
+    until every run is final: the steps left (running and pending runs) times the time a step has taken, over
+    the runs training side by side. A step's time is every trained step's so far, whatever the run's state now
+    (the seconds the runs spent over the steps they trained: their start-up spread over their steps), so a run
+    that just started, or finished, moves it little; side by side are the runs running now, those just starting
+    (step 0) and those whose job the scheduler runs while their status still says pending. None until a run
+    has trained a step. A rough figure: it takes the pending runs to start as soon as a slot frees."""
     counts = {
         s: n
         for s in (*PROGRESS_ORDER, *sorted({r.state for r in runs}))
         if (n := sum(r.state == s for r in runs))
     }
-    going = [r for r in runs if r.state == "running" and r.step > 0 and r.elapsed_s > 0]
-    if not going:
+    trained = [r for r in runs if r.step > 0 and r.elapsed_s > 0]
+    steps = sum(r.step for r in trained)
+    busy = sum(r.state == "running" or (r.state == "pending" and r.job_state == "RUNNING") for r in runs)
+    if not steps or not busy:
         return counts, None
-    rate = sum(r.step / r.elapsed_s for r in going)
+    step_s = sum(r.elapsed_s for r in trained) / steps
     # a pending run has not said its steps yet (its status is the submission's): as many as the runs that did
     known = [r.total_steps for r in runs if r.total_steps]
     typical = sum(known) / len(known) if known else 0.0
     left = sum(max(0, (r.total_steps or typical) - r.step) for r in runs if r.state in ("running", "pending"))
-    return counts, left / rate
+    return counts, left * step_s / busy
 
 
 def poll_delay(idle_s: float, first_s: float = 2.0, max_s: float = POLL_MAX_S) -> float:

@@ -1,6 +1,7 @@
 """The grids klsweep ships (sweeps/, inside the package as klsweep/sweeps): a bare name that is no file plans
 the shipped grid from anywhere, `klsweep grids` lists them and `klsweep grids cp` copies one; the wheel
-carries them (planned from outside the repository with nothing but the unpacked wheel)."""
+carries them (planned from outside the repository with nothing but the unpacked wheel), with the documentation,
+the lock and GRPOConfig's fields, and its package page opens with the pip install."""
 
 from __future__ import annotations
 
@@ -67,9 +68,12 @@ def test_grids_lists_and_copies(tmp_path, monkeypatch, capsys):
 def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_path):
     src = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside its sources
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "requirements.lock"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "sweeps", src / "sweeps")
+    (src / "slurm").mkdir()
+    shutil.copy(REPO / "slurm" / "README.md", src / "slurm" / "README.md")
+    for folder in ("sweeps", "docs"):
+        shutil.copytree(REPO / folder, src / folder)
     shutil.copytree(
         REPO / "klsweep", src / "klsweep", symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
     )
@@ -83,6 +87,20 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {Path(n).name for n in names if n.startswith("klsweep/sweeps/")}
     assert shipped == {p.name for p in (REPO / "sweeps").glob("*.yaml")}
+    # the documentation (klsweep docs), the lock pip users pin with -c, GRPOConfig's fields (plan without TRL)
+    docs = {Path(n).name for n in names if n.startswith("klsweep/docs/")}
+    assert docs == {p.name for p in (REPO / "docs").glob("*.md")} | {"SLURM.md", "README.md"}
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("klsweep/requirements.lock") == (REPO / "requirements.lock").read_bytes()
+        assert z.read("klsweep/docs/SLURM.md") == (REPO / "slurm" / "README.md").read_bytes()
+        assert z.read("klsweep/trl_fields.json") == (REPO / "klsweep" / "trl_fields.json").read_bytes()
+        meta = z.read("klsweep-0.1.0.dist-info/METADATA").decode()
+    # the package page opens with what a wheel user runs: pip, then klsweep's commands; not ./dev.sh
+    description = meta.split("\n\n", 1)[1]
+    opening = description.split("## The first commands")[0]
+    assert description.startswith("# Installing klsweep with pip") and "./dev.sh" not in opening
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in opening
+    assert "-c requirements.lock" in opening and "klsweep plan tiny" in description
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     elsewhere = tmp_path / "elsewhere"
@@ -141,3 +159,12 @@ def test_grids_cp_copies_only_a_shipped_name(tmp_path, monkeypatch, capsys, name
     text = " ".join(err.split())
     assert "starter" in text and "tiny" in text and "Traceback" not in err  # the names allowed
     assert not (work / "o.yaml").exists()
+
+
+def test_each_shipped_grid_is_described_by_its_description_not_a_command_line():
+    """`klsweep grids` described presets as "audit" (its `# audit: klsweep audit ...` line)."""
+    from klsweep.grid.shipped import shipped
+
+    said = {g.name: g.summary for g in shipped()}
+    assert said["presets"].startswith("Each framework's KL configuration"), said["presets"]
+    assert all(len(s.split()) >= 3 and "klsweep " not in s for s in said.values()), said

@@ -24,7 +24,8 @@ HEAVY = ("torch", "trl", "transformers", "lm_eval", "vllm", "matplotlib", "panda
 
 
 def _modules_after(args: list[str], env: dict[str, str] | None = None) -> tuple[int, set[str], str]:
-    """Run `klsweep ARGS` in a fresh interpreter; (exit code, the heavy modules it imported, stderr)."""
+    """Run `klsweep ARGS` in a fresh interpreter; (exit code, the heavy modules it imported, its output:
+    stdout then stderr)."""
     code = (
         "import sys, atexit, json\n"
         f"atexit.register(lambda: print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr))\n"
@@ -34,7 +35,7 @@ def _modules_after(args: list[str], env: dict[str, str] | None = None) -> tuple[
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **(env or {})}
     )
-    return done.returncode, set(json.loads(done.stderr.strip().splitlines()[-1])), done.stderr
+    return done.returncode, set(json.loads(done.stderr.strip().splitlines()[-1])), done.stdout + done.stderr
 
 
 def test_plan_of_the_paper_sweep_imports_neither_trl_nor_transformers_nor_torch(tmp_path):
@@ -46,9 +47,11 @@ def test_plan_of_the_paper_sweep_imports_neither_trl_nor_transformers_nor_torch(
             [*args, "--out", str(tmp_path)] if args[0] == "plan" else args, online
         )
         assert code == 0 and heavy == set(), (args, heavy, err[-2000:])
-    # offline, with nothing cached: every model and dataset said missing without importing datasets either
+    # offline, with nothing cached: the plan, then every model and dataset said missing (what run would
+    # refuse), without importing datasets either
     empty = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     code, heavy, err = _modules_after(["plan", "paper", "--out", str(tmp_path)], empty)
+    assert code == 0 and "run would refuse" in err, err[-2000:]
     assert "train data DigitalLearningGmbH/MATH-lighteval train: not in the cache" in " ".join(err.split())
     assert heavy == set(), heavy
 
@@ -224,14 +227,15 @@ def test_the_cache_folders_plan_looks_for_are_the_libraries(tmp_path, monkeypatc
     from huggingface_hub.file_download import repo_folder_name
 
     from klsweep import fetch
+    from klsweep.fetch import caches
 
     for repo in ("Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-4B-Instruct-2507"):
         assert fetch.hub_folder(repo) == repo_folder_name(repo_id=repo, repo_type="model")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
     repos = ("DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "cais/mmlu")
     for repo in repos:
-        assert not fetch._may_be_cached(repo)
+        assert not caches._may_be_cached(repo)
         *ns, name = repo.split("/")
         (tmp_path / "___".join([*ns, camelcase_to_snakecase(name)])).mkdir()  # datasets' folder of the repo
-        assert fetch._may_be_cached(repo)
-    assert not fetch._may_be_cached("cais/mmlu-pro")
+        assert caches._may_be_cached(repo)
+    assert not caches._may_be_cached("cais/mmlu-pro")

@@ -20,6 +20,7 @@ base:
   model: tiny
   cluster: debug
   train.steps: 2
+  train.max_prompt_length: 128  # with use_vllm, vLLM's context within the tiny model's 256 (plan refuses more)
   wandb.mode: disabled
 grid:
   seed: 0,1
@@ -52,7 +53,10 @@ def test_run_refuses_a_missing_engine_and_plan_warns(
     grid = tmp_path / "g.yaml"
     grid.write_text(GRID)
     out = tmp_path / "results"
-    for extra in (["train.use_vllm=true"], ["eval=paper"]):
+    for extra in (
+        ["train.use_vllm=true"],
+        ["eval=paper", "eval.max_model_len=null"],
+    ):  # within the tiny model
         code, stdout, err = cli(["run", grid, *extra, "--out", out], monkeypatch, capsys)
         text = " ".join((stdout + err).split())
         assert code == 2, text

@@ -215,11 +215,12 @@ def test_eval_uses_the_grids_settings_and_takes_overrides(
     sweep = tmp_path / "sweep"
     run = make_run(sweep, "run-a", random_model, eval_cfg=asdict(grids))
     settings = ev.eval_settings(grids)
-    for suite in (None, "tiny"):
+    for suite in (None, "tiny"):  # the second: the same settings, scored already, nothing evaluated again
         out = submit_eval(sweep, suite=suite, cluster="debug")
         assert out.errors == {}
         h = ev.eval_hash(settings)
-        assert run / "eval" / h / "checkpoint-10" / "results.json" in out.results
+        found = run / "eval" / h / "checkpoint-10" / "results.json"
+        assert found in out.results if suite is None else (found in out.scored and out.nothing_left)
         assert out.eval == f"suite tiny, 3 problems per task, eval {h}"
     res = store.read_json(run / "eval" / h / "checkpoint-10" / "results.json")
     assert set(res["num_problems"].values()) == {3}
@@ -243,7 +244,8 @@ def test_cli_eval_one_run(tmp_path: Path, random_model: Path, monkeypatch: pytes
     monkeypatch.setattr(ev, "load_suite", lambda name, config_dirs=(): replace(base, limit=4))
     result = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "debug"])
     assert result.exit_code == 0, result.output
-    assert "results.json" in result.output
+    scores = " ".join(result.output.split())  # the scores table, as lm-eval prints one
+    assert "run-a checkpoint-10" in scores and "tiny_add" in scores and "tiny_sub" in scores, result.output
     bad = CliRunner().invoke(app, ["eval", str(run), "--suite", "tiny", "--cluster", "moon"])
     assert bad.exit_code != 0 and isinstance(bad.exception, UserError)
 

@@ -399,6 +399,7 @@ def test_run_wait_exits_1_when_a_run_failed(tmp_path: Path, monkeypatch: pytest.
 
     from klsweep.cli import app
 
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # offline, run refuses the missing model up front
     grid = tmp_path / "g.yaml"
     grid.write_text(
         "name: exitcode\nbase:\n  model: tiny\n  task: tiny\n  cluster: local\n  train.steps: 1\n"

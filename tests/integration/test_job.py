@@ -319,6 +319,16 @@ def test_learning_rate_schedule_and_warmup(tmp_path, model_dir):
     assert rates(**{"train.lr_scheduler_type": "constant"}) == pytest.approx([1e-3] * 4)
     warm = rates(**{"train.lr_scheduler_type": "constant_with_warmup", "train.warmup_ratio": 0.5})
     assert warm == pytest.approx([0.0, 5e-4, 1e-3, 1e-3])
+    # a warm-up that transformers' constant schedule would ignore (it trained at 1e-3 from step 1, issue 41):
+    # refused, with the schedule that has one, before anything is trained
+    from klsweep.errors import UserError
+
+    run = tmp_path / "ignored"
+    write_config(run, model_dir, **{"train.lr_scheduler_type": "constant", "train.warmup_steps": 2})
+    with pytest.raises(UserError) as e:
+        trainer_factory.build_trainer(config_mod.load_run(run), run)
+    (problem,) = e.value.problems
+    assert problem.where == "train.warmup_steps" and "constant_with_warmup" in problem.allowed
 
 
 def test_a_base_model_trains_on_plain_text_prompts(tmp_path, model_dir):

@@ -96,3 +96,31 @@ def test_schedule_text_shows_the_warm_up():
     )
     assert text(lr_scheduler_type="linear", warmup_ratio=0.125) == "1e-04 linear (warm-up 12.5% of the steps)"
     assert text(lr_scheduler_type="linear", warmup_steps=0) == "1e-04 linear"
+
+
+def test_plan_refuses_a_warm_up_the_schedule_ignores_and_shows_one_it_keeps(tmp_path, monkeypatch, capsys):
+    """The tiny model's own schedule is constant (klsweep/conf/model/tiny.yaml): a warm-up beside it did
+    nothing (issue 41: runs with warm-up 20 and 50 logged the full learning rate from step 1); plan refuses it
+    with the fix and writes nothing; with constant_with_warmup its lr column shows the warm-up."""
+    from clitools import cli
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\nbase: {model: tiny, task: tiny, train.steps: 50}\ngrid: {seed: range(2)}\n")
+    out = tmp_path / "out"
+    code, _, err = cli(["plan", grid, "train.warmup_steps=20", "--out", out], monkeypatch, capsys)
+    flat = " ".join(err.split())
+    assert (
+        code == 2
+        and "train.warmup_steps: 20 with train.lr_scheduler_type constant, which has no warm-up" in flat
+    )
+    assert "train.lr_scheduler_type=constant_with_warmup" in flat and not out.exists()
+    code, _, err = cli(["plan", grid, "train.warmup_ratio=0.1", "--out", out], monkeypatch, capsys)
+    assert code == 2 and "train.warmup_ratio: 0.1 with" in " ".join(err.split())
+    code, text, _ = cli(
+        ["plan", grid, "train.lr_scheduler_type=constant_with_warmup", "train.warmup_steps=20", "--out", out],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0 and "3e-04 constant_with_warmup (warm-up 20 steps)" in text
+    code, text, _ = cli(["plan", grid, "--out", out], monkeypatch, capsys)
+    assert code == 0 and "3e-04 constant " in text and "warm-up" not in text

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.config import NO_KL
 from klsweep.printable import visible
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, baseline_folders, nan_to_none
 from klsweep.report.names import DASH, SHORT, Names, fmt_value, sort_key
@@ -265,19 +266,20 @@ def step0_warnings(report: Report) -> list[tuple[bool, str]]:
         else:
             interval = f"{df[D_ID].iloc[i]:+.3f}, 95% CI {df[f'{D_ID} low'].iloc[i]:+.3f} to {high:+.3f}"
         label = df["label"].iloc[i]
-        if no_kl[i]:
-            out.append(
-                (
-                    True,
-                    f"the no-KL baseline ({label}) ends below its step-0 model in domain (Δ in-domain {interval}): "
-                    "training on the task's own reward made the model worse at that task, so this sweep's learning "
-                    "rate or batch is suspect (train.learning_rate; train.prompts_per_step x train.group_size: a "
-                    "step too large for the noise of its gradient), and its KL configurations are compared on "
-                    "training that degrades the model",
-                )
+        below_text = f"ends below its step-0 model in domain (Δ in-domain {interval})"
+        if not no_kl[i]:
+            out.append((False, f"{label} {below_text}"))
+            continue
+        who = "the no-KL baseline" + ("" if label == NO_KL else f" ({label})")
+        out.append(
+            (
+                True,
+                f"{who} {below_text}: training on the task's own reward made the model worse at that task, so "
+                "this sweep's learning rate or batch is suspect (train.learning_rate; train.prompts_per_step x "
+                "train.group_size: a step too large for the noise of its gradient), and its KL configurations "
+                "are compared on training that degrades the model",
             )
-        else:
-            out.append((False, f"{label} ends below its step-0 model in domain (Δ in-domain {interval})"))
+        )
     return out
 
 

@@ -23,7 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from klsweep.collapse import MEANS, Rule, false_collapses, find_collapse  # noqa: E402
 from klsweep.config import COLLAPSE_Z, TrainSection  # noqa: E402
 
-RULES = {"defaults": (TrainSection().collapse_window, TrainSection().collapse_fraction), "tiny.yaml": (20, 0.3)}
+RULES = {
+    "defaults": (TrainSection().collapse_window, TrainSection().collapse_fraction),
+    "tiny.yaml": (20, 0.3),
+}
 
 
 def grouped(rule: Rule, prompts: int, group: int, steps: int, runs: int, mean: float, seed: int) -> int:

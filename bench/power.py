@@ -148,6 +148,17 @@ def power_table(
     for i, c in enumerate(claims):
         a, b = claim_side(done, {}, c.a), claim_side(done, {}, c.b)
         col = METRIC_COLUMNS.get(c.metric, c.metric)
+        if not len(a) or not len(b):  # a pilot of some arms only (the v5 exploration: no lag 16)
+            for n in seeds:
+                row = {
+                    "claim": c.name,
+                    "committed": "no runs of a side",
+                    "N": n,
+                    "runs a/b": "—",
+                    "detects": "—",
+                }
+                rows.append(row | ({"verdicts": "—"} if fresh else {}))
+            continue
         if c.test == "fisher":
             seen = f"{int(unstable(a).sum())}/{len(a)} vs {int(unstable(b).sum())}/{len(b)} unstable"
         else:

@@ -38,6 +38,11 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     from klsweep.trainer import KLGRPOTrainer
 
     train = config.train
+    ignored = trlargs.schedule_problems(
+        vars(train)
+    )  # as klsweep plan refuses it: a run folder trained directly
+    if ignored:
+        raise UserError([Problem(*p) for p in ignored])
     shape = batch_shape(vars(train), int(os.environ.get("WORLD_SIZE", "1")))
     world = shape.processes
     kl = KLConfig(**vars(config.kl))

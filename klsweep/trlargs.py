@@ -5,7 +5,10 @@ Owns the one table of the GRPOConfig options klsweep sets itself (``KLSWEEP_SETS
 key that sets it, or why klsweep owns it); they are refused in ``train.trl`` (``train.trl.num_generations=8``:
 "use train.group_size") and as keys of ``train`` (``train.num_generations=8``: TRL's name for
 ``train.group_size``, refused with the same words). Also the check of a pass-through mapping against
-GRPOConfig's dataclass fields: each name (a did-you-mean among them) and the type of each value.
+GRPOConfig's dataclass fields: each name (a did-you-mean among them) and the type of each value; and
+``schedule_problems``: what transformers' learning-rate schedule (``train.lr_scheduler_type``) makes of the keys
+beside it, refused where one would do nothing (a warm-up with ``constant``) or the run could not start, and
+``schedule_text``, the schedule as ``klsweep plan`` shows it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,75 @@ KLSWEEP_SETS: dict[str, str] = {
     "disable_tqdm": "(klsweep prints its own progress)",
     "log_completions": "(metrics.jsonl)",
 }
+
+
+# What transformers' get_scheduler (Trainer.create_scheduler) makes of the keys beside train.lr_scheduler_type:
+# ``constant`` is given neither the warm-up nor train.trl.lr_scheduler_kwargs, ``constant_with_warmup`` the
+# warm-up only, every other schedule both; some fail without their arguments. tests/unit/test_schedule.py checks
+# this table against transformers' own get_scheduler.
+NO_WARMUP = ("constant",)
+NO_KWARGS = ("constant", "constant_with_warmup")
+NEEDS_KWARGS = {  # schedule -> the lr_scheduler_kwargs it needs (one of them)
+    "cosine_with_min_lr": ("min_lr", "min_lr_rate"),
+    "cosine_warmup_with_min_lr": ("min_lr", "min_lr_rate"),
+    "warmup_stable_decay": ("num_decay_steps",),
+}
+WITH_WARMUP = {"constant": "constant_with_warmup"}  # the same schedule after a linear warm-up
+
+
+def schedule_problems(train: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """What the learning-rate schedule of a run's ``train`` section makes of the keys beside it, as (key, what,
+    allowed): a warm-up (``warmup_steps``/``warmup_ratio`` > 0) a schedule ignores (``constant``: the learning
+    rate would be ``train.learning_rate`` from the first step, whatever the warm-up says), schedule arguments
+    (``train.trl.lr_scheduler_kwargs``) one ignores, and the ones a schedule needs to start."""
+    schedule = train.get("lr_scheduler_type")
+    kwargs = (train.get("trl") or {}).get("lr_scheduler_kwargs")
+    found = []
+    for key in ("warmup_steps", "warmup_ratio"):
+        if train.get(key) and schedule in NO_WARMUP:
+            found.append(
+                (
+                    f"train.{key}",
+                    f"{train[key]} with train.lr_scheduler_type {schedule}, which has no warm-up (transformers "
+                    f"passes it none: the learning rate would be train.learning_rate from the first step)",
+                    f"train.lr_scheduler_type={WITH_WARMUP[schedule]} (the same after a linear warm-up), or "
+                    f"train.{key}=0",
+                )
+            )
+    if kwargs and schedule in NO_KWARGS:
+        found.append(
+            (
+                "train.trl.lr_scheduler_kwargs",
+                f"{kwargs} with train.lr_scheduler_type {schedule}, which takes no arguments (transformers "
+                "passes it none)",
+                "none, or a schedule that takes them",
+            )
+        )
+    need = NEEDS_KWARGS.get(schedule)
+    if need and not (isinstance(kwargs, Mapping) and any(k in kwargs for k in need)):
+        found.append(
+            (
+                "train.trl.lr_scheduler_kwargs",
+                f"{kwargs or 'none'} for train.lr_scheduler_type {schedule}, which needs {' or '.join(need)} "
+                "(the run would fail at its start)",
+                f"train.trl.lr_scheduler_kwargs={{{need[0]}: ...}}",
+            )
+        )
+    return found
+
+
+def schedule_text(train: Mapping[str, Any]) -> str:
+    """The learning rate and its schedule as ``klsweep plan`` shows them: ``3e-04 constant``,
+    ``1e-04 constant_with_warmup (warm-up 30 steps)``, ``1e-05 linear (warm-up 10% of the steps)``; a
+    warm-up the schedule ignores is not shown (``plan`` refuses it: ``schedule_problems``)."""
+    text = f"{float(train['learning_rate']):.0e} {train['lr_scheduler_type']}"
+    if train["lr_scheduler_type"] in NO_WARMUP:
+        return text
+    if train.get("warmup_steps"):
+        return f"{text} (warm-up {train['warmup_steps']} steps)"
+    if train.get("warmup_ratio"):
+        return f"{text} (warm-up {100 * float(train['warmup_ratio']):g}% of the steps)"
+    return text
 
 
 def vllm_importance_sampling(mode: str) -> dict[str, Any]:

@@ -137,14 +137,25 @@ class TrainSection:
     max_completion_length: int = key(16, "tokens generated per completion at most")
     temperature: float = key(1.0, "sampling temperature of the completions")
     loss_type: str = key("dapo", "any TRL GRPO loss_type (dapo, grpo, dr_grpo, bnpo, ...)")
-    epsilon: float = key(0.2, "PPO clip range")
+    epsilon: float = key(
+        0.2,
+        "PPO clip range (on-policy, offpolicy.lag 0 with one iteration, the importance ratio is 1: nothing is "
+        "clipped, whatever its value)",
+    )
     scale_rewards: str = key("group", "group | batch | none: how advantages are scaled by the rewards' std")
     max_grad_norm: float = key(1.0, "gradient clipping norm")
     lr_scheduler_type: str = key(
-        "linear", "transformers' scheduler: linear (decay to 0), cosine, constant, ..."
+        "linear",
+        "transformers' scheduler: linear (decay to 0), cosine, constant (no warm-up), constant_with_warmup, ...",
     )
-    warmup_steps: int = key(0, "linear warm-up from 0 (steps); at most one of warmup_steps and warmup_ratio")
-    warmup_ratio: float = key(0.0, "linear warm-up from 0 (fraction of train.steps)")
+    warmup_steps: int = key(
+        0,
+        "linear warm-up from 0 (steps); at most one of warmup_steps and warmup_ratio; refused with a schedule "
+        "that has none (constant: use constant_with_warmup)",
+    )
+    warmup_ratio: float = key(
+        0.0, "linear warm-up from 0 (fraction of train.steps); refused with constant, as warmup_steps"
+    )
     micro_batch_size: int | None = key(
         None,
         "completions per forward/backward pass on each process (gradients accumulated); null: all of the "

@@ -18,8 +18,9 @@ from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 # Bounds of numeric values and choices of string values (KL values are checked by klsweep.kl.KLConfig).
 _POSITIVE = (lambda v: v > 0, "> 0")
 _NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
-# transformers' SchedulerType values that need nothing but the step count (tests check them against
-# transformers; reduce_lr_on_plateau and greedy need eval metrics, which GRPO training has none of)
+# transformers' SchedulerType values a GRPO run can use (tests check them against transformers;
+# reduce_lr_on_plateau and greedy need eval metrics, which GRPO training has none of); what each makes of the
+# warm-up and of train.trl.lr_scheduler_kwargs, and which need the latter: klsweep.trlargs.schedule_problems
 LR_SCHEDULERS = (
     "linear",
     "cosine",

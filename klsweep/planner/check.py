@@ -7,7 +7,7 @@ import copy
 import math
 from typing import TYPE_CHECKING, Any
 
-from klsweep import cost
+from klsweep import cost, trlargs
 from klsweep.config import tasks_per_node
 from klsweep.errors import Problem, UserError
 from klsweep.planner.needs import Estimate, estimate
@@ -60,6 +60,7 @@ def run_problems(config: Mapping[str, Any]) -> tuple[Estimate | None, list[tuple
         found.append(
             ("train.warmup_ratio", "set together with train.warmup_steps", "one of them; the other 0")
         )
+    found += trlargs.schedule_problems(train)  # a warm-up the schedule ignores, arguments it needs
     if train.get("sharding") == "fsdp" and not gpus:
         found.append(
             (

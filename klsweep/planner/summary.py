@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from klsweep import config as config_mod
-from klsweep import cost, engines
+from klsweep import cost, engines, trlargs
 from klsweep.planner.check import check, run_label
 from klsweep.planner.needs import AT_RISK, SIGNAL_MARGIN_S, Estimate, gpu_hours
 
@@ -21,10 +21,11 @@ STORAGE_WARN_GB = 10 * 1024  # checkpoints past 10 TiB are flagged
 
 
 def learning_rates(runs: list[PlannedRun]) -> list[str]:
-    """The learning rates the runs train at, with their schedule (``3e-04 constant``): a model's config group
-    may set its own (``klsweep/conf/model/tiny.yaml``), a grid's keys set theirs over it."""
-    seen = {(float(r.config["train"]["learning_rate"]), r.config["train"]["lr_scheduler_type"]) for r in runs}
-    return [f"{lr:.0e} {schedule}" for lr, schedule in sorted(seen)]
+    """The learning rates the runs train at, with their schedule and its warm-up (``3e-04 constant``,
+    ``1e-04 constant_with_warmup (warm-up 30 steps)``: ``trlargs.schedule_text``): a model's config group may
+    set its own (``klsweep/conf/model/tiny.yaml``), a grid's keys set theirs over it."""
+    seen = {(float(t["learning_rate"]), trlargs.schedule_text(t)) for t in (r.config["train"] for r in runs)}
+    return [text for _, text in sorted(seen)]
 
 
 def _state(run_dir: Any) -> str | None:

@@ -102,6 +102,7 @@ def build_report(
     choice, in_domain, ood = attach_evals(sweep, runs, eval_hash, set_aside, missing, configs)
     chosen = choice.hash
     missing[:0] = not_there_yet(runs, metrics, sweep)
+    baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     outcomes = load_outcomes(
         sweep,
         runs,
@@ -109,6 +110,7 @@ def build_report(
         {ID_AVG: in_domain, OOD_AVG: ood},
         missing,
         cache=caches and caches / OUTCOME_CACHE,
+        baselines=list(baseline["folder"]),
     )
     # each run's own collapse rule (klsweep.collapse), as the trainer applied it
     rules = {run: run_rule(c) for run, c in zip(runs["run"], configs, strict=True)}
@@ -116,7 +118,6 @@ def build_report(
     folders = {d.name: d for d in dirs}
     attach_stability(runs, metrics, window, rules, folders, caches and caches / COLLAPSE_CACHE)
     engine_flags = attach_engine_agreement(runs, metrics)
-    baseline = load_baseline(sweep, chosen, in_domain, ood, set_aside)
     attach_deltas(runs, baseline)
     runs, names = label_configs(runs, axes, label_rules, run_configs)
     audit, cache_warnings = _audit_table(runs)
@@ -131,7 +132,7 @@ def build_report(
         in_domain=in_domain,
         ood=ood,
         runs=runs,
-        main=main_table(runs, axes, in_domain, ood, outcomes),
+        main=main_table(runs, axes, in_domain, ood, outcomes, baseline),
         baseline=baseline,
         stability=stability_table(runs, axes),
         audit=audit,

@@ -3,7 +3,7 @@
 Only the results store's files (docs/DESIGN.md): each run's config, status, metrics and eval results, and the
 sweep's step-0 baseline. ``load_runs`` (the configuration axes, the runs and metrics frames), ``attach_evals``
 (one eval hash per report, each run scored at its final checkpoint only), ``load_baseline`` and
-``attach_deltas`` (Δ from step 0). A file that cannot be read is set aside and named (``set_aside``), the rest
+``attach_deltas`` (Δ from step 0; ``baseline_folders``: each run's). A file that cannot be read is set aside and named (``set_aside``), the rest
 is reported; what is not there yet (runs unfinished or not scored, no metrics) is named too (``missing``).
 Details: docs/REPORT.md.
 """
@@ -567,26 +567,27 @@ def load_baseline(
 
 
 def attach_deltas(runs: pd.DataFrame, baseline: pd.DataFrame) -> None:
-    """Δ columns: each run's averages minus those of the baseline of its model (matched by model.path, then
-    by model.name or the baseline folder name)."""
-    by_key: dict[tuple[str, Any], tuple[float, float]] = {}
-    for folder, name, path, b_id, b_ood in zip(
-        baseline["folder"],
-        baseline["model.name"],
-        baseline["model.path"],
-        baseline[ID_AVG],
-        baseline[OOD_AVG],
-        strict=True,
+    """Δ columns: each run's averages minus those of the baseline of its model (``baseline_folders``)."""
+    found = baseline_folders(runs, baseline)
+    at = dict(zip(baseline["folder"], range(len(baseline)), strict=True))
+    for col, avg in ((D_ID, ID_AVG), (D_OOD, OOD_AVG)):
+        runs[col] = runs[avg] - [math.nan if f is None else baseline[avg].iloc[at[f]] for f in found]
+
+
+def baseline_folders(runs: pd.DataFrame, baseline: pd.DataFrame) -> list[str | None]:
+    """Each run's step-0 baseline: the folder (``sweep/baseline/<folder>/``) of its model, matched by model.path,
+    then by model.name or the folder's name; None where none matches."""
+    by_key: dict[tuple[str, Any], str] = {}
+    for folder, name, path in zip(
+        baseline["folder"], baseline["model.name"], baseline["model.path"], strict=True
     ):
         for key in (("path", path), ("name", folder), ("name", name)):
             if nan_to_none(key[1]) is not None:
-                by_key.setdefault(key, (b_id, b_ood))
-    base = [
-        by_key.get(("path", path)) or by_key.get(("name", name)) or (math.nan, math.nan)
+                by_key.setdefault(key, str(folder))
+    return [
+        by_key.get(("path", path)) or by_key.get(("name", name))
         for path, name in zip(runs["model.path"], runs["model.name"], strict=True)
     ]
-    runs[D_ID] = runs[ID_AVG] - [b[0] for b in base]
-    runs[D_OOD] = runs[OOD_AVG] - [b[1] for b in base]
 
 
 def nan_to_none(v: Any) -> Any:

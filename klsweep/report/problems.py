@@ -3,7 +3,8 @@
 ``load_outcomes`` reads them from the folder of the eval the report uses (each run's final checkpoint under the
 chosen hash, as ``data.attach_evals`` picked it) into one ``ProblemMatrix`` per average (in-domain, OOD): runs x
 problems, shared by every run (each answers the same items), what the problem-level statistics read
-(``statistics.problem_bootstrap``, ``statistics.paired_problems``). A run without them (evaluated before the
+(``statistics.problem_bootstrap``, ``statistics.paired_problems``), with the step-0 model's outcomes on the same
+problems (``ProblemMatrix.step0``: the Δ from step 0 is paired on them). A run without them (evaluated before the
 samples were written, a file missing or damaged, other problems than the others') has a NaN row: its
 configuration falls back to the per-run statistics, and the report says so. Kept in a cache beside the report
 (``OUTCOME_CACHE``: ``filecache.FileCache``). Details: docs/REPORT.md, "Problem-level statistics".
@@ -14,7 +15,8 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +43,8 @@ class ProblemMatrix:
     tasks: list[str]
     task: Any  # numpy int array: per column, its task's index
     values: Any  # numpy float array: runs x problems
+    # per baseline folder (sweep/baseline/<folder>/), the step-0 model's row on the same problems, weighted alike
+    step0: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
     def _position(self) -> dict[str, int]:
@@ -71,10 +75,13 @@ def load_outcomes(
     averages: dict[str, list[str]],
     notes: list[str],
     cache: Path | None = None,
+    baselines: Sequence[str] = (),
 ) -> Outcomes:
     """Per average (its column name -> its tasks), the ``ProblemMatrix`` of the runs scored (``eval_checkpoint``
     set by ``data.attach_evals``); averages without a task are left out. Runs whose outcomes cannot be used are
-    named in ``notes`` (one line per reason). ``cache``: the file that keeps them (``OUTCOME_CACHE``), or None."""
+    named in ``notes`` (one line per reason). ``cache``: the file that keeps them (``OUTCOME_CACHE``), or None.
+    ``baselines``: the step-0 folders (``sweep/baseline/<folder>/``) whose outcomes under the same eval go into
+    ``ProblemMatrix.step0`` (one that has none, or other problems, is left out and named in ``notes``)."""
     import numpy as np
 
     tasks = list(dict.fromkeys(t for ts in averages.values() for t in ts))
@@ -98,6 +105,7 @@ def load_outcomes(
     for run, got in read.items():
         if isinstance(got, str):
             why.setdefault(got, []).append(run)
+    step0_read = _step0(sweep, baselines, eval_hash, tasks)
     out = {}
     for avg, group in averages.items():
         if not group:
@@ -125,15 +133,42 @@ def load_outcomes(
                 continue
             values[position[run]] = np.concatenate([got[t][1] / (len(group) * len(got[t][1])) for t in group])
         task = np.repeat(np.arange(len(group)), [len(docs[t]) for t in group])
-        out[avg] = ProblemMatrix(list(runs["run"]), list(group), task, values)
+        step0 = {}
+        for folder, got in step0_read.items():
+            if isinstance(got, str):
+                why.setdefault(f"step-0 {got}", []).append(folder)
+            elif any(not np.array_equal(got[t][0], docs[t]) for t in group):
+                why.setdefault("step-0 on other problems than the runs' (eval.limit changed?)", []).append(
+                    folder
+                )
+            else:
+                step0[folder] = np.concatenate([got[t][1] / (len(group) * len(got[t][1])) for t in group])
+        out[avg] = ProblemMatrix(list(runs["run"]), list(group), task, values, step0)
     for reason, names in why.items():
         names = sorted(set(names))
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        if reason.startswith("step-0 "):
+            notes.append(
+                f"{len(names)} step-0 model(s) without per-problem outcomes ({reason[7:]}): {shown} (under "
+                f"{store.BASELINE_DIR}/); the Δ intervals of their runs are over seeds only"
+            )
+            continue
         notes.append(
             f"{len(names)} run(s) without per-problem outcomes ({reason}): {shown}; their configurations' "
             "accuracy intervals and tests are over seeds only"
         )
     return out
+
+
+def _step0(
+    sweep: Path, baselines: Sequence[str], eval_hash: str | None, tasks: list[str]
+) -> dict[str, dict[str, tuple[Any, Any]] | str]:
+    """Each baseline folder's step-0 outcomes under ``eval_hash`` (``_read_run``; a few files: not cached), or
+    why not; a folder without a step-0 result under that hash is left out (it has no Δ to pair)."""
+    folders = {
+        f: sweep / store.BASELINE_DIR / f / store.EVAL_DIR / str(eval_hash) / "step-0" for f in baselines
+    }
+    return {f: _read_run(d, tasks) for f, d in folders.items() if (d / RESULTS).is_file()}
 
 
 def _agrees(scores: Any, accuracy: float) -> bool:

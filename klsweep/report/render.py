@@ -25,6 +25,7 @@ from klsweep.report.latex import latex_sections, write_latex
 from klsweep.report.tables import (
     DASH,
     SHORT,
+    STEP0_LEAD,
     TITLES,
     Report,
     captions,
@@ -32,6 +33,7 @@ from klsweep.report.tables import (
     numeric_columns,
     runs_view,
     status_text,
+    step0_warnings,
     view,
     visible,
 )
@@ -165,6 +167,8 @@ def figure_caption(report: Report, name: str) -> str:
 def _write_md(report: Report) -> list[Path]:
     caps = captions(report)
     parts = [f"# klsweep report: {md_text(report.sweep_dir.name)}", "", *_summary(report, md_text), ""]
+    for loud, text in step0_warnings(report):
+        parts += [f"> **{STEP0_LEAD[loud]}** {md_text(text)}", ""]
     for t in latex_sections(report):
         cells, bold = view(report, t)
         parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
@@ -286,6 +290,10 @@ def _write_html(report: Report) -> list[Path]:
     caps = captions(report)
     body = [f"<h1>klsweep report: {html.escape(visible(report.sweep_dir.name))}</h1>"]
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report, visible)]
+    body += [
+        f'<p class="{"alarm" if loud else "warning"}"><b>{STEP0_LEAD[loud]}</b> {html.escape(visible(text))}</p>'
+        for loud, text in step0_warnings(report)
+    ]
     figures = FIGURES
     for t in latex_sections(report):
         body += [
@@ -319,6 +327,8 @@ def _write_html(report: Report) -> list[Path]:
         "table.klsweep{border-collapse:collapse;font-size:13px;margin-bottom:1em}"
         "table.klsweep td,table.klsweep th{border-bottom:1px solid #ccc;padding:2px 8px;text-align:left}"
         "table.klsweep .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}"
+        "p.warning{border-left:4px solid #d90;padding-left:8px}"
+        "p.alarm{border-left:6px solid #c00;padding-left:8px;color:#900}"
         "img{max-width:100%}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
     path = report.out_dir / "report.html"

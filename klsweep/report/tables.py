@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
+from klsweep.config import NO_KL
 from klsweep.printable import visible
-from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, nan_to_none
+from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG, SE, baseline_folders, nan_to_none
 from klsweep.report.names import DASH, SHORT, Names, fmt_value, sort_key
 from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, object_series
 from klsweep.report.statistics import (
@@ -163,9 +164,11 @@ def main_table(
     in_domain: list[str],
     ood: list[str],
     outcomes: Outcomes | None = None,
+    baseline: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per configuration: its scores over seeds (``_add_stats``), the eval's own noise, and the
-    averages' intervals from per-problem outcomes (``_add_problem_intervals``) where every run has them."""
+    averages' intervals from per-problem outcomes (``_add_problem_intervals``) where every run has them, the
+    Δ from step 0 paired on the problems with its step-0 model's (``baseline``: the step-0 rows)."""
     g = runs.groupby("config", sort=True)
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
@@ -173,39 +176,111 @@ def main_table(
     _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
     for c in (*in_domain, ID_AVG, *ood, OOD_AVG):  # the mean per-run lm-eval stderr: the eval's own noise
         df[f"{c} {SE}"] = g[f"{c} {SE}"].mean() if f"{c} {SE}" in runs else math.nan
-    _add_problem_intervals(df, runs, outcomes or {})
+    step0 = baseline_folders(runs, baseline) if baseline is not None and len(baseline) else [None] * len(runs)
+    _add_problem_intervals(df, runs, outcomes or {}, step0)
     return df.reset_index(drop=True)
 
 
 CI_METHOD = "ci method"  # suffix of an average's column: how its interval was computed
 BY_PROBLEMS, BY_SEEDS = "seeds x problems", "seeds"
+DELTAS = {ID_AVG: D_ID, OOD_AVG: D_OOD}  # an average -> its change from step 0
 
 
-def _add_problem_intervals(df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outcomes) -> None:
-    """For each average, ``<c> low`` and ``<c> high``: the bounds of its hierarchical bootstrap interval over
-    seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by every configuration)
-    where all of a configuration's runs scored have per-problem outcomes, and ``<c> ci`` then half its width;
-    ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the t-interval over seeds)."""
+def _add_problem_intervals(
+    df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outcomes, step0: list[str | None]
+) -> None:
+    """For each average and its Δ from step 0, ``<c> low`` and ``<c> high``: the bounds of its hierarchical
+    bootstrap interval over seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by
+    every configuration) where all of a configuration's runs scored have per-problem outcomes (the Δ: and their
+    step-0 model, ``step0`` each run's baseline folder, has them on the same problems: each run's outcomes less
+    the step-0 model's, problem by problem, so the step-0 eval's own draw of problems is in the interval), and
+    ``<c> ci`` then half its width; ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the
+    t-interval over seeds, the step-0 score taken as exact)."""
     import numpy as np
 
-    for c in (ID_AVG, OOD_AVG):
-        low, high = np.full(len(df), math.nan), np.full(len(df), math.nan)
+    runs = runs.assign(_step0=step0)
+    bounds = {
+        c: (np.full(len(df), math.nan), np.full(len(df), math.nan)) for c in (*DELTAS, *DELTAS.values())
+    }
+    row = {config: i for i, config in enumerate(df.index)}
+    for c, d in DELTAS.items():
         matrix = outcomes.get(c)
-        if matrix is not None:
-            counts = problem_counts(matrix.task)
-            projected = (
-                np.nan_to_num(matrix.values) @ counts.T
-            )  # each run's total on each resample's problems
-            row = {config: i for i, config in enumerate(df.index)}
-            for config, names in runs[runs[c].notna()].groupby("config", sort=True)["run"]:
-                if len(names) >= 2 and matrix.complete(names):
-                    at = matrix.positions(names)
-                    interval = problem_bootstrap(matrix.values[at], matrix.task, projected=projected[at])
-                    low[row[config]], high[row[config]] = interval[1:]
+        if matrix is None:
+            continue
+        counts = problem_counts(matrix.task)
+        projected = np.nan_to_num(matrix.values) @ counts.T  # each run's total on each resample's problems
+        for config, group in runs[runs[c].notna()].groupby("config", sort=True):
+            names = group["run"]
+            if len(names) < 2 or not matrix.complete(names):
+                continue
+            at, i = matrix.positions(names), row[config]
+            _, bounds[c][0][i], bounds[c][1][i] = problem_bootstrap(
+                matrix.values[at], matrix.task, projected=projected[at]
+            )
+            folders = set(group["_step0"])
+            base = matrix.step0.get(folders.pop()) if len(folders) == 1 else None
+            if base is not None:  # paired on the problems: less the step-0 model's total on the same draws
+                _, bounds[d][0][i], bounds[d][1][i] = problem_bootstrap(
+                    matrix.values[at] - base, matrix.task, projected=projected[at] - base @ counts.T
+                )
+    for c, (low, high) in bounds.items():
         by_problems = ~np.isnan(low)
         df[f"{c} low"], df[f"{c} high"] = low, high
         df[f"{c} ci"] = np.where(by_problems, (high - low) / 2, df[f"{c} ci"])
         df[f"{c} {CI_METHOD}"] = np.where(by_problems, BY_PROBLEMS, BY_SEEDS)
+
+
+def below_step0(df: pd.DataFrame, column: str) -> list[bool]:
+    """Per configuration (row of ``main``): whether the 95% interval of its Δ ``column`` (``D_ID``, ``D_OOD``)
+    lies wholly below 0: its upper bound (``<c> high``; over seeds: the mean plus the half-width) under 0."""
+    import numpy as np
+
+    high = df[f"{column} high"].to_numpy(float)
+    over_seeds = (df[column] + df[f"{column} ci"]).to_numpy(float)
+    upper = np.where(np.isnan(high), over_seeds, high)
+    return [bool(u < 0) for u in upper]
+
+
+STEP0_LEAD = {False: "Warning:", True: "WARNING:"}  # a step0_warnings line's lead-in (True: a no-KL one's)
+
+
+def step0_warnings(report: Report) -> list[tuple[bool, str]]:
+    """(loud, text) per configuration whose Δ in-domain interval lies wholly below 0 (``below_step0``): it ends
+    worse on its own task than the model it started from. Loud for a no-KL configuration (``kl.beta`` 0 in
+    every run): nothing held that one back, so the training itself hurts, and the sweep's learning rate or
+    batch is suspect. Printed in report.md, report.html and the terminal."""
+    df, runs = report.main, report.runs
+    # main's rows are the configurations in order (main_table)
+    no_kl = (
+        [bool((beta == 0).all()) for _, beta in runs.groupby("config", sort=True)["kl.beta"]]
+        if "kl.beta" in runs
+        else [False] * len(df)
+    )
+    out = []
+    for i, below in enumerate(below_step0(df, D_ID)):
+        if not below:
+            continue
+        high = df[f"{D_ID} high"].iloc[i]
+        if math.isnan(high):
+            interval = f"{df[D_ID].iloc[i]:+.3f} ± {df[f'{D_ID} ci'].iloc[i]:.3f} over seeds"
+        else:
+            interval = f"{df[D_ID].iloc[i]:+.3f}, 95% CI {df[f'{D_ID} low'].iloc[i]:+.3f} to {high:+.3f}"
+        label = df["label"].iloc[i]
+        below_text = f"ends below its step-0 model in domain (Δ in-domain {interval})"
+        if not no_kl[i]:
+            out.append((False, f"{label} {below_text}"))
+            continue
+        who = "the no-KL baseline" + ("" if label == NO_KL else f" ({label})")
+        out.append(
+            (
+                True,
+                f"{who} {below_text}: training on the task's own reward made the model worse at that task, so "
+                "this sweep's learning rate or batch is suspect (train.learning_rate; train.prompts_per_step x "
+                "train.group_size: a step too large for the noise of its gradient), and its KL configurations "
+                "are compared on training that degrades the model",
+            )
+        )
+    return out
 
 
 def _significant_best(report: Report, column: str) -> list[bool]:
@@ -547,7 +622,10 @@ def captions(report: Report) -> dict[str, str]:
             f"the {LEVEL:.0%} hierarchical bootstrap interval over seeds and problems (main.csv: its bounds, "
             "and which method each row used). n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
             "lm-eval stderr of the average (the eval's own noise, part of the spread between seeds). "
-            "Δ = change of the average from the step-0 baseline of the same model. Bold: the best mean of a "
+            "Δ = change of the average from the step-0 baseline of the same model; its interval, where the runs "
+            "and the step-0 model have per-problem outcomes: the same bootstrap of each run's outcomes less the "
+            "step-0 model's on the same problems (paired: the step-0 score is one eval of those problems too); "
+            "else over seeds, the step-0 score taken as exact. Bold: the best mean of a "
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
             f"over seeds, p < {ALPHA:g}); no bold where the best is within noise."
         ),

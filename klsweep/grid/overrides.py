@@ -358,8 +358,7 @@ def _keep(kind: str, text: str, result: tuple[Any, ...]) -> Any:
     path = _kept_file(kind, text)
     values = result[1]
     if path is not None and not (isinstance(values, list) and len(values) > KEPT_VALUES):
-        with contextlib.suppress(
-            OSError, ValueError, TypeError
-        ):  # read-only, or not JSON: read again next time
+        # a read-only cache, or a value JSON cannot hold: read with Hydra again next time
+        with contextlib.suppress(OSError, ValueError, TypeError):
             store.atomic_write_text(path, json.dumps({"kind": kind, "text": text, "result": list(result)}))
     return result

@@ -12,9 +12,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 def test_no_two_test_modules_share_a_basename() -> None:
     where: dict[str, list[str]] = defaultdict(list)
-    for path in TESTS.rglob("*.py"):
-        if not path.name.startswith("test_"):
-            continue
+    for path in TESTS.rglob("test_*.py"):
         where[path.name].append(str(path.relative_to(TESTS)))
     shared = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert not shared, f"test modules sharing a basename (rename one): {shared}"

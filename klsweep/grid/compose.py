@@ -7,14 +7,14 @@ group (for value checks and ``glob(...)``)."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
+from klsweep import __version__, store
 from klsweep import config as config_mod
-from klsweep import store
 from klsweep.errors import Problem
 from klsweep.grid.schema import GROUPS, Schema, lookup
 from klsweep.grid.validate import CHECKS, TRL, check_leaf
@@ -88,15 +88,16 @@ class Composer:
         if choices in self.composed:
             return self.composed[choices]
         overrides = [f"{g}={'null' if o is None else o}" for g, o in choices] + self._sp()
-        cached = self._cache_file(overrides)
-        result = _read_cached(cached) if cached is not None else None
+        where = self._cache_file(overrides)
+        kept = _composed(store.kept.read(*where)) if where is not None else None
+        result, composed = kept if kept is not None else (None, None)
         if result is None:
             result = self._hydra_compose(overrides)
-            if result is not None and cached is not None:
-                with contextlib.suppress(OSError):  # a read-only cache: composed again next time
-                    store.atomic_write_text(cached, json.dumps({"config": result[0], "choices": result[1]}))
-        if result is not None:
-            composed = json.loads(result[0])
+            if result is not None:
+                composed = json.loads(result[0])
+                if where is not None:  # not kept (a read-only cache): composed again next time
+                    store.kept.keep(*where, {"config": result[0], "choices": result[1]})
+        if composed is not None:
             for key in [*CHECKS, TRL]:
                 ok, _, err = check_leaf(self.schema, key, lookup(composed, key))
                 for e in [] if ok else err if isinstance(err, list) else [err]:
@@ -104,31 +105,18 @@ class Composer:
         self.composed[choices] = result
         return result
 
-    def _cache_file(self, overrides: list[str]) -> Path | None:
-        """Where the config composed with ``overrides`` is kept (``store.cache_dir()/compose/``), named by a hash
-        of everything Hydra reads to compose it: the YAML files of ``CONF_DIR`` and the search path, the config
-        package's source (the schema's defaults), Hydra's and OmegaConf's versions and the overrides. None (composed every
-        time) when a file interpolates (``${...}``: an environment variable may change its value)."""
+    def _cache_file(self, overrides: list[str]) -> tuple[Path, str] | None:
+        """Where the config composed with ``overrides`` is kept (``store.cache_dir()/compose/``), and its key
+        (``store.kept``: read back only when it is what was kept for this key): a hash of everything that decides
+        it: what Hydra may read below ``CONF_DIR`` and the search path (``_config_files``), the config package's
+        source (the schema's defaults), this module's, Hydra's, OmegaConf's and klsweep's versions and the
+        overrides. None (composed every time) when the config folders cannot be keyed (``_config_files``)."""
         if self.inputs is None:
-            from importlib import metadata
-
-            h = hashlib.sha256()
-            for name in ("hydra-core", "omegaconf"):
-                h.update(f"{name}={metadata.version(name)}\n".encode())
-            for source in sorted(Path(config_mod.__file__).parent.glob("*.py")):  # the schema's defaults
-                h.update(source.read_bytes())
-            for folder in [*map(Path, self.searchpath), CONF_DIR]:  # in the search path's order
-                for path in sorted(folder.rglob("*.yaml")):
-                    text = path.read_bytes()
-                    if b"${" in text:
-                        self.inputs = ""
-                        return None
-                    h.update(f"\0{folder}\0{path.relative_to(folder)}\0".encode() + text)
-            self.inputs = h.hexdigest()
+            self.inputs = _inputs(self.searchpath)
         if not self.inputs:
             return None
-        key = hashlib.sha256(json.dumps([self.inputs, overrides]).encode()).hexdigest()[:32]
-        return store.cache_dir() / "compose" / f"{key}.json"
+        key = store.kept.key_of(self.inputs, json.dumps(overrides))
+        return store.cache_dir() / "compose" / f"{key[:32]}.json", key
 
     def _hydra_compose(self, overrides: list[str]) -> tuple[str, dict[str, Any]] | None:
         from hydra import compose
@@ -203,13 +191,115 @@ def shadowed(searchpath: list[str]) -> list[str]:
     return out
 
 
-def _read_cached(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """A composed config kept by ``Composer.compose``, or None (absent, or not one)."""
-    try:
-        data = json.loads(path.read_text())
-        return (data["config"], data["choices"]) if isinstance(data["config"], str) else None
-    except (OSError, ValueError, KeyError, TypeError):
+def _composed(kept: Any) -> tuple[tuple[str, dict[str, Any]], dict[str, Any]] | None:
+    """A kept composed config (its JSON text and group choices) and the config it parses to, or None when it is
+    not one (``store.kept`` has checked that it is what was kept; this checks what it holds)."""
+    if not isinstance(kept, dict) or not isinstance(kept.get("config"), str):
         return None
+    choices = kept.get("choices")
+    if not isinstance(choices, dict) or set(choices) != set(GROUPS):
+        return None
+    if not all(c is None or isinstance(c, str) for c in choices.values()):
+        return None
+    try:
+        config = json.loads(kept["config"])
+    except (ValueError, RecursionError):
+        return None
+    return ((kept["config"], choices), config) if isinstance(config, dict) else None
+
+
+CONFIG_BYTES = 1 << 20  # the largest config file keyed by its content (a larger one: composed every time)
+CONFIG_FILES = 5_000  # the most *.yaml files keyed below the config folders (more: composed every time)
+CONFIG_ENTRIES = 50_000  # the most folder entries looked at (more: composed every time)
+CONFIG_DEPTH = 32  # the deepest folder looked into (deeper: composed every time)
+
+
+def _inputs(searchpath: list[str]) -> str:
+    """The hash of what composing may read: Hydra's, OmegaConf's and klsweep's versions, the config package's
+    source (the schema's defaults) and this module's, and the config folders' files (``_config_files``); ""
+    when they cannot be keyed."""
+    from importlib import metadata
+
+    try:
+        parts: list[str | bytes] = [
+            f"{name}={metadata.version(name)}" for name in ("hydra-core", "omegaconf")
+        ]
+    except metadata.PackageNotFoundError:  # not installed as a distribution: nothing kept
+        return ""
+    parts.append(f"klsweep={__version__}")
+    parts += [p.read_bytes() for p in sorted(Path(config_mod.__file__).parent.glob("*.py"))]
+    parts.append(Path(__file__).read_bytes())
+    for folder in [*map(Path, searchpath), CONF_DIR]:  # in the search path's order
+        files = _config_files(folder)
+        if files is None:
+            return ""
+        parts += [os.fsencode(folder), files]
+    return store.kept.key_of(*parts)
+
+
+def _config_files(folder: Path) -> bytes | None:
+    """What Hydra may read below ``folder``, as bytes to hash: every folder's name and every ``*.yaml`` file's
+    name and content, through symbolic links (Hydra opens ``folder/group/option.yaml`` and follows a linked
+    group folder or file; a folder reached twice, as through a link back up, is looked into once). Only regular
+    files are read, and at most ``CONFIG_BYTES`` of each: a FIFO, a device or a dangling link is keyed by its
+    name and kind, never opened. None (composed every time) when a file interpolates (``${...}``: an environment
+    variable may change its value), is larger than ``CONFIG_BYTES``, or there are more than ``CONFIG_FILES``
+    files, ``CONFIG_ENTRIES`` entries or ``CONFIG_DEPTH`` levels."""
+    out: list[bytes] = []
+    seen: set[tuple[int, int]] = set()
+    budget = {"files": CONFIG_FILES, "entries": CONFIG_ENTRIES}
+
+    def walk(path: Path, rel: bytes, depth: int) -> bool:
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in seen:
+                out.append(b"\0seen\0" + rel)
+                return True
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(path) as it:
+                names = sorted(os.fsencode(e.name) for e in it)
+        except OSError as e:
+            out.append(f"\0unreadable folder {e.errno}\0".encode() + rel)
+            return True
+        if depth > CONFIG_DEPTH:
+            return False
+        for name in names:
+            budget["entries"] -= 1
+            if budget["entries"] < 0:
+                return False
+            child, child_rel = path / os.fsdecode(name), rel + b"/" + name
+            try:
+                st = os.stat(child)  # through a link, as Hydra's open does
+            except OSError as e:
+                out.append(f"\0missing {e.errno}\0".encode() + child_rel)  # a dangling link
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out.append(b"\0folder\0" + child_rel)
+                if not walk(child, child_rel, depth + 1):
+                    return False
+            elif name.endswith(b".yaml") and not stat.S_ISREG(st.st_mode):  # a FIFO, a device: never opened
+                out.append(f"\0special {stat.S_IFMT(st.st_mode)}\0".encode() + child_rel)
+            elif name.endswith(b".yaml"):
+                budget["files"] -= 1
+                text = _config_text(child, st) if budget["files"] >= 0 else None
+                if text is None or b"${" in text:
+                    return False
+                out.append(f"\0file {len(text)}\0".encode() + child_rel + b"\0" + text)
+        return True
+
+    return b"".join(out) if walk(folder, b"", 0) else None
+
+
+def _config_text(path: Path, st: os.stat_result) -> bytes | None:
+    """The bytes of a regular config file of at most ``CONFIG_BYTES``; None when larger or unreadable."""
+    if st.st_size > CONFIG_BYTES:
+        return None
+    try:
+        with store.open_regular(path) as f:  # replaced by a FIFO or a device since: refused at once
+            text = f.read(CONFIG_BYTES + 1)
+    except (OSError, store.UnreadableFile):
+        return None
+    return text if len(text) <= CONFIG_BYTES else None
 
 
 def _has(config: dict, key: str) -> bool:

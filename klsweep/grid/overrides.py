@@ -4,16 +4,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from klsweep import store, trlargs
+from klsweep import __version__, store, trlargs
 from klsweep.errors import Problem
 from klsweep.grid.compose import RESET
 from klsweep.grid.schema import GROUPS, Schema, under
@@ -320,45 +317,60 @@ def _shown(values: list[Any]) -> str:
 
 
 @functools.cache
-def _hydra_version() -> str | None:
+def _code() -> str | None:
+    """What decides a kept reading besides its text: Hydra's and its ANTLR runtime's versions (the grammar),
+    klsweep's version and this module's source (what is made of Hydra's values). None without Hydra: nothing
+    is kept."""
     from importlib import metadata
 
     try:
-        return metadata.version("hydra-core")
+        versions = [metadata.version(name) for name in ("hydra-core", "antlr4-python3-runtime")]
     except metadata.PackageNotFoundError:
         return None
+    return store.kept.key_of(*versions, f"klsweep={__version__}", Path(__file__).read_bytes())
 
 
-def _kept_file(kind: str, text: str) -> Path | None:
-    version = _hydra_version()
-    if version is None:
+def _kept_file(kind: str, text: str) -> tuple[Path, str] | None:
+    """Where the reading of ``text`` is kept, and its key; None when nothing is kept for it (no Hydra, or a text
+    that is not UTF-8, such as a surrogate-escaped byte of argv: Hydra's grammar reads it, and refuses it)."""
+    code = _code()
+    if code is None:
         return None
-    key = hashlib.sha256(f"hydra-core={version}\0{kind}\0{text}".encode()).hexdigest()[:32]
-    return store.cache_dir() / "compose" / f"override-{key}.json"
+    try:
+        key = store.kept.key_of(code, kind, text)
+    except UnicodeEncodeError:
+        return None
+    return store.cache_dir() / "compose" / f"override-{key[:32]}.json", key
+
+
+# The shape of each kind of kept reading: (the key, its values or their count, whether a sweep)
+_SHAPES = {"parse": list, "parse+": list, "count": int}
 
 
 def _kept(kind: str, text: str) -> list[Any] | None:
-    """What ``_keep`` kept of ``text`` (None: nothing, or a file that is not whole)."""
-    path = _kept_file(kind, text)
-    try:
-        data = json.loads(path.read_bytes()) if path is not None else None
-    except (OSError, ValueError):
+    """What ``_keep`` kept of ``text`` (None: nothing, or a file that is not what was kept for this text by
+    this Hydra and this klsweep: ``store.kept.read``)."""
+    where = _kept_file(kind, text)
+    result = store.kept.read(*where) if where is not None else None
+    if not (isinstance(result, list) and len(result) == 3):
         return None
-    if not isinstance(data, dict) or data.get("text") != text or data.get("kind") != kind:
+    key, values, is_sweep = result
+    shape = _SHAPES[kind]
+    if not isinstance(key, str) or not isinstance(is_sweep, bool) or not isinstance(values, shape):
         return None
-    result = data.get("result")
-    return result if isinstance(result, list) and len(result) == 3 else None
+    if isinstance(values, bool) or (shape is int and values < 0):
+        return None
+    return result
 
 
 def _keep(kind: str, text: str, result: tuple[Any, ...]) -> Any:
-    """``result`` of reading ``text``, kept under ``store.cache_dir()/compose/`` by a hash of Hydra's version
-    and the text, and returned. Hydra's ANTLR parser (and its import) is most of a small plan's own time: a
-    later plan of the same grid reads this instead. Only what the grammar alone decides is kept (no glob,
-    whose values are the config folders' options), and no value list of over ``KEPT_VALUES``."""
-    path = _kept_file(kind, text)
+    """``result`` of reading ``text``, kept under ``store.cache_dir()/compose/`` by a key of Hydra's version,
+    klsweep's code and the text (``store.kept``: read back only when it is what was kept for them), and
+    returned. Hydra's ANTLR parser (and its import) is most of a small plan's own time: a later plan of the same
+    grid reads this instead. Only what the grammar alone decides is kept (no glob, whose values are the config
+    folders' options), and no value list of over ``KEPT_VALUES``."""
+    where = _kept_file(kind, text)
     values = result[1]
-    if path is not None and not (isinstance(values, list) and len(values) > KEPT_VALUES):
-        # a read-only cache, or a value JSON cannot hold: read with Hydra again next time
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            store.atomic_write_text(path, json.dumps({"kind": kind, "text": text, "result": list(result)}))
+    if where is not None and not (isinstance(values, list) and len(values) > KEPT_VALUES):
+        store.kept.keep(*where, list(result))  # not kept (a read-only cache): read with Hydra again next time
     return result

@@ -1,6 +1,6 @@
 """The results store: where every run's files live and how they are read and written (one module per concern:
 ``layout`` the names, ``files`` reading and writing, ``checkpoints``, ``folders`` sweeps and runs, ``lock`` a
-run's training lock).
+run's training lock, ``kept`` derived data kept under ``cache_dir()`` by a key and verified when read).
 
 Layout (one sweep)::
 
@@ -38,7 +38,7 @@ the rows after it; a status.json that cannot be read raises ``UnreadableFile``, 
 to do, so that callers can set that one run aside and carry on with the others.
 """
 
-from klsweep.store import files, folders, layout, lock  # noqa: F401  (store.lock.TRAIN_LOCK_WAIT_S, ...)
+from klsweep.store import files, folders, kept, layout, lock  # noqa: F401  (store.lock.TRAIN_LOCK_WAIT_S, ...)
 from klsweep.store.checkpoints import (
     checkpoint_order,
     checkpoint_problem,

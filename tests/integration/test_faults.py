@@ -484,7 +484,12 @@ def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
     for folder in (sweep, results):
         folder.chmod(0o555)
     try:
-        for args in (["report", sweep], ["eval", sweep, "--cluster", "debug"], ["run", g, "--out", results]):
+        for args in (
+            ["report", sweep],
+            ["eval", sweep, "--cluster", "debug"],
+            ["run", g, "--out", results],
+            ["cancel", sweep],  # an OSError traceback before (issue 47 item 12)
+        ):
             proc = subprocess.run(
                 [*_without_root_powers(), sys.executable, "-m", "klsweep.cli", *map(str, args)],
                 capture_output=True,

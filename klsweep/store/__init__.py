@@ -51,6 +51,7 @@ from klsweep.store.checkpoints import (
     newest_usable,
     set_aside_checkpoint,
     stale_end,
+    unreadable_weights,
 )
 from klsweep.store.files import (
     REGULAR_TODO,
@@ -60,6 +61,7 @@ from klsweep.store.files import (
     atomic_write_text,
     cut_metrics,
     disk_full,
+    follow_umask,
     open_regular,
     read_bytes,
     read_json,
@@ -157,6 +159,7 @@ __all__ = [
     "read_metrics",
     "cut_metrics",
     "disk_full",
+    "follow_umask",
     "checkpoints",
     "has_weights",
     "checkpoint_problem",
@@ -165,6 +168,7 @@ __all__ = [
     "checkpoint_step",
     "final_checkpoint",
     "stale_end",
+    "unreadable_weights",
     "evaluated_checkpoints",
     "checkpoint_order",
     "drop_incomplete_checkpoints",

@@ -461,6 +461,49 @@ def test_an_eval_never_uses_a_task_folder_another_user_planted_in_tmp(tmp_path: 
     assert sorted(p.name for p in shared_tmp.iterdir()) == [planted.name]  # its own copy removed at exit
 
 
+UNREADABLE_EVAL = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from klsweep import evaluate as ev, store
+run = Path(sys.argv[1])
+print("stale:", store.stale_end(run))
+try:
+    ev.eval_run(run, replace(ev.load_suite("tiny"), limit=2))
+except ev.EvalError as e:
+    print("error:", e)
+"""
+
+
+def test_weights_a_colleague_cannot_read_are_a_permission_problem(tmp_path: Path, random_model: Path) -> None:
+    """Issue 47 item 13: a done run whose weights another user cannot read (0600, as safetensors wrote them)
+    read as a checkpoint "not whole" to train again from step 0, or a FileNotFoundError (safetensors' word for
+    EACCES). The run stays done and its eval says the file cannot be read for its permissions, and what to do."""
+    import os
+    import subprocess
+
+    from mounts import without_root_powers
+
+    run = make_run(tmp_path / "sweep", "r1", random_model)
+    store.write_status(run, "done", step=10, final_checkpoint="checkpoint-10")
+    weights = run / store.CHECKPOINTS_DIR / "checkpoint-10" / "model.safetensors"
+    os.chown(weights, 65534, 65534)
+    weights.chmod(0o600)
+    done = subprocess.run(
+        [*without_root_powers(), sys.executable, "-c", UNREADABLE_EVAL, str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stale: None" in done.stdout, done.stdout
+    assert (
+        "checkpoint-10/model.safetensors cannot be read: permission denied (mode 0600, owner uid 65534"
+        in (done.stdout)
+    )
+    assert "(chmod g+r, or a+r)" in done.stdout and "FileNotFoundError" not in done.stdout, done.stdout
+
+
 def test_vllm_settings_are_lm_evals_model_args(random_model: Path) -> None:
     """eval.max_model_len and eval.gpu_memory_utilization become lm-eval's vllm model arguments (it hands them
     to vLLM's LLM: tests/integration/test_vllm_eval.py checks they arrive); null max_model_len leaves vLLM the

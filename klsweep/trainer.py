@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from klsweep import grpo
+from klsweep import grpo, store
 from klsweep import kl as klmath
 from klsweep.kl import KLConfig
 
@@ -442,6 +442,13 @@ class KLGRPOTrainer(GRPOTrainer):
             self.processing_class.save_pretrained(folder)
         self.accelerator.wait_for_everyone()  # every rank's buffers are complete before trainer_state.json
         super()._save_checkpoint(model, trial)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # transformers saves the weights with safetensors, which writes them 0600: every file of the folder
+        # gets the mode the umask gives the rest of the results folder (a colleague's eval reads them)
+        super()._save(output_dir, state_dict=state_dict)
+        if self.args.should_save:
+            store.follow_umask(output_dir if output_dir is not None else self.args.output_dir)
 
     @property
     def sharded_checkpoints(self) -> bool:

@@ -1,11 +1,13 @@
 """Folders that cannot be written to, for the tests of read-only and full disks (tests/ is on sys.path under
 pytest). CI runs as root, whom mode bits do not stop: there a tmpfs is mounted (read-only, or tiny); elsewhere
-a read-only folder is one of mode 0555, and a full disk cannot be made: the test is skipped, saying why."""
+a read-only folder is one of mode 0555, and a full disk cannot be made: the test is skipped, saying why. A
+command run ``without_root_powers`` obeys permission bits even as root."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,3 +49,12 @@ def full_disk(path: Path, size: str = "64k") -> Iterator[Path]:
         pytest.skip("a full disk needs a tmpfs, which only root can mount (CI runs as root)")
     with _tmpfs(path, f"size={size}") as p:
         yield p
+
+
+def without_root_powers() -> list[str]:
+    """A command prefix that makes root obey permission bits (as any user does), or [] when not root."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]

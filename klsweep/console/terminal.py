@@ -33,12 +33,18 @@ def cli_console(stderr: bool = False) -> Console:
 def _visible_console() -> type[Console]:
     """rich's Console, each segment it renders (a line's text, a table's cell, a live display's) shown with
     its control characters visible (``printable.visible_lines``; the line breaks are the layout's), rich's own
-    control codes (colours, cursor moves) sent as they are."""
+    control codes (colours, cursor moves) sent as they are. A text given to it as a string is made visible
+    before rich reads it, as ``styled`` makes its parts: rich's ``Text`` drops a carriage return, BEL,
+    backspace, VT and FF, which would never reach the segments."""
     from rich.console import Console
 
     from klsweep.printable import visible_lines
 
     class VisibleConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Text:
+            # before rich's Text drops \r, BEL, backspace, VT and FF (and measures the line without them)
+            return super().render_str(visible_lines(text), **kwargs)
+
         def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
             for segment in super().render(renderable, options):
                 yield segment if segment.control else segment._replace(text=visible_lines(segment.text))
@@ -48,10 +54,15 @@ def _visible_console() -> type[Console]:
 
 def styled(*parts: str | tuple[str, str]) -> Text:
     """A line of text as written, some parts in a style: ``styled(("error", "bold red"), ": ", message)``
-    (the console reads no markup)."""
+    (the console reads no markup); each part's control characters visible (``printable.visible_lines``: rich's
+    ``Text`` would drop some)."""
     from rich.text import Text
 
-    return Text.assemble(*parts)
+    from klsweep.printable import visible_lines
+
+    return Text.assemble(
+        *(visible_lines(p) if isinstance(p, str) else (visible_lines(p[0]), p[1]) for p in parts)
+    )
 
 
 class _Unpadded:

@@ -74,6 +74,10 @@ def _checkpoint_items(run_dir: Path, suite: Suite, checkpoints: str) -> list[Ite
             f"{run_dir.name}: no complete checkpoint with Hugging Face weights under "
             f"{run_dir / store.CHECKPOINTS_DIR} (sharded FSDP checkpoints have them only where the run ended)"
         )
+    for ckpt in chosen:
+        unreadable = store.unreadable_weights(ckpt)
+        if unreadable is not None:
+            raise EvalError(unreadable)
     hash_dir = run_dir / store.EVAL_DIR / suite.hash
     return [
         Item(

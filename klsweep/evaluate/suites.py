@@ -6,19 +6,20 @@
 
 from __future__ import annotations
 
-import contextlib
+import atexit
 import functools
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import store
 from klsweep.config import EvalSection
 from klsweep.errors import KLSweepError, Problem, UserError, not_loaded
 
@@ -177,39 +178,61 @@ def _absolutise(data_files: Any, base: Path) -> Any:
     return data_files
 
 
+# (the source folder's resolved path, its digest) -> this process's private copy of it
+_COPIES: dict[tuple[str, str | None], Path] = {}
+_COPIES_LOCK = threading.Lock()
+
+
 def materialise_tasks(folder: Path) -> Path:
     """A copy of the task folder where each ``dataset_kwargs.data_files`` is absolute (datasets resolves
-    relative data files against the working directory, not the YAML). Cached in the temp folder by content and
-    by the folder's path (a copy made from another checkout points into that checkout)."""
+    relative data files against the working directory, not the YAML), pointing into ``folder``.
+
+    lm-eval imports the copy's Python files (``!function utils.load_jsonl``), so the copy is this process's own:
+    a folder ``mkdtemp`` creates anew (mode 0700, an unpredictable name) in the temporary folder and this
+    process fills; never a folder found there, which another user of a shared ``/tmp`` could have planted. It is
+    made once per process and task content, and removed when the process exits."""
+    key = (str(folder.resolve()), _digest(folder))
+    with _COPIES_LOCK:
+        copy = _COPIES.get(key)
+        if copy is None or not _still_ours(copy):
+            copy = _COPIES[key] = _private_copy(folder)
+    return copy
+
+
+def _private_copy(folder: Path) -> Path:
     import yaml
 
-    # keyed by content and by the folder's own path, which the copy's absolute data files point into
-    where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
-    target = Path(tempfile.gettempdir()) / f"klsweep-evaltasks-{folder.name}-{_digest(folder)}-{where}"
-    if target.is_dir():
-        return target
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    copy = Path(tempfile.mkdtemp(prefix=f"klsweep-evaltasks-{folder.name}-"))
+    atexit.register(_remove_copy, copy, os.getpid())
+    for src in _task_files(folder):
+        dst = copy / src.relative_to(folder)
+        dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        if not (src.name.endswith(".yaml") or src.name.endswith("_yaml")):
+            continue
+        try:
+            cfg = yaml.safe_load(src.read_text())
+        except yaml.YAMLError:  # lm-eval tags (!function): no data files to fix here
+            continue
+        files = cfg.get("dataset_kwargs", {}).get("data_files") if isinstance(cfg, dict) else None
+        if files is not None:
+            cfg["dataset_kwargs"]["data_files"] = _absolutise(files, src.parent)
+            dst.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return copy
+
+
+def _still_ours(copy: Path) -> bool:
+    """The copy is still the folder ``mkdtemp`` made: not a link, this user's, shut to everyone else."""
     try:
-        os.chmod(tmp, 0o777 & ~store.umask())  # mkdtemp's 0700 would shut other users out of the shared copy
-        for src in _task_files(folder):
-            dst = tmp / src.relative_to(folder)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-            if not (src.name.endswith(".yaml") or src.name.endswith("_yaml")):
-                continue
-            try:
-                cfg = yaml.safe_load(src.read_text())
-            except yaml.YAMLError:  # lm-eval tags (!function): no data files to fix here
-                continue
-            files = cfg.get("dataset_kwargs", {}).get("data_files") if isinstance(cfg, dict) else None
-            if files is not None:
-                cfg["dataset_kwargs"]["data_files"] = _absolutise(files, src.parent)
-                dst.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        with contextlib.suppress(OSError):  # another process made it first
-            tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        st = copy.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def _remove_copy(copy: Path, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not a forked child's exit: the copy is its parent's
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 def _task_manager(eval_cfg: EvalSection) -> Any:

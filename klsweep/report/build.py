@@ -84,6 +84,9 @@ def build_report(
         raise UserError([*claim_problems, *label_problems], title="invalid labels")
     dirs = store.sweep_runs(sweep)
     out = Path(out_dir) if out_dir is not None else sweep / store.REPORT_DIR
+    # report/ (or what is in it) linked out of the sweep: refused as run and eval refuse one; an --out given
+    # is where the user asked for the report, what is in it stays inside it
+    store.refuse_links_out(out if out_dir is not None else sweep, [out])
     store.check_writable(
         out, "--out" if out_dir is not None else str(sweep), "a folder you can write to: --out DIR"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,30 @@ def has_weights(checkpoint: str | os.PathLike) -> bool:
     the final one (docs/DESIGN.md, FSDP2)."""
     folder = Path(checkpoint)
     return any((folder / name).exists() for name in HF_WEIGHTS)
+
+
+def unreadable_weights(checkpoint: str | os.PathLike) -> str | None:
+    """Why this process cannot read a weights file of ``checkpoint`` (``model*.safetensors``,
+    ``pytorch_model*.bin`` and their indexes), in words, or None: a permission problem (a colleague's
+    checkpoint saved 0600), which safetensors reports as a missing file. Opens each one, reading nothing."""
+    folder = Path(checkpoint)
+    names = (
+        "model*.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model*.bin",
+        "pytorch_model.bin.index.json",
+    )
+    for path in sorted({p for name in names for p in folder.glob(name) if p.is_file()}):
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except PermissionError:
+            st = path.stat()
+            return (
+                f"{folder.name}/{path.name} cannot be read: permission denied (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
+                f"{st.st_uid}, group {st.st_gid}; this process: uid {os.geteuid()}): its owner can make it "
+                f"readable (chmod g+r, or a+r)"
+            )
+    return None
 
 
 def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
@@ -131,6 +156,8 @@ def stale_end(
         problem = f"its final checkpoint {final} is gone"
     elif not (folder / "config.json").is_file():
         problem = f"its final checkpoint {final} is not whole (no config.json)"
+    elif unreadable_weights(folder) is not None:  # whole as far as can be told: its eval says why it fails
+        return None
     elif (broken := checkpoint_problem(folder)) is not None:
         problem = f"its final checkpoint {final} is not whole ({broken})"
     else:

@@ -75,6 +75,26 @@ def umask() -> int:
     return mask
 
 
+def follow_umask(folder: str | os.PathLike) -> None:
+    """Give every regular file directly in ``folder`` the mode ``open`` gives a new file (0666 less the umask):
+    for the files of a writer that does not (safetensors writes 0600), so that a colleague sharing the results
+    folder reads a checkpoint's weights as they read the rest. Links are not followed."""
+    mode = 0o666 & ~umask()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except (FileNotFoundError, PermissionError):  # replaced (a temporary file renamed) meanwhile
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 

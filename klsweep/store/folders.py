@@ -160,18 +160,24 @@ def cache_dir() -> Path:
 
 
 def links_out(root: str | os.PathLike, folders: list[Path]) -> list[Problem]:
-    """A problem for each symbolic link that leads out of ``root`` among ``folders`` and the files and folders
-    directly in them (a run folder, its checkpoints/, its metrics.jsonl ...): klsweep writes only inside the
-    results folder."""
+    """A problem for each symbolic link that leads out of ``root`` on the way from ``root`` to each of
+    ``folders`` (``<run>/eval`` on the way to ``<run>/eval/<hash>``), each folder itself and the files and
+    folders directly in it (a run folder, its checkpoints/, its metrics.jsonl ...): klsweep writes only inside
+    the results folder."""
     real_root = Path(os.path.realpath(root))
-    links = []
+    top = Path(os.path.abspath(root))
+    links: list[Path] = []
     for folder in folders:
+        here = Path(os.path.abspath(folder))
+        if top in here.parents:
+            parts = here.relative_to(top).parts
+            links += [p for i in range(1, len(parts)) if (p := top.joinpath(*parts[:i])).is_symlink()]
         if folder.is_symlink():
             links.append(folder)
         if folder.is_dir():
             links += [p for p in sorted(folder.iterdir()) if p.is_symlink()]
     problems = []
-    for p in links:
+    for p in dict.fromkeys(links):
         real = Path(os.path.realpath(p))
         if real != real_root and real_root not in real.parents:
             problems.append(
@@ -182,3 +188,11 @@ def links_out(root: str | os.PathLike, folders: list[Path]) -> list[Problem]:
                 )
             )
     return problems
+
+
+def refuse_links_out(root: str | os.PathLike, folders: list[Path]) -> None:
+    """``UserError`` (exit 2), before anything is written, naming every link ``links_out`` finds: the one
+    check of ``run``, ``eval`` and ``report`` (and ``study``, through them) on the folders they write in."""
+    problems = links_out(root, folders)
+    if problems:
+        raise UserError(problems, title="a folder outside the results folder")

@@ -241,13 +241,14 @@ def local_eval_jobs(runs: int, jobs: int | None = None) -> int:
 
 def _check_inside(target: Path, request: EvalRequest) -> None:
     """``UserError`` (exit 2, before anything is written) when a folder the evaluation writes in (a run's, the
-    baselines') or what is in it is a symbolic link out of the sweep folder (``TARGET``, or a run folder's
-    sweep): klsweep writes only inside it."""
+    baselines', their ``eval/<hash>/`` and its checkpoint folders) or what is in it is a symbolic link out of
+    the sweep folder (``TARGET``, or a run folder's sweep): klsweep writes only inside it."""
     root = target.parent if (target / store.CONFIG_FILE).is_file() else target
-    baselines = [Path(b[0]) / store.BASELINE_DIR for b in request.baselines]
-    problems = store.links_out(root, [target, *request.runs, *baselines])
-    if problems:
-        raise UserError(problems, title="a folder outside the results folder")
+    baselines = [Path(b[0]) / store.BASELINE_DIR / evaluate.model_key(b[1]) for b in request.baselines]
+    hash_ = evaluate.eval_hash(evaluate.eval_settings(evaluate.as_eval_section(request.eval_cfg)))
+    scored = [f / store.EVAL_DIR / hash_ for f in [*request.runs, *baselines]]
+    below = [c for h in scored if h.is_dir() for c in sorted(h.iterdir()) if c.is_dir()]
+    store.refuse_links_out(root, [target, *request.runs, *baselines, *scored, *below])
 
 
 def _submit(

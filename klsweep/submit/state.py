@@ -465,6 +465,7 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
     from filelock import FileLock
 
     sweep_dir = Path(sweep_dir)
+    store.check_writable(sweep_dir, str(sweep_dir), "a sweep folder you can write to (cancel marks its runs)")
     known = {p.name for p in store.run_dirs(sweep_dir)}
     if run_ids:
         unknown = [r for r in run_ids if r not in known]

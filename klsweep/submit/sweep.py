@@ -205,9 +205,7 @@ def _check_inside(plan: Any) -> None:
     """``UserError`` (exit 2, before anything is written) when the sweep folder, a run folder or what is in them
     is a symbolic link out of the results folder (``--out``): klsweep writes only inside it."""
     sweep_dir = Path(plan.sweep_dir)
-    problems = store.links_out(sweep_dir.parent, [sweep_dir, *(Path(r.run_dir) for r in plan.runs)])
-    if problems:
-        raise UserError(problems, title="a folder outside the results folder")
+    store.refuse_links_out(sweep_dir.parent, [sweep_dir, *(Path(r.run_dir) for r in plan.runs)])
 
 
 def _another_run(run: Any, run_dir: Path) -> str | None:

@@ -401,6 +401,109 @@ def test_materialised_tasks_point_into_their_own_folder(tmp_path):
     assert str(a) in (ma / "tiny_add.yaml").read_text() and str(b) in (mb / "tiny_add.yaml").read_text()
 
 
+PLANTED_EVAL = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from klsweep import evaluate as ev
+(path,) = ev.eval_run(Path(sys.argv[1]), replace(ev.load_suite("tiny"), limit=8))
+print(path)
+"""
+
+
+def test_an_eval_never_uses_a_task_folder_another_user_planted_in_tmp(tmp_path: Path) -> None:
+    """Issue 47 item 1: the task copy was $TMPDIR/klsweep-evaltasks-<folder>-<digest>-<path hash>, a name anyone
+    can compute, used as found. Another user (uid 65534; CI runs as root, so an owner check alone would not
+    do) plants it with a utils.py that writes a marker (lm-eval imports it: ``!function utils.load_jsonl``) and
+    with other answers in a jsonl. The eval (a real one, in a process of its own under that TMPDIR) neither
+    runs the planted code nor reads the planted data: its scores and problems are those of a clean TMPDIR."""
+    import hashlib
+    import os
+    import subprocess
+
+    from klsweep.evaluate.suites import _digest
+    from klsweep.tinymodel import tiny_model_path
+
+    shipped = ev.include_dir("builtin:tiny")
+    shared_tmp = tmp_path / "shared-tmp"
+    where = hashlib.sha256(str(shipped.resolve()).encode()).hexdigest()[:8]
+    planted = shared_tmp / f"klsweep-evaltasks-{shipped.name}-{_digest(shipped)}-{where}"
+    shutil.copytree(shipped, planted)  # relative data files: utils.load_jsonl reads the planted jsonl
+    marker = tmp_path / "marker"
+    with open(planted / "utils.py", "a") as f:
+        f.write(f"\nopen({str(marker)!r}, 'w').write('planted code ran')\n")
+    rows = store.read_jsonl(planted / "tiny_add.jsonl")
+    (planted / "tiny_add.jsonl").write_text(
+        "".join(json.dumps({**r, "answer": str(int(r["answer"]) + 1)}) + "\n" for r in rows)
+    )
+    for p in [planted, *planted.rglob("*")]:
+        os.chown(p, 65534, 65534)
+    shared_tmp.chmod(0o1777)
+
+    sweep = tmp_path / "sweep"
+    run = make_run(sweep, "trained", tiny_model_path())
+    reference = make_run(tmp_path / "clean", "trained", tiny_model_path())
+    done = subprocess.run(
+        [sys.executable, "-c", PLANTED_EVAL, str(run)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(shared_tmp)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not marker.exists(), "the planted utils.py ran inside the eval"
+    got = Path(done.stdout.strip().splitlines()[-1])
+    (want,) = ev.eval_run(reference, replace(ev.load_suite("tiny"), limit=8))
+    assert json.loads(got.read_text())["metrics"] == json.loads(want.read_text())["metrics"]
+    assert max(json.loads(want.read_text())["metrics"]["in_domain"].values()) > 0  # answers that count
+    shipped_rows = store.read_jsonl(shipped / "tiny_add.jsonl")[:8]
+    assert [r["doc"] for r in store.read_jsonl(got.parent / "samples_tiny_add.jsonl")] == shipped_rows
+    assert sorted(p.name for p in shared_tmp.iterdir()) == [planted.name]  # its own copy removed at exit
+
+
+UNREADABLE_EVAL = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from klsweep import evaluate as ev, store
+run = Path(sys.argv[1])
+print("stale:", store.stale_end(run))
+try:
+    ev.eval_run(run, replace(ev.load_suite("tiny"), limit=2))
+except ev.EvalError as e:
+    print("error:", e)
+"""
+
+
+def test_weights_a_colleague_cannot_read_are_a_permission_problem(tmp_path: Path, random_model: Path) -> None:
+    """Issue 47 item 13: a done run whose weights another user cannot read (0600, as safetensors wrote them)
+    read as a checkpoint "not whole" to train again from step 0, or a FileNotFoundError (safetensors' word for
+    EACCES). The run stays done and its eval says the file cannot be read for its permissions, and what to do."""
+    import os
+    import subprocess
+
+    from mounts import without_root_powers
+
+    run = make_run(tmp_path / "sweep", "r1", random_model)
+    store.write_status(run, "done", step=10, final_checkpoint="checkpoint-10")
+    weights = run / store.CHECKPOINTS_DIR / "checkpoint-10" / "model.safetensors"
+    os.chown(weights, 65534, 65534)
+    weights.chmod(0o600)
+    done = subprocess.run(
+        [*without_root_powers(), sys.executable, "-c", UNREADABLE_EVAL, str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stale: None" in done.stdout, done.stdout
+    assert (
+        "checkpoint-10/model.safetensors cannot be read: permission denied (mode 0600, owner uid 65534"
+        in (done.stdout)
+    )
+    assert "(chmod g+r, or a+r)" in done.stdout and "FileNotFoundError" not in done.stdout, done.stdout
+
+
 def test_vllm_settings_are_lm_evals_model_args(random_model: Path) -> None:
     """eval.max_model_len and eval.gpu_memory_utilization become lm-eval's vllm model arguments (it hands them
     to vLLM's LLM: tests/integration/test_vllm_eval.py checks they arrive); null max_model_len leaves vLLM the

@@ -466,16 +466,9 @@ def test_bad_files_names_and_folders_are_located_exit_2(tmp_path, monkeypatch, c
     assert not (tmp_path / "res").exists()
 
 
-def _without_root_powers() -> list[str]:
-    """A command prefix that makes root obey permission bits (as any user does), or [] when not root."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
-    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
-
-
 def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
+    from mounts import without_root_powers
+
     sweep = fixture_copy(tmp_path)
     results = tmp_path / "results"
     results.mkdir()
@@ -484,9 +477,14 @@ def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
     for folder in (sweep, results):
         folder.chmod(0o555)
     try:
-        for args in (["report", sweep], ["eval", sweep, "--cluster", "debug"], ["run", g, "--out", results]):
+        for args in (
+            ["report", sweep],
+            ["eval", sweep, "--cluster", "debug"],
+            ["run", g, "--out", results],
+            ["cancel", sweep],  # an OSError traceback before (issue 47 item 12)
+        ):
             proc = subprocess.run(
-                [*_without_root_powers(), sys.executable, "-m", "klsweep.cli", *map(str, args)],
+                [*without_root_powers(), sys.executable, "-m", "klsweep.cli", *map(str, args)],
                 capture_output=True,
                 text=True,
                 timeout=300,

@@ -367,6 +367,50 @@ def test_a_run_folder_linked_out_of_the_results_folder_is_refused(tmp_path, monk
     assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == listing
 
 
+def test_a_report_or_eval_folder_linked_out_of_the_sweep_is_refused(tmp_path, monkeypatch, capsys):
+    """Issue 47 item 10: ``<sweep>/report`` linked elsewhere made ``report`` write its files there, and
+    ``<run>/eval/<hash>`` (or a checkpoint folder in it) linked elsewhere made ``eval --checkpoints all`` write
+    there. Both refused by the one check ``run`` has: exit 2, the link named, nothing written through it."""
+    from klsweep import evaluate
+    from klsweep.submit.evals import eval_request
+
+    sweep = tmp_path / "sweep_tiny"
+    shutil.copytree(FIXTURE, sweep, ignore=shutil.ignore_patterns("make_fixture.py"))
+    for config in sweep.glob("*/config.yaml"):  # an eval task that is shipped
+        config.write_text(config.read_text().replace("tiny_mul", "tiny_rev"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    (sweep / store.REPORT_DIR).symlink_to(elsewhere)
+    code, out, err = cli(["report", sweep], monkeypatch, capsys)
+    assert code == 2 and str(sweep / store.REPORT_DIR) in err and "leads out of" in err, err
+    assert "Traceback" not in err and list(elsewhere.iterdir()) == []
+    (sweep / store.REPORT_DIR).unlink()
+    code, out, err = cli(["report", sweep, "--out", tmp_path / "asked"], monkeypatch, capsys)
+    assert code == 0 and (tmp_path / "asked" / "report.md").is_file(), err  # an --out given is the user's
+
+    run = store.run_dirs(sweep)[0]
+    request = eval_request(run, checkpoints="all")
+    hash_dir = (
+        run
+        / store.EVAL_DIR
+        / evaluate.eval_hash(evaluate.eval_settings(evaluate.as_eval_section(request.eval_cfg)))
+    )
+    hash_dir.parent.mkdir(exist_ok=True)
+    hash_dir.symlink_to(elsewhere)
+    for target in (sweep, run):
+        code, out, err = cli(
+            ["eval", target, "--checkpoints", "all", "--cluster", "debug"], monkeypatch, capsys
+        )
+        assert code == 2 and str(hash_dir) in err and "leads out of" in err and "Traceback" not in err, err
+    hash_dir.unlink()  # its own folder, whose checkpoint-40/ leads elsewhere
+    (hash_dir / "checkpoint-40").parent.mkdir()
+    (hash_dir / "checkpoint-40").symlink_to(elsewhere)
+    code, out, err = cli(["eval", sweep, "--checkpoints", "all", "--cluster", "debug"], monkeypatch, capsys)
+    assert code == 2 and str(hash_dir / "checkpoint-40") in err and "leads out of" in err, err
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_workers_that_die_before_taking_a_job_are_not_restarted_for_ever(tmp_path):
     """A worker that cannot even start (here the cluster's setup lines fail; a full disk does the same) would
     leave its jobs waiting, and the supervisor would start workers for ever: it gives up after

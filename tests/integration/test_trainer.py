@@ -660,3 +660,20 @@ def test_the_vllm_importance_ratio_weighs_every_kl_term_as_it_weighs_the_policy_
     torch.testing.assert_close(loss_d, loss_m)
     assert_grads_close(grads_d, grads_m)
     assert not torch.allclose(loss_d, loss)
+
+
+def test_saved_checkpoint_files_follow_the_umask(model_dir, dataset, tmp_path):
+    """Issue 47 item 13: safetensors wrote the weights 0600 while every other file follows the umask, so a
+    colleague sharing the results folder could not evaluate them. Every file a save writes (the checkpoint's
+    and the consolidated weights' path, ``Trainer._save``) has the mode ``open`` gives."""
+    import os
+    import stat
+
+    trainer = make_trainer(model_dir, dataset, tmp_path / "out", KLConfig("k1", "reward", beta=0.1))
+    old = os.umask(0o002)
+    try:
+        trainer.save_model(str(tmp_path / "saved"))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "saved").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o664}, modes

@@ -319,3 +319,28 @@ def test_a_narrow_tables_caption_wraps_at_the_terminals_width_not_the_tables():
     assert " ".join(" ".join(lines).split()).endswith(caption)
     piped = render(table, width=None)
     assert caption in piped  # a pipe: one line
+
+
+# every control character rich drops (\r, BEL, backspace, VT, FF), an escape and a bidi override
+CONTROLS = "a\rb\x07c\x08d\x0be\x0cf\x1bg\u202eh"
+ESCAPED = "a\\rb\\x07c\\x08d\\x0be\\x0cf\\x1bg\\u202eh"
+
+
+def test_every_control_character_prints_as_its_escape(monkeypatch, capsys):
+    """Issue 47 item 14: rich drops \\r, BEL, backspace, VT and FF from the text it is given, before the CLI's
+    console made the control characters of what it prints visible: an error line naming a folder `a\\rb\\x07c`
+    read `abc`. Every one reads as its escape, in an error line, a plain line, a styled one and a table's cell."""
+    from clitools import cli
+    from rich.table import Table
+
+    code, out, err = cli(["status", CONTROLS], monkeypatch, capsys)
+    assert code == 2 and ESCAPED in err, repr(err)
+    console = con.cli_console()
+    table = Table(title=CONTROLS)
+    table.add_column(CONTROLS)
+    table.add_row(CONTROLS)
+    for printed in (CONTROLS, con.styled(("error", "bold red"), f": {CONTROLS}"), table):
+        console.print(printed)
+        out = capsys.readouterr().out
+        assert out.count(ESCAPED) == (3 if printed is table else 1), repr(out)
+        assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u202e]", out), repr(out)

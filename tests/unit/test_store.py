@@ -55,21 +55,23 @@ def test_the_umask_is_read_without_a_change():
         assert store.umask() == 0o027 and store.umask() == 0o027
 
 
-def test_the_shared_copy_of_an_eval_task_folder_honours_the_umask(tmp_path):
-    """``materialise_tasks`` copies a task folder into the temporary folder, shared by every user of the
-    machine: a folder other users can enter, not mkdtemp's 0700."""
+def test_the_copy_of_an_eval_task_folder_is_private_to_the_process(tmp_path):
+    """``materialise_tasks`` copies a task folder (whose Python lm-eval imports) into a folder of its own that
+    ``mkdtemp`` made: 0700 whatever the umask, this user's, under an unpredictable name; made once per process
+    and content, and made anew when what it holds is no longer that folder (issue 47 item 1)."""
     from klsweep.evaluate.suites import materialise_tasks
 
     tasks = tmp_path / "tasks"
     shutil.copytree(Path(store.__file__).parent.parent / "evaltasks" / "tiny", tasks)
-    (tasks / "unique.txt").write_text(str(tmp_path))  # a copy of its own (the copies are keyed by content)
     with umask(0o022):
         copy = materialise_tasks(tasks)
-    try:
-        assert mode(copy) == 0o755
-        assert mode(copy / "tiny_add.yaml") == 0o644
-    finally:
-        shutil.rmtree(copy)
+    assert mode(copy) == 0o700 and copy.stat().st_uid == os.geteuid()
+    assert materialise_tasks(tasks) == copy  # once per process
+    copy.chmod(0o755)  # no longer shut to others: not used again
+    fresh = materialise_tasks(tasks)
+    assert fresh != copy and mode(fresh) == 0o700
+    (tasks / "unique.txt").write_text("new content")
+    assert materialise_tasks(tasks) not in (copy, fresh)
 
 
 HOLD = """

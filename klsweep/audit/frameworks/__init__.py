@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.audit.frameworks import files
-from klsweep.audit.frameworks.readers import FRAMEWORKS, READERS, VERSIONS, Reading, touches_kl
+from klsweep.audit.frameworks.readers import FRAMEWORKS, READERS, VERSIONS
+from klsweep.audit.frameworks.reading import Reading, Terms, touches_kl
 from klsweep.errors import Problem, UserError
 from klsweep.kl import KLConfig
 
-__all__ = ["FRAMEWORKS", "VERSIONS", "FrameworkKL", "audit_config", "gradient_warnings", "read"]
+__all__ = ["FRAMEWORKS", "VERSIONS", "FrameworkKL", "audit_config", "gradient_warnings", "read", "read_terms"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class FrameworkKL:
         return next(iter(keys.values())) if len(keys) == 1 else keys
 
 
-def read(framework: str, path: Path | str) -> FrameworkKL:
-    """The KL a framework's config trains (its terms as klsweep's keys) and the warnings; ``UserError`` for an
-    unknown framework, a file that cannot be read, a value the framework would refuse."""
+def read_terms(framework: str, path: Path | str) -> tuple[Reading, Terms]:
+    """The file read by ``framework``'s reader: the ``Reading`` (its ``values``: every key read, as read) and the
+    reader's terms; ``UserError`` where ``read`` refuses the file."""
     if framework not in READERS:
         raise UserError(
             Problem("--framework", f"{framework!r} is not a framework klsweep reads", ", ".join(FRAMEWORKS))
@@ -60,11 +61,18 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
     if not settings:
         what = "a YAML mapping or Hydra overrides" if kind == "yaml" else "a launch command with --flags"
         raise UserError(Problem(str(path), f"no {framework} settings found", what))
-    reading = Reading(framework, settings)
-    terms, grpo = reader(reading)
+    reading = Reading(framework, VERSIONS[framework], settings)
+    found = reader(reading)
     if reading.problems:
         raise UserError(reading.problems, title=f"{path}: not a valid {VERSIONS[framework]} config")
     reading.unknown(touches_kl)
+    return reading, found
+
+
+def read(framework: str, path: Path | str) -> FrameworkKL:
+    """The KL a framework's config trains (its terms as klsweep's keys) and the warnings; ``UserError`` for an
+    unknown framework, a file that cannot be read, a value the framework would refuse."""
+    reading, (terms, grpo) = read_terms(framework, path)
     if len(terms) == 2:
         reward, loss = terms[0][1], terms[1][1]
         same = dataclasses.replace(reward, placement="loss", reward_logp=loss.reward_logp) == loss

@@ -1,0 +1,39 @@
+"""openrlhf's reader: its config's KL keys mapped onto klsweep's (openrlhf 0.11.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klsweep.audit.frameworks.reading import Reading, Terms, term
+
+NAME = "openrlhf"
+VERSION = "openrlhf 0.11.2"
+KIND = "flags"  # a launch command with --flags
+
+
+def read(r: Reading) -> Terms:
+    """OpenRLHF 0.11.2 (openrlhf/cli/train_ppo_ray.py; openrlhf/models/utils.py compute_approx_kl): the estimator
+    (--algo.kl.estimator, default k1) in the reward, or in the loss with --algo.kl.use_loss, at
+    --algo.kl.init_coef (0.01), the value clamped at +-10; --algo.kl.unbiased_gradient: a detached weight
+    capped at 10 times k1 times grad log pi."""
+    estimator = r.choice("algo.kl.estimator", "k1", ("k1", "k2", "k3"))
+    beta = r.get("algo.kl.init_coef", 0.01, float)
+    in_loss = r.get("algo.kl.use_loss", False, bool)
+    unbiased = r.get("algo.kl.unbiased_gradient", False, bool)
+    if r.get("algo.kl.target", None, float) is not None:
+        r.warnings.append(f"algo.kl.target: an adaptive coefficient, audited at its initial {beta:g}")
+    r.get("algo.kl.horizon", 10000, int)
+    advantage = r.get("algo.advantage.estimator", "gae", str)
+    grpo = advantage in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+    if beta <= 0:
+        return [], grpo
+    if not in_loss:
+        if unbiased:
+            r.warnings.append("algo.kl.unbiased_gradient without algo.kl.use_loss: OpenRLHF ignores it")
+        # the penalty is added to the returns after the task reward's normalisation: klsweep's separate mode
+        return [("reward", term("reward", estimator, beta, value_clamp=10.0, reward_mode="separate",
+                                 reward_logp="current"))], grpo  # fmt: skip
+    forms: dict[str, Any] = {"value_clamp": 10.0}
+    if unbiased:
+        forms |= {"unbiased_gradient": True, "importance": "token", "importance_cap": 10.0}
+    return [("loss", term("loss", estimator, beta, reward_mode="separate", **forms))], grpo

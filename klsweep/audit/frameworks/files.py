@@ -5,37 +5,102 @@ OmegaConf can), a launch script's Hydra overrides ``key=value`` (Hydra's own ove
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from klsweep import store
 from klsweep.errors import Problem, UserError
 
-MAX_BYTES = 1_000_000
+MAX_BYTES = (
+    1_000_000  # a config, a parent in its defaults chain or a launch script larger than this is not one
+)
+MAX_VALUES = 100_000  # values a config may hold with its YAML aliases expanded (an alias bomb: more)
+MAX_DEPTH = 100  # levels a config may nest (5,000 overflow every recursive walk of the data)
+TREE_MARKERS = (".git", "pyproject.toml", "setup.py")
 
 
-def text_of(path: Path) -> str:
-    """The file's text; ``UserError`` for a missing, oversized or unreadable file."""
-    if not path.is_file():
-        raise UserError(Problem(str(path), "no such file", "a framework's config or launch-command file"))
-    if path.stat().st_size > MAX_BYTES:
-        raise UserError(Problem(str(path), "too large for a config", f"at most {MAX_BYTES} bytes"))
+def tree_of(path: Path) -> Path:
+    """The config tree a config's parents must lie in: the nearest folder above the file (its links resolved)
+    holding ``.git``, ``pyproject.toml`` or ``setup.py`` (the repository it belongs to), else its own folder."""
+    folder = Path(os.path.realpath(path)).parent
+    for above in (folder, *folder.parents):
+        if any((above / marker).exists() for marker in TREE_MARKERS):
+            return above
+    return folder
+
+
+def text_of(
+    path: Path, tree: Path | None = None, what: str = "a framework's config or launch-command file"
+) -> str:
+    """The text of a file the audit reads: a regular file (a FIFO would block for ever, /dev/zero never end), at
+    most ``MAX_BYTES``, UTF-8; with ``tree``, one whose real path (links resolved) lies under it. ``UserError``
+    (exit 2) otherwise, at once."""
+    if tree is not None:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(tree):
+            raise UserError(
+                Problem(
+                    str(path),
+                    f"outside the config tree {tree}"
+                    + (f" (a link to {real})" if real != path.absolute() else ""),
+                    "a parent under the folder of the repository holding the config (the nearest folder above "
+                    f"it with {', '.join(TREE_MARKERS)}; else the config's own folder)",
+                )
+            )
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(Problem(str(path), f"cannot be read ({e})", "a text file")) from e
+        with store.open_regular(path) as f:
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError as e:
+        raise UserError(Problem(str(path), "no such file", what)) from e
+    except store.UnreadableFile as e:
+        raise UserError(Problem(str(path), e.what, what)) from e
+    except OSError as e:
+        raise UserError(Problem(str(path), f"cannot be read ({e.strerror or e})", what)) from e
+    if len(data) > MAX_BYTES:
+        raise UserError(Problem(str(path), "too large for a config", f"at most {MAX_BYTES:,} bytes"))
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise UserError(Problem(str(path), f"not a text file (byte {e.start} is not UTF-8)", what)) from e
 
 
-def _yaml_mapping(text: str) -> dict[str, Any] | None:
-    """The file as a YAML (or JSON) mapping, or None when it is not one (a launch command)."""
+def yaml_data(text: str, where: str) -> Any:
+    """The text as YAML data, or None when it is not YAML (a launch command). Measured before it is built: a file
+    whose aliases expand to more than ``MAX_VALUES`` values, a recursive alias, or nesting deeper than
+    ``MAX_DEPTH`` is refused (``UserError``), quickly and in little memory."""
     import yaml
 
+    from klsweep.store.yamlnodes import measure
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values, depth = measure(node)
+        if values == math.inf:
+            what = "a YAML alias (*name) inside the node it names: it expands without end"
+            raise UserError(Problem(where, what, "a config without recursive aliases"))
+        if values > MAX_VALUES:
+            what = f"its YAML aliases (*name) expand to {values:,.0f} values (an alias bomb?)"
+            raise UserError(Problem(where, what, f"at most {MAX_VALUES:,} values"))
+        if depth > MAX_DEPTH:
+            raise UserError(Problem(where, f"nested {depth:.0f} levels deep", f"at most {MAX_DEPTH}"))
+        return loader.construct_document(node)
     except yaml.YAMLError:
         return None
+    finally:
+        loader.dispose()
+
+
+def _yaml_mapping(text: str, where: str = "the config") -> dict[str, Any] | None:
+    """The file as a YAML (or JSON) mapping, or None when it is not one (a launch command)."""
+    data = yaml_data(text, where)
     return data if isinstance(data, dict) else None
 
 
@@ -135,9 +200,14 @@ def flags(text: str) -> dict[str, Any]:
     return out
 
 
-def settings(text: str) -> dict[str, Any]:
-    """A YAML/JSON mapping's dotted keys, else a launch command's Hydra overrides."""
-    data = _yaml_mapping(text)
+def settings(
+    text: str, where: str = "the config", path: Path | None = None, compose: Any = None
+) -> dict[str, Any]:
+    """A YAML/JSON mapping's dotted keys (as ``compose(path, data)`` composes it where the framework composes
+    configs: NeMo-RL's ``defaults:``), else a launch command's Hydra overrides."""
+    data = _yaml_mapping(text, where)
     if data is not None:
+        if compose is not None and path is not None:
+            data = compose(path, data)
         return _resolved(data, _flatten(data))
     return _overrides(text)

@@ -28,12 +28,17 @@ class Reading:
         self.values: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.problems: list[Problem] = []
+        # why the file trains no KL against a reference (no reference built, no policy loss), where it does not
+        self.no_reference: str | None = None
 
-    def get(self, key: str, default: Any, kind: type) -> Any:
+    def get(self, key: str, default: Any, kind: type, optional: bool = False) -> Any:
         """The setting ``key`` (``default`` where the file does not set it) as ``kind``; a value of another type
         is a problem (the framework would refuse it), an interpolation that cannot be resolved here is read as
-        the default, said."""
+        the default, said. ``optional``: null is a value too (``Optional[kind]``)."""
         self.read.add(key)
+        if optional and key in self.settings and self.settings[key] is None:
+            self.values[key] = None
+            return None
         self.values[key] = value = self._get(key, default, kind)
         return value
 

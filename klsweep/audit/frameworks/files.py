@@ -8,12 +8,12 @@ import contextlib
 import math
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from klsweep import store
+from klsweep.audit.frameworks import shell
 from klsweep.errors import Problem, UserError
 
 MAX_BYTES = (
@@ -92,7 +92,9 @@ def yaml_data(text: str, where: str) -> Any:
         if depth > MAX_DEPTH:
             raise UserError(Problem(where, f"nested {depth:.0f} levels deep", f"at most {MAX_DEPTH}"))
         return loader.construct_document(node)
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        if "nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own bound (1000 levels)
+            raise UserError(Problem(where, "nested over 1,000 levels deep", f"at most {MAX_DEPTH}")) from e
         return None
     finally:
         loader.dispose()
@@ -131,35 +133,6 @@ def _resolved(data: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _shell_tokens(text: str) -> list[str]:
-    """A launch script's words: ``\\``-continued lines joined, comments dropped, ``$NAME``/``${NAME}`` replaced
-    by the script's own ``NAME=value`` assignments (others left as written)."""
-    text = text.replace("\\\n", " ")
-    assigned: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S.*)?$", line)
-        if m and " -" not in line and "python" not in line:
-            words = _words(m.group(2) or "")
-            assigned[m.group(1)] = words[0] if words else ""
-    text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: assigned.get(m.group(1), m.group(0)), text)
-    return _words(text)
-
-
-def _words(text: str) -> list[str]:
-    """Shell words (shlex); a text whose quotes shlex cannot pair (``"$(cd "$(dirname ..)")"``) line by line,
-    a line that still fails at its blanks."""
-    try:
-        return shlex.split(text, comments=True)
-    except ValueError:
-        out = []
-        for line in text.splitlines():
-            try:
-                out += shlex.split(line, comments=True)
-            except ValueError:
-                out += line.split("#", 1)[0].split()
-        return out
-
-
 def _overrides(text: str) -> dict[str, Any]:
     """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
     override grammar."""
@@ -167,12 +140,17 @@ def _overrides(text: str) -> dict[str, Any]:
 
     parser = OverridesParser.create()
     out: dict[str, Any] = {}
-    for word in _shell_tokens(text):
+    for word in shell.words(text):
         if "=" not in word or word.startswith("-") or "." not in word.split("=", 1)[0]:
             continue
         try:
             (override,) = parser.parse_overrides([word])
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
+            key, _, value = word.partition("=")
+            if shell.unreadable(value) and re.fullmatch(
+                r"\+{0,2}[\w.-]+", key
+            ):  # key=$(command): said unreadable
+                out[key.lstrip("+")] = value
             continue
         if not override.is_delete():
             out[override.key_or_group] = override.value()
@@ -184,7 +162,7 @@ def flags(text: str) -> dict[str, Any]:
     scalars."""
     import yaml
 
-    words = _shell_tokens(text)
+    words = shell.words(text)
     out: dict[str, Any] = {}
     for i, word in enumerate(words):
         if not word.startswith("--"):

@@ -46,7 +46,7 @@ class Reading:
         if key not in self.settings:
             return default
         name, value = key, self.settings[key]
-        if isinstance(value, str) and "${" in value:
+        if isinstance(value, str) and ("${" in value or "$(" in value or "`" in value):
             self.warnings.append(f"{name}: {value} cannot be resolved from this file; read as {default!r}")
             return default
         if kind is float and isinstance(value, str):  # 1e-4: a float to argparse and OmegaConf, text to YAML

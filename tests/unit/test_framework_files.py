@@ -11,10 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from test_audit import run_cli  # tests/unit is on sys.path under pytest
 
 from klsweep.audit import frameworks
 from klsweep.audit.frameworks import shell
+from klsweep.errors import UserError
 
 
 def write(path: Path, text: str) -> Path:
@@ -161,3 +163,24 @@ def test_hostile_files_are_refused_quickly_parents_included(tmp_path):
     big = tree / "big.yaml"
     big.write_bytes(b"a: 1\n" * 300_000)
     assert "too large" in refused("areal", big)
+
+
+def test_skyrl_kl_ctrl_is_read_and_trl_sequence_token_refused(tmp_path):
+    """#50 item 7: SkyRL's trainer.algorithm.kl_ctrl.* (KLCtrlConfig, get_kl_controller) is read, not called
+    unread; TRL 1.16's _compute_loss refuses importance_sampling_level sequence_token."""
+    skyrl = write(
+        tmp_path / "s.yaml",
+        """\
+        trainer:
+          algorithm:
+            use_kl_loss: false
+            use_kl_in_reward: true
+            kl_ctrl: {type: adaptive, kl_target: 0.2, horizon: 500}
+        """,
+    )
+    warnings = frameworks.read("skyrl", skyrl).warnings
+    assert not any("kl_ctrl" in w and "not a key" in w for w in warnings), warnings
+    assert any("kl_ctrl.type adaptive" in w for w in warnings)
+    trl = write(tmp_path / "t.yaml", "beta: 0.1\nimportance_sampling_level: sequence_token\n")
+    with pytest.raises(UserError, match="importance_sampling_level"):
+        frameworks.read("trl", trl)

@@ -184,3 +184,42 @@ def test_skyrl_kl_ctrl_is_read_and_trl_sequence_token_refused(tmp_path):
     trl = write(tmp_path / "t.yaml", "beta: 0.1\nimportance_sampling_level: sequence_token\n")
     with pytest.raises(UserError, match="importance_sampling_level"):
         frameworks.read("trl", trl)
+
+
+SECOND = """
+import json, sys
+from klsweep.audit import frameworks
+found, _ = frameworks.audit_config(sys.argv[1], sys.argv[2])
+print(json.dumps({"found": found, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_second_audit_of_the_same_file_needs_no_torch_nor_hydra(tmp_path):
+    """The exact audit is kept by configuration (audit/cache.py), a script's parsed overrides by its words: a
+    second `audit --framework` of a file imports neither torch nor Hydra and answers the same; a damaged kept
+    audit is computed again."""
+    env = {**os.environ, "KLSWEEP_CACHE": str(tmp_path / "cache")}
+    fixtures = Path(__file__).parents[1] / "fixtures" / "frameworks"
+
+    def audit(framework: str, name: str) -> dict:
+        cmd = [
+            sys.executable,
+            "-c",
+            SECOND + "print('hydra' in sys.modules)",
+            framework,
+            str(fixtures / name),
+        ]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+        found, hydra = done.stdout.strip().splitlines()[-2:]
+        return json.loads(found) | {"hydra": hydra == "True"}
+
+    firsts = {}
+    for framework, name in (("nemo-rl", "nemo_grpo_math_1B.yaml"), ("verl", "verl_run_qwen2-7b.sh")):
+        first, second = audit(framework, name), audit(framework, name)
+        assert first["torch"] and not second["torch"] and not second["hydra"], (first, second)
+        assert first["found"] == second["found"] and second["found"]["audit"]
+        firsts[framework] = first
+    for kept in (tmp_path / "cache" / "audit").glob("*.json"):
+        kept.write_text("[{}]")
+    again = audit("nemo-rl", "nemo_grpo_math_1B.yaml")
+    assert again["torch"] and again["found"] == firsts["nemo-rl"]["found"]

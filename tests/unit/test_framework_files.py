@@ -92,12 +92,27 @@ def test_nemo_defaults_chain_and_null_clamps(tmp_path):
     assert any("no KL against a reference" in w for w in frameworks.read("nemo-rl", sft).warnings)
 
 
-def test_areal_without_a_ref_section_is_no_kl_against_a_reference(tmp_path):
-    config = write(tmp_path / "sft.yaml", "actor:\n  kl_ctl: 0.1\n  path: m\n")
-    found = frameworks.read("areal", config)
+def test_areal_without_a_reference_is_no_kl_against_a_reference(tmp_path):
+    """AReaL's SFT/DPO/reward-model files (no rollout:/gconfig:) and an RL file without ref: (rl_trainer.py
+    builds the reference only from it) get no KL verdict; keys of an older AReaL are refused as 1.0.4 does."""
+    sft = write(tmp_path / "sft.yaml", "actor:\n  kl_ctl: 0.1\n  path: m\n")
+    found = frameworks.read("areal", sft)
+    assert found.terms == () and any(
+        w.startswith("no KL against a reference: no rollout:") for w in found.warnings
+    )
+    dpo = write(tmp_path / "dpo.yaml", "actor:\n  beta: 0.1\nref:\n  path: m\n")
+    assert frameworks.read("areal", dpo).terms == ()
+    rollout = "rollout:\n  backend: sglang:d1\n"
+    no_ref = write(tmp_path / "rl.yaml", rollout + "actor:\n  kl_ctl: 0.1\n")
+    found = frameworks.read("areal", no_ref)
     assert found.terms == () and any(
         w.startswith("no KL against a reference: no ref:") for w in found.warnings
     )
+    old = write(
+        tmp_path / "old.yaml", rollout + "ref: {path: m}\nactor:\n  kl_ctl: 0.1\n  behave_imp_weight_cap: 5\n"
+    )
+    with pytest.raises(UserError, match="a key of an older AReaL"):
+        frameworks.read("areal", old)
 
 
 def test_json_on_a_refusal_is_an_error_object_on_stdout(tmp_path):

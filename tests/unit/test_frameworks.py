@@ -149,7 +149,9 @@ def test_each_warning(tmp_path):
     old_flag = read_text(
         tmp_path, "openrlhf", "python -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.05", ".sh"
     )
-    assert old_flag.warnings[0].startswith("flags of openrlhf 0.9.x (--init_kl_coef): openrlhf 0.11.2 refuses")
+    assert old_flag.warnings[0].startswith(
+        "flags of openrlhf 0.9.x (--init_kl_coef): openrlhf 0.11.2 refuses"
+    )
     assert only(old_flag).beta == 0.05  # as 0.9.10 reads it (tests/peer/test_versions.py)
     gspo = read_text(tmp_path, "pipelinerl", "finetune:\n  rl:\n    kl_coef: 0.01\n    policy_loss: gspo\n")
     assert gspo.terms == () and any("ignored under policy_loss gspo" in w for w in gspo.warnings)

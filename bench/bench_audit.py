@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_plan import _timed
+from bench_plan import interleaved
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "frameworks"
 FILES = {  # a GRPO audit (NeMo-RL), an estimator audit (OpenRLHF's PPO script), a launch script (verl)
@@ -51,16 +51,7 @@ def main(rounds: int) -> None:
             .splitlines()[-1]
             for name in FILES
         }
-        print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-        wall: dict[str, list[float]] = {name: [] for name in commands}
-        cpu: dict[str, list[float]] = {name: [] for name in commands}
-        codes: dict[str, int] = {}
-        for _ in range(rounds):
-            for name, cmd in commands.items():
-                wall_s, cpu_s, codes[name] = _timed(cmd, env)
-                wall[name].append(wall_s)
-                cpu[name].append(cpu_s)
-        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        wall, cpu, codes = interleaved(commands, env, rounds)
     base_wall, base_cpu = min(wall["baseline"]), min(cpu["baseline"])
     print(f'baseline `python -c "import klsweep.cli"`: {base_wall:.2f} s wall, {base_cpu:.2f} s CPU')
     for name in FILES:

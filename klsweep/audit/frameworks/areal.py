@@ -53,6 +53,12 @@ def read(r: Reading) -> Terms:
     )  # PPOConfig's generation sections: SFT/RW/DPO configs have none
     reference = any((k == "ref" and v is not None) or k.startswith("ref.") for k, v in r.settings.items())
     r.values["reference"] = rl and reference
+    if "actor" not in sections:
+        r.no_reference = (
+            "no actor: section: AReaL trains no policy from this file (a launcher whose training command and "
+            "config are elsewhere, or a rollout-only file)"
+        )
+        return [], False
     if not rl:
         r.no_reference = (
             "no rollout: or gconfig: section: an SFT, reward-model or DPO config (DPO's ref: is its loss's "

@@ -43,9 +43,10 @@ def test_shell_default_idioms_are_read_as_bash_runs_them(tmp_path):
     ((place, config),) = found.terms
     assert place == "skyrl reward" and config.beta == 0.05
     env: dict[str, str] = {}
-    assert shell.expand("${A:=x} ${A:-y} ${B-z} ${B} '${A}'", env) == "x x z ${B} '${A}'" and env == {
-        "A": "x"
-    }
+    assert shell.expand("${A:=x} ${A:-y} ${B-z} ${B} '${A}'", env) == "x x z ${B} '${A}'"
+    assert env == {"A": "x"}
+    deep = "${A:-" * 5000 + "x" + "}" * 5000  # nested defaults: bounded, the value said unreadable
+    assert shell.unreadable(shell.expand(deep, {}))
 
 
 def test_a_command_substitution_is_never_run_and_said_unreadable(tmp_path):

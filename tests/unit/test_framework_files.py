@@ -176,6 +176,9 @@ def test_hostile_files_are_refused_quickly_parents_included(tmp_path):
         assert "outside the config tree" in out or "expands without end" in out, (parent, out)
     cycle = write(tree / "cycle.yaml", "defaults: cycle.yaml\ngrpo: {}\n")
     assert "is a cycle" in refused("nemo-rl", cycle)
+    write(tree / "p.yaml", "grpo: {}\n")
+    wide = write(tree / "wide.yaml", "defaults: [" + ", ".join(["p.yaml"] * 10_000) + "]\n")
+    assert "more than 64 parent files" in refused("nemo-rl", wide)
     big = tree / "big.yaml"
     big.write_bytes(b"a: 1\n" * 300_000)
     assert "too large" in refused("areal", big)

@@ -87,7 +87,7 @@ def yaml_data(text: str, where: str) -> Any:
             what = "a YAML alias (*name) inside the node it names: it expands without end"
             raise UserError(Problem(where, what, "a config without recursive aliases"))
         if values > MAX_VALUES:
-            what = f"its YAML aliases (*name) expand to {values:,.0f} values (an alias bomb?)"
+            what = f"{values:,.0f} values with its YAML aliases (*name) expanded (an alias bomb?)"
             raise UserError(Problem(where, what, f"at most {MAX_VALUES:,} values"))
         if depth > MAX_DEPTH:
             raise UserError(Problem(where, f"nested {depth:.0f} levels deep", f"at most {MAX_DEPTH}"))

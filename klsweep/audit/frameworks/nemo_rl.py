@@ -13,7 +13,7 @@ from klsweep.errors import Problem, UserError
 NAME = "nemo-rl"
 VERSION = "NeMo-RL 7ea279a"
 KIND = "yaml"  # a YAML mapping or Hydra overrides
-MAX_PARENTS = 64  # files in one defaults chain
+MAX_PARENTS = 64  # parent files one config may read, its parents' parents included
 
 
 def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -21,8 +21,8 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     merge_with_override, 30-48): ``defaults:`` (a path or a list, relative to the file naming it, or absolute)
     loaded depth-first, each merged over the last, then the file over them; a top-level section marked
     ``_override_: true`` replaces its parents' instead of merging. Every parent is read as the config is
-    (``files.text_of`` within the config's tree, ``files.yaml_data``); a cycle or a chain of more than
-    ``MAX_PARENTS`` files is refused (NeMo-RL would recurse without end)."""
+    (``files.text_of`` within the config's tree, ``files.yaml_data``); a cycle, or more than ``MAX_PARENTS``
+    parent files read in all, is refused (NeMo-RL would recurse without end)."""
     if "defaults" not in data:  # nothing to compose (OmegaConf not imported)
         return data
     from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -38,6 +38,8 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                 if key in base:
                     base.pop(key)
         return OmegaConf.merge(base, override)  # type: ignore[return-value]
+
+    read: list[str] = []  # every parent file read, for MAX_PARENTS
 
     def load(where: Path, data: dict[str, Any], chain: list[str]) -> DictConfig:
         config = OmegaConf.create(data)
@@ -58,9 +60,14 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                 raise UserError(
                     Problem(f"{where}: defaults", f"{default} is a cycle", "a chain without cycles")
                 )
-            if len(chain) >= MAX_PARENTS:
+            read.append(real)
+            if len(read) > MAX_PARENTS:
                 raise UserError(
-                    Problem(f"{where}: defaults", "too long a chain", f"at most {MAX_PARENTS} files")
+                    Problem(
+                        f"{where}: defaults",
+                        f"more than {MAX_PARENTS} parent files",
+                        f"at most {MAX_PARENTS}",
+                    )
                 )
             text = files.text_of(parent, tree, "a parent config named by defaults:")
             parent_data = files.yaml_data(text, str(parent))

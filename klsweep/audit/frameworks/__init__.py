@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.audit.frameworks import files
-from klsweep.audit.frameworks.readers import FRAMEWORKS, READERS, VERSIONS, Reading, touches_kl
+from klsweep.audit.frameworks.readers import FRAMEWORKS, MODULES, READERS, VERSIONS
+from klsweep.audit.frameworks.reading import Reading, Terms, touches_kl
 from klsweep.errors import Problem, UserError
 from klsweep.kl import KLConfig
 
-__all__ = ["FRAMEWORKS", "VERSIONS", "FrameworkKL", "audit_config", "gradient_warnings", "read"]
+__all__ = ["FRAMEWORKS", "VERSIONS", "FrameworkKL", "audit_config", "gradient_warnings", "read", "read_terms"]
 
 
 @dataclass(frozen=True)
@@ -45,26 +46,34 @@ class FrameworkKL:
         return next(iter(keys.values())) if len(keys) == 1 else keys
 
 
-def read(framework: str, path: Path | str) -> FrameworkKL:
-    """The KL a framework's config trains (its terms as klsweep's keys) and the warnings; ``UserError`` for an
-    unknown framework, a file that cannot be read, a value the framework would refuse."""
+def read_terms(framework: str, path: Path | str) -> tuple[Reading, Terms]:
+    """The file read by ``framework``'s reader: the ``Reading`` (its ``values``: every key read, as read) and the
+    reader's terms; ``UserError`` where ``read`` refuses the file."""
     if framework not in READERS:
         raise UserError(
             Problem("--framework", f"{framework!r} is not a framework klsweep reads", ", ".join(FRAMEWORKS))
         )
     text = files.text_of(Path(path))
     reader, kind = READERS[framework]
-    settings = files.settings(text) if kind == "yaml" else files.flags(text)
+    compose = getattr(MODULES[framework], "compose", None)
+    settings = files.settings(text, str(path), Path(path), compose) if kind == "yaml" else files.flags(text)
     if framework == "pipelinerl":  # a user's file sets finetune.rl.*; conf/finetune/base.yaml itself rl.*
         settings = {("finetune." + k if k.startswith("rl.") else k): v for k, v in settings.items()}
     if not settings:
         what = "a YAML mapping or Hydra overrides" if kind == "yaml" else "a launch command with --flags"
         raise UserError(Problem(str(path), f"no {framework} settings found", what))
-    reading = Reading(framework, settings)
-    terms, grpo = reader(reading)
+    reading = Reading(framework, VERSIONS[framework], settings)
+    found = reader(reading)
     if reading.problems:
         raise UserError(reading.problems, title=f"{path}: not a valid {VERSIONS[framework]} config")
     reading.unknown(touches_kl)
+    return reading, found
+
+
+def read(framework: str, path: Path | str) -> FrameworkKL:
+    """The KL a framework's config trains (its terms as klsweep's keys) and the warnings; ``UserError`` for an
+    unknown framework, a file that cannot be read, a value the framework would refuse."""
+    reading, (terms, grpo) = read_terms(framework, path)
     if len(terms) == 2:
         reward, loss = terms[0][1], terms[1][1]
         same = dataclasses.replace(reward, placement="loss", reward_logp=loss.reward_logp) == loss
@@ -75,7 +84,9 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
             "the KL is counted twice: in the reward and in the loss"
             + ("" if same else " (two estimates: both terms audited)"),
         )
-    if not terms:
+    if reading.no_reference is not None:
+        reading.warnings.append(f"no KL against a reference: {reading.no_reference}; nothing to audit")
+    elif not terms:
         reading.warnings.append(
             f"no KL at all (beta 0 or off, as {VERSIONS[framework]} reads this config): nothing to audit"
         )
@@ -86,10 +97,10 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
 def gradient_warnings(found: FrameworkKL) -> list[str]:
     """Per term whose expected gradient on-policy (the exact estimator audit) is not the reverse KL's: what it
     is instead."""
-    from klsweep.audit.exact import config_audit
+    from klsweep.audit.cache import cached_config_audit
 
     out = []
-    for row in config_audit(list(found.terms)):
+    for row in cached_config_audit(configs=list(found.terms)):
         if row.verdict != "unbiased reverse KL":
             out.append(
                 f"{row.preset}: a KL whose gradient is not the KL it names: {row.estimator} in the {row.placement}"
@@ -102,11 +113,12 @@ def audit_config(
     framework: str, path: Path | str, grpo: bool | None = None, **options: Any
 ) -> tuple[dict[str, Any], list[Any]]:
     """``read`` the config and audit its terms: the GRPO audit (``grpo_config_audit``) where the framework's
-    algorithm is GRPO-like (or ``grpo``), else the estimator audit (``config_audit``). ``options``: the audits'
+    algorithm is GRPO-like (or ``grpo``), else the estimator audit (``config_audit``), each kept on disk by
+    configuration (``audit.cache``: a second audit of the same file needs no torch). ``options``: the audits'
     (vocab, length, seed, ref_distance, behavior_shift; group_size, groups, beta, scale_rewards, loss_type
     for the GRPO one). Returns ``{"kl", "warnings", "audit"}`` (the rows as dicts) and the rows."""
-    from klsweep.audit.exact import config_audit, rows_as_dicts
-    from klsweep.audit.objective import grpo_config_audit
+    from klsweep.audit.cache import cached_config_audit, cached_grpo_config_audit
+    from klsweep.audit.exact import rows_as_dicts
 
     found = read(framework, path)
     warnings = [*found.warnings, *gradient_warnings(found)]
@@ -118,10 +130,10 @@ def audit_config(
             beta = options.pop("beta", None)
             if beta is not None:
                 terms = [(n, dataclasses.replace(c, beta=beta)) for n, c in terms]
-            rows = grpo_config_audit(terms, length=options.pop("length", None) or 2, **options)
+            rows = cached_grpo_config_audit(configs=terms, length=options.pop("length", None) or 2, **options)
         else:
             keep = {
                 k: v for k, v in options.items() if k in ("vocab", "seed", "ref_distance", "behavior_shift")
             }
-            rows = config_audit(terms, length=options.get("length") or 3, **keep)
+            rows = cached_config_audit(configs=terms, length=options.get("length") or 3, **keep)
     return {"kl": found.kl(), "warnings": warnings, "audit": rows_as_dicts(rows)}, rows

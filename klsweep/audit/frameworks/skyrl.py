@@ -1,0 +1,46 @@
+"""skyrl's reader: its config's KL keys mapped onto klsweep's (skyrl 0.4.0)."""
+
+from __future__ import annotations
+
+from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
+
+NAME = "skyrl"
+VERSION = "skyrl 0.4.0"
+KIND = "yaml"  # a YAML mapping or Hydra overrides
+
+
+def read(r: Reading) -> Terms:
+    """SkyRL (skyrl 0.4.0: skyrl/train/config/config.py AlgorithmConfig, ppo_utils.py compute_approx_kl):
+    trainer.algorithm.use_kl_loss (true) at kl_loss_coef (0.001), or use_kl_in_reward (exclusive) at the same
+    coefficient, of kl_estimator_type (k3: clamps 20/10; k1, k2, abs)."""
+    p = "trainer.algorithm."
+    estimator = r.choice(f"{p}kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
+    beta = r.get(f"{p}kl_loss_coef", 0.001, float)
+    in_loss = r.get(f"{p}use_kl_loss", True, bool)
+    in_reward = r.get(f"{p}use_kl_in_reward", False, bool)
+    advantage = r.get(f"{p}advantage_estimator", "grpo", str)
+    # config.py KLCtrlConfig; ppo_utils.py get_kl_controller: the reward's coefficient only (trainer.py 302)
+    control = r.choice(f"{p}kl_ctrl.type", "fixed", ("fixed", "adaptive"))
+    r.get(f"{p}kl_ctrl.kl_target", 0.1, float)
+    horizon = r.get(f"{p}kl_ctrl.horizon", 10000, int)
+    if control == "adaptive" and horizon <= 0:
+        r.problems.append(
+            Problem(f"{p}kl_ctrl.horizon", f"{horizon} with kl_ctrl.type adaptive", "larger than 0")
+        )
+    if control == "adaptive" and in_reward and beta:
+        r.warnings.append(
+            f"kl_ctrl.type adaptive: the reward's coefficient adapts; audited at its initial {beta:g}"
+        )
+    grpo = advantage in ("grpo", "rloo", "reinforce++", "gdpo")
+    if in_loss and in_reward:
+        r.warnings.append(
+            "use_kl_loss and use_kl_in_reward both true: SkyRL refuses them (mutually exclusive)"
+        )
+    clamps = {"log_ratio_clamp": 20.0, "value_clamp": 10.0} if estimator == "k3" else {}
+    terms = []
+    if in_reward and beta:
+        terms.append(("reward", term("reward", estimator, beta, **clamps)))
+    if in_loss and beta:
+        terms.append(("loss", term("loss", estimator, beta, **clamps)))
+    return terms, grpo

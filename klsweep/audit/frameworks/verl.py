@@ -1,0 +1,58 @@
+"""verl's reader: its config's KL keys mapped onto klsweep's (verl 0.9.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klsweep.audit.frameworks.reading import Reading, Terms, term
+
+NAME = "verl"
+VERSION = "verl 0.9.1"
+KIND = "yaml"  # a YAML mapping or Hydra overrides
+
+
+def read(r: Reading) -> Terms:
+    """verl 0.9.1 (verl/trainer/config/_generated_ppo_trainer.yaml, verl/trainer/ppo/core_algos.py kl_penalty):
+    the reward's algorithm.use_kl_in_reward / kl_penalty / kl_ctrl.kl_coef (from old_log_probs), the loss's
+    actor_rollout_ref.actor.use_kl_loss / kl_loss_type / kl_loss_coef; k3 (low_var_kl) clamped 20/10, a "+"
+    suffix the straight-through k2 gradient."""
+    types = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+    allowed = (*types, *(f"{t}+" for t in types), "full")
+
+    def form(key: str, default: str) -> tuple[str, dict[str, Any]] | None:
+        name = r.choice(key, default, allowed)
+        used = key.startswith("algorithm") and in_reward or key.startswith("actor") and in_loss
+        if name == "full":
+            if used:
+                r.warnings.append(f"{key} full: the full-vocabulary KL, not a sample estimate; not audited")
+            return None
+        base = name.rstrip("+")
+        forms: dict[str, Any] = {"log_ratio_clamp": 20.0, "value_clamp": 10.0} if types[base] == "k3" else {}
+        if name.endswith("+") and types[base] != "k2":
+            forms["straight_through"] = True
+        return types[base], forms
+
+    algorithm = r.get("algorithm.adv_estimator", "gae", str)
+    actor = "actor_rollout_ref.actor."
+    in_reward, in_loss = (
+        r.get("algorithm.use_kl_in_reward", False, bool),
+        r.get(f"{actor}use_kl_loss", False, bool),
+    )
+    kind = r.choice("algorithm.kl_ctrl.type", "fixed", ("fixed", "adaptive"))
+    reward_beta, loss_beta = (
+        r.get("algorithm.kl_ctrl.kl_coef", 0.001, float),
+        r.get(f"{actor}kl_loss_coef", 0.001, float),
+    )
+    r.get("algorithm.kl_ctrl.target_kl", 0.1, float), r.get("algorithm.kl_ctrl.horizon", 10000, int)
+    reward_form, loss_form = form("algorithm.kl_penalty", "kl"), form(f"{actor}kl_loss_type", "low_var_kl")
+    terms = []
+    if in_reward and reward_form is not None:
+        if kind == "adaptive":
+            r.warnings.append(
+                f"algorithm.kl_ctrl.type adaptive: audited at its initial kl_coef {reward_beta:g}"
+            )
+        terms.append(("reward", term("reward", reward_form[0], reward_beta, **reward_form[1])))
+    if in_loss and loss_form is not None:
+        terms.append(("loss", term("loss", loss_form[0], loss_beta, **loss_form[1])))
+    grpo_like = ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "gdpo")
+    return terms, algorithm in grpo_like

@@ -22,7 +22,13 @@ from klsweep.config import EvalSection, ModelSection
 from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
-from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
+from klsweep.submit.scheduler import (
+    LOCK_FILE,
+    controller_problem,
+    job_row,
+    process_start,
+    submission_folder,
+)
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.state import stale_reason
 from klsweep.submit.sweep import CLUSTERS
@@ -309,7 +315,9 @@ def _submit(
                 break
     rows = []
     for (ids, _), job in zip(calls, jobs, strict=False):
-        rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
+        # a local job by its pid and start (its command line is empty until its program is loaded)
+        start = {"job_start": process_start(int(job.job_id))} if cluster == "local" else {}
+        rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None, **start) for i in ids]
     with FileLock(str(sweep_dir / LOCK_FILE)):
         for row in rows:
             store.append_jsonl(sweep_dir / store.JOBS_FILE, row)

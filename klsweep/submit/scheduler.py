@@ -96,13 +96,43 @@ def latest_rows(sweep_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
 # --- states --------------------------------------------------------------------------------------------------
 
 
-def pid_alive(pid: int, marker: str) -> bool:
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (the first is the state: ``Z`` a zombie);
+    None when there is no such process."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When the process ``pid`` started (clock ticks after boot: ``/proc/<pid>/stat``'s 22nd field), from its
+    fork on: with the pid, the process's identity (a reused pid never has the same start); None when there is
+    no such process."""
+    return _start(_stat_fields(pid))
+
+
+def _start(fields: list[str] | None) -> int | None:
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, marker: str, start: int | None = None) -> bool:
+    """Whether the process ``pid`` lives (not a zombie) and is the one meant: started at ``start``
+    (``process_start``, recorded when it was started) when given, and running a command line that names
+    ``marker`` or **is empty**: a process that is starting, whose command line stays empty while the kernel
+    loads the new program (``exec``: milliseconds, more on a loaded machine; ``subprocess.Popen`` returns
+    before it is filled). A supervisor polled then is starting, not gone."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] == "Z" or (start is not None and _start(fields) != start):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return marker in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return not cmdline.strip(b"\0") or marker in cmdline.replace(b"\0", b" ").decode(errors="replace")
 
 
 def _local_state(row: dict[str, Any]) -> str:
@@ -111,11 +141,11 @@ def _local_state(row: dict[str, Any]) -> str:
     if row.get("state"):
         return row["state"]
     if row["job_id"] is None or row.get("worker"):
-        if not pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE):
+        if not pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE, row.get("supervisor_start")):
             return "LOST"
         # a worker gone while its supervisor lives: the supervisor is about to record how the job ended
         return "PENDING" if row["job_id"] is None else "RUNNING"
-    if pid_alive(int(row["job_id"]), "submitit"):
+    if pid_alive(int(row["job_id"]), "submitit", row.get("job_start")):
         return "RUNNING"
     return _result_state(Path(row["folder"]), row["job_id"])
 

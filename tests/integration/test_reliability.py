@@ -385,3 +385,39 @@ def test_workers_that_die_before_taking_a_job_are_not_restarted_for_ever(tmp_pat
     assert [s["state"] for s in pool] == ["failed", "failed"]
     started = list((sweep / "submitit").rglob("*_submitted.pkl"))  # one per worker job it started
     assert local.MAX_WORKER_DEATHS <= len(started) <= local.MAX_WORKER_DEATHS + 1, started
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 12. A supervisor still starting is not taken for lost (issue 47 item 4)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_supervisor_still_starting_is_not_taken_for_lost(tmp_path, monkeypatch):
+    """`study --retry-failed` after a full disk evaluated and reported without the run it retried: its first
+    status poll came while the new supervisor's /proc/<pid>/cmdline was still empty (the kernel loading its
+    program, milliseconds after Popen), the supervisor was taken for lost and the run read failed. The poll
+    is made to fall in that moment for sure: the supervisor's cmdline read empty (faked) while its process
+    lives. A supervisor is known by its pid and start: a process at its pid started at another time is not
+    it."""
+    from klsweep.submit import scheduler
+
+    sweep = tmp_path / "retry"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.bad_train)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.3, timeout_s=120)
+    assert run.state == "failed"
+    submit.submit(plan, "local", retry_failed=True, train_fn=jobs.ok_train)
+    supervisor = store.read_jsonl(sweep / store.JOBS_FILE)[-1]["supervisor"]
+    empty = tmp_path / "cmdline"
+    empty.write_bytes(b"")
+    real = scheduler.Path
+    with monkeypatch.context() as m:  # the moment its program is being loaded: an empty command line
+        m.setattr(scheduler, "Path", lambda p: empty if p == f"/proc/{supervisor}/cmdline" else real(p))
+        (first,) = submit.status(sweep)
+    assert first.state == "pending", (first.state, first.reason)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.3, timeout_s=120)
+    assert run.state == "done", (run.state, run.reason)
+    me = scheduler.process_start(os.getpid())
+    assert scheduler.pid_alive(os.getpid(), "pytest", me) and not scheduler.pid_alive(
+        os.getpid(), "pytest", me + 1
+    )

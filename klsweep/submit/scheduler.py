@@ -9,6 +9,7 @@ with Slurm's pending reason beside them (``JobState``). The record and the state
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import signal
@@ -293,8 +294,10 @@ def live_jobs(rows: Any) -> set[tuple[str, str]]:
 # --- stopping ------------------------------------------------------------------------------------------------
 
 
-def cancel_rows(rows: list[dict[str, Any]]) -> None:
-    """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue), SIGINT then SIGKILL locally."""
+def cancel_rows(rows: list[dict[str, Any]]) -> dict[int, int | None]:
+    """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue); locally every process of the
+    job (submitit's controller and what it started: a shell of ``cluster.setup`` lines, the task training)
+    stopped (``stop_processes``). Returns the local processes that could not be stopped (pid -> start)."""
     slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
     if slurm_ids:
         run_cmd(["scancel", *slurm_ids])
@@ -306,19 +309,62 @@ def cancel_rows(rows: list[dict[str, Any]]) -> None:
             if live is None or not any(j in live for j in slurm_ids):
                 break
             time.sleep(0.5)
-    pids = []
+    procs: dict[int, int | None] = {}
     for r in rows:
-        if r["cluster"] != "local":
-            continue
-        if r["job_id"] is None:
+        if r["cluster"] != "local" or r["job_id"] is None:
             continue  # queued in the supervisor: it skips runs whose status is cancelled
-        if pid_alive(int(r["job_id"]), "submitit"):
+        if pid_alive(int(r["job_id"]), "submitit", r.get("job_start")):
             Path(r["folder"], f"{r['job_id']}.cancelled").touch()
-            os.kill(int(r["job_id"]), signal.SIGINT)  # submitit's local controller stops its tasks
-            pids.append(int(r["job_id"]))
-    deadline = time.time() + 5
-    while pids and time.time() < deadline:
-        pids = [p for p in pids if pid_alive(p, "submitit")]
+            procs.update(process_tree(int(r["job_id"])))
+    return stop_processes(procs)
+
+
+def process_tree(pid: int) -> dict[int, int | None]:
+    """The process ``pid`` and every process below it (pid -> start, ``process_start``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree: dict[int, int | None] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p not in tree and (start := process_start(p)) is not None:
+            tree[p] = start
+            todo += children.get(p, [])
+    return tree
+
+
+STOP_WAIT_S = 5.0  # how long the processes of a cancelled job have to end on SIGINT before SIGKILL
+
+
+def stop_processes(procs: dict[int, int | None], wait_s: float = STOP_WAIT_S) -> dict[int, int | None]:
+    """Stop processes (pid -> start: a pid started at another time is another process, left alone): SIGINT
+    (submitit's controller stops its tasks; a trainer ends its step), after ``wait_s`` SIGKILL to what is
+    left and to what it started meanwhile. Returns those still alive (another user's: not ours to stop)."""
+
+    def alive(procs: dict[int, int | None]) -> dict[int, int | None]:
+        return {p: s for p, s in procs.items() if _live(p, s)}
+
+    def send(procs: dict[int, int | None], sig: signal.Signals) -> None:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+
+    send(procs, signal.SIGINT)
+    deadline = time.time() + wait_s
+    while (procs := alive(procs)) and time.time() < deadline:
         time.sleep(0.1)
-    for p in pids:
-        os.kill(p, signal.SIGKILL)
+    for p in list(procs):
+        procs.update(process_tree(p))
+    send(procs, signal.SIGKILL)
+    deadline = time.time() + 5
+    while (procs := alive(procs)) and time.time() < deadline:
+        time.sleep(0.05)
+    return procs
+
+
+def _live(pid: int, start: int | None) -> bool:
+    """Whether the process ``pid`` started at ``start`` still lives (a zombie has ended)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z" and (start is None or _start(fields) == start)

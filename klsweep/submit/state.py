@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -475,7 +476,7 @@ def _not_final(sweep_dir: Path, runs: list[RunStatus], timeout_s: float) -> str:
 
 @dataclass
 class Cancelled:
-    """What ``cancel`` did: the runs it stopped and marked cancelled, those that ended (done, diverged) before
+    """What ``cancel_runs`` did: the runs it stopped and marked cancelled, those that ended (done, diverged) before
     it could, and those whose trainer it could not stop (run id -> why: a process of another
     user, of another machine), left as they were."""
 
@@ -557,9 +558,9 @@ def _stop_trainer(run_dir: Path) -> str | None:
         time.sleep(0.05)
     if holder is None:
         return None
-    if left:
-        return f"its trainer (pid {', '.join(map(str, left))}) could not be stopped"
-    return f"still trained by {store.describe_trainer(holder)}, not a process of this machine"
+    if left or holder.get("host") == socket.gethostname():
+        return f"its trainer ({store.describe_trainer(holder)}) could not be stopped"
+    return f"still trained by {store.describe_trainer(holder)}: a process of another machine"
 
 
 def _lock_holders(run_dir: Path) -> dict[int, int | None]:

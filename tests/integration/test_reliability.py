@@ -455,6 +455,7 @@ def eval_jobs(sweep: Path) -> list[int]:
     return sorted({int(r["job_id"]) for r in rows if r["kind"] == "eval" and r.get("job_id")})
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_eval_stage_stops_the_waiting_not_the_evals(tmp_path):
     """Ctrl-C (SIGINT to the command's process group) while `klsweep study` waits for its evals killed them
     (they ran in the command's process group) while it said they went on in the background: they go on, in
@@ -479,6 +480,7 @@ def test_ctrl_c_during_the_eval_stage_stops_the_waiting_not_the_evals(tmp_path):
             submit.cancel(sweep)
 
 
+@pytest.mark.slow
 def test_an_eval_job_killed_is_said_and_the_study_reports_what_it_has(tmp_path):
     """An eval job killed (the OOM killer's kill -9 of the process evaluating) crashed `klsweep study` with
     submitit's UncompletedJobError: no report, and `status` said `eval failed` with no reason. The study goes
@@ -567,6 +569,7 @@ def test_cancel_stops_a_trainer_it_has_no_job_record_of(tmp_path):
         orphan.wait()
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_the_eval_stage_is_said_and_the_study_reports_what_it_has(tmp_path):
     """A full disk under the evals (a tiny tmpfs, full, where the run's scores go) crashed `klsweep study` with
     submitit's job error and no report. The study goes on: the baseline scored, the run's eval failed with its

@@ -335,6 +335,25 @@ def process_tree(pid: int) -> dict[int, int | None]:
     return tree
 
 
+def flock_holders(paths: list[Path]) -> dict[int, int | None]:
+    """The processes of this machine holding a ``flock`` on any of ``paths`` (the kernel's ``/proc/locks``; a
+    path that is gone holds none), pid -> start."""
+    files = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path, follow_symlinks=False)
+            files.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    holders: dict[int, int | None] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; a waiter's line has "->" after the number
+            held = len(fields) > 5 and fields[1] == "FLOCK" and fields[5] in files and fields[4].isdigit()
+            if held and (start := process_start(int(fields[4]))) is not None:
+                holders[int(fields[4])] = start
+    return holders
+
+
 STOP_WAIT_S = 5.0  # how long the processes of a cancelled job have to end on SIGINT before SIGKILL
 
 

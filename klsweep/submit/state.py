@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +37,11 @@ from klsweep.submit.scheduler import (
     JobState,
     cancel_rows,
     controller_problem,
+    flock_holders,
     job_states,
     key,
     latest_rows,
     live_jobs,
-    process_start,
     stop_processes,
 )
 
@@ -552,7 +551,9 @@ def _stop_trainer(run_dir: Path) -> str | None:
     or one that will not die (another user's)."""
     if store.trainer_of(run_dir) is None:
         return None
-    left = stop_processes(_lock_holders(run_dir))
+    import socket
+
+    left = stop_processes(flock_holders([run_dir, run_dir / store.TRAIN_LOCK]))
     deadline = time.time() + 5  # the kernel drops a dead holder's lock as it reaps it
     while (holder := store.trainer_of(run_dir)) is not None and time.time() < deadline:
         time.sleep(0.05)
@@ -561,25 +562,6 @@ def _stop_trainer(run_dir: Path) -> str | None:
     if left or holder.get("host") == socket.gethostname():
         return f"its trainer ({store.describe_trainer(holder)}) could not be stopped"
     return f"still trained by {store.describe_trainer(holder)}: a process of another machine"
-
-
-def _lock_holders(run_dir: Path) -> dict[int, int | None]:
-    """The processes of this machine holding a ``flock`` on the run folder or its training lock file
-    (``/proc/locks``), pid -> start."""
-    files = set()
-    for path in (run_dir, run_dir / store.TRAIN_LOCK):
-        with contextlib.suppress(OSError):
-            st = os.stat(path, follow_symlinks=False)
-            files.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
-    holders: dict[int, int | None] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/locks").read_text().splitlines():
-            fields = line.split()
-            # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; a waiter's line has "->" after the number
-            held = len(fields) > 5 and fields[1] == "FLOCK" and fields[5] in files and fields[4].isdigit()
-            if held and (start := process_start(int(fields[4]))) is not None:
-                holders[int(fields[4])] = start
-    return holders
 
 
 def _status_or_none(run_dir: Path) -> dict[str, Any] | None:

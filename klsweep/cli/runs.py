@@ -194,11 +194,22 @@ def cancel_command(
         list[str] | None, typer.Argument(help="run ids (default: every run of the sweep)")
     ] = None,
 ) -> None:
-    """Cancel a sweep's live jobs (scancel / stop local jobs); their runs become 'cancelled'."""
+    """Cancel a sweep's live jobs (scancel / stop local jobs) and stop what trains their runs; the runs stopped
+    become 'cancelled' (exit 1 when one could not be stopped)."""
     from klsweep import submit
+    from klsweep.printable import visible
 
-    cancelled = submit.cancel(store.resolve_sweep(sweep), runs or None)
-    terminal().print(f"cancelled {len(cancelled)} run(s): {' '.join(cancelled)}", highlight=False)
+    done = submit.cancel_runs(store.resolve_sweep(sweep), runs or None)
+    terminal().print(f"cancelled {len(done.cancelled)} run(s): {' '.join(done.cancelled)}", highlight=False)
+    if done.ended:
+        terminal().print(
+            f"{len(done.ended)} run(s) ended before they could be stopped (kept): {' '.join(done.ended)}",
+            highlight=False,
+        )
+    for rid, why in done.not_stopped.items():
+        terminal(stderr=True).print(f"not cancelled: {rid}: {visible(why)}", highlight=False, markup=False)
+    if done.not_stopped:
+        raise typer.Exit(1)
 
 
 @app.command("eval")

@@ -151,7 +151,11 @@ def study_command(
             progress.stop()
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
-    print_failures(console, res.runs)
+    print_failures(console, res.runs)  # a run's failed eval too, with why
+    for where, why in sorted(res.eval.errors.items()):  # the step-0 baseline's: no run of its own to say it
+        if Path(where).name == store.BASELINE_DIR:
+            console.print("--- step-0 baseline (eval failed) ---", highlight=False, markup=False)
+            console.print(visible(why), style="red", highlight=False, markup=False)
     print_report(console, terminal(stderr=True), res.report)
     console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
     if res.claim_changes is not None:

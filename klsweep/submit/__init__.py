@@ -12,9 +12,11 @@ scheduler, state, evals, joblogs) and how they work: docs/DESIGN.md (Modules, Su
 
 from klsweep.submit.evals import EvalSubmission, submit_eval
 from klsweep.submit.state import (
+    Cancelled,
     Interrupted,
     RunStatus,
     cancel,
+    cancel_runs,
     final_summary,
     progress,
     scheduler_problem,
@@ -24,11 +26,13 @@ from klsweep.submit.state import (
 from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
+    "Cancelled",
     "EvalSubmission",
     "Interrupted",
     "RunStatus",
     "SubmitResult",
     "cancel",
+    "cancel_runs",
     "default_cluster",
     "final_summary",
     "progress",

@@ -9,9 +9,12 @@ jobs, like the evals chained to training by ``klsweep.submit.submit``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import shutil
+import signal
+import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +25,13 @@ from klsweep.config import EvalSection, ModelSection
 from klsweep.environment import usable_cores
 from klsweep.errors import Problem, UserError
 from klsweep.submit import joblogs
-from klsweep.submit.scheduler import LOCK_FILE, controller_problem, job_row, submission_folder
+from klsweep.submit.scheduler import (
+    LOCK_FILE,
+    controller_problem,
+    job_row,
+    process_start,
+    submission_folder,
+)
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
 from klsweep.submit.state import stale_reason
 from klsweep.submit.sweep import CLUSTERS
@@ -278,7 +287,7 @@ def _submit(
     # each run's part of the job's log in its logs/ (one job evaluates several runs: their parts copied)
     own_log = functools.partial(joblogs.kept, kind="eval")
     if cluster == "local":
-        ex = submitit.LocalExecutor(folder=folder)
+        ex = _detached_executor(folder)
         # the work dealt round-robin (baselines first) to jobs that run side by side, each loading lm-eval once
         k = local_eval_jobs(len(runs), n_jobs)
         work: list[tuple[str, Any]] = [("baseline", b) for b in baselines] + [("run", r) for r in runs]
@@ -310,7 +319,9 @@ def _submit(
                 break
     rows = []
     for (ids, _), job in zip(calls, jobs, strict=False):
-        rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None) for i in ids]
+        # a local job by its pid and start (its command line is empty until its program is loaded)
+        start = {"job_start": process_start(int(job.job_id))} if cluster == "local" else {}
+        rows += [job_row(i, "eval", cluster, job.job_id, folder, supervisor=None, **start) for i in ids]
     with FileLock(str(sweep_dir / LOCK_FILE)):
         for row in rows:
             store.append_jsonl(sweep_dir / store.JOBS_FILE, row)
@@ -320,8 +331,13 @@ def _submit(
         raise SubmissionRefused(refused.said, len(calls) - len(jobs), rows) from refused
     out = EvalSubmission(skipped=request.skipped, jobs=[j.job_id for j in jobs])
     if wait:
-        for job in jobs:
-            done = job.result()
+        for (_, args), job in zip(calls, jobs, strict=False):
+            try:
+                done = job.result()
+            except (
+                Exception
+            ) as e:  # killed, out of memory, or failed where the job records nothing (full disk)
+                done = _ended_unscored(job, e, *args[:4])
             out.results += done.results
             out.errors.update(done.errors)
         by_run = {row["run_id"]: row for row in rows}
@@ -330,3 +346,85 @@ def _submit(
             if log is not None:
                 out.logs[failed] = str(log)
     return out
+
+
+def _detached_executor(folder: Path) -> Any:
+    """submitit's local executor, each job's controller started in a session of its own, as training's
+    supervisor is: Ctrl-C of the command that waits for the jobs (SIGINT to its process group), or its
+    terminal closing, stops the waiting, not the evals (docs/FAULTS.md)."""
+    import submitit
+    from submitit.local import local as submitit_local
+
+    class Detached(submitit.LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            submitit_local.subprocess = _OwnSession()  # type: ignore[assignment]
+            try:
+                return super()._submit_command(command)
+            finally:
+                submitit_local.subprocess = subprocess
+
+    return Detached(folder=folder)
+
+
+class _OwnSession:
+    """``subprocess`` as submitit's local executor sees it while it starts a job: every process in a new
+    session."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (subprocess's name)
+        return subprocess.Popen(*args, **{**kwargs, "start_new_session": True})
+
+
+def _ended_unscored(
+    job: Any,
+    error: Exception,
+    run_dirs: list[str],
+    cfg: dict[str, Any],
+    checkpoints: str,
+    baselines: list[tuple[str, ModelSection]],
+) -> evaluate.EvalOutcome:
+    """What an eval job that ended without its outcome did: the runs (and baselines) it scored before it
+    ended, and why each other one is not scored, recorded in the run's ``status.json`` (``eval_error``, what
+    ``klsweep status`` shows) where it can still be written."""
+    why = _why_ended(job, error)
+    suite = evaluate.Suite(evaluate.as_eval_section(cfg))
+    out = evaluate.EvalOutcome()
+    for sweep_dir, model in baselines:
+        path = evaluate.baseline_results(Path(sweep_dir), model, suite)
+        if path.is_file():
+            out.results.append(path)
+        else:
+            out.errors[f"{sweep_dir}/{store.BASELINE_DIR}"] = why
+    for run in run_dirs:
+        found = evaluate.scored(Path(run), suite, checkpoints)
+        if found is not None:
+            out.results += found
+            continue
+        out.errors[run] = f"{Path(run).name}: {why}"
+        with contextlib.suppress(OSError, store.UnreadableFile):  # a full disk: status derives it
+            store.write_status(run, store.read_status(run)["state"], eval_error=out.errors[run])
+    return out
+
+
+def _why_ended(job: Any, error: Exception) -> str:
+    """Why an eval job ended without its outcome, in one line: the error it failed with (its traceback's last
+    line), or how its process ended."""
+    from submitit.core.utils import FailedJobError
+
+    if isinstance(error, FailedJobError):
+        parts = str(error).split("----------------------\n")  # submitit's message: the trace between rulers
+        trace = parts[1] if len(parts) > 2 else ""
+        last = next((line.strip() for line in reversed(trace.splitlines()) if line.strip()), "")
+        return f"its eval job {job.job_id} failed: {last or type(error).__name__}"
+    code = getattr(getattr(job, "_process", None), "returncode", None)
+    how = "ended"
+    if isinstance(code, int) and code < 0:
+        with contextlib.suppress(ValueError):
+            how = f"was killed ({signal.Signals(-code).name})"
+    return (
+        f"its eval job {job.job_id} {how} before it scored it, leaving no result (killed? out of memory? "
+        "a full disk?)"
+    )

@@ -30,7 +30,14 @@ from klsweep.environment import usable_cores
 from klsweep.printable import visible_lines
 from klsweep.submit import joblogs
 from klsweep.submit.jobs import EvalJob, TrainJob, cluster_settings, resources, wants_eval
-from klsweep.submit.scheduler import LOCK_FILE, SUPERVISOR_MODULE, job_row, pid_alive, submission_folder
+from klsweep.submit.scheduler import (
+    LOCK_FILE,
+    SUPERVISOR_MODULE,
+    job_row,
+    pid_alive,
+    process_start,
+    submission_folder,
+)
 
 SUPERVISE = "supervise"
 POOL_FILE = "pool.json"  # in the submission folder: the state of each queued job
@@ -137,7 +144,9 @@ def submit_local(sweep_dir: Path, train: list, evals: list, train_fn: Any, eval_
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
-    rows = [job_row(it["run_id"], it["kind"], "local", None, folder, supervisor=proc.pid) for it in items]
+    # the supervisor is known by its pid and start (its command line is empty until its program is loaded)
+    sup = {"supervisor": proc.pid, "supervisor_start": process_start(proc.pid)}
+    rows = [job_row(it["run_id"], it["kind"], "local", None, folder, **sup) for it in items]
     return rows, 0
 
 
@@ -204,7 +213,14 @@ class _Pool:
     def claim(self, states: list[dict[str, Any]], i: int, job_id: str, supervisor: int) -> None:
         """Queued job ``i`` is the worker's (``log``: where its part of the worker's log files begins)."""
         states[i] = {"state": "claimed", "worker": job_id, "log": joblogs.log_offsets()}
-        self.record(i, job_id, worker=True, supervisor=supervisor)
+        self.record(
+            i,
+            job_id,
+            worker=True,
+            supervisor=supervisor,
+            supervisor_start=process_start(supervisor),
+            job_start=process_start(int(job_id)),
+        )
 
     def finish(self, states: list[dict[str, Any]], i: int, ok: bool, state: str | None = None) -> None:
         job_id = states[i]["worker"]

@@ -9,6 +9,7 @@ with Slurm's pending reason beside them (``JobState``). The record and the state
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import signal
@@ -96,13 +97,43 @@ def latest_rows(sweep_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
 # --- states --------------------------------------------------------------------------------------------------
 
 
-def pid_alive(pid: int, marker: str) -> bool:
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (the first is the state: ``Z`` a zombie);
+    None when there is no such process."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When the process ``pid`` started (clock ticks after boot: ``/proc/<pid>/stat``'s 22nd field), from its
+    fork on: with the pid, the process's identity (a reused pid never has the same start); None when there is
+    no such process."""
+    return _start(_stat_fields(pid))
+
+
+def _start(fields: list[str] | None) -> int | None:
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, marker: str, start: int | None = None) -> bool:
+    """Whether the process ``pid`` lives (not a zombie) and is the one meant: started at ``start``
+    (``process_start``, recorded when it was started) when given, and running a command line that names
+    ``marker`` or **is empty**: a process that is starting, whose command line stays empty while the kernel
+    loads the new program (``exec``: milliseconds, more on a loaded machine; ``subprocess.Popen`` returns
+    before it is filled). A supervisor polled then is starting, not gone."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] == "Z" or (start is not None and _start(fields) != start):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return marker in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return not cmdline.strip(b"\0") or marker in cmdline.replace(b"\0", b" ").decode(errors="replace")
 
 
 def _local_state(row: dict[str, Any]) -> str:
@@ -111,11 +142,11 @@ def _local_state(row: dict[str, Any]) -> str:
     if row.get("state"):
         return row["state"]
     if row["job_id"] is None or row.get("worker"):
-        if not pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE):
+        if not pid_alive(int(row["supervisor"]), SUPERVISOR_MODULE, row.get("supervisor_start")):
             return "LOST"
         # a worker gone while its supervisor lives: the supervisor is about to record how the job ended
         return "PENDING" if row["job_id"] is None else "RUNNING"
-    if pid_alive(int(row["job_id"]), "submitit"):
+    if pid_alive(int(row["job_id"]), "submitit", row.get("job_start")):
         return "RUNNING"
     return _result_state(Path(row["folder"]), row["job_id"])
 
@@ -263,8 +294,10 @@ def live_jobs(rows: Any) -> set[tuple[str, str]]:
 # --- stopping ------------------------------------------------------------------------------------------------
 
 
-def cancel_rows(rows: list[dict[str, Any]]) -> None:
-    """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue), SIGINT then SIGKILL locally."""
+def cancel_rows(rows: list[dict[str, Any]]) -> dict[int, int | None]:
+    """Stop the rows' jobs: scancel on Slurm (waiting until they left the queue); locally every process of the
+    job (submitit's controller and what it started: a shell of ``cluster.setup`` lines, the task training)
+    stopped (``stop_processes``). Returns the local processes that could not be stopped (pid -> start)."""
     slurm_ids = [r["job_id"] for r in rows if r["cluster"] == "slurm" and r["job_id"]]
     if slurm_ids:
         run_cmd(["scancel", *slurm_ids])
@@ -276,19 +309,81 @@ def cancel_rows(rows: list[dict[str, Any]]) -> None:
             if live is None or not any(j in live for j in slurm_ids):
                 break
             time.sleep(0.5)
-    pids = []
+    procs: dict[int, int | None] = {}
     for r in rows:
-        if r["cluster"] != "local":
-            continue
-        if r["job_id"] is None:
+        if r["cluster"] != "local" or r["job_id"] is None:
             continue  # queued in the supervisor: it skips runs whose status is cancelled
-        if pid_alive(int(r["job_id"]), "submitit"):
+        if pid_alive(int(r["job_id"]), "submitit", r.get("job_start")):
             Path(r["folder"], f"{r['job_id']}.cancelled").touch()
-            os.kill(int(r["job_id"]), signal.SIGINT)  # submitit's local controller stops its tasks
-            pids.append(int(r["job_id"]))
-    deadline = time.time() + 5
-    while pids and time.time() < deadline:
-        pids = [p for p in pids if pid_alive(p, "submitit")]
+            procs.update(process_tree(int(r["job_id"])))
+    return stop_processes(procs)
+
+
+def process_tree(pid: int) -> dict[int, int | None]:
+    """The process ``pid`` and every process below it (pid -> start, ``process_start``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree: dict[int, int | None] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p not in tree and (start := process_start(p)) is not None:
+            tree[p] = start
+            todo += children.get(p, [])
+    return tree
+
+
+def flock_holders(paths: list[Path]) -> dict[int, int | None]:
+    """The processes of this machine holding a ``flock`` on any of ``paths`` (the kernel's ``/proc/locks``; a
+    path that is gone holds none), pid -> start."""
+    files = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path, follow_symlinks=False)
+            files.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    holders: dict[int, int | None] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; a waiter's line has "->" after the number
+            held = len(fields) > 5 and fields[1] == "FLOCK" and fields[5] in files and fields[4].isdigit()
+            if held and (start := process_start(int(fields[4]))) is not None:
+                holders[int(fields[4])] = start
+    return holders
+
+
+STOP_WAIT_S = 5.0  # how long the processes of a cancelled job have to end on SIGINT before SIGKILL
+
+
+def stop_processes(procs: dict[int, int | None], wait_s: float = STOP_WAIT_S) -> dict[int, int | None]:
+    """Stop processes (pid -> start: a pid started at another time is another process, left alone): SIGINT
+    (submitit's controller stops its tasks; a trainer ends its step), after ``wait_s`` SIGKILL to what is
+    left and to what it started meanwhile. Returns those still alive (another user's: not ours to stop)."""
+
+    def alive(procs: dict[int, int | None]) -> dict[int, int | None]:
+        return {p: s for p, s in procs.items() if _live(p, s)}
+
+    def send(procs: dict[int, int | None], sig: signal.Signals) -> None:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+
+    send(procs, signal.SIGINT)
+    deadline = time.time() + wait_s
+    while (procs := alive(procs)) and time.time() < deadline:
         time.sleep(0.1)
-    for p in pids:
-        os.kill(p, signal.SIGKILL)
+    for p in list(procs):
+        procs.update(process_tree(p))
+    send(procs, signal.SIGKILL)
+    deadline = time.time() + 5
+    while (procs := alive(procs)) and time.time() < deadline:
+        time.sleep(0.05)
+    return procs
+
+
+def _live(pid: int, start: int | None) -> bool:
+    """Whether the process ``pid`` started at ``start`` still lives (a zombie has ended)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z" and (start is None or _start(fields) == start)

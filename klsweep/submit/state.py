@@ -37,10 +37,12 @@ from klsweep.submit.scheduler import (
     JobState,
     cancel_rows,
     controller_problem,
+    flock_holders,
     job_states,
     key,
     latest_rows,
     live_jobs,
+    stop_processes,
 )
 
 INCOMPLETE = "incomplete"  # done by its status, but its final checkpoint is gone or not whole (never scored)
@@ -99,7 +101,7 @@ def _combine(status_state: str, sched: str | None) -> str:
         return "running"
     if sched in LIVE_SLURM:
         return "pending"
-    if status_state in ("done", "diverged"):
+    if status_state in ("done", "diverged", "cancelled"):  # cancelled: only `cancel` writes it, once stopped
         return status_state
     if sched is None or sched in ("UNKNOWN", "GONE", "SKIPPED"):  # skipped: the run's state says why
         return status_state
@@ -290,7 +292,9 @@ def _run_status(
         log_tail=tail,
         reason=reason,
         log=str(log) if log else None,
-        eval_error=st.get("eval_error") if eval_state == "failed" else partial,
+        eval_error=(st.get("eval_error") or _eval_ended(eval_row, run_dir.parent))
+        if eval_state == "failed"
+        else partial,
         job_state=sched,
         job_reason=job.reason if job else None,
     )
@@ -329,6 +333,16 @@ def _died_silently(sched: str | None) -> list[str]:
     elif sched:
         lines.append(f"the scheduler says {sched}")
     return lines
+
+
+def _eval_ended(row: dict[str, Any] | None, sweep_dir: Path) -> str:
+    """Why a run's eval failed when the eval recorded nothing (its job killed, out of memory, or unable to write
+    on a full disk), and what evaluates it again."""
+    job = f"its eval job {row['job_id']}" if row and row.get("job_id") else "its eval"
+    return (
+        f"{job} ended before it scored the run, leaving no word (killed? out of memory? a full disk?): "
+        f"`klsweep eval {sweep_dir}` (or the study again) evaluates it"
+    )
 
 
 def _axes_from_config(cfg: dict[str, Any], axes: list[str]) -> dict[str, Any]:
@@ -459,9 +473,29 @@ def _not_final(sweep_dir: Path, runs: list[RunStatus], timeout_s: float) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Cancelled:
+    """What ``cancel_runs`` did: the runs it stopped and marked cancelled, those that ended (done, diverged) before
+    it could, and those whose trainer it could not stop (run id -> why: a process of another
+    user, of another machine), left as they were."""
+
+    cancelled: list[str]
+    ended: list[str]
+    not_stopped: dict[str, str]
+
+
 def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]:
     """Cancel the live jobs of a sweep (or of the given runs); their status becomes 'cancelled'.
-    Returns the run ids cancelled."""
+    Returns the run ids cancelled (``cancel_runs``: what else happened)."""
+    return cancel_runs(sweep_dir, run_ids).cancelled
+
+
+def cancel_runs(sweep_dir: str | Path, run_ids: list[str] | None = None) -> Cancelled:
+    """Cancel the live jobs of a sweep (or of the given runs) and stop what trains them: a run waiting in a
+    local supervisor's queue is never started; a job's processes are stopped (``scheduler.cancel_rows``);
+    then whatever process of this machine still holds a run's training lock (its trainer, wherever it
+    lives: the kernel's lock table says which) is stopped too. A run is reported cancelled only once nothing
+    trains it; one whose trainer cannot be stopped keeps its status, named in ``not_stopped``."""
     from filelock import FileLock
 
     sweep_dir = Path(sweep_dir)
@@ -486,19 +520,62 @@ def cancel(sweep_dir: str | Path, run_ids: list[str] | None = None) -> list[str]
             )
         live = live_jobs(rows)
         rows = [r for r in rows if (r["run_id"], r["kind"]) in live]
-        cancelled = sorted(
+        chosen = sorted(
             {r["run_id"] for r in rows}
             | {r for r in targets if _state(sweep_dir / r) in ("pending", "running")}
+            | {r for r in targets if store.trainer_of(sweep_dir / r) is not None}
         )
-        for rid in cancelled:
+        before = {rid: _status_or_none(sweep_dir / rid) for rid in chosen}
+        for rid in chosen:  # first: the supervisor (under this lock) never starts a run marked so
             store.write_status(
                 sweep_dir / rid, "cancelled", reason="cancelled by user", finished_at=time.time()
             )
         cancel_rows(rows)
-        for rid in cancelled:  # a dying job may have written its own state meanwhile
-            if _state(sweep_dir / rid) != "done":
+        not_stopped = {rid: why for rid in chosen if (why := _stop_trainer(sweep_dir / rid))}
+        out = Cancelled([], [], not_stopped)
+        for rid in chosen:  # a dying job may have written its own state meanwhile
+            state = _state(sweep_dir / rid)
+            if rid in not_stopped:
+                _restore_status(sweep_dir / rid, before[rid])
+            elif state in ("done", "diverged"):  # (a failed one: its job dying as it was stopped)
+                out.ended.append(rid)
+            else:
                 store.write_status(sweep_dir / rid, "cancelled", reason="cancelled by user")
-    return cancelled
+                out.cancelled.append(rid)
+    return out
+
+
+def _stop_trainer(run_dir: Path) -> str | None:
+    """Stop the processes of this machine that still hold the run's training lock (the kernel's table of
+    locks names them, whatever the job records say: a trainer orphaned by its job's shell, one started by
+    hand); None once no process holds it, else why not: one of another machine (its scheduler's to stop),
+    or one that will not die (another user's)."""
+    if store.trainer_of(run_dir) is None:
+        return None
+    import socket
+
+    left = stop_processes(flock_holders([run_dir, run_dir / store.TRAIN_LOCK]))
+    deadline = time.time() + 5  # the kernel drops a dead holder's lock as it reaps it
+    while (holder := store.trainer_of(run_dir)) is not None and time.time() < deadline:
+        time.sleep(0.05)
+    if holder is None:
+        return None
+    if left or holder.get("host") == socket.gethostname():
+        return f"its trainer ({store.describe_trainer(holder)}) could not be stopped"
+    return f"still trained by {store.describe_trainer(holder)}: a process of another machine"
+
+
+def _status_or_none(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return store.read_status(run_dir)
+    except store.UnreadableFile:
+        return None
+
+
+def _restore_status(run_dir: Path, status: dict[str, Any] | None) -> None:
+    """Put back the status a run had before ``cancel`` marked it (its trainer goes on)."""
+    if status is not None:
+        store.write_json(run_dir / store.STATUS_FILE, status)
 
 
 def _state(run_dir: Path) -> str | None:

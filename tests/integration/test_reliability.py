@@ -5,6 +5,7 @@ results folder, a run folder that is a symbolic link out of the results folder. 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -429,3 +430,217 @@ def test_workers_that_die_before_taking_a_job_are_not_restarted_for_ever(tmp_pat
     assert [s["state"] for s in pool] == ["failed", "failed"]
     started = list((sweep / "submitit").rglob("*_submitted.pkl"))  # one per worker job it started
     assert local.MAX_WORKER_DEATHS <= len(started) <= local.MAX_WORKER_DEATHS + 1, started
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 12. A supervisor still starting is not taken for lost (issue 47 item 4)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_supervisor_still_starting_is_not_taken_for_lost(tmp_path, monkeypatch):
+    """`study --retry-failed` after a full disk evaluated and reported without the run it retried: its first
+    status poll came while the new supervisor's /proc/<pid>/cmdline was still empty (the kernel loading its
+    program, milliseconds after Popen), the supervisor was taken for lost and the run read failed. The poll
+    is made to fall in that moment for sure: the supervisor's cmdline read empty (faked) while its process
+    lives. A supervisor is known by its pid and start: a process at its pid started at another time is not
+    it."""
+    from klsweep.submit import scheduler
+
+    sweep = tmp_path / "retry"
+    plan = jobs.make_plan(sweep, [0])
+    submit.submit(plan, "local", train_fn=jobs.bad_train)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.3, timeout_s=120)
+    assert run.state == "failed"
+    submit.submit(plan, "local", retry_failed=True, train_fn=jobs.ok_train)
+    supervisor = store.read_jsonl(sweep / store.JOBS_FILE)[-1]["supervisor"]
+    empty = tmp_path / "cmdline"
+    empty.write_bytes(b"")
+    real = scheduler.Path
+    with monkeypatch.context() as m:  # the moment its program is being loaded: an empty command line
+        m.setattr(scheduler, "Path", lambda p: empty if p == f"/proc/{supervisor}/cmdline" else real(p))
+        (first,) = submit.status(sweep)
+    assert first.state == "pending", (first.state, first.reason)
+    (run,) = submit.wait_until_final(sweep, poll_s=0.3, timeout_s=120)
+    assert run.state == "done", (run.state, run.reason)
+    me = scheduler.process_start(os.getpid())
+    assert scheduler.pid_alive(os.getpid(), "pytest", me) and not scheduler.pid_alive(
+        os.getpid(), "pytest", me + 1
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 13. The study's eval stage: Ctrl-C stops the waiting, not the evals; an eval killed or on a full disk is
+# said, the study goes on (issue 47 items 5, 6)
+# ------------------------------------------------------------------------------------------------------------
+
+STUDY = (  # one run of the tiny model, 2 steps, 4 eval problems per task: a real study in seconds
+    "name: {name}\nbase: {{model: tiny, task: tiny, eval: tiny, eval.limit: 4, cluster.max_local_jobs: 1,\n"
+    "  train.steps: 2, train.save_steps: 2, train.prompts_per_step: 2, train.group_size: 4,\n"
+    "  train.max_completion_length: 8, wandb.mode: disabled}}\ngrid: {{seed: range(1)}}\n"
+)
+
+
+def start_study(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """`klsweep study` of ``STUDY`` in a process group of its own (as a shell runs a command: Ctrl-C goes to
+    the group), and its sweep folder."""
+    grid = tmp_path / f"{name}.yaml"
+    grid.write_text(STUDY.format(name=name))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
+    env.pop("TTY_COMPATIBLE", None)
+    command = [sys.executable, "-m", "klsweep", "study", str(grid), "--out", str(tmp_path / "res")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, start_new_session=True)  # fmt: skip
+    return proc, tmp_path / "res" / name
+
+
+def eval_jobs(sweep: Path) -> list[int]:
+    """The pids of the sweep's eval jobs (submitit's local controllers), once submitted."""
+    rows = store.read_jsonl(sweep / store.JOBS_FILE) if (sweep / store.JOBS_FILE).exists() else []
+    return sorted({int(r["job_id"]) for r in rows if r["kind"] == "eval" and r.get("job_id")})
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_eval_stage_stops_the_waiting_not_the_evals(tmp_path):
+    """Ctrl-C (SIGINT to the command's process group) while `klsweep study` waits for its evals killed them
+    (they ran in the command's process group) while it said they went on in the background: they go on, in
+    a session of their own as training does, and the message is true."""
+    proc, sweep = start_study(tmp_path, "ctrlc")
+    try:
+        wait_for(lambda: eval_jobs(sweep) or proc.poll() is not None, "the eval stage never began", 300)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        said = " ".join(err.split())
+        assert proc.returncode == 130, err
+        assert "interrupted: 1 run(s) go on in the background (1 evaluated)" in said, err
+        (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=300)
+        assert run.eval_state == "done", (run.eval_state, run.eval_error)
+        assert list(sweep.glob("*/eval/*/checkpoint-2/results.json"))
+        assert list(sweep.glob("baseline/*/eval/*/step-0/results.json"))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if sweep.exists():
+            submit.cancel(sweep)
+
+
+@pytest.mark.slow
+def test_an_eval_job_killed_is_said_and_the_study_reports_what_it_has(tmp_path):
+    """An eval job killed (the OOM killer's kill -9 of the process evaluating) crashed `klsweep study` with
+    submitit's UncompletedJobError: no report, and `status` said `eval failed` with no reason. The study goes
+    on: the report, and which eval failed and why, here and in `klsweep status`."""
+    proc, sweep = start_study(tmp_path, "evalkill")
+    try:
+        wait_for(lambda: eval_jobs(sweep) or proc.poll() is not None, "the eval stage never began", 300)
+        (controller,) = eval_jobs(sweep)
+        wait_for(lambda: children(controller) or proc.poll() is not None, "the eval job never started", 60)
+        (task,) = children(controller)
+        os.kill(task, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in out + err and "UncompletedJobError" not in out + err, err
+    assert proc.returncode == 0, err  # (issue 51 makes a study that ends with an eval failed exit non-zero)
+    said = " ".join(out.split())
+    assert "eval failed" in said and f"its eval job {controller} ended before it scored it" in said, out
+    assert (sweep / "report" / "report.md").is_file()
+    (run,) = submit.status(sweep)
+    assert run.state == "done" and run.eval_state == "failed", run
+    assert run.eval_error and f"its eval job {controller}" in run.eval_error, run.eval_error
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 14. Cancel stops what trains the run, and says cancelled only what it stopped (issue 47 item 15)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def progress_of(run_dir: Path) -> str:
+    path = run_dir / "progress.txt"
+    return path.read_text() if path.exists() else ""
+
+
+def test_cancel_stops_a_job_run_under_a_setup_shell_and_the_run_stays_cancelled(tmp_path):
+    """With `cluster.setup` lines a local job's process (the id `status` shows) is a shell running them and
+    then submitit's controller: `klsweep cancel` stopped that shell alone, said the run cancelled, and the
+    controller and the worker below it trained it on to done. Every process of the job is stopped; the run
+    stays cancelled and the pool goes on with the next run."""
+    sweep = tmp_path / "setupcancel"
+    plan = jobs.make_plan(sweep, [0, 1], **{"cluster.max_local_jobs": 1, "cluster.setup": ["true"]})
+    submit.submit(plan, "local", train_fn=jobs.short_slow_train)
+    a, b = plan.runs  # seed 0 trains 60 steps of 0.5 s, seed 1 six
+    wait_for(lambda: progress_of(a.run_dir), "the run never trained", 120)
+    assert submit.cancel(sweep, [a.id]) == [a.id]
+    assert store.trainer_of(a.run_dir) is None
+    stopped = progress_of(a.run_dir)
+    time.sleep(2)
+    assert progress_of(a.run_dir) == stopped  # nothing trains it
+    final = {r.run_id: r for r in submit.wait_until_final(sweep, poll_s=0.5, timeout_s=120)}
+    assert final[a.id].state == "cancelled" and final[b.id].state == "done", final
+    assert progress_of(a.run_dir) == stopped and int(stopped) < 60
+
+
+HOLD_RUNNING = """
+import sys, time
+from klsweep import store
+with store.training(sys.argv[1]):
+    store.write_status(sys.argv[1], "running", step=1)
+    print("training", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_cancel_stops_a_trainer_it_has_no_job_record_of(tmp_path):
+    """A trainer that outlived its job (its shell or controller killed) trains on under no job klsweep
+    knows: `klsweep cancel` said the run cancelled and left it training. The process holding the run's
+    training lock (the kernel's lock table names it) is stopped too, before the run is said cancelled."""
+    sweep = tmp_path / "orphan"
+    plan = jobs.make_plan(sweep, [0])
+    run_dir = plan.runs[0].run_dir
+    submit.submit(plan, "local", train_fn=jobs.bad_train)
+    submit.wait_until_final(sweep, poll_s=0.3, timeout_s=120)
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", HOLD_RUNNING, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert orphan.stdout.readline().strip() == "training"
+        assert submit.cancel(sweep) == [plan.runs[0].id]
+        assert orphan.wait(timeout=10) is not None and store.trainer_of(run_dir) is None
+        (run,) = submit.status(sweep)
+        assert run.state == "cancelled"
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_the_eval_stage_is_said_and_the_study_reports_what_it_has(tmp_path):
+    """A full disk under the evals (a tiny tmpfs, full, where the run's scores go) crashed `klsweep study` with
+    submitit's job error and no report. The study goes on: the baseline scored, the run's eval failed with its
+    reason (here and in `klsweep status`), the report written."""
+    from mounts import full_disk
+
+    from klsweep.study import run_study
+
+    grid = tmp_path / "fulleval.yaml"
+    grid.write_text(STUDY.format(name="fulleval"))
+    sweep = tmp_path / "res" / "fulleval"
+    with contextlib.ExitStack() as disks:
+
+        def on_stage(stage: str) -> None:
+            if stage.startswith("eval"):  # the runs trained: their eval/ on a disk with no room left
+                for run_dir in store.run_dirs(sweep):
+                    full = disks.enter_context(full_disk(run_dir / store.EVAL_DIR, "64k"))
+                    with contextlib.suppress(OSError), open(full / "filler", "wb") as f:
+                        f.write(b"x" * 1_000_000)
+
+        res = run_study(grid, out=tmp_path / "res", formats=("md",), on_stage=on_stage)
+        (run,) = res.runs
+        assert run.state == "done" and run.eval_state == "failed", run
+        assert "No space left on device" in run.eval_error, run.eval_error
+        assert list(res.eval.errors) == [str(run_dir := sweep / run.run_id)], res.eval.errors
+        assert (sweep / "report" / "report.md").is_file()
+        assert list(sweep.glob("baseline/*/eval/*/step-0/results.json"))
+        (again,) = submit.status(sweep)
+        assert again.eval_state == "failed" and again.eval_error == run.eval_error
+        assert not list(run_dir.glob("eval/*/*/results.json"))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import Problem, UserError
-from klsweep.grid.claims import UNBIASED, Claim
+from klsweep.grid.claims import UNBIASED, Claim, overlap_problem
 from klsweep.report.audit_table import run_unbiased
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.names import KL_KEYS, kl_on, matches
@@ -398,6 +398,13 @@ def claims_table(
         for k in f
         if k != UNBIASED and k not in known
     ]  # fmt: skip
+    every = _Sides(
+        r, configs
+    )  # a run on both sides of a claim, whatever its state (the plan checks it first)
+    for c in claims:
+        shared = sorted(set(every.side(c.a)["run"]) & set(every.side(c.b)["run"]))
+        if shared:
+            problems.append(overlap_problem(c, "claims", len(shared), shared))
     if problems:
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)

@@ -167,7 +167,7 @@ def test_a_resume_cuts_after_the_rows_kept_and_goes_on_from_them(tmp_path):
     before it (a TypeError before: `"six" > 4`) and a 10**30 step after step 4 (once taken as the first row
     past the checkpoint: the rows after it cut): the cut is just before step 5, every line before it stays,
     and the rows the resumed run goes on from (its collapse rule's) are those every reader keeps."""
-    rows = [{"step": s, "reward_mean": s / 10} for s in (1, 2, 1, 3, "six", 3, 4)]
+    rows = [{"step": s, "reward_mean": 0.5} for s in (1, 2, 1, 3, "six", 3, 4)]
     rows.insert(6, {"step": 10**30, "reward_mean": 1.0})
     lines = [json.dumps(r) + "\n" for r in rows] + [json.dumps({"step": s}) + "\n" for s in (5, 6)]
     path = tmp_path / store.METRICS_FILE

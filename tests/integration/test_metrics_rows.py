@@ -138,28 +138,37 @@ def _nul_tail(run: Path) -> str:
     return "1 unreadable line(s) skipped (line 21): longer than 1 MiB"
 
 
-@pytest.mark.parametrize("damage", [_nested, _nul_tail], ids=["nested 1000 deep", "3 GB NUL tail"])
-def test_a_hostile_line_is_set_aside_by_report_and_status(tmp_path, damage):
-    """A line nested 1000 deep was a RecursionError in `report` and, as the last line, in `status`; a 3 GB NUL
-    tail a MemoryError in `report`. Each is one unreadable line, listed; the numbers are the clean file's."""
+def _sweep(tmp_path: Path) -> tuple[Path, Path]:
     grid = [{"kl.estimator": e, "kl.placement": "loss", "kl.beta": 0.1} for e in ("k1", "k3")]
     sweep = sweepgen.write_sweep(tmp_path / "s", grid, seeds=1, steps=STEPS)
+    return sweep, sorted(store.run_dirs(sweep))[0]
+
+
+@pytest.mark.parametrize("damage", [_nested, _nul_tail], ids=["nested 1000 deep", "3 GB NUL tail"])
+def test_a_hostile_line_is_set_aside_by_report(tmp_path, damage):
+    """A line nested 1000 deep was a RecursionError in `report`, a 3 GB NUL tail a MemoryError. Each is one
+    unreadable line, listed; the numbers are the clean file's."""
+    sweep, run = _sweep(tmp_path)
     rp.build_report(sweep, tmp_path / "clean", formats=("csv",), wandb=False)
     clean = pd.read_csv(tmp_path / "clean" / "runs.csv").set_index("run")  # as written: 4 significant digits
-    run = sorted(store.run_dirs(sweep))[0]
-    reward = f"{json.loads(_lines(run)[STEPS - 1])['reward_mean']:.3f}"
     said = damage(run)
     done = _klsweep(["report", sweep, "--out", tmp_path / "r", "-f", "csv"])
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"{run / store.METRICS_FILE}: {said}; the other rows are reported" in " ".join(done.stderr.split())
     got = pd.read_csv(tmp_path / "r" / "runs.csv").set_index("run").loc[run.name, COLUMNS]
     pd.testing.assert_series_equal(got, clean.loc[run.name, COLUMNS], check_dtype=False, check_names=False)
+
+
+def test_a_last_line_nested_1000_deep_is_no_traceback_in_status(tmp_path):
+    """As the last line, a line nested 1000 deep was a RecursionError in `status` (``_last_line`` caught only
+    JSONDecodeError): `status` shows the reward of the last row kept before it."""
+    sweep, run = _sweep(tmp_path)
+    reward = f"{json.loads(_lines(run)[STEPS - 1])['reward_mean']:.3f}"
+    _nested(run)
     shown = _klsweep(["status", sweep])
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-3000:]
     (line,) = [line for line in shown.stdout.splitlines() if line.startswith(run.name)]
-    assert f"{STEPS}/{STEPS}" in line
-    if damage is _nested:  # the last row kept before it (a NUL tail fills the end status reads: no reward)
-        assert reward in line.split(), line
+    assert f"{STEPS}/{STEPS}" in line.split() and reward in line.split(), line
 
 
 def test_a_resume_cuts_after_the_rows_kept_and_goes_on_from_them(tmp_path):

@@ -257,12 +257,12 @@ def check_grid_values(
 
 
 def check_overlap(
-    claims: list[Claim], configs: list[dict[str, Any]], where: str, problems: list[Problem]
+    claims: list[Claim], configs: list[dict[str, Any]], where: str, problems: list[Problem], ids: list[str]
 ) -> None:
-    """Each claim's two sides against the grid's runs (``configs``: nested): a run both select is a problem
-    (``overlap_problem``). A side filtering on ``unbiased`` (the audit's verdict, not known before the report)
-    is checked by the report (``klsweep.report.claims``), unless both sides filter on it and no value is on
-    both; so is one on a config group's option."""
+    """Each claim's two sides against the grid's runs (``configs``: nested; ``ids``: theirs): a run both select
+    is a problem (``overlap_problem``). A side filtering on ``unbiased`` (the audit's verdict, not known before
+    the report) is checked by the report (``klsweep.report.claims``), unless both sides filter on it and no
+    value is on both; so is one on a config group's option."""
     from klsweep.grid.schema import GROUPS
 
     index: dict[str, dict[Any, set[int]]] = {}  # key -> comparable value -> the runs that have it
@@ -287,21 +287,20 @@ def check_overlap(
             if not shared:
                 break
         if shared:
-            problems.append(overlap_problem(c, where, len(shared)))
+            problems.append(overlap_problem(c, where, [ids[i] for i in sorted(shared)]))
 
 
-def overlap_problem(c: Claim, where: str, shared: int, runs: list[str] | None = None) -> Problem:
-    """What to say of a claim whose sides select ``shared`` runs in common (``runs``: their names, when known):
-    the filters both sides accept, which select them."""
+def overlap_problem(c: Claim, where: str, runs: list[str]) -> Problem:
+    """What to say of a claim whose sides both select ``runs``: how many, which (the first few), and the
+    filters both sides accept, which select them."""
     both = {k: [v for v in c.a[k] if _accepts(c.b[k], v)] if k in c.b else c.a[k] for k in c.a}
     both.update({k: v for k, v in c.b.items() if k not in c.a})
     selectors = ", ".join(f"{k}: {'|'.join(map(str, v))}" for k, v in both.items())
-    named = f" ({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''})" if runs else ""
+    named = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
     return Problem(
         f"{where} ({c.name}).b",
-        f"a and b overlap: {shared} run(s){named} are on both sides (those with {selectors}); "
-        "a test of two groups needs each run on one side only",
-        "filters that tell the sides apart (a value of one key on each side)",
+        f"a and b overlap: {len(runs)} run(s) on both sides ({named}), those with {selectors}",
+        "sides with no run in common (a value of a key on one side that the other side does not accept)",
     )
 
 

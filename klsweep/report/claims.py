@@ -404,7 +404,7 @@ def claims_table(
     for c in claims:
         shared = sorted(set(every.side(c.a)["run"]) & set(every.side(c.b)["run"]))
         if shared:
-            problems.append(overlap_problem(c, "claims", len(shared), shared))
+            problems.append(overlap_problem(c, "claims", shared))
     if problems:
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)

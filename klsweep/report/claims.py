@@ -398,13 +398,13 @@ def claims_table(
         for k in f
         if k != UNBIASED and k not in known
     ]  # fmt: skip
-    every = _Sides(
-        r, configs
-    )  # a run on both sides of a claim, whatever its state (the plan checks it first)
+    # a run on both sides of a claim, whatever its state (the plan checked the grid's runs before, where it could)
+    every = _Sides(r, configs)
     for c in claims:
-        shared = sorted(set(every.side(c.a)["run"]) & set(every.side(c.b)["run"]))
-        if shared:
-            problems.append(overlap_problem(c, "claims", shared))
+        shared = every.side(c.a).index.intersection(every.side(c.b).index)
+        if len(shared):
+            names = r.loc[shared, "run"] if "run" in r.columns else shared
+            problems.append(overlap_problem(c, "claims", [str(n) for n in names]))
     if problems:
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)

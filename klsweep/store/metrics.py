@@ -259,14 +259,22 @@ def _skip_line(f: BinaryIO) -> tuple[int, bool]:
 
 
 def _add(out: Metrics, number: int, line: bytes | None, ended: bool) -> None:
-    """Line ``number`` read into ``out``: a row kept, or set aside with why, or an unfinished last line."""
+    """Line ``number`` read into ``out``: a row kept, or set aside with why, or an unfinished last line. (The
+    report reads every row of every run through it, cold: one decoder, the values' checks inline.)"""
     if line is None:
         out.aside.append(Aside(number, UNREADABLE, f"longer than {MAX_LINE // (1 << 20)} MiB"))
         return
-    if not line.strip():
-        return
-    row, why = _parse(line)
-    if row is None:
+    try:
+        row = _decode(line.decode())
+    except RecursionError:
+        row, why = None, "nested too deep"
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        if not line.strip():
+            return
+        row, why = None, "not JSON"
+    else:
+        why = "not a JSON object"
+    if type(row) is not dict:
         if ended:
             out.aside.append(Aside(number, UNREADABLE, why))
         else:  # the last line, no newline: being written, or cut short
@@ -276,33 +284,46 @@ def _add(out: Metrics, number: int, line: bytes | None, ended: bool) -> None:
     if type(step) is not int or not 1 <= step <= MAX_STEP:
         out.aside.append(Aside(number, BAD_STEP, "missing" if "step" not in row else _shown(step)))
         return
-    for key, value in list(row.items()):
-        kind = _value_problem(value)
-        if kind is not None and key != "step":
-            del row[key]
-            out.aside.append(Aside(number, kind, key, step))
+    values = row.values()
+    if not set(map(type, values)) <= _NUMBERS or not _sum_is_a_number(values):  # else every value is a number
+        for key, value in list(row.items()):
+            kind = _value_problem(value)
+            if kind is not None:
+                del row[key]
+                out.aside.append(Aside(number, kind, key, step))
     out.rows.append(row)
     out.lines.append(number)
 
 
-def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
+_NUMBERS = {int, float}  # not bool: type(True) is bool
+
+
+def _sum_is_a_number(values: Any) -> bool:
+    """Whether the sum of ``values`` (ints and floats) is: no NaN among them, no int too large for a float (a
+    false "no", such as Infinity + -Infinity, only sends the row through ``_value_problem``)."""
     try:
-        row = json.loads(line)
-    except RecursionError:
-        return None, "nested too deep"
-    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-        return None, "not JSON"
-    return (row, "") if isinstance(row, dict) else (None, "not a JSON object")
+        total = sum(values)
+    except OverflowError:
+        return False
+    return total == total
 
 
 def _value_problem(value: Any) -> str | None:
-    """Why a row's value is left out of it (``NOT_NUMBER``, ``NAN``), or None: a number or null."""
+    """Why a row's value is left out of it (``NOT_NUMBER``, ``NAN``), or None: a number (not a bool) that a
+    float holds (the report's arrays), NaN excepted, or null."""
     t = type(value)
     if t is float:
         return NAN if value != value else None
     if t is int:
-        return None if -1e308 < value < 1e308 else NOT_NUMBER  # a float can hold it (the report's arrays)
+        try:
+            float(value)
+        except OverflowError:
+            return NOT_NUMBER
+        return None
     return None if value is None else NOT_NUMBER
+
+
+_decode = json.JSONDecoder().decode  # NaN, Infinity: Python's json reads them (a NaN is then left out)
 
 
 def _shown(value: Any) -> str:

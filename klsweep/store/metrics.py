@@ -30,7 +30,6 @@ own. ``notes`` says what was set aside, one line per reason.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -381,8 +380,3 @@ def notes(path: Path, aside: Sequence[Aside], max_step: int | None = None) -> li
 def _list(items: Any) -> str:
     items = [str(i) for i in items]
     return ", ".join(items[:SHOWN]) + (", ..." if len(items) > SHOWN else "")
-
-
-def finite(value: Any) -> float | None:
-    """A kept row's value as a finite float, or None (not logged, or infinite)."""
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None

@@ -17,13 +17,13 @@ no-KL and unbiased arms (issue 41).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from klsweep import store  # noqa: E402
 from klsweep.report.statistics import t_interval  # noqa: E402
 
 WINDOW = 20  # steps averaged at each end of a run
@@ -31,13 +31,10 @@ WINDOW = 20  # steps averaged at each end of a run
 
 def reward_ends(run: Path) -> tuple[float, float] | None:
     """A run's mean sampled task reward over its first and its last ``WINDOW`` logged steps."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
+    if not (run / store.METRICS_FILE).is_file():
         return None
-    rewards = [
-        r["reward_mean"]
-        for r in map(json.loads, path.read_text().splitlines())
-        if isinstance(r.get("reward_mean"), int | float)
+    rewards = [  # the rows every reader keeps (klsweep.store.metrics)
+        r["reward_mean"] for r in store.read_metrics(run) if isinstance(r.get("reward_mean"), int | float)
     ]
     if len(rewards) < 2 * WINDOW:
         return None

@@ -111,17 +111,16 @@ def _train_run(
         if is_main:
             with contextlib.suppress(OSError):  # another attempt set it aside already
                 store.set_aside_checkpoint(checkpoint)
+    # the rows before the checkpoint, as every reader keeps them (store.metrics): the resumed run's collapse
+    # rule goes on from them
     if is_main:
-        kept, bad = store.cut_metrics(run_dir, resume_step)
-        if bad:
-            record_warning(
-                warnings,
-                f"{run_dir / store.METRICS_FILE}: {len(bad)} unreadable line(s) skipped "
-                f"(line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})",
-            )
+        found = store.cut_metrics(run_dir, resume_step, config.train.steps)
+        for note in found.notes():
+            record_warning(warnings, note)
+        kept = found.rows
     else:
-        kept = [row for row in store.read_metrics(run_dir) if row.get("step", 0) <= resume_step]
-    base_elapsed = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
+        kept = [row for row in store.read_metrics(run_dir, config.train.steps) if row["step"] <= resume_step]
+    base_elapsed = float(kept[-1].get("elapsed_s") or 0.0) if kept else 0.0
     started = time.time()
     fields: dict[str, Any] = {
         "step": resume_step,

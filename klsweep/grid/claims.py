@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from klsweep.config import KL_ONLY_KEYS as KL_ONLY
 from klsweep.errors import Problem
 from klsweep.grid.schema import Schema, did_you_mean, lookup, unknown
 
@@ -253,6 +254,70 @@ def check_grid_values(
                                 shown,
                             )
                         )
+
+
+def check_overlap(
+    claims: list[Claim], configs: list[dict[str, Any]], where: str, problems: list[Problem], ids: list[str]
+) -> None:
+    """Each claim's two sides against the grid's runs (``configs``: nested; ``ids``: theirs): a run both select
+    is a problem (``overlap_problem``). A side filtering on ``unbiased`` (the audit's verdict, not known before
+    the report) is checked by the report (``klsweep.report.claims``), unless both sides filter on it and no
+    value is on both; so is one on a config group's option."""
+    from klsweep.grid.schema import GROUPS
+
+    index: dict[str, dict[Any, set[int]]] = {}  # key -> comparable value -> the runs that have it
+
+    def runs_with(key: str, values: list[Any]) -> set[int]:
+        if key not in index:
+            index[key] = {}
+            for i, config in enumerate(configs):
+                if not _kl_off(config) or key not in KL_ONLY:
+                    index[key].setdefault(comparable(lookup(config, key, None)), set()).add(i)
+        return set().union(*(index[key].get(comparable(v), set()) for v in values))
+
+    for c in claims:
+        if _apart_by_unbiased(c):
+            continue
+        if any(k == UNBIASED or k in GROUPS for k in (*c.a, *c.b)):
+            continue
+        shared = set(range(len(configs)))
+        for key in dict.fromkeys([*c.a, *c.b]):
+            values = [v for v in c.a.get(key, c.b.get(key, [])) if key not in c.b or _accepts(c.b[key], v)]
+            shared &= runs_with(key, values)
+            if not shared:
+                break
+        if shared:
+            problems.append(overlap_problem(c, where, [ids[i] for i in sorted(shared)]))
+
+
+def overlap_problem(c: Claim, where: str, runs: list[str]) -> Problem:
+    """What to say of a claim whose sides both select ``runs``: how many, which (the first few), and the
+    filters both sides accept, which select them."""
+    both = {k: [v for v in c.a[k] if _accepts(c.b[k], v)] if k in c.b else c.a[k] for k in c.a}
+    both.update({k: v for k, v in c.b.items() if k not in c.a})
+    selectors = ", ".join(f"{k}: {'|'.join(map(str, v))}" for k, v in both.items())
+    named = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
+    return Problem(
+        f"{where} ({c.name}).b",
+        f"a and b overlap: {len(runs)} run(s) on both sides ({named}), those with {selectors}",
+        "sides with no run in common (a value of a key on one side that the other side does not accept)",
+    )
+
+
+def _apart_by_unbiased(c: Claim) -> bool:
+    """Whether both sides filter on ``unbiased`` and no value is on both (no run can be on both sides)."""
+    a, b = c.a.get(UNBIASED), c.b.get(UNBIASED)
+    return a is not None and b is not None and not any(_accepts(b, v) for v in a)
+
+
+def _accepts(values: list[Any], v: Any) -> bool:
+    return comparable(v) in {comparable(w) for w in values}
+
+
+def _kl_off(config: dict[str, Any]) -> bool:
+    """Whether a run (nested config) trains without KL: its KL-only keys then read as "no KL", which no filter
+    value matches (``config.without_kl_when_off``, as the report reads them)."""
+    return lookup(config, "kl.beta", None) == 0 and not lookup(config, "kl.beta_final", None)
 
 
 def comparable(v: Any) -> Any:

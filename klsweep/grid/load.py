@@ -116,6 +116,7 @@ def load_plan(
     # values gone with the others
     narrowed = cmd_keys | (set(KL_ONLY_KEYS) if "kl.beta" in cmd_keys else set())
     claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=narrowed)
+    claims.check_overlap(tested, configs, f"{where}: claims", claim_problems, list(expansion.runs))
     labels.check_grid_values(named, configs, f"{where}: labels", claim_problems, skip=narrowed)
     problems += claim_problems
     if not expansion.runs and not problems:

@@ -79,9 +79,13 @@ def resume(run_dir: Path, steps: int) -> None:
     status = train_run(run_dir)
     if status["state"] != "done":
         raise RuntimeError(status.get("reason") or status["state"])
-    rows = [r["step"] for r in store.read_metrics(run_dir)]
-    if rows != list(range(1, steps + 1)):
-        raise RuntimeError(f"metrics steps after the resume: {rows}, expected 1..{steps}")
+    found = store.metrics.read(run_dir / store.METRICS_FILE, steps)
+    rows = [r["step"] for r in found.rows]
+    if rows != list(range(1, steps + 1)) or found.aside:  # every step once: nothing set aside either
+        said = "; ".join(found.notes())
+        raise RuntimeError(
+            f"metrics steps after the resume: {rows}, expected 1..{steps}{f'; {said}' if said else ''}"
+        )
 
 
 def evaluate(run_dir: Path, eval_cfg: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import Problem, UserError
-from klsweep.grid.claims import UNBIASED, Claim
+from klsweep.grid.claims import UNBIASED, Claim, overlap_problem
 from klsweep.report.audit_table import run_unbiased
 from klsweep.report.data import ID_AVG, OOD_AVG
 from klsweep.report.names import KL_KEYS, kl_on, matches
@@ -398,6 +398,13 @@ def claims_table(
         for k in f
         if k != UNBIASED and k not in known
     ]  # fmt: skip
+    # a run on both sides of a claim, whatever its state (the plan checked the grid's runs before, where it could)
+    every = _Sides(r, configs)
+    for c in claims:
+        shared = every.side(c.a).index.intersection(every.side(c.b).index)
+        if len(shared):
+            names = r.loc[shared, "run"] if "run" in r.columns else shared
+            problems.append(overlap_problem(c, "claims", [str(n) for n in names]))
     if problems:
         raise UserError(problems, title="invalid claims")
     chosen = _Sides(done, configs)

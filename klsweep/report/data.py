@@ -138,7 +138,7 @@ def load_runs(
         if all(value[0][1] is not None for value in loaded):  # no run can be read: nothing to keep
             config_cache.discard()
             metrics_cache.discard()
-    for d, ((config, unreadable), _), (status, env), ((notes, unfinished), arrays) in zip(
+    for d, ((config, unreadable), _), (status, env), ((notes, aside, unfinished), arrays) in zip(
         dirs, loaded, statuses, metrics_of, strict=True
     ):
         if unreadable is not None:
@@ -147,6 +147,7 @@ def load_runs(
         if isinstance(status, str):
             set_aside.append(f"run {d.name} left out: {status}")
             continue
+        kept, notes = _in_order(d, config, notes, aside, arrays)
         set_aside += notes
         if unfinished is not None:
             set_aside.append(_unfinished_note(d / store.METRICS_FILE, unfinished, status.get("state")))
@@ -164,7 +165,7 @@ def load_runs(
                 "env": env,
             }
         )
-        values.append(arrays["values"])
+        values.append(kept)
         names.append(d.name)
     axes = _varying_axes(configs)
     runs = pd.DataFrame(
@@ -200,7 +201,7 @@ def _load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
 
 
 CONFIG_CACHE = ".configs.npz"  # in the report's folder: each run's flattened config (``_load_config``)
-METRICS_CACHE = ".metrics.npz"  # in the report's folder: each run's ``METRICS`` (``_read_metrics``)
+METRICS_CACHE = ".metrics.npz"  # in the report's folder: each run's ``METRICS`` (``_metrics_value``)
 CONFIG_SHARE = 0.75  # of the configs not cached, read in a forked child (one costs twice a run's other files)
 # What the report reads of metrics.jsonl (the rest of its keys are for W&B and the user): the step, the curves,
 # the collapse rule's reward spread and the engine's agreement with the trainer.
@@ -223,26 +224,73 @@ def _is_config(value: Value) -> bool:
 
 
 def _metrics_value(run_dir: Path) -> Value:
-    """A run's metrics as the cache keeps them: [notes, the number of an unfinished last line or None] and the
-    steps x ``METRICS`` array (whether that line is damage depends on the run's state: said by ``load_runs``)."""
+    """A run's metrics as the cache keeps them (``store.metrics.scan``: the rules of a line alone): [notes on the
+    file, what was set aside (``Aside`` fields), the number of an unfinished last line or None] and the rows'
+    ``METRICS`` (steps x keys) and line numbers. The rules of the run's steps (``in_order``: its
+    ``train.steps``, the order) are applied by ``load_runs``, as is whether the unfinished line is damage (the
+    run's state)."""
+    import numpy as np
+
+    from klsweep.store import metrics as metrics_file
+
     notes: list[str] = []
-    values, unfinished = _read_metrics(run_dir, notes)
-    return [notes, unfinished], {"values": values}
+    try:
+        found = metrics_file.scan(run_dir / store.METRICS_FILE)
+    except store.UnreadableFile as e:
+        notes.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
+        found = metrics_file.Metrics(run_dir / store.METRICS_FILE)
+    aside = [[a.line, a.kind, a.detail, a.step] for a in found.aside]
+    lines = np.array(found.lines, dtype=np.int64)
+    return [notes, aside, found.unfinished], {"values": _numbers(found.rows), "lines": lines}
 
 
 def _is_metrics(value: Value) -> bool:
-    """Whether cached metrics are: [notes (strs), a line number or None] and a steps x ``METRICS`` array."""
+    """Whether cached metrics are: [notes (strs), set aside ([line, kind, detail, step]), a line number or None]
+    and a steps x ``METRICS`` array with a line number per step."""
+    from klsweep.store.metrics import KINDS
+
     meta, arrays = value
-    values = arrays.get("values")
+    values, lines = arrays.get("values"), arrays.get("lines")
     return (
         isinstance(meta, list)
-        and len(meta) == 2
+        and len(meta) == 3
         and isinstance(meta[0], list)
         and all(isinstance(n, str) for n in meta[0])
-        and (meta[1] is None or (isinstance(meta[1], int) and not isinstance(meta[1], bool)))
+        and isinstance(meta[1], list)
+        and all(
+            isinstance(a, list)
+            and len(a) == 4
+            and _whole(a[0])
+            and a[1] in KINDS
+            and isinstance(a[2], str)
+            and (a[3] is None or _whole(a[3]))
+            for a in meta[1]
+        )
+        and (meta[2] is None or _whole(meta[2]))
         and getattr(values, "ndim", 0) == 2
         and values.shape[1] == len(METRICS)
+        and getattr(lines, "shape", None) == (len(values),)
+        and lines.dtype.kind == "i"
     )
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _in_order(
+    run_dir: Path, config: dict[str, Any], notes: list[str], aside: list[list[Any]], arrays: dict[str, Any]
+) -> tuple[Any, list[str]]:
+    """A run's cached metrics (``_metrics_value``) with the rules of its steps applied (``store.metrics.in_order``:
+    up to its ``train.steps``, going forward): the rows kept, and every note on what was set aside."""
+    from klsweep.store import metrics as metrics_file
+
+    values, lines = arrays["values"], arrays["lines"]
+    steps = config.get("train.steps")
+    max_step = steps if _whole(steps) else None
+    keep, order = metrics_file.in_order(values[:, 0].astype("int64").tolist(), lines.tolist(), max_step)
+    found = metrics_file.settled([metrics_file.Aside(*a) for a in aside], lines.tolist(), keep, order)
+    return values[keep], [*notes, *metrics_file.notes(run_dir / store.METRICS_FILE, found, max_step)]
 
 
 def _unfinished_note(path: Path, line: int, state: Any) -> str:
@@ -260,84 +308,32 @@ def _unfinished_note(path: Path, line: int, state: Any) -> str:
 
 
 def _code_hash() -> str:
-    """The code a cached config was read with: the config package (schema, defaults, legacy values, the run
-    file's reader) and this module."""
+    """The code a cached config or metrics file was read with: the config package (schema, defaults, legacy
+    values, the run file's reader), this module and metrics.jsonl's validator (``store.metrics``)."""
     import hashlib
 
     from klsweep import config
 
     h = hashlib.sha256()
-    for module in (*sorted(Path(config.__file__).parent.glob("*.py")), Path(__file__)):
+    from klsweep.store import metrics as metrics_file
+
+    for module in (
+        *sorted(Path(config.__file__).parent.glob("*.py")),
+        Path(__file__),
+        Path(metrics_file.__file__),
+    ):
         h.update(module.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _read_metrics(run_dir: Path, set_aside: list[str]) -> tuple[Any, int | None]:
-    """A run's ``METRICS`` per step (a steps x ``METRICS`` float array; NaN where a row has no such number) from
-    ``store.read_metrics``'s file, parsed as one JSON array (several times faster); the store's line-by-line
-    reader (which skips and counts unreadable lines, here noted in ``set_aside``) when that fails. Also the
-    number of its last line when that one is unfinished (no newline, not JSON: being written, or cut short),
-    else None."""
+def _numbers(rows: list[dict[str, Any]]) -> Any:
+    """``METRICS`` of metrics rows kept (``store.metrics``: every value a number or None) as a float array (steps
+    x keys), NaN where a row has no such number."""
     import numpy as np
 
-    p = run_dir / store.METRICS_FILE
-    if not p.exists():
-        return np.zeros((0, len(METRICS))), None
-    try:
-        data = store.read_bytes(p)
-    except store.UnreadableFile as e:
-        set_aside.append(f"{e.path}: {e.what}; the run's metrics are left out ({e.todo})")
-        return np.zeros((0, len(METRICS))), None
-    unfinished = None
-    try:
-        rows = parse_jsonl(data)
-    except (ValueError, UnicodeDecodeError):
-        rows, bad = store.scan_jsonl(p)
-        if bad:
-            lines = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-            set_aside.append(
-                f"{p}: {len(bad)} unreadable line(s) skipped (line {lines}); the other rows are reported"
-            )
-        last = data.rpartition(b"\n")[2]
-        if last.strip() and not _json(last):  # what scan_jsonl leaves out without counting it
-            unfinished = data.count(b"\n") + 1
-    return _numbers(rows, p, set_aside), unfinished
-
-
-def _json(line: bytes) -> bool:
-    try:
-        json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return True
-
-
-def _numbers(rows: list[Any], path: Path, set_aside: list[str]) -> Any:
-    """``METRICS`` of metrics rows as a float array (steps x keys): NaN where a row lacks a key; a value that is not
-    a number is NaN too, and a row that is not an object is left out, each noted in ``set_aside``."""
-    import numpy as np
-
-    objects = [r for r in rows if isinstance(r, dict)]
-    if len(objects) < len(rows):
-        set_aside.append(f"{path}: {len(rows) - len(objects)} line(s) not a JSON object skipped")
-    out = np.full((len(objects), len(METRICS)), np.nan)
+    out = np.full((len(rows), len(METRICS)), np.nan)
     for j, key in enumerate(METRICS):
-        column = [r.get(key) for r in objects]
-        try:
-            out[:, j] = np.array(column, dtype=float)
-        except (TypeError, ValueError):
-            numbers = [v if isinstance(v, int | float) else None for v in column]
-            out[:, j] = np.array(numbers, dtype=float)
-            set_aside.append(
-                f"{path}: {key!r} not a number in {numbers.count(None) - column.count(None)} row(s)"
-            )
-        nan = [r.get("step") for r, v in zip(objects, column, strict=True) if isinstance(v, float) and v != v]
-        if nan:  # the trainer writes a non-finite number as null: a NaN is a hand's or another writer's
-            steps = ", ".join(map(str, nan[:5])) + (", ..." if len(nan) > 5 else "")
-            set_aside.append(
-                f"{path}: {key!r} is NaN in {len(nan)} row(s) (step {steps}): left out as not logged there; "
-                "the curves, peaks and finals are of the other rows"
-            )
+        out[:, j] = np.array([r.get(key) for r in rows], dtype=float)
     return out
 
 

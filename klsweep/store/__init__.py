@@ -1,6 +1,7 @@
 """The results store: where every run's files live and how they are read and written (one module per concern:
-``layout`` the names, ``files`` reading and writing, ``checkpoints``, ``folders`` sweeps and runs, ``lock`` a
-run's training lock, ``kept`` derived data kept under ``cache_dir()`` by a key and verified when read).
+``layout`` the names, ``files`` reading and writing, ``metrics`` metrics.jsonl's one validator, ``checkpoints``,
+``folders`` sweeps and runs, ``lock`` a run's training lock, ``kept`` derived data kept under ``cache_dir()`` by a
+key and verified when read).
 
 Layout (one sweep)::
 
@@ -34,11 +35,11 @@ A rehearsal's folder and its run folders hold ``REHEARSAL_MARKER``: the readers 
 Every write goes through a temporary file and an atomic rename, so a reader never sees half a file; the
 JSONL files are appended to line by line. What a reader does when a file is damaged anyway (a full disk, a copy
 cut short, a hand edit): a JSONL line that is not a JSON object is skipped and counted (``scan_jsonl``), never
-the rows after it; a status.json that cannot be read raises ``UnreadableFile``, which names the file and what
+the rows after it; metrics.jsonl's rows are read through one validator (``metrics``: steps, order, values); a status.json that cannot be read raises ``UnreadableFile``, which names the file and what
 to do, so that callers can set that one run aside and carry on with the others.
 """
 
-from klsweep.store import files, folders, kept, layout, lock  # noqa: F401  (store.lock.TRAIN_LOCK_WAIT_S, ...)
+from klsweep.store import files, folders, kept, layout, lock, metrics  # noqa: F401  (store.lock.TRAIN_LOCK_WAIT_S, ...)
 from klsweep.store.checkpoints import (
     checkpoint_order,
     checkpoint_problem,
@@ -59,14 +60,12 @@ from klsweep.store.files import (
     UnreadableFile,
     append_jsonl,
     atomic_write_text,
-    cut_metrics,
     disk_full,
     follow_umask,
     open_regular,
     read_bytes,
     read_json,
     read_jsonl,
-    read_metrics,
     read_status,
     read_sweep_file,
     read_text,
@@ -118,6 +117,7 @@ from klsweep.store.lock import (
     trainer_of,
     training,
 )
+from klsweep.store.metrics import Metrics, cut_metrics, last_row, read_metrics
 
 __all__ = [
     "STATES",
@@ -156,8 +156,10 @@ __all__ = [
     "append_jsonl",
     "read_jsonl",
     "scan_jsonl",
+    "Metrics",
     "read_metrics",
     "cut_metrics",
+    "last_row",
     "disk_full",
     "follow_umask",
     "checkpoints",

@@ -1,6 +1,6 @@
 """A results folder's files read and written: atomic writes through an unpredictable temporary file, regular
-files only, JSON, a run's status.json, the JSONL files (a damaged line skipped and counted), metrics.jsonl cut
-at a resumed step; a full disk told apart."""
+files only, JSON, a run's status.json, the JSONL files (a damaged line skipped and counted; metrics.jsonl:
+``klsweep.store.metrics``); a full disk told apart."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from klsweep.errors import Problem, UserError
-from klsweep.store.layout import METRICS_FILE, STATES, STATUS_FILE, SWEEP_FILE
+from klsweep.store.layout import STATES, STATUS_FILE, SWEEP_FILE
 
 
 class UnreadableFile(UserError):
@@ -233,43 +233,6 @@ def _json_object(line: bytes) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return row if isinstance(row, dict) else None
-
-
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    return read_jsonl(Path(run_dir) / METRICS_FILE)
-
-
-def cut_metrics(run_dir: str | os.PathLike, step: int) -> tuple[list[dict[str, Any]], list[int]]:
-    """Before a resume from the checkpoint of ``step``: cut metrics.jsonl just before its first row past
-    ``step`` (and an unfinished last line), leaving every line before it as it is. Returns the rows kept and the
-    numbers of the unreadable lines among them (skipped, as ``scan_jsonl`` does)."""
-    p = Path(run_dir) / METRICS_FILE
-    try:
-        data = read_bytes(p)
-    except FileNotFoundError:
-        return [], []
-    rows: list[dict[str, Any]] = []
-    bad: list[int] = []
-    offset, cut = 0, len(data)
-    for number, line in enumerate(data.splitlines(keepends=True), 1):
-        row = _json_object(line)
-        if (row is not None and row.get("step", 0) > step) or (row is None and not line.endswith(b"\n")):
-            cut = offset  # the first row past the checkpoint, or an unfinished last line
-            break
-        if row is not None:
-            rows.append(row)
-        elif line.strip():
-            bad.append(number)
-        offset += len(line)
-    if cut < len(data) or (data and not data.endswith(b"\n")):
-        with open(p, "r+b") as f:
-            f.truncate(cut)
-            if cut and data[cut - 1 : cut] != b"\n":  # a complete last row written without its newline
-                f.seek(cut)
-                f.write(b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-    return rows, bad
 
 
 def disk_full(path: str | os.PathLike, error: BaseException) -> bool:

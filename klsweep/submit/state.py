@@ -16,7 +16,6 @@ of an unrelated log tail.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,25 +111,6 @@ def _combine(status_state: str, sched: str | None) -> str:
     if sched == "LOST":
         return status_state if status_state in store.FINAL_STATES else "failed"
     return "failed"  # FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, DEADLINE
-
-
-def _last_line(path: Path) -> dict[str, Any] | None:
-    import json
-
-    try:
-        with store.open_regular(path) as f:  # UnreadableFile (the run is unreadable) when it is not a file
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            continue
-    return None
 
 
 def _log_tail(path: Path | None, n: int = 15) -> list[str]:
@@ -241,7 +221,8 @@ def _run_status(
     if params is None:
         cfg = read_run_file(run_dir)
         params = _axes_from_config(cfg, axes)
-    last = _last_line(run_dir / store.METRICS_FILE) or {}
+    total = st.get("total_steps")  # the run's steps: a bound of the rows kept (store.metrics)
+    last = store.last_row(run_dir / store.METRICS_FILE, total if type(total) is int else None) or {}
     elapsed = float(st.get("elapsed_s") or 0.0)
     if state == "running" and st.get("started_at"):
         elapsed = max(elapsed, time.time() - float(st["started_at"]))

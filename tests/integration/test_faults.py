@@ -112,7 +112,9 @@ def test_preemption_with_wandb_never_reads_failed(tmp_path, model_dir):
     assert not [e for e in failures if "scontrol" not in e], failures
     status = store.read_status(run_dir)
     assert status["state"] == "done", status
-    assert [r["step"] for r in store.read_metrics(run_dir)] == list(range(1, 41))  # none lost, none twice
+    assert [r["step"] for r in store.read_jsonl(run_dir / store.METRICS_FILE)] == list(
+        range(1, 41)
+    )  # none lost, none twice
     # (when W&B broke, which depends on where the signal finds the job, status.json says so in `warnings`)
 
 
@@ -192,13 +194,13 @@ def test_torn_lines_are_skipped_and_a_cut_keeps_everything_before_the_checkpoint
     path.write_text("".join(rows) + '{"step": 7, "rewa')  # and a writer killed mid-line
     got, bad = store.scan_jsonl(path)
     assert [r["step"] for r in got] == [1, 2, 4, 5, 6] and bad == [3]  # the rows after it are kept
-    kept, bad = store.cut_metrics(tmp_path, 4)  # resume from checkpoint-4
-    assert [r["step"] for r in kept] == [1, 2, 4] and bad == [3]
+    kept = store.cut_metrics(tmp_path, 4)  # resume from checkpoint-4
+    assert [r["step"] for r in kept.rows] == [1, 2, 4] and [a.line for a in kept.aside] == [3]
     assert path.read_text() == "".join(rows[:4])  # only the rows past the checkpoint are cut
     store.append_jsonl(path, {"step": 5})
     assert [r["step"] for r in store.read_metrics(tmp_path)] == [1, 2, 4, 5]
     path.write_text('{"step": 1}\n{"step": 2}')  # a whole last row without its newline is kept and ended
-    assert [r["step"] for r in store.cut_metrics(tmp_path, 2)[0]] == [1, 2]
+    assert [r["step"] for r in store.cut_metrics(tmp_path, 2).rows] == [1, 2]
     store.append_jsonl(path, {"step": 3})
     assert [r["step"] for r in store.read_metrics(tmp_path)] == [1, 2, 3]
 
@@ -624,7 +626,9 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, mode
     assert status["state"] == "done"
     (warning,) = [w for w in status["warnings"] if w.startswith("cannot resume")]
     assert f"{newest} (model.safetensors: cut short" in warning and f"resuming from {before.name}" in warning
-    assert [r["step"] for r in store.read_metrics(run)] == list(range(1, 11))  # each step once
+    assert [r["step"] for r in store.read_jsonl(run / store.METRICS_FILE)] == list(
+        range(1, 11)
+    )  # each step once
     assert (newest.parent / f"unusable-{newest.name}").is_dir()  # set aside, not deleted
 
     # none usable: from step 0, with a warning, never a failed run

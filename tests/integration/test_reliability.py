@@ -76,7 +76,8 @@ def wait_for(cond, what: str, timeout_s: float = 120) -> None:
 
 
 def steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in store.read_metrics(run_dir)]
+    """Every step the file holds, as written (a step twice is there twice: ``read_metrics`` would set it aside)."""
+    return [r["step"] for r in store.read_jsonl(run_dir / store.METRICS_FILE)]
 
 
 def evals(run_dir: Path) -> int:

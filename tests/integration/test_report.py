@@ -649,8 +649,10 @@ def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path, monkey
     sweep = shutil.copytree(FIXTURE, tmp_path / "sweep")
     runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists() and p.name != "baseline")
     (runs[0] / "config.yaml").write_text("kl: {beta: [not, a, number]}\n")
-    with (runs[2] / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 99, "reward_mean": "high", "kl_k1": 0.5}\n{torn\n')
+    path = runs[2] / "metrics.jsonl"  # its last row (step 40 of 40) with a reward that is not a number
+    path.write_text(
+        path.read_text().rpartition("{")[0] + '{"step": 40, "reward_mean": "high", "kl_k1": 0.5}\n{torn\n'
+    )
     dirs = rp_data.store.run_dirs(sweep)
     out = tmp_path / "report"
     afresh_aside: list[str] = []
@@ -661,7 +663,8 @@ def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path, monkey
     for i in range(2):  # writes the caches, then reads from them
         if i:  # nothing parsed: every config and metrics file comes from the caches
             monkeypatch.setattr(rp_data, "_load_config", lambda d: pytest.fail(f"{d}: config read afresh"))
-            monkeypatch.setattr(rp_data, "parse_jsonl", lambda d: pytest.fail("metrics read afresh"))
+            monkeypatch.setattr(rp_data, "_metrics_value", lambda d, read=rp_data._metrics_value: read(d)
+                                if not (d / "metrics.jsonl").exists() else pytest.fail(f"{d}: metrics read afresh"))  # fmt: skip
         cached_aside: list[str] = []
         cached = rp_data.load_runs(dirs, cached_aside, cache=out)
         cache = out / rp_data.CONFIG_CACHE
@@ -674,11 +677,12 @@ def test_cached_configs_read_as_afresh_and_a_changed_one_reread(tmp_path, monkey
     monkeypatch.undo()
     config = runs[1] / "config.yaml"
     config.write_text(re.sub(r"(?m)^seed: .*$", "seed: 77", config.read_text()))
-    with (runs[1] / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 1000, "reward_mean": 0.25}\n')
+    path = runs[1] / "metrics.jsonl"  # its last row (step 40) logged again with another reward
+    path.write_text(path.read_text().rpartition("{")[0] + '{"step": 40, "reward_mean": 0.25}\n')
     again = rp_data.load_runs(dirs, [], cache=out)
     assert again[0].set_index("run")["seed"][runs[1].name] == 77
-    assert again[3]["step"].max() == 1000 and len(again[3]) == len(afresh[3]) + 1
+    last = again[3][again[3]["run"] == runs[1].name].iloc[-1]
+    assert last["step"] == 40 and last["reward_mean"] == 0.25 and len(again[3]) == len(afresh[3])
     config.write_text("not: [closed\n")
     aside: list[str] = []
     rp_data.load_runs(dirs, aside, cache=out)

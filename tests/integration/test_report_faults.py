@@ -277,7 +277,7 @@ def test_every_problem_of_a_claims_file_in_one_error(tmp_path, monkeypatch, caps
         + claim.format("typo", "in_domain", "welsh", "{kl.estimator: k3}")
         + claim.format("metric", "accuracyy", "welch", "{kl.estimator: k3}")
         + claim.format("k9", "in_domain", "welch", "{kl.estimator: k9}")
-        + claim.format("lr", "in_domain", "welch", "{train.learning_rate: 1e-5}")
+        + claim.format("lr", "in_domain", "welch", "{train.learning_rate: 1e-5, kl.estimator: k3}")  # b: k1
     )
     code, _, err = cli(["report", sweep, "--out", tmp_path / "r", "--claims", path], monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from klsweep import grpo as grpo_math
 from klsweep.audit.frameworks.reading import Reading, Terms, term
 
 NAME = "openrlhf"
@@ -24,7 +25,7 @@ def read(r: Reading) -> Terms:
         r.warnings.append(f"algo.kl.target: an adaptive coefficient, audited at its initial {beta:g}")
     r.get("algo.kl.horizon", 10000, int)
     advantage = r.get("algo.advantage.estimator", "gae", str)
-    grpo = advantage in ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+    grpo = _advantage(r, advantage)
     if beta <= 0:
         return [], grpo
     if not in_loss:
@@ -37,3 +38,36 @@ def read(r: Reading) -> Terms:
     if unbiased:
         forms |= {"unbiased_gradient": True, "importance": "token", "importance_cap": 10.0}
     return [("loss", term("loss", estimator, beta, reward_mode="separate", **forms))], grpo
+
+
+def _advantage(r: Reading, advantage: str) -> bool:
+    """The advantage estimator --algo.advantage.estimator selects (experience_maker.py
+    compute_advantages_and_returns: the task reward's baseline, then the KL per token added after it,
+    cumulative returns, then the whitening of reinforce and reinforce_baseline): ``r.advantage``, and whether
+    the GRPO audit applies (False for gae and for what it cannot model, said)."""
+    no_std = r.get("algo.advantage.no_std_norm", False, bool)
+    gamma = r.get("algo.advantage.gamma", 1.0, float)
+    specs = {
+        "group_norm": grpo_math.Advantage("group", "group", 1e-9, returns="token"),
+        "dr_grpo": grpo_math.Advantage("group", "none", returns="token"),
+        "rloo": grpo_math.Advantage("leave_one_out", "none", returns="token"),
+        "reinforce_baseline": grpo_math.Advantage("group", "none", returns="token", whiten="biased"),
+        "reinforce": grpo_math.Advantage("none", "none", returns="token", whiten="biased"),
+    }
+    if advantage not in (*specs, "flash_reinforce"):
+        return False
+    why = ""
+    if advantage == "flash_reinforce":
+        why = "flash_reinforce (a baseline over the whole batch)"
+    elif advantage in ("reinforce", "reinforce_baseline") and no_std:
+        why = "--algo.advantage.no_std_norm (whitened without the std)"
+    elif advantage == "reinforce" and gamma != 1.0:
+        why = f"--algo.advantage.gamma {gamma:g}"
+    else:
+        r.advantage = specs[advantage]
+    if why:
+        r.warnings.append(
+            f"--algo.advantage.estimator {advantage}: the GRPO audit cannot model {why}; the plain estimator "
+            "audit alone"
+        )
+    return r.advantage is not None

@@ -28,6 +28,10 @@ class Reading:
         self.values: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.problems: list[Problem] = []
+        # the advantage estimator the file selects, as the GRPO audit models it (klsweep.grpo.Advantage); None:
+        # klsweep's own (TRL's GRPO, group std); a reader whose selection cannot be modelled says so in a
+        # warning and gives grpo_like False (the plain estimator audit alone)
+        self.advantage: Any = None
 
     def get(self, key: str, default: Any, kind: type) -> Any:
         """The setting ``key`` (``default`` where the file does not set it) as ``kind``; a value of another type

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from klsweep import grpo as grpo_math
 from klsweep.audit.frameworks.reading import Reading, Terms, term
 
 NAME = "skyrl"
@@ -19,7 +20,7 @@ def read(r: Reading) -> Terms:
     in_loss = r.get(f"{p}use_kl_loss", True, bool)
     in_reward = r.get(f"{p}use_kl_in_reward", False, bool)
     advantage = r.get(f"{p}advantage_estimator", "grpo", str)
-    grpo = advantage in ("grpo", "rloo", "reinforce++", "gdpo")
+    grpo = _advantage(r, advantage)
     if in_loss and in_reward:
         r.warnings.append(
             "use_kl_loss and use_kl_in_reward both true: SkyRL refuses them (mutually exclusive)"
@@ -31,3 +32,33 @@ def read(r: Reading) -> Terms:
     if in_loss and beta:
         terms.append(("loss", term("loss", estimator, beta, **clamps)))
     return terms, grpo
+
+
+def _advantage(r: Reading, advantage: str) -> bool:
+    """The advantage estimator ``trainer.algorithm.advantage_estimator`` selects (ppo_utils.py; the KL in the
+    reward is in the per-token rewards before it, trainer.py apply_reward_kl_penalty): ``r.advantage``, and
+    whether the GRPO audit applies (False for GAE and for what it cannot model, said)."""
+    p = "trainer.algorithm."
+    norm = r.get(f"{p}grpo_norm_by_std", True, bool)
+    gamma = r.get(f"{p}gamma", 1.0, float)
+    batch_normalize = r.get(f"{p}advantage_batch_normalize", False, bool)
+    critic_free = ("grpo", "rloo", "reinforce++", "gdpo", "maxrl")
+    if advantage not in critic_free:
+        return False
+    why = ""
+    if batch_normalize:
+        why = "advantage_batch_normalize (a mean over padding too)"
+    elif advantage == "grpo":  # (score - mean) / (std + 1e-6), or no std
+        r.advantage = grpo_math.Advantage("group", "group" if norm else "none", 1e-6)
+    elif advantage == "rloo":  # (score - mean) x n/(n-1): leave-one-out
+        r.advantage = grpo_math.Advantage("leave_one_out", "none")
+    elif advantage == "reinforce++" and gamma == 1.0:  # per-token returns, masked_whiten
+        r.advantage = grpo_math.Advantage("none", "none", returns="token", whiten="unbiased")
+    else:
+        why = f"gamma {gamma:g}" if advantage == "reinforce++" else advantage
+    if why:
+        r.warnings.append(
+            f"trainer.algorithm.advantage_estimator {advantage}: the GRPO audit cannot model {why}; the plain "
+            "estimator audit alone"
+        )
+    return r.advantage is not None

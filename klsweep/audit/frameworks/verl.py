@@ -6,10 +6,16 @@ from typing import Any
 
 from klsweep import grpo
 from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
 
 NAME = "verl"
 VERSION = "verl 0.9.1"
 KIND = "yaml"  # a YAML mapping or Hydra overrides
+# the top-level sections of verl 0.9.1's config (verl/trainer/config/ppo_trainer.yaml, _generated_ppo_trainer.yaml)
+SECTIONS = frozenset(
+    ("actor_rollout_ref", "algorithm", "critic", "custom_reward_function", "data", "defaults", "distillation",
+     "global_profiler", "ray_kwargs", "reward", "reward_model", "sandbox_fusion", "trainer", "transfer_queue")
+)  # fmt: skip
 
 
 def read(r: Reading) -> Terms:
@@ -33,6 +39,16 @@ def read(r: Reading) -> Terms:
             forms["straight_through"] = True
         return types[base], forms
 
+    if not any(k.lstrip("+~").split(".", 1)[0] in SECTIONS for k in r.settings):
+        r.problems.append(
+            Problem(
+                "the file",
+                "sets none of verl's config sections (a launcher's or another tool's file: verl reads only the "
+                "overrides of the command it runs)",
+                "verl's own config or its launch script (python3 -m verl.trainer.main_ppo key=value ...)",
+            )
+        )
+        return [], False
     algorithm = r.get("algorithm.adv_estimator", "gae", str)
     actor = "actor_rollout_ref.actor."
     in_reward, in_loss = (

@@ -1,0 +1,98 @@
+"""OpenRLHF's loader, executed: the argparse parser of ``openrlhf.cli.train_ppo_ray`` (built inline under its
+``if __name__ == "__main__":``, from ``parser = argparse.ArgumentParser()`` to the line before
+``args = parser.parse_args()``), cut out of the pinned wheel's file by those two lines and executed alone:
+importing the module would import Ray, vLLM and DeepSpeed. The launch script is run by bash
+(tests/peer/loaders/launch.py) and the arguments after ``openrlhf.cli.train_ppo_ray`` are parsed as
+``parse_args`` parses them (an unknown flag: argparse's exit 2, its message). 0.11.2 by default; a file whose
+PROVENANCE entry names another version (openrlhf 0.9.10) by that version's wheel."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from loaders import launch
+
+LOADER = "openrlhf wheel: openrlhf/cli/train_ppo_ray.py's argparse parser (its lines, executed) + bash for scripts"
+ENTRY = ("openrlhf.cli.train_ppo_ray",)
+MODULE = "openrlhf/cli/train_ppo_ray.py"
+# the keys klsweep's openrlhf reader reads, per version (klsweep/audit/frameworks/openrlhf.py)
+KEYS = {
+    "0.11.2": (
+        "algo.kl.estimator",
+        "algo.kl.init_coef",
+        "algo.kl.use_loss",
+        "algo.kl.unbiased_gradient",
+        "algo.kl.target",
+        "algo.kl.horizon",
+        "algo.advantage.estimator",
+        "algo.advantage.no_std_norm",
+        "algo.advantage.gamma",
+    ),
+    "0.9.10": (
+        "kl_estimator",
+        "init_kl_coef",
+        "use_kl_loss",
+        "kl_target",
+        "kl_horizon",
+        "advantage_estimator",
+        "no_advantage_std_norm",
+        "gamma",
+    ),
+}
+
+
+def _wheels() -> dict[str, Any]:
+    from peers import Wheel
+    from test_executed import WHEELS
+
+    old = Wheel(
+        "openrlhf", "0.9.10", "73bcf728975c5dc87bd1fabefd8da1128bf612c3c05f407de984f3f2f7ac67d9",
+        "openrlhf-0.9.10-cp311-cp311-manylinux1_x86_64.whl", WHEELS["openrlhf"].pip_options,
+    )  # fmt: skip
+    return {"0.11.2": WHEELS["openrlhf"], "0.9.10": old}
+
+
+def available() -> bool:
+    from peers import cache_dir
+
+    return all((cache_dir() / w.filename).is_file() for w in _wheels().values())
+
+
+def parser(version: str) -> argparse.ArgumentParser:
+    """The version's parser, its own lines executed."""
+    from peers import wheel_source
+
+    lines = wheel_source(_wheels()[version], MODULE).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip() == "parser = argparse.ArgumentParser()")
+    last = next(i for i in range(first, len(lines)) if lines[i].strip() == "args = parser.parse_args()")
+    scope: dict[str, Any] = {"argparse": argparse, "os": os, "datetime": datetime.datetime}
+    exec(compile(textwrap.dedent("\n".join(lines[first:last])), MODULE, "exec"), scope)  # noqa: S102
+    return scope["parser"]
+
+
+def version_of(file: Path, files: Path) -> str:
+    entry = json.loads((files.parent / "PROVENANCE.json").read_text())["files"][str(file.relative_to(files))]
+    return entry.get("version", "openrlhf 0.11.2").split()[-1]
+
+
+def expected(file: Path, files: Path) -> dict[str, Any]:
+    version = version_of(file, files)
+    try:
+        args = launch.arguments_after(file, ENTRY)
+    except launch.Refused as e:
+        return {"refused": str(e)}
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parsed = vars(parser(version).parse_args(args))
+    except SystemExit:
+        return {"refused": said.getvalue().strip().splitlines()[-1]}
+    return {"values": {k: parsed[k] for k in KEYS[version]}}

@@ -108,6 +108,24 @@ def audit_command(
     (effective_scale): the effective KL gradient per unit beta projected on grad KL(pi||ref), 1 when beta
     means what it says; cos rev / cos fwd: its cosines with the two KL gradients. docs/KL.md explains the
     verdicts."""
+    try:
+        _audit(**locals())
+    except UserError as e:
+        if not as_json:
+            raise
+        import json
+
+        print(json.dumps({"error": str(e)}, indent=2))  # stdout: a --json reader gets JSON either way
+        terminal(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from e
+
+
+def _audit(
+    vocab, length, seed, ref_distance, behavior_shift, importance, reward_logp, importance_cap, grpo, group_size,
+    groups, beta, scale_rewards, reward_mode, loss_type, preset, framework, config, estimator, placement, as_json,
+    as_csv,
+) -> None:  # fmt: skip
+    """``audit_command``'s work (``UserError`` for bad input)."""
     from klsweep import audit, presets
     from klsweep.console import print_audit
     from klsweep.errors import Problem

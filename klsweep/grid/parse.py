@@ -149,36 +149,11 @@ def load_yaml(text: str, where: str, problems: list[Problem]) -> Any:
 
 
 def _expanded_size(root: Any) -> float:
-    """How many nodes a YAML node graph holds with every alias expanded (inf for a recursive alias). An alias is
-    the very node it names, so each node is sized once: time linear in the file, however large the expansion;
-    no recursion, so a deeply nested file cannot overflow the stack."""
-    import yaml
+    """How many nodes a YAML node graph holds with every alias expanded (inf for a recursive alias):
+    ``store.yamlnodes.measure``."""
+    from klsweep.store.yamlnodes import measure
 
-    sizes: dict[int, float] = {}
-    entered: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        children = _children(node, yaml)
-        if children_done:
-            if any(id(c) not in sizes for c in children):  # entered, not finished: an ancestor
-                return math.inf
-            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
-            continue
-        if id(node) in entered:
-            continue
-        entered.add(id(node))
-        stack.append((node, True))
-        stack.extend((c, False) for c in children)
-    return sizes[id(root)]
-
-
-def _children(node: Any, yaml: Any) -> list[Any]:
-    if isinstance(node, yaml.MappingNode):
-        return [x for pair in node.value for x in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
+    return measure(root)[0]
 
 
 def sweep_name(data: dict, where: str, problems: list[Problem]) -> Any:

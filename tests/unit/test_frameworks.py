@@ -78,7 +78,7 @@ CONFIGS = [  # (framework, the config as its users write it, the preset it train
     ("slime", "python3 train.py --use-kl-loss --kl-loss-coef 0.01 --use-unbiased-kl", "slime-unbiased"),
     ("skyrl", "trainer:\n  algorithm:\n    kl_loss_coef: 0.001\n", "skyrl"),
     ("nemo-rl", "loss_fn:\n  use_on_policy_kl_approximation: true\n", "nemo-onpolicy"),
-    ("areal", "actor:\n  kl_ctl: 0.1\n", "areal"),
+    ("areal", "actor:\n  kl_ctl: 0.1\nref:\n  path: ref-model\n", "areal"),
 ]  # fmt: skip
 
 

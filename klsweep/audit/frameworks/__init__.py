@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from klsweep.audit.frameworks import files
-from klsweep.audit.frameworks.readers import FRAMEWORKS, READERS, VERSIONS
+from klsweep.audit.frameworks.readers import FRAMEWORKS, MODULES, READERS, VERSIONS
 from klsweep.audit.frameworks.reading import Reading, Terms, touches_kl
 from klsweep.errors import Problem, UserError
 from klsweep.kl import KLConfig
@@ -58,7 +58,8 @@ def read_terms(framework: str, path: Path | str) -> tuple[Reading, Terms]:
         )
     text = files.text_of(Path(path))
     reader, kind = READERS[framework]
-    settings = files.settings(text) if kind == "yaml" else files.flags(text)
+    compose = getattr(MODULES[framework], "compose", None)
+    settings = files.settings(text, str(path), Path(path), compose) if kind == "yaml" else files.flags(text)
     if framework == "pipelinerl":  # a user's file sets finetune.rl.*; conf/finetune/base.yaml itself rl.*
         settings = {("finetune." + k if k.startswith("rl.") else k): v for k, v in settings.items()}
     if not settings:
@@ -86,7 +87,9 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
             "the KL is counted twice: in the reward and in the loss"
             + ("" if same else " (two estimates: both terms audited)"),
         )
-    if not terms:
+    if reading.no_reference is not None:
+        reading.warnings.append(f"no KL against a reference: {reading.no_reference}; nothing to audit")
+    elif not terms:
         reading.warnings.append(
             f"no KL at all (beta 0 or off, as {VERSIONS[framework]} reads this config): nothing to audit"
         )

@@ -5,37 +5,104 @@ OmegaConf can), a launch script's Hydra overrides ``key=value`` (Hydra's own ove
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import re
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from klsweep import store
+from klsweep.audit.frameworks import shell
 from klsweep.errors import Problem, UserError
 
-MAX_BYTES = 1_000_000
+MAX_BYTES = (
+    1_000_000  # a config, a parent in its defaults chain or a launch script larger than this is not one
+)
+MAX_VALUES = 100_000  # values a config may hold with its YAML aliases expanded (an alias bomb: more)
+MAX_DEPTH = 100  # levels a config may nest (5,000 overflow every recursive walk of the data)
+TREE_MARKERS = (".git", "pyproject.toml", "setup.py")
 
 
-def text_of(path: Path) -> str:
-    """The file's text; ``UserError`` for a missing, oversized or unreadable file."""
-    if not path.is_file():
-        raise UserError(Problem(str(path), "no such file", "a framework's config or launch-command file"))
-    if path.stat().st_size > MAX_BYTES:
-        raise UserError(Problem(str(path), "too large for a config", f"at most {MAX_BYTES} bytes"))
+def tree_of(path: Path) -> Path:
+    """The config tree a config's parents must lie in: the nearest folder above the file (its links resolved)
+    holding ``.git``, ``pyproject.toml`` or ``setup.py`` (the repository it belongs to), else its own folder."""
+    folder = Path(os.path.realpath(path)).parent
+    for above in (folder, *folder.parents):
+        if any((above / marker).exists() for marker in TREE_MARKERS):
+            return above
+    return folder
+
+
+def text_of(
+    path: Path, tree: Path | None = None, what: str = "a framework's config or launch-command file"
+) -> str:
+    """The text of a file the audit reads: a regular file (a FIFO would block for ever, /dev/zero never end), at
+    most ``MAX_BYTES``, UTF-8; with ``tree``, one whose real path (links resolved) lies under it. ``UserError``
+    (exit 2) otherwise, at once."""
+    if tree is not None:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(tree):
+            raise UserError(
+                Problem(
+                    str(path),
+                    f"outside the config tree {tree}"
+                    + (f" (a link to {real})" if real != path.absolute() else ""),
+                    "a parent under the folder of the repository holding the config (the nearest folder above "
+                    f"it with {', '.join(TREE_MARKERS)}; else the config's own folder)",
+                )
+            )
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(Problem(str(path), f"cannot be read ({e})", "a text file")) from e
+        with store.open_regular(path) as f:
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError as e:
+        raise UserError(Problem(str(path), "no such file", what)) from e
+    except store.UnreadableFile as e:
+        raise UserError(Problem(str(path), e.what, what)) from e
+    except OSError as e:
+        raise UserError(Problem(str(path), f"cannot be read ({e.strerror or e})", what)) from e
+    if len(data) > MAX_BYTES:
+        raise UserError(Problem(str(path), "too large for a config", f"at most {MAX_BYTES:,} bytes"))
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise UserError(Problem(str(path), f"not a text file (byte {e.start} is not UTF-8)", what)) from e
 
 
-def _yaml_mapping(text: str) -> dict[str, Any] | None:
-    """The file as a YAML (or JSON) mapping, or None when it is not one (a launch command)."""
+def yaml_data(text: str, where: str) -> Any:
+    """The text as YAML data, or None when it is not YAML (a launch command). Measured before it is built: a file
+    whose aliases expand to more than ``MAX_VALUES`` values, a recursive alias, or nesting deeper than
+    ``MAX_DEPTH`` is refused (``UserError``), quickly and in little memory."""
     import yaml
 
+    from klsweep.store.yamlnodes import measure
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values, depth = measure(node)
+        if values == math.inf:
+            what = "a YAML alias (*name) inside the node it names: it expands without end"
+            raise UserError(Problem(where, what, "a config without recursive aliases"))
+        if values > MAX_VALUES:
+            what = f"its YAML aliases (*name) expand to {values:,.0f} values (an alias bomb?)"
+            raise UserError(Problem(where, what, f"at most {MAX_VALUES:,} values"))
+        if depth > MAX_DEPTH:
+            raise UserError(Problem(where, f"nested {depth:.0f} levels deep", f"at most {MAX_DEPTH}"))
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        if "nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own bound (1000 levels)
+            raise UserError(Problem(where, "nested over 1,000 levels deep", f"at most {MAX_DEPTH}")) from e
         return None
+    finally:
+        loader.dispose()
+
+
+def _yaml_mapping(text: str, where: str = "the config") -> dict[str, Any] | None:
+    """The file as a YAML (or JSON) mapping, or None when it is not one (a launch command)."""
+    data = yaml_data(text, where)
     return data if isinstance(data, dict) else None
 
 
@@ -66,35 +133,6 @@ def _resolved(data: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _shell_tokens(text: str) -> list[str]:
-    """A launch script's words: ``\\``-continued lines joined, comments dropped, ``$NAME``/``${NAME}`` replaced
-    by the script's own ``NAME=value`` assignments (others left as written)."""
-    text = text.replace("\\\n", " ")
-    assigned: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S.*)?$", line)
-        if m and " -" not in line and "python" not in line:
-            words = _words(m.group(2) or "")
-            assigned[m.group(1)] = words[0] if words else ""
-    text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: assigned.get(m.group(1), m.group(0)), text)
-    return _words(text)
-
-
-def _words(text: str) -> list[str]:
-    """Shell words (shlex); a text whose quotes shlex cannot pair (``"$(cd "$(dirname ..)")"``) line by line,
-    a line that still fails at its blanks."""
-    try:
-        return shlex.split(text, comments=True)
-    except ValueError:
-        out = []
-        for line in text.splitlines():
-            try:
-                out += shlex.split(line, comments=True)
-            except ValueError:
-                out += line.split("#", 1)[0].split()
-        return out
-
-
 def _overrides(text: str) -> dict[str, Any]:
     """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
     override grammar."""
@@ -102,12 +140,17 @@ def _overrides(text: str) -> dict[str, Any]:
 
     parser = OverridesParser.create()
     out: dict[str, Any] = {}
-    for word in _shell_tokens(text):
+    for word in shell.words(text):
         if "=" not in word or word.startswith("-") or "." not in word.split("=", 1)[0]:
             continue
         try:
             (override,) = parser.parse_overrides([word])
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
+            key, _, value = word.partition("=")
+            if shell.unreadable(value) and re.fullmatch(
+                r"\+{0,2}[\w.-]+", key
+            ):  # key=$(command): said unreadable
+                out[key.lstrip("+")] = value
             continue
         if not override.is_delete():
             out[override.key_or_group] = override.value()
@@ -119,7 +162,7 @@ def flags(text: str) -> dict[str, Any]:
     scalars."""
     import yaml
 
-    words = _shell_tokens(text)
+    words = shell.words(text)
     out: dict[str, Any] = {}
     for i, word in enumerate(words):
         if not word.startswith("--"):
@@ -135,9 +178,14 @@ def flags(text: str) -> dict[str, Any]:
     return out
 
 
-def settings(text: str) -> dict[str, Any]:
-    """A YAML/JSON mapping's dotted keys, else a launch command's Hydra overrides."""
-    data = _yaml_mapping(text)
+def settings(
+    text: str, where: str = "the config", path: Path | None = None, compose: Any = None
+) -> dict[str, Any]:
+    """A YAML/JSON mapping's dotted keys (as ``compose(path, data)`` composes it where the framework composes
+    configs: NeMo-RL's ``defaults:``), else a launch command's Hydra overrides."""
+    data = _yaml_mapping(text, where)
     if data is not None:
+        if compose is not None and path is not None:
+            data = compose(path, data)
         return _resolved(data, _flatten(data))
     return _overrides(text)

@@ -32,12 +32,17 @@ class Reading:
         # klsweep's own (TRL's GRPO, group std); a reader whose selection cannot be modelled says so in a
         # warning and gives grpo_like False (the plain estimator audit alone)
         self.advantage: Any = None
+        # why the file trains no KL against a reference (no reference built, no policy loss), where it does not
+        self.no_reference: str | None = None
 
-    def get(self, key: str, default: Any, kind: type) -> Any:
+    def get(self, key: str, default: Any, kind: type, optional: bool = False) -> Any:
         """The setting ``key`` (``default`` where the file does not set it) as ``kind``; a value of another type
         is a problem (the framework would refuse it), an interpolation that cannot be resolved here is read as
-        the default, said."""
+        the default, said. ``optional``: null is a value too (``Optional[kind]``)."""
         self.read.add(key)
+        if optional and key in self.settings and self.settings[key] is None:
+            self.values[key] = None
+            return None
         self.values[key] = value = self._get(key, default, kind)
         return value
 
@@ -45,7 +50,7 @@ class Reading:
         if key not in self.settings:
             return default
         name, value = key, self.settings[key]
-        if isinstance(value, str) and "${" in value:
+        if isinstance(value, str) and ("${" in value or "$(" in value or "`" in value):
             self.warnings.append(f"{name}: {value} cannot be resolved from this file; read as {default!r}")
             return default
         if kind is float and isinstance(value, str):  # 1e-4: a float to argparse and OmegaConf, text to YAML

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from klsweep import grpo as grpo_math
 from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
 
 NAME = "skyrl"
 VERSION = "skyrl 0.4.0"
@@ -20,6 +21,18 @@ def read(r: Reading) -> Terms:
     in_loss = r.get(f"{p}use_kl_loss", True, bool)
     in_reward = r.get(f"{p}use_kl_in_reward", False, bool)
     advantage = r.get(f"{p}advantage_estimator", "grpo", str)
+    # config.py KLCtrlConfig; ppo_utils.py get_kl_controller: the reward's coefficient only (trainer.py 302)
+    control = r.choice(f"{p}kl_ctrl.type", "fixed", ("fixed", "adaptive"))
+    r.get(f"{p}kl_ctrl.kl_target", 0.1, float)
+    horizon = r.get(f"{p}kl_ctrl.horizon", 10000, int)
+    if control == "adaptive" and horizon <= 0:
+        r.problems.append(
+            Problem(f"{p}kl_ctrl.horizon", f"{horizon} with kl_ctrl.type adaptive", "larger than 0")
+        )
+    if control == "adaptive" and in_reward and beta:
+        r.warnings.append(
+            f"kl_ctrl.type adaptive: the reward's coefficient adapts; audited at its initial {beta:g}"
+        )
     grpo = _advantage(r, advantage)
     if in_loss and in_reward:
         r.warnings.append(

@@ -17,7 +17,9 @@ def read(r: Reading) -> Terms:
     (default true): per token, or the sequence's mean ratio with importance_sampling_level sequence."""
     beta = r.get("beta", 0.0, float)
     corrected = r.get("use_bias_correction_kl", True, bool)
-    level = r.choice("importance_sampling_level", "token", ("token", "sequence", "sequence_token"))
+    # grpo_trainer.py _compute_loss: "Unknown importance sampling level ... Possible values are 'token' and
+    # 'sequence'" (sequence_token: a ValueError at the first step)
+    level = r.choice("importance_sampling_level", "token", ("token", "sequence"))
     for key in ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha"):
         r.get(key, None, object)
     if r.get("sync_ref_model", False, bool):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from klsweep import grpo as grpo_math
+from klsweep.audit.frameworks.openrlhf_flags import FLAGS
 from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
 
 NAME = "openrlhf"
 VERSION = "openrlhf 0.11.2"
@@ -16,7 +18,9 @@ def read(r: Reading) -> Terms:
     """OpenRLHF 0.11.2 (openrlhf/cli/train_ppo_ray.py; openrlhf/models/utils.py compute_approx_kl): the estimator
     (--algo.kl.estimator, default k1) in the reward, or in the loss with --algo.kl.use_loss, at
     --algo.kl.init_coef (0.01), the value clamped at +-10; --algo.kl.unbiased_gradient: a detached weight
-    capped at 10 times k1 times grad log pi."""
+    capped at 10 times k1 times grad log pi. A dotted flag of one of its sections that its parser does not
+    have (``openrlhf_flags.FLAGS``: a flag of 0.11.0 renamed since, a typo) is refused, as argparse refuses it."""
+    _refuse_unknown_flags(r)
     estimator = r.choice("algo.kl.estimator", "k1", ("k1", "k2", "k3"))
     beta = r.get("algo.kl.init_coef", 0.01, float)
     in_loss = r.get("algo.kl.use_loss", False, bool)
@@ -71,3 +75,22 @@ def _advantage(r: Reading, advantage: str) -> bool:
             "audit alone"
         )
     return r.advantage is not None
+
+
+SECTIONS = frozenset(f.split(".", 1)[0] for f in FLAGS if "." in f)
+
+
+def _refuse_unknown_flags(r: Reading) -> None:
+    """A ``--section.name`` flag (section one of 0.11.2's: algo, actor, rollout, ...) that 0.11.2's parser does
+    not accept: ``parse_args`` exits 2 on it ("unrecognized arguments"). Flags of other commands in the script
+    (``ray job submit --address``) have no such section and are left alone."""
+    unknown = sorted(k for k in r.settings if "." in k and k.split(".", 1)[0] in SECTIONS and k not in FLAGS)
+    if unknown:
+        r.problems.append(
+            Problem(
+                ", ".join(f"--{k}" for k in unknown),
+                f"not a flag of {VERSION}: its train_ppo_ray parser refuses the command (unrecognized "
+                "arguments; a flag of another version, renamed, or misspelt)",
+                f"the flags of {VERSION} (openrlhf/cli/train_ppo_ray.py)",
+            )
+        )

@@ -36,16 +36,7 @@ KEYS = {
         "algo.advantage.no_std_norm",
         "algo.advantage.gamma",
     ),
-    "0.9.10": (
-        "kl_estimator",
-        "init_kl_coef",
-        "use_kl_loss",
-        "kl_target",
-        "kl_horizon",
-        "advantage_estimator",
-        "no_advantage_std_norm",
-        "gamma",
-    ),
+    "0.9.10": ("kl_estimator", "init_kl_coef", "use_kl_loss", "advantage_estimator"),
 }
 
 
@@ -96,3 +87,19 @@ def expected(file: Path, files: Path) -> dict[str, Any]:
     except SystemExit:
         return {"refused": said.getvalue().strip().splitlines()[-1]}
     return {"values": {k: parsed[k] for k in KEYS[version]}}
+
+
+def flags(version: str = "0.11.2") -> list[str]:
+    """Every flag the version's parser accepts, without its dashes."""
+    return sorted(s[2:] for a in parser(version)._actions for s in a.option_strings if s.startswith("--"))
+
+
+def flags_module() -> str:
+    """The text of klsweep/audit/frameworks/openrlhf_flags.py, from 0.11.2's parser."""
+    body = "\n".join(f'        "{n}",' for n in flags())
+    return (
+        '"""The flags openrlhf 0.11.2\'s ``train_ppo_ray`` parser accepts (its argparse lines, executed from the wheel:\n'
+        "``tests/peer/loaders/openrlhf.py`` ``flags()``, which tests/peer/test_advantages.py compares with this list).\n"
+        'Generated, never edited by hand: ``python -c "from loaders import openrlhf; print(openrlhf.flags_module())"``\n'
+        'in tests/peer."""\n\nFLAGS = frozenset(\n    (\n' + body + "\n    )\n)\n"
+    )

@@ -20,7 +20,9 @@ from typing import Any
 
 from loaders import launch
 
-LOADER = "openrlhf wheel: openrlhf/cli/train_ppo_ray.py's argparse parser (its lines, executed) + bash for scripts"
+LOADER = (
+    "openrlhf wheel: openrlhf/cli/train_ppo_ray.py's argparse parser (its lines, executed) + bash for scripts"
+)
 ENTRY = ("openrlhf.cli.train_ppo_ray",)
 MODULE = "openrlhf/cli/train_ppo_ray.py"
 # the keys klsweep's openrlhf reader reads, per version (klsweep/audit/frameworks/openrlhf.py)

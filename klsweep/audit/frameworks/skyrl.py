@@ -8,6 +8,8 @@ from klsweep.errors import Problem
 
 NAME = "skyrl"
 VERSION = "skyrl 0.4.0"
+# SkyRLTrainConfig's sections (skyrl/train/config/config.py)
+SECTIONS = frozenset(("data", "trainer", "generator", "environment"))
 KIND = "yaml"  # a YAML mapping or Hydra overrides
 
 
@@ -16,6 +18,16 @@ def read(r: Reading) -> Terms:
     trainer.algorithm.use_kl_loss (true) at kl_loss_coef (0.001), or use_kl_in_reward (exclusive) at the same
     coefficient, of kl_estimator_type (k3: clamps 20/10; k1, k2, abs)."""
     p = "trainer.algorithm."
+    if not any(k.split(".", 1)[0] in SECTIONS for k in r.settings):
+        r.problems.append(
+            Problem(
+                "the file",
+                "sets none of SkyRL's config sections (data, trainer, generator, environment): a launcher's or "
+                "another tool's file; SkyRL reads the overrides of the command it runs",
+                "SkyRL's launch script (python -m skyrl.train.entrypoints.main_base trainer...=...)",
+            )
+        )
+        return [], False
     estimator = r.choice(f"{p}kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
     beta = r.get(f"{p}kl_loss_coef", 0.001, float)
     in_loss = r.get(f"{p}use_kl_loss", True, bool)

@@ -30,8 +30,11 @@ class Refused(Exception):
     """The script does not run the training command (bash stops first, or never reaches it)."""
 
 
-def commands(script: Path, timeout: float = 30.0) -> list[list[str]]:
-    """Every stubbed command the script ran, in order: [command name, its arguments ...]."""
+def commands(
+    script: Path, timeout: float = 30.0, environment: dict[str, str] | None = None
+) -> list[list[str]]:
+    """Every stubbed command the script ran, in order: [command name, its arguments ...]; ``environment``: the
+    variables its user must set (a PROVENANCE entry's ``environment``)."""
     with tempfile.TemporaryDirectory(prefix="launch-") as work:
         root = Path(work)
         stubs = root / "stubs"
@@ -47,6 +50,10 @@ def commands(script: Path, timeout: float = 30.0) -> list[list[str]]:
             "HOME": str(root),
             "LAUNCH_LOG": str(log),
             "LANG": "C.UTF-8",
+            "USER": "user",  # what a login sets (scripts under set -u read them)
+            "LOGNAME": "user",
+            "SHELL": "/bin/bash",
+            **(environment or {}),
         }
         (root / "cwd").mkdir()
         text = script.read_text()
@@ -68,10 +75,12 @@ def commands(script: Path, timeout: float = 30.0) -> list[list[str]]:
         return ran
 
 
-def arguments_after(script: Path, entry: tuple[str, ...]) -> list[str]:
+def arguments_after(
+    script: Path, entry: tuple[str, ...], environment: dict[str, str] | None = None
+) -> list[str]:
     """The arguments the first command that runs one of ``entry`` (a module after ``-m``, or a script path
     ending so) received after it; ``Refused`` where none does."""
-    for command in commands(script):
+    for command in commands(script, environment=environment):
         for i, word in enumerate(command):
             if any(word == e or word.endswith("/" + e.replace(".", "/") + ".py") for e in entry):
                 return command[i + 1 :]
@@ -81,3 +90,9 @@ def arguments_after(script: Path, entry: tuple[str, ...]) -> list[str]:
 def environment_is_clean() -> bool:
     """bash is here (the loader's only requirement beyond Python)."""
     return os.path.exists("/bin/bash")
+
+
+def environment_of(file: Path, files: Path) -> dict[str, str]:
+    """The variables a corpus file's PROVENANCE entry says its user sets (``environment``), else none."""
+    entry = json.loads((files.parent / "PROVENANCE.json").read_text())["files"][str(file.relative_to(files))]
+    return dict(entry.get("environment", {}))

@@ -68,7 +68,9 @@ def parser(version: str) -> argparse.ArgumentParser:
     last = next(i for i in range(first, len(lines)) if lines[i].strip() == "args = parser.parse_args()")
     scope: dict[str, Any] = {"argparse": argparse, "os": os, "datetime": datetime.datetime}
     exec(compile(textwrap.dedent("\n".join(lines[first:last])), MODULE, "exec"), scope)  # noqa: S102
-    return scope["parser"]
+    made = scope["parser"]
+    made.prog = "train_ppo_ray.py"  # argparse's messages name sys.argv[0] otherwise
+    return made
 
 
 def version_of(file: Path, files: Path) -> str:
@@ -79,7 +81,7 @@ def version_of(file: Path, files: Path) -> str:
 def expected(file: Path, files: Path) -> dict[str, Any]:
     version = version_of(file, files)
     try:
-        args = launch.arguments_after(file, ENTRY)
+        args = launch.arguments_after(file, ENTRY, launch.environment_of(file, files))
     except launch.Refused as e:
         return {"refused": str(e)}
     said = io.StringIO()

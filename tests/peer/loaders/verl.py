@@ -101,7 +101,7 @@ def expected(file: Path, files: Path) -> dict[str, Any]:
                 return _compose(folder, file.stem, [])
             return _merged(folder, data)
         try:
-            args = launch.arguments_after(file, ENTRY)
+            args = launch.arguments_after(file, ENTRY, launch.environment_of(file, files))
         except launch.Refused as e:
             return {"refused": str(e)}
         name, overrides = "ppo_trainer", []

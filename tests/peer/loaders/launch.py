@@ -2,7 +2,8 @@
 too, a clean environment, a timeout), with the commands that would start work replaced by stubs that record
 their arguments (python, torchrun, ray, deepspeed, ...; the network and package tools too). What the stub of the
 training entry point received is the command's arguments: the shell's own defaults (``${VAR:-x}``,
-``: "${VAR:=x}"``), loops, ``$@`` and quoting all decided by bash itself."""
+``: "${VAR:=x}"``), loops, ``$@`` and quoting all decided by bash itself. A file the script ``source``s that is
+not here is skipped (``PRELUDE``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ exec {python} -c 'import json, os, sys; open(os.environ["LAUNCH_LOG"], "a").writ
 """
 
 
+# read by bash before the script (BASH_ENV): a file the script sources that is not here (a model's architecture
+# flags under /root/slime/scripts/models/, a cluster's environment) is skipped, said on stderr, not fatal
+PRELUDE = """source() {
+  if [ -f "$1" ]; then builtin source "$@"; else echo "launch: $1 is not here: skipped" >&2; fi
+}
+"""
+
+
 class Refused(Exception):
     """The script does not run the training command (bash stops first, or never reaches it)."""
 
@@ -45,10 +54,13 @@ def commands(
             path.chmod(0o755)
         log = root / "log.jsonl"
         log.touch()
+        prelude = root / "prelude.sh"
+        prelude.write_text(PRELUDE)
         env = {
             "PATH": f"{stubs}:/usr/bin:/bin",
             "HOME": str(root),
             "LAUNCH_LOG": str(log),
+            "BASH_ENV": str(prelude),
             "LANG": "C.UTF-8",
             "USER": "user",  # what a login sets (scripts under set -u read them)
             "LOGNAME": "user",
@@ -71,7 +83,8 @@ def commands(
         )
         ran = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         if not ran and done.returncode != 0:
-            raise Refused(f"bash exits {done.returncode} before any command: {done.stderr.strip()[-300:]}")
+            said = done.stderr.replace(str(copy), script.name).strip()[-300:]  # no temporary path in it
+            raise Refused(f"bash exits {done.returncode} before any command: {said}")
         return ran
 
 
@@ -82,7 +95,8 @@ def arguments_after(
     ending so) received after it; ``Refused`` where none does."""
     for command in commands(script, environment=environment):
         for i, word in enumerate(command):
-            if any(word == e or word.endswith("/" + e.replace(".", "/") + ".py") for e in entry):
+            if any(word == e or word.endswith("/" + (e if e.endswith(".py") else e.replace(".", "/") + ".py"))
+                   for e in entry):  # fmt: skip
                 return command[i + 1 :]
     raise Refused(f"no command runs {' or '.join(entry)} (bash, in a clean environment)")
 

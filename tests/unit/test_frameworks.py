@@ -125,8 +125,15 @@ def test_slime_kl_coef_under_grpo_is_named_as_ignored(tmp_path):
     assert any("--kl-coef 0.05 is ignored under --advantage-estimator grpo" in w for w in found.warnings)
     ppo = read_text(tmp_path, "slime", "python3 train.py --advantage-estimator ppo --kl-coef 0.05", ".sh")
     assert only(ppo).placement == "reward" and not ppo.grpo
-    both = read_text(tmp_path, "slime", "train.py --kl-coef 0.1 --use-kl-loss --kl-loss-coef 0.1", ".sh")
-    assert any("slime refuses to start" in w for w in both.warnings)
+    # slime_validate_args refuses both coefficients, and reinforce++ without --normalize-advantages
+    with pytest.raises(UserError, match="Only one of kl_coef and kl_loss_coef"):
+        read_text(tmp_path, "slime", "train.py --kl-coef 0.1 --use-kl-loss --kl-loss-coef 0.1", ".sh")
+    with pytest.raises(UserError, match="add --normalize-advantages"):
+        read_text(
+            tmp_path, "slime", "train.py --advantage-estimator reinforce_plus_plus --kl-coef 0.1", ".sh"
+        )
+    rpp = "train.py --advantage-estimator reinforce_plus_plus --kl-coef 0.1 --normalize-advantages"
+    assert only(read_text(tmp_path, "slime", rpp, ".sh")).placement == "reward"
     # slime's low_var_kl with --use-unbiased-kl: the product weight x k3 clamped (tests/peer checks the form)
     lv = read_text(tmp_path, "slime", "t.py --use-kl-loss --kl-loss-coef 0.1 --kl-loss-type low_var_kl "
                    "--use-unbiased-kl", ".sh")  # fmt: skip

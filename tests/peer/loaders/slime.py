@@ -21,7 +21,10 @@ from loaders import launch
 LOADER = "slime 624b824 transcribed: slime/utils/arguments.py 19-33, 840-1115, 1846-1852 (argparse) + bash"
 ENTRY = ("train.py", "train_async.py")
 # the keys klsweep's slime reader reads (klsweep/audit/frameworks/slime.py), as the flags name them
-KEYS = ("kl-loss-type", "advantage-estimator", "kl-coef", "use-kl-loss", "kl-loss-coef", "use-unbiased-kl")
+KEYS = (
+    "kl-loss-type", "advantage-estimator", "kl-coef", "use-kl-loss", "kl-loss-coef", "use-unbiased-kl",
+    "normalize-advantages",
+)  # fmt: skip
 
 RESET_ARG = 'def reset_arg(parser, name, **kwargs):\n    """\n    Reset the default value of a Megatron argument.\n    :param parser: The argument parser.\n    :param name: The name of the argument to reset.\n    :param default: The new default value.\n    """\n    for action in parser._actions:\n        if name in action.option_strings:\n            if "default" in kwargs:\n                action.default = kwargs["default"]\n            break\n    else:\n        parser.add_argument(name, **kwargs)\n'
 

@@ -120,16 +120,7 @@ def processes(rounds: int = 3) -> None:
         }
         for name in list(commands)[1:]:  # compose caches filled, as after a first plan
             subprocess.run(commands[name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-        wall: dict[str, list[float]] = {name: [] for name in commands}
-        cpu: dict[str, list[float]] = {name: [] for name in commands}
-        codes: dict[str, int] = {}
-        for _ in range(rounds):
-            for name, cmd in commands.items():
-                wall_s, cpu_s, codes[name] = _timed(cmd, env)
-                wall[name].append(wall_s)
-                cpu[name].append(cpu_s)
-        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        wall, cpu, codes = interleaved(commands, env, rounds)
     base_wall, base_cpu = min(wall["baseline"]), min(cpu["baseline"])
     print(f'baseline `python -c "import klsweep.cli"`: {base_wall:.2f} s wall, {base_cpu:.2f} s CPU')
     for name, target in (("paper", 7.0), ("paper cluster.offline=false", 7.0), ("tiny", 5.0)):
@@ -144,6 +135,26 @@ def processes(rounds: int = 3) -> None:
         f"`klsweep plan` of a 100,800-run grid: {w:.2f} s wall (target 10 s on 2 cores: "
         f"{'met' if w <= 10 else 'MISSED'}), {c:.2f} s CPU"
     )
+
+
+def interleaved(
+    commands: dict[str, list[str]], env: dict[str, str], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
+    """Each command run ``rounds`` times, interleaved: their wall and CPU times, and exit codes; the load average
+    printed before and after."""
+    import os
+
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    wall: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    codes: dict[str, int] = {}
+    for _ in range(rounds):
+        for name, cmd in commands.items():
+            wall_s, cpu_s, codes[name] = _timed(cmd, env)
+            wall[name].append(wall_s)
+            cpu[name].append(cpu_s)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return wall, cpu, codes
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:

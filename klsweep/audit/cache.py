@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-from klsweep.audit.exact import AuditRow, audit, rows_as_dicts
-from klsweep.audit.objective import GRPOAuditRow, grpo_audit
+from klsweep.audit.exact import AuditRow, audit, config_audit, rows_as_dicts
+from klsweep.audit.objective import GRPOAuditRow, grpo_audit, grpo_config_audit
 
 
 def cached_audit(behavior_shift: float = 0.0, importance: str = "none") -> list[AuditRow]:
@@ -25,6 +25,17 @@ def cached_audit(behavior_shift: float = 0.0, importance: str = "none") -> list[
 def cached_grpo_audit(**options: Any) -> list[GRPOAuditRow]:
     """``grpo_audit(**options)``, kept on disk like ``cached_audit``."""
     return _cached(GRPOAuditRow, grpo_audit, **options)
+
+
+def cached_config_audit(**options: Any) -> list[AuditRow]:
+    """``config_audit(**options)`` (``configs``: the terms, as keyword), kept on disk like ``cached_audit`` and
+    keyed by the terms' configurations too: ``audit --framework`` of a file audited before needs no torch."""
+    return _cached(AuditRow, config_audit, **options)
+
+
+def cached_grpo_config_audit(**options: Any) -> list[GRPOAuditRow]:
+    """``grpo_config_audit(**options)``, kept on disk like ``cached_config_audit``."""
+    return _cached(GRPOAuditRow, grpo_config_audit, **options)
 
 
 def _cached(row_type: type, compute: Callable[..., list], **options: Any) -> list:

@@ -220,6 +220,9 @@ def test_cli_csv_and_table():
 )
 def test_cli_bad_options_raise_user_error(args, needle):
     out = run_cli(*args)
+    if "--json" in args:  # the refusal as JSON on stdout, exit 2 (tests/unit/test_framework_files.py)
+        assert out.exit_code == 2 and needle in json.loads(out.stdout)["error"]
+        return
     assert isinstance(out.exception, UserError)
     assert needle in str(out.exception)
 

@@ -43,9 +43,10 @@ def test_shell_default_idioms_are_read_as_bash_runs_them(tmp_path):
     ((place, config),) = found.terms
     assert place == "skyrl reward" and config.beta == 0.05
     env: dict[str, str] = {}
-    assert shell.expand("${A:=x} ${A:-y} ${B-z} ${B} '${A}'", env) == "x x z ${B} '${A}'" and env == {
-        "A": "x"
-    }
+    assert shell.expand("${A:=x} ${A:-y} ${B-z} ${B} '${A}'", env) == "x x z ${B} '${A}'"
+    assert env == {"A": "x"}
+    deep = "${A:-" * 5000 + "x" + "}" * 5000  # nested defaults: bounded, the value said unreadable
+    assert shell.unreadable(shell.expand(deep, {}))
 
 
 def test_a_command_substitution_is_never_run_and_said_unreadable(tmp_path):
@@ -92,12 +93,27 @@ def test_nemo_defaults_chain_and_null_clamps(tmp_path):
     assert any("no KL against a reference" in w for w in frameworks.read("nemo-rl", sft).warnings)
 
 
-def test_areal_without_a_ref_section_is_no_kl_against_a_reference(tmp_path):
-    config = write(tmp_path / "sft.yaml", "actor:\n  kl_ctl: 0.1\n  path: m\n")
-    found = frameworks.read("areal", config)
+def test_areal_without_a_reference_is_no_kl_against_a_reference(tmp_path):
+    """AReaL's SFT/DPO/reward-model files (no rollout:/gconfig:) and an RL file without ref: (rl_trainer.py
+    builds the reference only from it) get no KL verdict; keys of an older AReaL are refused as 1.0.4 does."""
+    sft = write(tmp_path / "sft.yaml", "actor:\n  kl_ctl: 0.1\n  path: m\n")
+    found = frameworks.read("areal", sft)
+    assert found.terms == () and any(
+        w.startswith("no KL against a reference: no rollout:") for w in found.warnings
+    )
+    dpo = write(tmp_path / "dpo.yaml", "actor:\n  beta: 0.1\nref:\n  path: m\n")
+    assert frameworks.read("areal", dpo).terms == ()
+    rollout = "rollout:\n  backend: sglang:d1\n"
+    no_ref = write(tmp_path / "rl.yaml", rollout + "actor:\n  kl_ctl: 0.1\n")
+    found = frameworks.read("areal", no_ref)
     assert found.terms == () and any(
         w.startswith("no KL against a reference: no ref:") for w in found.warnings
     )
+    old = write(
+        tmp_path / "old.yaml", rollout + "ref: {path: m}\nactor:\n  kl_ctl: 0.1\n  behave_imp_weight_cap: 5\n"
+    )
+    with pytest.raises(UserError, match="a key of an older AReaL"):
+        frameworks.read("areal", old)
 
 
 def test_json_on_a_refusal_is_an_error_object_on_stdout(tmp_path):
@@ -184,3 +200,42 @@ def test_skyrl_kl_ctrl_is_read_and_trl_sequence_token_refused(tmp_path):
     trl = write(tmp_path / "t.yaml", "beta: 0.1\nimportance_sampling_level: sequence_token\n")
     with pytest.raises(UserError, match="importance_sampling_level"):
         frameworks.read("trl", trl)
+
+
+SECOND = """
+import json, sys
+from klsweep.audit import frameworks
+found, _ = frameworks.audit_config(sys.argv[1], sys.argv[2])
+print(json.dumps({"found": found, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_second_audit_of_the_same_file_needs_no_torch_nor_hydra(tmp_path):
+    """The exact audit is kept by configuration (audit/cache.py), a script's parsed overrides by its words: a
+    second `audit --framework` of a file imports neither torch nor Hydra and answers the same; a damaged kept
+    audit is computed again."""
+    env = {**os.environ, "KLSWEEP_CACHE": str(tmp_path / "cache")}
+    fixtures = Path(__file__).parents[1] / "fixtures" / "frameworks"
+
+    def audit(framework: str, name: str) -> dict:
+        cmd = [
+            sys.executable,
+            "-c",
+            SECOND + "print('hydra' in sys.modules)",
+            framework,
+            str(fixtures / name),
+        ]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+        found, hydra = done.stdout.strip().splitlines()[-2:]
+        return json.loads(found) | {"hydra": hydra == "True"}
+
+    firsts = {}
+    for framework, name in (("nemo-rl", "nemo_grpo_math_1B.yaml"), ("verl", "verl_run_qwen2-7b.sh")):
+        first, second = audit(framework, name), audit(framework, name)
+        assert first["torch"] and not second["torch"] and not second["hydra"], (first, second)
+        assert first["found"] == second["found"] and second["found"]["audit"]
+        firsts[framework] = first
+    for kept in (tmp_path / "cache" / "audit").glob("*.json"):
+        kept.write_text("[{}]")
+    again = audit("nemo-rl", "nemo_grpo_math_1B.yaml")
+    assert again["torch"] and again["found"] == firsts["nemo-rl"]["found"]

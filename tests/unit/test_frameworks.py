@@ -84,7 +84,7 @@ CONFIGS = [  # (framework, the config as its users write it, the preset it train
     ("slime", "python3 train.py --use-kl-loss --kl-loss-coef 0.01 --use-unbiased-kl", "slime-unbiased"),
     ("skyrl", "trainer:\n  algorithm:\n    kl_loss_coef: 0.001\n", "skyrl"),
     ("nemo-rl", "loss_fn:\n  use_on_policy_kl_approximation: true\n", "nemo-onpolicy"),
-    ("areal", "actor:\n  kl_ctl: 0.1\nref:\n  path: ref-model\n", "areal"),
+    ("areal", "actor:\n  kl_ctl: 0.1\nref:\n  path: ref-model\nrollout:\n  backend: sglang:d1\n", "areal"),
 ]  # fmt: skip
 
 
@@ -162,7 +162,10 @@ def test_each_warning(tmp_path):
     old_flag = read_text(
         tmp_path, "openrlhf", "python -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.05", ".sh"
     )
-    assert any(w.startswith("init_kl_coef: touches the KL") for w in old_flag.warnings)
+    assert old_flag.warnings[0].startswith(
+        "flags of openrlhf 0.9.x (--init_kl_coef): openrlhf 0.11.2 refuses"
+    )
+    assert only(old_flag).beta == 0.05  # as 0.9.10 reads it (tests/peer/test_versions.py)
     gspo = read_text(tmp_path, "pipelinerl", "finetune:\n  rl:\n    kl_coef: 0.01\n    policy_loss: gspo\n")
     assert gspo.terms == () and any("ignored under policy_loss gspo" in w for w in gspo.warnings)
     exclusive = read_text(tmp_path, "skyrl", "trainer.algorithm.use_kl_in_reward=true", ".sh")

@@ -100,10 +100,10 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
 def gradient_warnings(found: FrameworkKL) -> list[str]:
     """Per term whose expected gradient on-policy (the exact estimator audit) is not the reverse KL's: what it
     is instead."""
-    from klsweep.audit.exact import config_audit
+    from klsweep.audit.cache import cached_config_audit
 
     out = []
-    for row in config_audit(list(found.terms)):
+    for row in cached_config_audit(configs=list(found.terms)):
         if row.verdict != "unbiased reverse KL":
             out.append(
                 f"{row.preset}: a KL whose gradient is not the KL it names: {row.estimator} in the {row.placement}"
@@ -116,11 +116,12 @@ def audit_config(
     framework: str, path: Path | str, grpo: bool | None = None, **options: Any
 ) -> tuple[dict[str, Any], list[Any]]:
     """``read`` the config and audit its terms: the GRPO audit (``grpo_config_audit``) where the framework's
-    algorithm is GRPO-like (or ``grpo``), else the estimator audit (``config_audit``). ``options``: the audits'
+    algorithm is GRPO-like (or ``grpo``), else the estimator audit (``config_audit``), each kept on disk by
+    configuration (``audit.cache``: a second audit of the same file needs no torch). ``options``: the audits'
     (vocab, length, seed, ref_distance, behavior_shift; group_size, groups, beta, scale_rewards, loss_type
     for the GRPO one). Returns ``{"kl", "warnings", "audit"}`` (the rows as dicts) and the rows."""
-    from klsweep.audit.exact import config_audit, rows_as_dicts
-    from klsweep.audit.objective import grpo_config_audit
+    from klsweep.audit.cache import cached_config_audit, cached_grpo_config_audit
+    from klsweep.audit.exact import rows_as_dicts
 
     found = read(framework, path)
     warnings = [*found.warnings, *gradient_warnings(found)]
@@ -132,12 +133,14 @@ def audit_config(
             beta = options.pop("beta", None)
             if beta is not None:
                 terms = [(n, dataclasses.replace(c, beta=beta)) for n, c in terms]
-            if found.advantage is not None:
+            if (
+                found.advantage is not None
+            ):  # the advantage estimator the file selects (klsweep.grpo.Advantage)
                 options["advantage"] = found.advantage
-            rows = grpo_config_audit(terms, length=options.pop("length", None) or 2, **options)
+            rows = cached_grpo_config_audit(configs=terms, length=options.pop("length", None) or 2, **options)
         else:
             keep = {
                 k: v for k, v in options.items() if k in ("vocab", "seed", "ref_distance", "behavior_shift")
             }
-            rows = config_audit(terms, length=options.get("length") or 3, **keep)
+            rows = cached_config_audit(configs=terms, length=options.get("length") or 3, **keep)
     return {"kl": found.kl(), "warnings": warnings, "audit": rows_as_dicts(rows)}, rows

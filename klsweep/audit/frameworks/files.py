@@ -135,26 +135,69 @@ def _resolved(data: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
 
 def _overrides(text: str) -> dict[str, Any]:
     """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
-    override grammar."""
+    override grammar; kept on disk by the words parsed and Hydra's version (``_kept``), so a second audit of a
+    script needs no Hydra."""
+    words = [w for w in shell.words(text) if "=" in w and not w.startswith("-") and "." in w.split("=", 1)[0]]
+    kept = _kept(words)
+    if kept is not None:
+        return kept
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     out: dict[str, Any] = {}
-    for word in shell.words(text):
-        if "=" not in word or word.startswith("-") or "." not in word.split("=", 1)[0]:
-            continue
+    for word in words:
         try:
             (override,) = parser.parse_overrides([word])
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
             key, _, value = word.partition("=")
-            if shell.unreadable(value) and re.fullmatch(
-                r"\+{0,2}[\w.-]+", key
-            ):  # key=$(command): said unreadable
+            if shell.unreadable(value) and re.fullmatch(r"\+{0,2}[\w.-]+", key):  # key=$(command): unreadable
                 out[key.lstrip("+")] = value
             continue
         if not override.is_delete():
             out[override.key_or_group] = override.value()
+    _keep(words, out)
     return out
+
+
+def _kept_path(words: list[str]) -> tuple[Any, dict[str, Any]]:
+    import hashlib
+    from importlib.metadata import version
+
+    key = {"hydra": version("hydra-core"), "words": words}
+    digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+    return store.cache_dir() / "audit" / f"overrides-{digest}.json", key
+
+
+def _kept(words: list[str]) -> dict[str, Any] | None:
+    """The overrides parsed before from exactly these words by this Hydra, or None: a missing, unreadable or
+    damaged file, or one kept for other words or another Hydra (then parsed again)."""
+    path, key = _kept_path(words)
+    try:
+        data = store.read_json(path)
+    except (OSError, ValueError, store.UnreadableFile):
+        return None
+    if (
+        not isinstance(data, dict)
+        or {k: data.get(k) for k in key} != key
+        or not isinstance(data.get("settings"), dict)
+    ):
+        return None
+    return data["settings"]
+
+
+def _keep(words: list[str], settings: dict[str, Any]) -> None:
+    """Keep the parsed overrides where each value is plain JSON (a Hydra sweep object is not: parsed again)."""
+    import json
+
+    try:
+        if json.loads(json.dumps(settings)) != settings or any(
+            isinstance(v, tuple | float) and v != v for v in settings.values()
+        ):
+            return
+        path, key = _kept_path(words)
+        store.write_json(path, key | {"settings": settings})
+    except (OSError, TypeError, ValueError):  # not JSON, or a read-only cache: parsed again next time
+        return
 
 
 def flags(text: str) -> dict[str, Any]:

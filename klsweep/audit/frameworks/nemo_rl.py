@@ -23,6 +23,8 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     ``_override_: true`` replaces its parents' instead of merging. Every parent is read as the config is
     (``files.text_of`` within the config's tree, ``files.yaml_data``); a cycle or a chain of more than
     ``MAX_PARENTS`` files is refused (NeMo-RL would recurse without end)."""
+    if "defaults" not in data:  # nothing to compose (OmegaConf not imported)
+        return data
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     tree = files.tree_of(path)

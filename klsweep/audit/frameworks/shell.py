@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
+MAX_NESTING = 20  # ${A:-${B:-...}} nested deeper than this is left as written (unreadable), not recursed into
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGNMENT = re.compile(r"\s*(?:(?:export|local|readonly|declare)\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
@@ -35,9 +36,9 @@ def _closing(text: str, i: int, open_: str, close: str) -> int:
     return len(text)
 
 
-def expand(text: str, env: dict[str, str]) -> str:
+def expand(text: str, env: dict[str, str], depth: int = 0) -> str:
     """``text`` with the script's variables expanded (``env``, updated by ``${NAME:=default}``); command
-    substitutions and unknown variables kept as written."""
+    substitutions, unknown variables and defaults nested deeper than ``MAX_NESTING`` kept as written."""
     out, i = [], 0
     while i < len(text):
         c = text[i]
@@ -55,7 +56,8 @@ def expand(text: str, env: dict[str, str]) -> str:
             i = j + 1
         elif text.startswith("${", i):
             j = _closing(text, i + 1, "{", "}")
-            out.append(_parameter(text[i + 2 : j], text[i : j + 1], env))
+            written = text[i : j + 1]
+            out.append(written if depth >= MAX_NESTING else _parameter(text[i + 2 : j], written, env, depth))
             i = j + 1
         elif c == "$" and (m := NAME.match(text, i + 1)):
             out.append(env.get(m.group(), text[i : m.end()]))
@@ -66,7 +68,7 @@ def expand(text: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
-def _parameter(inner: str, written: str, env: dict[str, str]) -> str:
+def _parameter(inner: str, written: str, env: dict[str, str], depth: int) -> str:
     m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-=+?])(.*))?", inner, re.S)
     if m is None:  # ${#NAME}, ${NAME/a/b}, ...: not read
         return written
@@ -78,12 +80,12 @@ def _parameter(inner: str, written: str, env: dict[str, str]) -> str:
     if op in "-=":
         if not unset:
             return value  # type: ignore[return-value]
-        default = _unquoted(expand(word, env))
+        default = _unquoted(expand(word, env, depth + 1))
         if op == "=":
             env[name] = default
         return default
     if op == "+":
-        return "" if unset else _unquoted(expand(word, env))
+        return "" if unset else _unquoted(expand(word, env, depth + 1))
     return written if unset else value  # type: ignore[return-value]
 
 

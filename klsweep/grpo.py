@@ -131,6 +131,147 @@ def advantages(
     raise ValueError(f"reward_mode={reward_mode!r} is not one of {', '.join(klmath.REWARD_MODES)}")
 
 
+BASELINES = ("group", "leave_one_out", "none")
+RETURNS = ("sequence", "token")
+WHITENS = ("none", "unbiased", "biased")
+
+
+@dataclass(frozen=True)
+class Advantage:
+    """The advantage estimator a framework's config selects, as ``advantage_of`` computes it (the frameworks'
+    readers fill it; klsweep's own trainer is ``Advantage()`` with its ``scale_rewards``, TRL's GRPO):
+
+    - ``baseline``: what is subtracted from a completion's score: its group's mean (``group``: GRPO,
+      Dr.GRPO), the mean of the *other* completions of its group (``leave_one_out``: RLOO; the same as
+      ``(x - mean) G / (G - 1)``), or nothing (``none``: REINFORCE++);
+    - ``scale``: the centred score divided by (std + ``eps``) of its group, of the step, or not (``none``);
+      Bessel's std, as TRL, verl, SkyRL and OpenRLHF take it;
+    - ``returns``: ``sequence``: one advantage per completion, from its score (the task reward less the
+      penalty's sum); ``token``: each token's return, the task reward less the penalties of that token and
+      the ones after it (``gamma`` 1: verl's and SkyRL's REINFORCE++, OpenRLHF's cumulative returns); only
+      with ``baseline`` and ``scale`` none unless the KL enters after the normalisation (``separate``);
+    - ``whiten``: then ``(x - mean) / sqrt(var + whiten_eps)`` over every completion token of the step:
+      ``unbiased`` (Bessel's variance: verl's and SkyRL's ``masked_whiten``), ``biased`` (OpenRLHF: the
+      population variance, clamped at ``whiten_eps`` rather than added), ``none``.
+
+    Where the KL in the reward enters is the KL configuration's ``reward_mode``: ``shaped``, in the score
+    before the normalisation; ``separate``, after it: klsweep's own advantage (``returns`` sequence: the
+    penalty centred by its leave-one-out baseline) or the frameworks' per-token returns (``returns`` token:
+    the task reward normalised per ``baseline`` and ``scale``, then the penalties after each token
+    subtracted unnormalised: OpenRLHF)."""
+
+    baseline: str = "group"
+    scale: str = "group"
+    eps: float = EPS
+    returns: str = "sequence"
+    whiten: str = "none"
+    whiten_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("baseline", BASELINES),
+            ("scale", SCALE_REWARDS),
+            ("returns", RETURNS),
+            ("whiten", WHITENS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.baseline != "group" and self.scale != "none":
+            raise ValueError(f"a {self.baseline} baseline is never divided by a std (scale none)")
+
+    @property
+    def label(self) -> str:
+        """A short name: grpo (group std), dr_grpo (no std), rloo, reinforce++, reinforce++ baseline, ...;
+        with ``+ whiten`` or ``per-token returns`` where they apply."""
+        name = {"leave_one_out": "rloo", "none": "reinforce"}.get(self.baseline, "grpo")
+        if self.baseline == "group":
+            name = {"group": "grpo", "batch": "grpo batch-std", "none": "dr_grpo"}[self.scale]
+        parts = [name]
+        if self.returns == "token":
+            parts.append("per-token returns")
+        if self.whiten != "none":
+            parts.append(f"whitened over the step ({self.whiten} var)")
+        return ", ".join(parts)
+
+    @property
+    def spans_step(self) -> bool:
+        """Whether a statistic spans the step's groups (batch std, whitening): the audit then enumerates
+        steps of several groups."""
+        return self.scale == "batch" or self.whiten != "none"
+
+
+def _centred(scores: Tensor, spec: Advantage, group_size: int) -> Tensor:
+    """Scores ``[..., N]`` less their baseline, divided per ``spec.scale``."""
+    if spec.baseline == "leave_one_out":
+        return scores - leave_one_out_baseline(scores, group_size)
+    if spec.baseline == "group":
+        if spec.eps == EPS:  # TRL's own operations, bit for bit
+            return group_advantages(scores, group_size, spec.scale)
+        scaled = group_advantages(scores, group_size, "none")
+        if spec.scale == "none":
+            return scaled
+        import torch
+
+        spread = scores.unflatten(-1, (-1, group_size)) if spec.scale == "group" else scores.unsqueeze(-2)
+        std = nanstd(spread, dim=-1, keepdim=True).expand_as(spread).flatten(-2)
+        return scaled / (torch.nan_to_num(std, nan=0.0) + spec.eps)
+    return scores
+
+
+def _whitened(x: Tensor, mask: Tensor, spec: Advantage) -> Tensor:
+    """``x`` ``[..., N, T]`` whitened over the completion tokens of each step (``mask``), per ``spec.whiten``."""
+    import torch
+
+    m = mask.to(x.dtype).expand_as(x)
+    count = m.sum((-2, -1), keepdim=True)
+    mean = (x * m).sum((-2, -1), keepdim=True) / count
+    var = ((x - mean) ** 2 * m).sum((-2, -1), keepdim=True) / count
+    if spec.whiten == "unbiased":
+        return (x - mean) * torch.rsqrt(var * count / (count - 1) + spec.whiten_eps) * m
+    return (x - mean) * var.clamp(min=spec.whiten_eps).rsqrt() * m
+
+
+def advantage_of(
+    spec: Advantage,
+    task_reward: Tensor,
+    penalty: Tensor | None,
+    mask: Tensor,
+    beta: float,
+    group_size: int,
+    reward_mode: str,
+) -> Tensor:
+    """The advantage of each completion ``[..., N]`` (``spec.returns`` sequence, no whitening) or of each of
+    its tokens ``[..., N, T]``, per ``spec`` (see ``Advantage``), given the task reward ``[..., N]`` and the
+    detached KL penalty per token ``[..., N, T]`` (``kl.penalty_tokens``; None or ``beta == 0``: no KL in the
+    reward), placed per ``reward_mode``. ``mask`` ``[..., N, T]``: the completion tokens."""
+    import torch
+
+    if reward_mode not in klmath.REWARD_MODES:
+        raise ValueError(f"reward_mode={reward_mode!r} is not one of {', '.join(klmath.REWARD_MODES)}")
+    if penalty is None or beta == 0:
+        penalty = torch.zeros(mask.shape, dtype=task_reward.dtype, device=task_reward.device)
+    penalty = penalty * mask
+    if spec.returns == "sequence":
+        total = penalty.sum(-1)
+        if reward_mode == "shaped":
+            adv = _centred(task_reward - beta * total, spec, group_size)
+        else:
+            adv = _centred(task_reward, spec, group_size) - beta * leave_one_out(total, group_size)
+        adv = torch.nan_to_num(adv, nan=0.0)
+        if spec.whiten == "none":
+            return adv
+        return _whitened(adv.unsqueeze(-1).expand(mask.shape), mask, spec)
+    to_go = penalty.flip(-1).cumsum(-1).flip(-1)  # the penalties of each token and the ones after it
+    if reward_mode == "shaped":
+        if spec.baseline != "none" or spec.scale != "none":
+            raise ValueError("per-token returns with the KL shaped in: only without baseline and scale")
+        adv = task_reward.unsqueeze(-1) - beta * to_go
+    else:
+        adv = torch.nan_to_num(_centred(task_reward, spec, group_size), nan=0.0).unsqueeze(-1) - beta * to_go
+    adv = adv * mask
+    return adv if spec.whiten == "none" else _whitened(adv, mask, spec)
+
+
 @dataclass(frozen=True)
 class Aggregation:
     """How one optimiser step reduces per-token losses ``[..., B, T]`` to ``[...]``, per TRL ``loss_type``:

@@ -277,6 +277,23 @@ def penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig) -> T
     return _estimate(delta, mask, config.estimator, config.level, config.log_ratio_clamp, config.value_clamp)
 
 
+def penalty_tokens(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig) -> Tensor:
+    """The configured penalty per token [B, T], zero where masked: token level each token's clamped
+    estimate (``penalty`` is their sum); sequence level the sequence's estimate on its last unmasked token
+    (where a framework's per-token returns would place an outcome). Differentiable like ``penalty``."""
+    import torch
+
+    mask = mask.bool()
+    delta = _masked(logp, mask) - _masked(ref_logp, mask)
+    if config.level == "token":
+        value = _clamped_value(delta, config.estimator, config.log_ratio_clamp, config.value_clamp)
+        return _masked(value, mask)
+    total = _estimate(delta, mask, config.estimator, "sequence", config.log_ratio_clamp, config.value_clamp)
+    last = mask.cumsum(-1) == mask.sum(-1, keepdim=True)
+    last = last & mask
+    return torch.where(last, total.unsqueeze(-1), torch.zeros((), dtype=total.dtype, device=total.device))
+
+
 def clamped_share(logp: Tensor, ref_logp: Tensor, mask: Tensor, config: KLConfig) -> Tensor:
     """Per sequence [B], the share of its units (unmasked tokens, or the sequence at sequence level) where a
     clamp of ``config`` is active: the log-ratio beyond ``log_ratio_clamp`` or the value beyond

@@ -57,6 +57,7 @@ class GRPOAuditRow:
     rel_norm: float  # ||effective / unit|| / ||grad KL(pi||ref)||
     verdict: str
     preset: str = ""  # the framework preset audited (klsweep.presets), "" for a plain configuration
+    advantage: str = ""  # a framework's advantage estimator (grpo.Advantage.label), "" for klsweep's own
 
 
 def _grpo_verdict(row: dict[str, float]) -> str:
@@ -220,6 +221,7 @@ def grpo_gradients(
     weights: Tensor | None = None,
     jac: Tensor | None = None,
     off_policy: bool = False,
+    advantage: grpo.Advantage | None = None,
 ) -> Tensor:
     """The gradient with respect to pi's logits of the trainer's objective for each optimiser step (a row of
     ``seqs``: indices of its completions, group after group, sampled from the behaviour policy) [S, P], or
@@ -230,7 +232,12 @@ def grpo_gradients(
     ``grpo.clipped_policy_loss`` against the behaviour log-probs when ``off_policy``; plus ``config.beta``
     times ``grpo.kl_reward_loss`` (``config.reward_term``: the current penalty less the leave-one-out mean of
     the others' behaviour penalties, importance-weighted) and ``grpo.kl_loss`` when the KL is in the loss;
-    all aggregated per ``loss_type`` (``_aggregation``)."""
+    all aggregated per ``loss_type`` (``_aggregation``).
+
+    With ``advantage`` (a framework's estimator, ``grpo.Advantage``) the advantages are
+    ``grpo.advantage_of`` instead (``scale_rewards`` is then the spec's): the reward-placed penalty per token
+    of the behaviour policy's log-probs (the frameworks compute it when the batch is made), always inside the
+    advantage (no reward term of its own)."""
     in_reward = config.beta > 0 and config.placement in ("reward", "both")
     in_loss = config.beta > 0 and config.placement in ("loss", "both")
     own_term = in_reward and config.reward_term
@@ -238,6 +245,19 @@ def grpo_gradients(
     rewards = task_reward[seqs]
 
     def loss_of(logp: Tensor, ref: Tensor, mask: Tensor, behavior: Tensor) -> Tensor:
+        if advantage is not None:
+            tokens = kl.penalty_tokens(behavior, ref, mask, config) if in_reward else None
+            adv = grpo.advantage_of(
+                advantage, rewards, tokens, mask, config.beta, group_size, config.reward_mode
+            )
+            if off_policy:
+                loss = grpo.clipped_policy_loss(adv, logp, behavior, mask, aggregation)
+            else:
+                loss = grpo.policy_loss(adv, logp, mask, aggregation)
+            if in_loss:
+                weights_from = behavior if config.importance != "none" else None
+                loss = loss + config.beta * grpo.kl_loss(logp, ref, mask, config, aggregation, weights_from)
+            return loss
         sampled = kl.penalty(behavior, ref, mask, config) if in_reward else None
         penalty = None if own_term else sampled
         adv = grpo.advantages(rewards, penalty, config.beta, group_size, scale_rewards, config.reward_mode)
@@ -340,11 +360,13 @@ def _scalings(
     groups: int,
     scale_rewards: str,
     loss_type: str,
+    advantage: grpo.Advantage | None = None,
 ) -> Iterator[tuple[str, int, Callable[[kl.KLConfig], dict[str, float]]]]:
     """Per reward scaling (``all``: each), ``(scaling, groups per step, effective)``: ``effective(config)`` is the
     numbers of a ``GRPOAuditRow`` (``_effective``) of ``config``'s effective KL gradient at its beta, every step
     of the tabular policy of these options enumerated (sampled from the behaviour policy, TRL's clipped loss,
-    when ``behavior_shift > 0``)."""
+    when ``behavior_shift > 0``). With ``advantage`` (a framework's estimator) one scaling, the spec's:
+    ``groups`` groups a step where a statistic spans the step (``Advantage.spans_step``)."""
     off_policy = behavior_shift > 0
     policy = TabularPolicy.random(vocab, length, seed, ref_distance, behavior_shift)
     g_reverse, g_forward = exact_kl_gradients(policy)
@@ -352,8 +374,10 @@ def _scalings(
     reward = task_reward_table(len(policy.seqs), seed)
     pi_probs = policy.token_logp(policy.theta).sum(-1).exp()
     probs = policy.token_logp(policy.behavior).sum(-1).exp()  # the sampling policy (pi on-policy)
-    for scaling in grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,):
-        n_groups = groups if scaling == "batch" else 1
+    scalings = grpo.SCALE_REWARDS if scale_rewards == "all" else (scale_rewards,)
+    for scaling in scalings if advantage is None else (advantage.scale,):
+        spans = scaling == "batch" if advantage is None else advantage.spans_step
+        n_groups = groups if spans else 1
         seqs, p = enumerate_steps(probs, group_size, n_groups)
         unit = _unit(
             policy, seqs, enumerate_steps(pi_probs, group_size, n_groups)[1], loss_type, g_reverse, jac
@@ -369,6 +393,7 @@ def _scalings(
             weights=p,
             jac=jac,
             off_policy=off_policy,
+            advantage=advantage,
         )
         g_zero = gradient(kl.KLConfig("k1", "reward", beta=0.0))
 
@@ -387,6 +412,7 @@ def _row(
     groups: int,
     behavior_shift: float,
     preset: str = "",
+    advantage: grpo.Advantage | None = None,
 ) -> GRPOAuditRow:
     """The ``GRPOAuditRow`` of ``config`` with the numbers ``values`` of its effective KL gradient."""
     return GRPOAuditRow(
@@ -406,6 +432,7 @@ def _row(
         **values,
         verdict=_grpo_verdict(values),
         preset=preset,
+        advantage="" if advantage is None else advantage.label,
     )
 
 
@@ -457,11 +484,16 @@ def grpo_config_audit(
     scale_rewards: str = "group",
     loss_type: str = "dapo",
     behavior_shift: float = 0.0,
+    advantage: grpo.Advantage | None = None,
 ) -> list[GRPOAuditRow]:
     """``grpo_audit`` of whole KL configurations, each labelled (a preset's name, or ""): its reward mode,
     reward log-probs, weighting, gradient forms and clamps, at its own beta (a schedule's first value); one
-    row per configuration and reward scaling. The report audits a run that uses the frameworks' forms with it."""
+    row per configuration and reward scaling. The report audits a run that uses the frameworks' forms with it.
+    ``advantage``: the advantage estimator a framework's config selects (``grpo.Advantage``; its scaling
+    replaces ``scale_rewards``), None for klsweep's own (TRL's GRPO)."""
     probe = dict(locals())
+    if advantage is not None:  # the spec's scaling; a statistic over the step enumerates groups like batch
+        probe["scale_rewards"] = "batch" if advantage.spans_step else advantage.scale
     probe |= {
         "beta": 0.1,
         "reward_mode": "all",
@@ -475,10 +507,14 @@ def grpo_config_audit(
         raise UserError(Problem("beta", f"{', '.join(zero)}: beta 0", "a configuration with beta > 0"))
     rows = []
     steps = (vocab, length, seed, ref_distance, behavior_shift, group_size, groups, scale_rewards, loss_type)
-    for scaling, n_groups, effective in _scalings(*steps):
+    for scaling, n_groups, effective in _scalings(*steps, advantage=advantage):
         for name, config in configs:
             values = effective(config)
-            rows.append(_row(config, values, scaling, loss_type, group_size, n_groups, behavior_shift, name))
+            rows.append(
+                _row(
+                    config, values, scaling, loss_type, group_size, n_groups, behavior_shift, name, advantage
+                )
+            )
     return rows
 
 

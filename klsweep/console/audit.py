@@ -85,13 +85,13 @@ def grpo_audit_tables(rows: list[GRPOAuditRow]) -> list:
     presets = any(r.preset for r in rows)
 
     def table_of(r: GRPOAuditRow) -> tuple[str, ...]:
-        if presets:
-            return ("", r.scale_rewards)
+        if presets:  # a framework's advantage estimator (klsweep.grpo.Advantage) where its file selects one
+            return ("", f"advantage {r.advantage}" if r.advantage else f"scale_rewards {r.scale_rewards}")
         sampling = (r.reward_logp, r.importance) if r.behavior_shift > 0 else ()
         return (r.reward_mode, r.scale_rewards, *sampling)
 
     for key in dict.fromkeys(map(table_of, rows)):
-        title = f"reward_mode {key[0]}, scale_rewards {key[1]}" if key[0] else f"scale_rewards {key[1]}"
+        title = f"reward_mode {key[0]}, scale_rewards {key[1]}" if key[0] else key[1]
         if len(key) > 2:
             title += f",\nreward_logp {key[2]}, importance {key[3]}"
         t = Table(

@@ -645,3 +645,24 @@ def test_cached_audit_on_a_read_only_cache_warns_and_gives_the_audit(tmp_path, m
         with pytest.warns(CacheWarning, match="not written"):
             assert audit.cached_audit() == fresh
         assert not any(cache.iterdir())
+
+
+def test_grpo_audit_models_the_advantage_estimator_a_framework_file_selects(tmp_path):
+    """verl's RLOO with the KL in the reward trains beta x E[KL_hat grad log pi] exactly (the leave-one-out
+    baseline is independent of the sample, and nothing is divided by a std): the audit says exact, where
+    the group-std model said "scale 157.7, cos 0.84, biased". Its Dr.GRPO (no std) rescales by 1 - 1/G. An
+    estimator the audit cannot model is said, with the plain estimator audit alone."""
+    from klsweep.audit.frameworks import audit_config
+
+    def audit(*lines):
+        path = tmp_path / "overrides.txt"
+        path.write_text("\n".join(("algorithm.use_kl_in_reward=true", *lines)) + "\n")
+        return audit_config("verl", path)
+
+    out, rows = audit("algorithm.adv_estimator=rloo")
+    assert [(r.advantage, r.verdict) for r in rows] == [("rloo", "exact")]
+    out, rows = audit("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false")
+    assert [r.verdict for r in rows] == ["rescaled"] and abs(rows[0].effective_scale - 0.75) < 1e-9
+    out, rows = audit("algorithm.adv_estimator=opo")
+    assert rows and not hasattr(rows[0], "advantage")  # the estimator audit's rows
+    assert any("cannot model opo" in w for w in out["warnings"])

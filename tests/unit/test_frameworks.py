@@ -43,7 +43,7 @@ def test_the_frameworks_examples_map_onto_their_presets(framework, example, pres
     assert found.grpo is grpo
 
 
-def test_examples_without_a_kl_say_so():
+def test_examples_without_a_kl_say_so(tmp_path):
     """slime's run-qwen3-4B.sh (--use-kl-loss --kl-loss-coef 0.00), SkyRL's CISPO example (use_kl_loss=false
     through a shell variable), AReaL's gsm8k_grpo.yaml (kl_ctl 0.0), PipelineRL's base (kl_coef 0.0): no KL
     at all, nothing audited; OpenRLHF's ProRL v2 script: k2 in the loss at 1e-4 (GRPO-like)."""
@@ -62,7 +62,13 @@ def test_examples_without_a_kl_say_so():
     assert full.terms == () and full.warnings == (
         "no KL at all (beta 0 or off, as verl 0.9.1 reads this config): nothing to audit",
     )
-    found = frameworks.read("openrlhf", EXAMPLES / "openrlhf_train_prorlv2_math_hybrid_engine.sh")
+    # OpenRLHF's ProRL v2 script (its 0.11.0 examples): 0.11.2's parser refuses --algo.advantage.is_correction_*
+    # (argparse: unrecognized arguments), so klsweep refuses it too; without them, k2 in the loss at 1e-4
+    prorl = EXAMPLES / "openrlhf_train_prorlv2_math_hybrid_engine.sh"
+    with pytest.raises(UserError, match="is_correction_enable.*not a flag of openrlhf 0.11.2"):
+        frameworks.read("openrlhf", prorl)
+    text = "\n".join(line for line in prorl.read_text().splitlines() if "is_correction" not in line)
+    found = read_text(tmp_path, "openrlhf", text, ".sh")
     config = only(found)
     assert (config.estimator, config.placement, config.beta, found.grpo) == ("k2", "loss", 1e-4, True)
 
@@ -125,8 +131,15 @@ def test_slime_kl_coef_under_grpo_is_named_as_ignored(tmp_path):
     assert any("--kl-coef 0.05 is ignored under --advantage-estimator grpo" in w for w in found.warnings)
     ppo = read_text(tmp_path, "slime", "python3 train.py --advantage-estimator ppo --kl-coef 0.05", ".sh")
     assert only(ppo).placement == "reward" and not ppo.grpo
-    both = read_text(tmp_path, "slime", "train.py --kl-coef 0.1 --use-kl-loss --kl-loss-coef 0.1", ".sh")
-    assert any("slime refuses to start" in w for w in both.warnings)
+    # slime_validate_args refuses both coefficients, and reinforce++ without --normalize-advantages
+    with pytest.raises(UserError, match="Only one of kl_coef and kl_loss_coef"):
+        read_text(tmp_path, "slime", "train.py --kl-coef 0.1 --use-kl-loss --kl-loss-coef 0.1", ".sh")
+    with pytest.raises(UserError, match="add --normalize-advantages"):
+        read_text(
+            tmp_path, "slime", "train.py --advantage-estimator reinforce_plus_plus --kl-coef 0.1", ".sh"
+        )
+    rpp = "train.py --advantage-estimator reinforce_plus_plus --kl-coef 0.1 --normalize-advantages"
+    assert only(read_text(tmp_path, "slime", rpp, ".sh")).placement == "reward"
     # slime's low_var_kl with --use-unbiased-kl: the product weight x k3 clamped (tests/peer checks the form)
     lv = read_text(tmp_path, "slime", "t.py --use-kl-loss --kl-loss-coef 0.1 --kl-loss-type low_var_kl "
                    "--use-unbiased-kl", ".sh")  # fmt: skip

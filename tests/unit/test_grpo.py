@@ -226,3 +226,43 @@ def test_engine_agreement_counts_what_trls_correction_keeps():
     kept, units, ratios, _, _ = grpo.engine_agreement(trainer, engine, mask, "token_truncate", 0.95, 3.0)
     token_ratios = [2, 2, 1, 1, 1, math.exp(-0.1), 1, math.exp(0.1)]  # exp(-0.1) < 0.95: the one out
     assert (kept, units) == (7, 8) and ratios.item() == pytest.approx(sum(token_ratios))
+
+
+@pytest.mark.parametrize("mode", kl.REWARD_MODES)
+@pytest.mark.parametrize("scale_rewards", grpo.SCALE_REWARDS)
+def test_default_advantage_spec_is_the_trainers_advantages(scale_rewards, mode):
+    """``grpo.Advantage`` with the trainer's scaling (TRL's GRPO) gives ``grpo.advantages`` bit for bit, the
+    per-token penalties summed: the audit models klsweep's own trainer with it."""
+    torch.manual_seed(1)
+    task = (torch.rand(2, 8) < 0.5).double()
+    mask = torch.rand(2, 8, 5) < 0.8
+    tokens = torch.randn(2, 8, 5, dtype=torch.float64) * mask
+    spec = grpo.Advantage("group", scale_rewards)
+    got = grpo.advantage_of(spec, task, tokens, mask, 0.3, 4, mode)
+    assert torch.equal(got, grpo.advantages(task, tokens.sum(-1), 0.3, 4, scale_rewards, mode))
+
+
+def test_advantage_specs_by_hand():
+    """RLOO: the score less the mean of the others in its group; Dr.GRPO: less the group's mean; per-token
+    returns: the task reward less the penalties from each token on; whitening: mean 0, Bessel variance 1
+    over the step's completion tokens."""
+    task = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    tokens = torch.tensor([[1.0, 2.0], [0.0, 4.0], [2.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1]], dtype=torch.bool)
+    score = task - 0.5 * (tokens * mask).sum(-1)  # [-0.5, -2.0, 0.0, 0.5]
+    rloo = grpo.advantage_of(grpo.Advantage("leave_one_out", "none"), task, tokens, mask, 0.5, 4, "shaped")
+    others = (score.sum() - score) / 3
+    assert torch.allclose(rloo, score - others)
+    dr = grpo.advantage_of(grpo.Advantage("group", "none"), task, tokens, mask, 0.5, 4, "shaped")
+    assert torch.allclose(dr, score - score.mean())
+    spec = grpo.Advantage("none", "none", returns="token")
+    to_go = grpo.advantage_of(spec, task, tokens, mask, 0.5, 4, "shaped")
+    assert torch.allclose(to_go, torch.tensor([[-0.5, 0.0], [-2.0, -2.0], [0.0, 0.0], [0.5, 1.0]]).double())
+    white = grpo.advantage_of(grpo.Advantage("none", "none", returns="token", whiten="unbiased"),
+                              task, tokens, mask, 0.5, 4, "shaped")  # fmt: skip
+    kept = white[mask]
+    assert abs(kept.mean().item()) < 1e-12
+    assert abs(kept.var().item() - 1) < 1e-6
+    assert (white[~mask] == 0).all()
+    with pytest.raises(ValueError, match="never divided"):
+        grpo.Advantage("leave_one_out", "group")

@@ -39,6 +39,9 @@ class FrameworkKL:
     terms: tuple[tuple[str, KLConfig], ...]
     warnings: tuple[str, ...]
     grpo: bool
+    advantage: Any = (
+        None  # the advantage estimator the file selects (klsweep.grpo.Advantage); None: TRL's GRPO
+    )
 
     def kl(self) -> dict[str, Any]:
         """klsweep's keys: one term's, or per place (``reward``, ``loss``) when there are two; {} for none."""
@@ -91,7 +94,7 @@ def read(framework: str, path: Path | str) -> FrameworkKL:
             f"no KL at all (beta 0 or off, as {VERSIONS[framework]} reads this config): nothing to audit"
         )
     labelled = tuple((f"{framework} {label}", c) for label, c in terms)
-    return FrameworkKL(framework, labelled, tuple(reading.warnings), grpo)
+    return FrameworkKL(framework, labelled, tuple(reading.warnings), grpo, reading.advantage)
 
 
 def gradient_warnings(found: FrameworkKL) -> list[str]:
@@ -130,6 +133,10 @@ def audit_config(
             beta = options.pop("beta", None)
             if beta is not None:
                 terms = [(n, dataclasses.replace(c, beta=beta)) for n, c in terms]
+            if (
+                found.advantage is not None
+            ):  # the advantage estimator the file selects (klsweep.grpo.Advantage)
+                options["advantage"] = found.advantage
             rows = cached_grpo_config_audit(configs=terms, length=options.pop("length", None) or 2, **options)
         else:
             keep = {

@@ -28,6 +28,10 @@ class Reading:
         self.values: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.problems: list[Problem] = []
+        # the advantage estimator the file selects, as the GRPO audit models it (klsweep.grpo.Advantage); None:
+        # klsweep's own (TRL's GRPO, group std); a reader whose selection cannot be modelled says so in a
+        # warning and gives grpo_like False (the plain estimator audit alone)
+        self.advantage: Any = None
         # why the file trains no KL against a reference (no reference built, no policy loss), where it does not
         self.no_reference: str | None = None
 

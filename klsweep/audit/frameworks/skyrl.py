@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from klsweep import grpo as grpo_math
 from klsweep.audit.frameworks.reading import Reading, Terms, term
 from klsweep.errors import Problem
 
 NAME = "skyrl"
 VERSION = "skyrl 0.4.0"
+# SkyRLTrainConfig's sections (skyrl/train/config/config.py)
+SECTIONS = frozenset(("data", "trainer", "generator", "environment"))
 KIND = "yaml"  # a YAML mapping or Hydra overrides
 
 
@@ -15,6 +18,16 @@ def read(r: Reading) -> Terms:
     trainer.algorithm.use_kl_loss (true) at kl_loss_coef (0.001), or use_kl_in_reward (exclusive) at the same
     coefficient, of kl_estimator_type (k3: clamps 20/10; k1, k2, abs)."""
     p = "trainer.algorithm."
+    if not any(k.split(".", 1)[0] in SECTIONS for k in r.settings):
+        r.problems.append(
+            Problem(
+                "the file",
+                "sets none of SkyRL's config sections (data, trainer, generator, environment): a launcher's or "
+                "another tool's file; SkyRL reads the overrides of the command it runs",
+                "SkyRL's launch script (python -m skyrl.train.entrypoints.main_base trainer...=...)",
+            )
+        )
+        return [], False
     estimator = r.choice(f"{p}kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
     beta = r.get(f"{p}kl_loss_coef", 0.001, float)
     in_loss = r.get(f"{p}use_kl_loss", True, bool)
@@ -32,7 +45,7 @@ def read(r: Reading) -> Terms:
         r.warnings.append(
             f"kl_ctrl.type adaptive: the reward's coefficient adapts; audited at its initial {beta:g}"
         )
-    grpo = advantage in ("grpo", "rloo", "reinforce++", "gdpo")
+    grpo = _advantage(r, advantage)
     if in_loss and in_reward:
         r.warnings.append(
             "use_kl_loss and use_kl_in_reward both true: SkyRL refuses them (mutually exclusive)"
@@ -44,3 +57,33 @@ def read(r: Reading) -> Terms:
     if in_loss and beta:
         terms.append(("loss", term("loss", estimator, beta, **clamps)))
     return terms, grpo
+
+
+def _advantage(r: Reading, advantage: str) -> bool:
+    """The advantage estimator ``trainer.algorithm.advantage_estimator`` selects (ppo_utils.py; the KL in the
+    reward is in the per-token rewards before it, trainer.py apply_reward_kl_penalty): ``r.advantage``, and
+    whether the GRPO audit applies (False for GAE and for what it cannot model, said)."""
+    p = "trainer.algorithm."
+    norm = r.get(f"{p}grpo_norm_by_std", True, bool)
+    gamma = r.get(f"{p}gamma", 1.0, float)
+    batch_normalize = r.get(f"{p}advantage_batch_normalize", False, bool)
+    critic_free = ("grpo", "rloo", "reinforce++", "gdpo", "maxrl")
+    if advantage not in critic_free:
+        return False
+    why = ""
+    if batch_normalize:
+        why = "advantage_batch_normalize (a mean over padding too)"
+    elif advantage == "grpo":  # (score - mean) / (std + 1e-6), or no std
+        r.advantage = grpo_math.Advantage("group", "group" if norm else "none", 1e-6)
+    elif advantage == "rloo":  # (score - mean) x n/(n-1): leave-one-out
+        r.advantage = grpo_math.Advantage("leave_one_out", "none")
+    elif advantage == "reinforce++" and gamma == 1.0:  # per-token returns, masked_whiten
+        r.advantage = grpo_math.Advantage("none", "none", returns="token", whiten="unbiased")
+    else:
+        why = f"gamma {gamma:g}" if advantage == "reinforce++" else advantage
+    if why:
+        r.warnings.append(
+            f"trainer.algorithm.advantage_estimator {advantage}: the GRPO audit cannot model {why}; the plain "
+            "estimator audit alone"
+        )
+    return r.advantage is not None

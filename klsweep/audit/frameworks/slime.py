@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
 
 NAME = "slime"
 VERSION = "slime 624b824"
@@ -27,10 +28,24 @@ def read(r: Reading) -> Terms:
     use_loss = r.get("use-kl-loss", False, bool)
     loss_coef = r.get("kl-loss-coef", 0.0, float)
     unbiased = r.get("use-unbiased-kl", False, bool)
-    if reward_coef != 0 and loss_coef != 0:
-        r.warnings.append(
-            "--kl-coef and --kl-loss-coef both set: slime refuses to start (arguments.py: 'Only one of kl_coef "
-            "and kl_loss_coef can be set')"
+    if reward_coef != 0 and loss_coef != 0:  # slime_validate_args (arguments.py 1846): an AssertionError
+        r.problems.append(
+            Problem(
+                "--kl-coef, --kl-loss-coef",
+                f"both set ({reward_coef:g}, {loss_coef:g}): slime refuses to start ('Only one of kl_coef and "
+                "kl_loss_coef can be set')",
+                "one of them (the reward's --kl-coef, or the loss's --use-kl-loss --kl-loss-coef)",
+            )
+        )
+    normalize = r.get("normalize-advantages", False, bool)
+    if advantage in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not normalize:
+        r.problems.append(  # slime_validate_args (arguments.py 1848-1852)
+            Problem(
+                "--advantage-estimator",
+                f"{advantage} without --normalize-advantages: slime refuses to start (it requires advantage "
+                "normalization)",
+                "add --normalize-advantages",
+            )
         )
     terms = []
     if reward_coef != 0:

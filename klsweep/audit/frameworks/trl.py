@@ -20,11 +20,12 @@ def read(r: Reading) -> Terms:
     # grpo_trainer.py _compute_loss: "Unknown importance sampling level ... Possible values are 'token' and
     # 'sequence'" (sequence_token: a ValueError at the first step)
     level = r.choice("importance_sampling_level", "token", ("token", "sequence"))
-    for key in ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha"):
-        r.get(key, None, object)
+    # GRPOConfig's defaults (read as TRL reads them, not as None: the corpus compares them)
+    steps = r.get("ref_model_sync_steps", 512, int)
+    alpha = r.get("ref_model_mixup_alpha", 0.6, float)
     if r.get("sync_ref_model", False, bool):
         r.warnings.append(
-            "sync_ref_model: the reference is replaced by the policy every ref_model_sync_steps"
+            f"sync_ref_model: the reference is mixed towards the policy (alpha {alpha:g}) every {steps} steps"
         )
     if beta == 0:
         return [], True

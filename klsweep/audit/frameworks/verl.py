@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from klsweep import grpo
 from klsweep.audit.frameworks.reading import Reading, Terms, term
+from klsweep.errors import Problem
 
 NAME = "verl"
 VERSION = "verl 0.9.1"
 KIND = "yaml"  # a YAML mapping or Hydra overrides
+# the top-level sections of verl 0.9.1's config (verl/trainer/config/ppo_trainer.yaml, _generated_ppo_trainer.yaml)
+SECTIONS = frozenset(
+    ("actor_rollout_ref", "algorithm", "critic", "custom_reward_function", "data", "defaults", "distillation",
+     "global_profiler", "ray_kwargs", "reward", "reward_model", "sandbox_fusion", "trainer", "transfer_queue")
+)  # fmt: skip
 
 
 def read(r: Reading) -> Terms:
@@ -32,6 +39,16 @@ def read(r: Reading) -> Terms:
             forms["straight_through"] = True
         return types[base], forms
 
+    if not any(k.lstrip("+~").split(".", 1)[0] in SECTIONS for k in r.settings):
+        r.problems.append(
+            Problem(
+                "the file",
+                "sets none of verl's config sections (a launcher's or another tool's file: verl reads only the "
+                "overrides of the command it runs)",
+                "verl's own config or its launch script (python3 -m verl.trainer.main_ppo key=value ...)",
+            )
+        )
+        return [], False
     algorithm = r.get("algorithm.adv_estimator", "gae", str)
     actor = "actor_rollout_ref.actor."
     in_reward, in_loss = (
@@ -54,5 +71,39 @@ def read(r: Reading) -> Terms:
         terms.append(("reward", term("reward", reward_form[0], reward_beta, **reward_form[1])))
     if in_loss and loss_form is not None:
         terms.append(("loss", term("loss", loss_form[0], loss_beta, **loss_form[1])))
-    grpo_like = ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "gdpo")
-    return terms, algorithm in grpo_like
+    return terms, _advantage(r, algorithm)
+
+
+# verl's critic-free estimators the GRPO audit does not model (verl/trainer/ppo/core_algos.py)
+UNMODELLED = (
+    "grpo_passk",
+    "opo",
+    "gpg",
+    "gdpo",
+    "remax",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+)
+
+
+def _advantage(r: Reading, algorithm: str) -> bool:
+    """The advantage estimator ``algorithm.adv_estimator`` selects (core_algos.py; the KL in the reward is in
+    token_level_rewards before it, ray_trainer.py apply_kl_penalty): ``r.advantage``, and whether the GRPO
+    audit applies (False for GAE and for an estimator it cannot model, said)."""
+    norm = r.get("algorithm.norm_adv_by_std_in_grpo", True, bool)
+    gamma = r.get("algorithm.gamma", 1.0, float)
+    if algorithm in ("grpo", "grpo_vectorized"):  # (score - mean) / (std + 1e-6), or Dr.GRPO's no std
+        r.advantage = grpo.Advantage("group", "group" if norm else "none", 1e-6)
+    elif algorithm in ("rloo", "rloo_vectorized"):  # score x n/(n-1) - mean x n/(n-1): leave-one-out
+        r.advantage = grpo.Advantage("leave_one_out", "none")
+    elif algorithm == "reinforce_plus_plus_baseline":  # score - group mean, whitened (masked_whiten)
+        r.advantage = grpo.Advantage("group", "none", whiten="unbiased")
+    elif algorithm == "reinforce_plus_plus" and gamma == 1.0:  # per-token returns, whitened
+        r.advantage = grpo.Advantage("none", "none", returns="token", whiten="unbiased")
+    elif algorithm in (*UNMODELLED, "reinforce_plus_plus"):
+        why = f"algorithm.gamma {gamma:g}" if algorithm == "reinforce_plus_plus" else algorithm
+        r.warnings.append(
+            f"algorithm.adv_estimator {algorithm}: the GRPO audit cannot model {why}; the plain estimator "
+            "audit alone"
+        )
+    return r.advantage is not None

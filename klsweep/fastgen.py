@@ -67,10 +67,16 @@ def generation_path(config: Mapping[str, Any], model_type: str | None) -> tuple[
         return "fast", "train.generation is fast" + ("" if lean else " (the model's own forward)")
     gpus = ((model.get("resources") or {}).get("gpus_per_node")) or 0
     if gpus:
-        return "hf", "auto: GPUs (the fast path is for small models on CPUs; train.generation: fast forces it)"
+        return (
+            "hf",
+            "auto: GPUs (the fast path is for small models on CPUs; train.generation: fast forces it)",
+        )
     if model_type not in SUPPORTED_TYPES:
         kind = "unknown" if model_type is None else model_type
-        return "hf", f"auto: model type {kind} (fast: {', '.join(SUPPORTED_TYPES)}; train.generation: fast forces it)"
+        return (
+            "hf",
+            f"auto: model type {kind} (fast: {', '.join(SUPPORTED_TYPES)}; train.generation: fast forces it)",
+        )
     return "fast", f"auto: {model_type} on CPUs"
 
 
@@ -121,7 +127,9 @@ class Generator:
     model's type must be supported), ``"model"`` (the model's own forward) or ``"auto"`` (lean where it
     applies)."""
 
-    def __init__(self, model: Any, generation_config: Any, tokenizer: Any = None, forward: str = "auto") -> None:
+    def __init__(
+        self, model: Any, generation_config: Any, tokenizer: Any = None, forward: str = "auto"
+    ) -> None:
         from transformers.generation.stopping_criteria import StoppingCriteriaList
 
         if forward not in ("auto", "lean", "model"):
@@ -145,7 +153,9 @@ class Generator:
         self.processors = self._processors(None)  # checks them; rebuilt per call where they read the mask
         self.per_call = config.repetition_penalty not in (None, 1.0)  # it skips each row's left padding
         config_max_length = config.max_length
-        config.max_length = None  # the loop counts new tokens itself (MaxLengthCriteria would count the prompt)
+        config.max_length = (
+            None  # the loop counts new tokens itself (MaxLengthCriteria would count the prompt)
+        )
         try:
             criteria = model._get_stopping_criteria(
                 generation_config=config, stopping_criteria=StoppingCriteriaList(), tokenizer=tokenizer
@@ -295,7 +305,8 @@ class Generator:
             x = layer.post_attention_layernorm.forward(hidden)
             mlp = layer.mlp
             x = F.linear(
-                F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
+                F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+                * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
                 mlp.down_proj.weight,
                 mlp.down_proj.bias,
             )

@@ -183,7 +183,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         width=width,
         right=["runs", "GPUs", "micro", "GiB/GPU", "host GiB", "storage"],
         whole=["model", "lr"],  # a model's name is never cut nor folded, nor a learning rate
-        optional=["micro", "storage"],
+        optional=["generation", "micro", "storage"],
         caption=caption,
     )
 

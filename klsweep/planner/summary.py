@@ -125,7 +125,7 @@ def summary(plan: Plan) -> dict[str, Any]:
             *(
                 f"{row['model']}: {row['runs']} run(s) generate with {row['generation']}: {row['generation_why']}"
                 for row in resources
-                if row["generation"] != "fast"
+                if row["generation"] == "hf" and row["gpu_memory_gb"] is None  # CPU runs without fastgen
             ),
         ],
         "estimates": estimates,

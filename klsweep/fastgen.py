@@ -115,9 +115,16 @@ def lean_unsupported(model: Any) -> str | None:
         return "sliding-window layers"
     if (config.rope_parameters or {}).get("rope_type", "default") != "default":
         return "a rope scaling"
-    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
-        return "forward hooks on the model"
+    for module in model.modules():
+        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        if any(getattr(h, "__qualname__", "") != _INPUT_GRADS for h in hooks):
+            return "forward hooks on the model"
     return None
+
+
+# transformers' hook on the input embeddings under activation checkpointing (``enable_input_require_grads``): it
+# marks the embeddings' output as requiring grad, which changes no value (generation runs without grad)
+_INPUT_GRADS = "PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads"
 
 
 class Generator:
@@ -141,6 +148,7 @@ class Generator:
         if forward == "lean" and why_not:
             raise ValueError(f"the lean forward does not apply: {why_not}")
         self.lean = forward != "model" and why_not is None
+        self.why_not_lean = why_not
         # what generate resolves once per call: the model's generation config under the one given, the special
         # tokens as tensors, the processors and criteria (generate's own helpers)
         config, model_kwargs = model._prepare_generation_config(generation_config)

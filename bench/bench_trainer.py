@@ -29,6 +29,7 @@ both stay at 1.15 and 1.16 (best 1.15, 1.18): the policy's forward at generation
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -36,12 +37,16 @@ import warnings
 from pathlib import Path
 
 TARGETS = {"loss": 1.05, "reward": 1.10, "both": 1.10}
+STUDY_TARGETS = {"loss": 0.6, "reward": 0.6, "both": 0.6}  # issue 48: the study's step at 0.6 of plain TRL's
 VARIANTS = {  # name -> KL configuration (None: TRL's built-in k3)
     "trl": None,
     "loss": ("k3", "loss"),
     "reward": ("k1", "reward"),
     "both": ("k3", "both"),
 }
+HF = (
+    "loss-hf"  # with --study: k3 in the loss generating with HF generate, today's path before klsweep.fastgen
+)
 
 
 def length_reward(prompts, completions, **kwargs) -> list[float]:
@@ -62,7 +67,10 @@ def step_times(
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    kl = VARIANTS[variant]
+    kl = VARIANTS[variant.removesuffix("-hf")]
+    # --study: the TrainingArguments klsweep's runs train with on a CPU (klsweep.layout: no activation
+    # checkpointing) for every variant, plain TRL included; else TRL's defaults for every variant
+    study = {"activation_checkpointing": False} if args.study else {}
     config = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=args.batch // args.accumulation,
@@ -80,6 +88,7 @@ def step_times(
         disable_tqdm=True,
         beta=args.beta if kl is None else 0.0,
         use_bias_correction_kl=False,
+        **study,
     )
     common = dict(
         reward_funcs=length_reward,
@@ -90,7 +99,8 @@ def step_times(
     if kl is None:
         trainer = GRPOTrainer(model, **common)
     else:
-        trainer = KLGRPOTrainer(model, kl=KLConfig(*kl, beta=args.beta), **common)
+        generation = "hf" if variant.endswith("-hf") else args.generation
+        trainer = KLGRPOTrainer(model, kl=KLConfig(*kl, beta=args.beta), generation=generation, **common)
     trainer.remove_callback(PrinterCallback)
     cpu: list[float] = []
     wall: list[float] = []
@@ -120,24 +130,38 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16, help="max completion length")
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--generation",
+        choices=["fast", "hf"],
+        default="fast",
+        help="klsweep's generation (klsweep.fastgen or HF)",
+    )
+    parser.add_argument(
+        "--study",
+        action="store_true",
+        help="the study's step: the shipped tiny model, 4 prompts x 8 completions of at most 6 tokens, klsweep's "
+        "CPU TrainingArguments for every variant, and k3 in the loss with HF generate beside (loss-hf); target 0.6",
+    )
     args = parser.parse_args()
+    if args.study:
+        args.batch, args.group, args.length = 32, 8, 6
     warnings.filterwarnings("ignore")
 
     import torch
     from datasets import Dataset
     from transformers.utils import logging
 
-    from klsweep.tinymodel import random_tiny_model
+    from klsweep.tinymodel import random_tiny_model, tiny_model_path
 
     logging.set_verbosity_error()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = random_tiny_model(Path(tmp) / "model")
+        model_dir = tiny_model_path() if args.study else random_tiny_model(Path(tmp) / "model")
         questions = [f"{a}+{b}=" for a in range(20) for b in range(20)]
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
-        cpu: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}  # per repetition, per step
-        wall: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}
-        names = list(VARIANTS)
+        names = [*VARIANTS, HF] if args.study else list(VARIANTS)
+        cpu: dict[str, list[list[float]]] = {name: [] for name in names}  # per repetition, per step
+        wall: dict[str, list[list[float]]] = {name: [] for name in names}
         for rep in range(args.reps):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotate the order
                 c, w = step_times(name, model_dir, dataset, Path(tmp) / f"{name}-{rep}", args)
@@ -152,18 +176,19 @@ def main() -> None:
 
     print(
         f"batch {args.batch} in {args.accumulation} micro-batch(es), group {args.group}, "
-        f"length {args.length}, {args.reps}x{args.steps} steps; ratios to trl"
+        f"length {args.length}, {args.reps}x{args.steps} steps; generation {args.generation}"
+        f"{' (study: shipped model, CPU arguments)' if args.study else ''}; load {os.getloadavg()[0]:.1f}; ratios to trl"
     )
     print(
         f"{'variant':<8} {'cpu s/step':>10} {'ratio':>6} {'reps range':>11} {'best':>6} {'target':>6} "
         f"{'':>6} {'wall s/step':>11} {'ratio':>6}"
     )
-    for name in VARIANTS:
+    for name in names:
         ratio = median(cpu[name]) / median(cpu["trl"])
         per_rep = [
             statistics.median(c) / statistics.median(b) for c, b in zip(cpu[name], cpu["trl"], strict=True)
         ]
-        target = TARGETS.get(name)
+        target = (STUDY_TARGETS if args.study else TARGETS).get(name)
         verdict = "" if target is None else ("met" if ratio <= target else "MISSED")
         print(
             f"{name:<8} {median(cpu[name]):>10.4f} {ratio:>6.3f} "

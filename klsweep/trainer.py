@@ -15,6 +15,7 @@ import copy
 import functools
 import glob
 import itertools
+import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from klsweep import kl as klmath
 from klsweep.kl import KLConfig
 
 BUFFERS_FILE = "klsweep_buffers_rank{rank}.pt"
+PROMPT_MEMO = 1 << 16  # distinct prompts whose token ids a trainer keeps
 
 
 def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
@@ -90,7 +92,10 @@ class KLGRPOTrainer(GRPOTrainer):
         if generation not in ("hf", "fast"):
             raise ValueError(f"KLGRPOTrainer: generation={generation!r} must be hf or fast")
         self.generation = generation  # fast: klsweep.fastgen in place of HF generate (the same tokens)
-        self._fast_generators: dict[int, Any] = {}  # id of the GenerationConfig -> its fastgen.Generator
+        self._fast_generators: dict[int, Any] = {}
+        self._prompt_ids: dict[
+            str, tuple[int, ...]
+        ] = {}  # a prompt's JSON -> its token ids (_tokenize_prompts)  # id of the GenerationConfig -> its fastgen.Generator
         self.kl = kl
         self._kl_on = kl.beta > 0 or bool(kl.beta_final)  # a KL term at some step
         self.lag = lag
@@ -163,6 +168,34 @@ class KLGRPOTrainer(GRPOTrainer):
         if torch.is_grad_enabled():
             self._train_logps = out[0]
         return out
+
+    def _tokenize_prompts(self, prompts: list):
+        """TRL's tokenization of the prompts (the chat template applied), kept per prompt: a GRPO batch repeats
+        each prompt for its group and a run returns to the same prompts, and the template's rendering is a good
+        share of a tiny model's step. The same ids (each prompt is tokenized alone in TRL's batch call too);
+        prompts with images, tools or environments, and plain-text prompts, go to TRL every time."""
+        from trl.data_utils import is_conversational
+
+        if (
+            self._is_vlm
+            or self.tools
+            or self.environment_factories is not None
+            or not prompts
+            or not is_conversational({"prompt": prompts[0]})
+        ):
+            return super()._tokenize_prompts(prompts)
+        keys = [json.dumps(p, sort_keys=True, default=repr) for p in prompts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._prompt_ids))
+        if missing:
+            firsts = {k: p for k, p in zip(keys, prompts, strict=True) if k in missing}
+            ids, images, fields = super()._tokenize_prompts([firsts[k] for k in missing])
+            if images is not None or fields:
+                return super()._tokenize_prompts(prompts)
+            if len(self._prompt_ids) < PROMPT_MEMO:
+                self._prompt_ids.update(zip(missing, map(tuple, ids), strict=True))
+            else:
+                return super()._tokenize_prompts(prompts)
+        return [list(self._prompt_ids[k]) for k in keys], None, {}
 
     def _generate_single_turn(self, prompt_ids, *args: Any, **kwargs: Any):
         """TRL's generation (HF generate, or ``klsweep.fastgen`` in its place with ``generation="fast"``), each

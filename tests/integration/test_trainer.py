@@ -215,6 +215,20 @@ def test_fast_generation_feeds_the_same_batch_as_hf_generate(model_dir, dataset,
         assert (fast["completion_mask"].sum(1) < LENGTH).any()
 
 
+def test_prompt_ids_kept_are_trls(model_dir, dataset, tmp_path):
+    """The prompts' token ids the trainer keeps are the ones TRL's tokenization gives, in the batch's order,
+    repeated prompts included; a prompt seen before is not rendered again."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1))
+    prompts = [dataset[i]["prompt"] for i in (3, 0, 3, 7, 0)]
+    expected = GRPOTrainer._tokenize_prompts(trainer, prompts)
+    assert trainer._tokenize_prompts(prompts) == expected
+    assert len(trainer._prompt_ids) == 3
+    trainer.processing_class = None  # rendering again would fail
+    assert trainer._tokenize_prompts(prompts[:2]) == (expected[0][:2], None, {})
+
+
 # ------------------------------------------------------------------------------------------------ exactness
 
 

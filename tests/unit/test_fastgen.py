@@ -27,7 +27,8 @@ def tiny():
     path = tiny_model_path()
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a run's job sets them: a tiny model's ops on several threads crawl under load
+    # as a run's job sets them: a tiny model's ops on several threads crawl under load
+    torch.set_num_threads(1)
     yield model, AutoTokenizer.from_pretrained(path)
     torch.set_num_threads(threads)
 

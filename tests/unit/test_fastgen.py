@@ -105,6 +105,30 @@ def test_the_same_tokens_as_hf_generate(tiny, name, forward):
             assert torch.equal(torch.rand(1), after)
 
 
+def test_any_causal_lm_opt_in_the_same_tokens(tiny):
+    """Another architecture (a random tiny Llama): its own forward in the loop (``train.generation: fast``), the
+    very ids HF generate returns, with padding and the trainer's warpers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = tiny
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, eos_token_id=2, bos_token_id=None,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    config = settings(temperature=1.3, top_p=0.9, top_k=30, max_new_tokens=8)
+    generator = fastgen.Generator(model, config, tokenizer)
+    assert not generator.lean and "llama" in generator.why_not_lean
+    ids, mask = prompts(tokenizer)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        torch.manual_seed(seed)
+        assert torch.equal(generator(ids, mask), expected)
+
+
 def test_the_lean_forward_is_the_models_own_step_by_step(tiny):
     """Prefill then one token at a time: the lean forward's logits equal, bit for bit, those of the model's own
     forward with its cache, and their log-probs equal a plain forward's over the whole sequence (which sums in

@@ -200,7 +200,7 @@ class Generator:
         return processors
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
-        """Prompt ids (left-padded, ``attention_mask`` 0 on padding) -> prompt and completion ids, as ``generate``
+        """Prompt ids (left-padded, ``attention_mask`` 0 on padding, required) -> prompt and completion ids, as ``generate``
         returns them. Other keyword arguments (``generation_config``, ``tokenizer``: the ones it was built with)
         are accepted and ignored, so that it stands in for ``model.generate``."""
         import torch
@@ -216,8 +216,8 @@ class Generator:
         import torch.nn.functional as F
 
         batch = input_ids.shape[0]
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+        if attention_mask is None:  # generate infers one from the pad id: not reproduced
+            raise ValueError("fast generation needs the attention mask")
         # generate: positions from the mask (padding at 0); a mask of all ones is dropped
         positions = attention_mask.long().cumsum(-1) - 1
         positions = positions.masked_fill(attention_mask == 0, 0)

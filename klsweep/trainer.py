@@ -236,7 +236,7 @@ class KLGRPOTrainer(GRPOTrainer):
         from klsweep import fastgen
 
         def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
-            if kwargs:  # pixel values, token types: not a text-only call
+            if kwargs or attention_mask is None:  # pixel values, token types; a mask generate would infer
                 return hf(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

@@ -29,10 +29,9 @@ both stay at 1.15 and 1.16 (best 1.15, 1.18): the policy's forward at generation
 ``--study``: the shipped tiny model, 4 prompts x 8 completions of at most 6 tokens, klsweep's CPU
 TrainingArguments (no activation checkpointing) for every variant, plain TRL included; klsweep generates with
 ``klsweep.fastgen`` (``--generation hf``: HF generate), and k3 in the loss with HF generate runs beside
-(``loss-hf``, the path before it). Measured at load 8.9, --reps 6: median ratio loss 0.92, reward 0.90, both
-0.92, loss-hf 1.01 (a repetition's 0.80-1.10; best-time ratios 1.00, 1.00, 1.00 and 1.05); at load 10.5, --reps
-5: loss 0.93, reward 0.96, both 0.97, loss-hf 1.02 (best 0.96, 0.98, 0.97, 0.99): fastgen takes 5-9% off the
-step; issue 48's 0.6 is missed (docs/DEVELOPMENT.md).
+(``loss-hf``, the path before it). Measured at load 2.2, --reps 6: median ratio loss 0.95, reward 0.96, both
+0.94, loss-hf 0.99 (best-time ratios 0.93-0.94, 0.99); at load 8.9: 0.92, 0.90, 0.92, loss-hf 1.01 (a
+repetition's 0.80-1.10): fastgen takes 4-9% off the step; issue 48's 0.6 is missed (docs/DEVELOPMENT.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import copy
 import functools
 import glob
 import itertools
+import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from klsweep import kl as klmath
 from klsweep.kl import KLConfig
 
 BUFFERS_FILE = "klsweep_buffers_rank{rank}.pt"
+PROMPT_MEMO = 1 << 16  # distinct prompts whose token ids a trainer keeps
 
 
 def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
@@ -63,6 +65,7 @@ class KLGRPOTrainer(GRPOTrainer):
         lag: int = 0,
         stop_sequences: tuple[str, ...] = (),
         ref_model: Any = None,
+        generation: str = "hf",
         **kwargs: Any,
     ) -> None:
         from transformers import PreTrainedModel
@@ -86,6 +89,13 @@ class KLGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 "KLGRPOTrainer does not support PEFT (its reference model is a copy of the policy)"
             )
+        if generation not in ("hf", "fast"):
+            raise ValueError(f"KLGRPOTrainer: generation={generation!r} must be hf or fast")
+        self.generation = generation  # fast: klsweep.fastgen in place of HF generate (the same tokens)
+        self._fast_generators: dict[int, Any] = {}
+        self._prompt_ids: dict[
+            str, tuple[int, ...]
+        ] = {}  # a prompt's JSON -> its token ids (_tokenize_prompts)  # id of the GenerationConfig -> its fastgen.Generator
         self.kl = kl
         self._kl_on = kl.beta > 0 or bool(kl.beta_final)  # a KL term at some step
         self.lag = lag
@@ -159,13 +169,42 @@ class KLGRPOTrainer(GRPOTrainer):
             self._train_logps = out[0]
         return out
 
+    def _tokenize_prompts(self, prompts: list):
+        """TRL's tokenization of the prompts (the chat template applied), kept per prompt: a GRPO batch repeats
+        each prompt for its group and a run returns to the same prompts, and the template's rendering is a good
+        share of a tiny model's step. The same ids (each prompt is tokenized alone in TRL's batch call too);
+        prompts with images, tools or environments, and plain-text prompts, go to TRL every time."""
+        from trl.data_utils import is_conversational
+
+        if (
+            self._is_vlm
+            or self.tools
+            or self.environment_factories is not None
+            or not prompts
+            or not is_conversational({"prompt": prompts[0]})
+        ):
+            return super()._tokenize_prompts(prompts)
+        keys = [json.dumps(p, sort_keys=True, default=repr) for p in prompts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._prompt_ids))
+        if missing:
+            firsts = {k: p for k, p in zip(keys, prompts, strict=True) if k in missing}
+            ids, images, fields = super()._tokenize_prompts([firsts[k] for k in missing])
+            if images is not None or fields:
+                return super()._tokenize_prompts(prompts)
+            if len(self._prompt_ids) < PROMPT_MEMO:
+                self._prompt_ids.update(zip(missing, map(tuple, ids), strict=True))
+            else:
+                return super()._tokenize_prompts(prompts)
+        return [list(self._prompt_ids[k]) for k in keys], None, {}
+
     def _generate_single_turn(self, prompt_ids, *args: Any, **kwargs: Any):
-        """TRL's generation, each completion cut after the token that completes its first stop sequence: the
-        text after the end of the answer is neither scored nor trained, whichever engine generated it."""
-        if not self.stop_sequences:
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        """TRL's generation (HF generate, or ``klsweep.fastgen`` in its place with ``generation="fast"``), each
+        completion cut after the token that completes its first stop sequence: the text after the end of the
+        answer is neither scored nor trained, whichever engine generated it."""
         with self._generate_with_tokenizer():
             completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        if not self.stop_sequences:
+            return completion_ids, logprobs
         ends = [self._stop_end(ids) for ids in completion_ids]
         completion_ids = [ids[:end] for ids, end in zip(completion_ids, ends, strict=True)]
         if logprobs is not None:
@@ -174,17 +213,53 @@ class KLGRPOTrainer(GRPOTrainer):
 
     @contextlib.contextmanager
     def _generate_with_tokenizer(self) -> Iterator[None]:
-        """HF generate with ``stop_strings`` needs the tokenizer as an argument, which TRL does not pass: the
-        model TRL generates with (``unwrap_model_for_generation``: the unwrapped model) gets it for the call."""
+        """The generate TRL calls on the model it generates with (``unwrap_model_for_generation``: the unwrapped
+        model), for the call: ``klsweep.fastgen``'s with ``generation="fast"``; else, with stop sequences, HF
+        generate given the tokenizer, which ``stop_strings`` needs and TRL does not pass."""
         model = self.accelerator.unwrap_model(self.model_wrapped)
-        if self.use_vllm or "generate" in vars(model):
+        fast = self.generation == "fast" and not self.use_vllm
+        if self.use_vllm or "generate" in vars(model) or not (fast or self.stop_sequences):
             yield
             return
-        model.generate = functools.partial(type(model).generate, model, tokenizer=self._tokenizer)
+        hf = functools.partial(type(model).generate, model, tokenizer=self._tokenizer)
+        model.generate = self._fast_generate(model, hf) if fast else hf
         try:
             yield
         finally:
             del model.generate
+
+    def _fast_generate(self, model: Any, hf: Any) -> Any:
+        """``model.generate`` by ``klsweep.fastgen.Generator``, built at the first call (inside TRL's generation
+        context, whose generation config it resolves as generate does) and kept; HF generate (``hf``) for a call
+        it does not reproduce (multimodal inputs), and for good where its settings are outside what it does
+        (said once)."""
+        from klsweep import fastgen
+
+        def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+            if kwargs or attention_mask is None:  # pixel values, token types; a mask generate would infer
+                return hf(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=generation_config,
+                    **kwargs,
+                )
+            key = id(generation_config)
+            if key not in self._fast_generators:
+                try:
+                    self._fast_generators[key] = fastgen.Generator(model, generation_config, self._tokenizer)
+                except ValueError as e:
+                    import warnings
+
+                    warnings.warn(f"HF generate in place of klsweep.fastgen: {e}", stacklevel=2)
+                    self._fast_generators[key] = None
+            generator = self._fast_generators[key]
+            if generator is None:
+                return hf(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+                )
+            return generator(input_ids, attention_mask)
+
+        return generate
 
     def _stop_end(self, ids: list[int]) -> int:
         """The length of the shortest prefix of ``ids`` whose text holds a stop sequence (all of it if none)."""

@@ -10,13 +10,14 @@ module stays TRL's class alone. Precision, sharding and vLLM: docs/DESIGN.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import engines
+from klsweep import engines, fastgen
 from klsweep.errors import NotLoaded, Problem, UserError, not_loaded, parameters_missing
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     args = GRPOConfig(**trlargs.merged(own, train.trl))  # train.trl last
     dataset = tasks.load_train_dataset(config.task, config.seed, chat_template=config.model.chat_template)
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
+    # klsweep.fastgen in place of HF generate where klsweep plan said (the same tokens: the run id is the same)
+    path_taken, _ = fastgen.generation_path(dataclasses.asdict(config), model.config.model_type)
     with vllm_engine_start(args, model.config, world, gpu):
         trainer = KLGRPOTrainer(
             model,
@@ -135,6 +138,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
             # a base model's answer ends where the eval's does (a chat model's at its end-of-turn token)
             stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
             ref_model=reference,
+            generation="fast" if path_taken == "fast" else "hf",
         )
     trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
     return trainer

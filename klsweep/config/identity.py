@@ -235,6 +235,8 @@ COSMETIC_KEYS: tuple[str, ...] = (
     "model.arch",
     "train.trl.vllm_enable_sleep_mode",
     "train.trl.vllm_gpu_memory_utilization",
+    # klsweep.fastgen samples the very tokens HF generate samples (tests/unit/test_fastgen.py): the same run
+    "train.generation",
 )
 
 

@@ -173,6 +173,13 @@ class TrainSection:
         "when vllm cannot be imported; sleep mode: train.trl.vllm_enable_sleep_mode, GPU only); the run id is "
         "the same either way",
     )
+    generation: str = key(
+        "auto",
+        "how HF generates the completions (without train.use_vllm): fast (klsweep.fastgen: generate's sampling "
+        "loop without its overhead, the same tokens for a seed), hf (transformers' generate), auto (fast for the "
+        "model types fastgen runs itself, qwen2, on CPUs; hf elsewhere; vLLM and FSDP always fall back): klsweep "
+        "plan says which each run takes; the run id is the same either way",
+    )
     vllm_importance_sampling: str = key(
         VLLM_IS_DEFAULT,
         "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (klsweep docs kl): "

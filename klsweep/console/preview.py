@@ -135,7 +135,18 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
     its largest per-GPU memory estimate in the caption."""
     from klsweep.report.terminal import fitted_table
 
-    header = ["model", "runs", "GPUs", "sharding", "micro", "lr", "GiB/GPU", "host GiB", "storage"]
+    header = [
+        "model",
+        "runs",
+        "GPUs",
+        "sharding",
+        "micro",
+        "generation",
+        "lr",
+        "GiB/GPU",
+        "host GiB",
+        "storage",
+    ]
     rows = []
     for row in counts["resources"]:
         mem, host = row["gpu_memory_gb"], row.get("host_memory_gb")
@@ -146,6 +157,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
                 "CPU" if mem is None else str(row["gpus"]),
                 row["sharding"],
                 "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
+                row["generation"],
                 ", ".join(row["learning_rate"]),
                 "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
                 "—" if host is None else f"{host:.0f}/{row['mem_gb']:g}",
@@ -171,7 +183,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         width=width,
         right=["runs", "GPUs", "micro", "GiB/GPU", "host GiB", "storage"],
         whole=["model", "lr"],  # a model's name is never cut nor folded, nor a learning rate
-        optional=["micro", "storage"],
+        optional=["generation", "micro", "storage"],
         caption=caption,
     )
 

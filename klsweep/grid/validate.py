@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from klsweep import config as config_mod
-from klsweep import cost, layout
+from klsweep import cost, fastgen, layout
 from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import GROUPS, Schema, did_you_mean
 
@@ -59,6 +59,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "task.num_train": (lambda v: v is None or v > 0, "null or > 0"),
     "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
     "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
+    "train.generation": (lambda v: v in fastgen.GENERATION_CHOICES, ", ".join(fastgen.GENERATION_CHOICES)),
     "train.vllm_importance_sampling": (
         lambda v: v in config_mod.VLLM_IS_MODES,
         ", ".join(config_mod.VLLM_IS_MODES),

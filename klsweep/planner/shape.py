@@ -101,6 +101,24 @@ def architecture(model: Mapping[str, Any]) -> Arch | None:
     return Arch(**n, head_dim=head_dim, tie_word_embeddings=bool(numbers.get("tie_word_embeddings", False)))
 
 
+def model_type(model: Mapping[str, Any]) -> str | None:
+    """The ``model_type`` of a run's ``model`` section, read where ``architecture`` reads its numbers (the tiny
+    model: qwen2; a local path: its ``config.json``; else ``model.arch.model_type``); None when unknown.
+    Nothing is downloaded, nothing imported."""
+    if model.get("path") == "tiny":
+        return "qwen2"  # klsweep.tinymodel builds a Qwen2ForCausalLM
+    config_json = Path(str(model.get("path", ""))).expanduser() / "config.json"
+    if config_json.is_file():
+        try:
+            data = json.loads(config_json.read_text())
+        except (OSError, ValueError):
+            return None
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        return kind if isinstance(kind, str) else None
+    kind = (model.get("arch") or {}).get("model_type")
+    return kind if isinstance(kind, str) else None
+
+
 # RoPE scalings whose max_position_embeddings is the scaled context already: vLLM applies no factor to them
 # (vllm/config/model.py, _get_and_verify_max_len)
 _SCALED_ALREADY = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")

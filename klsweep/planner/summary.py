@@ -7,9 +7,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from klsweep import config as config_mod
-from klsweep import cost, engines, trlargs
+from klsweep import cost, engines, fastgen, trlargs
 from klsweep.planner.check import check, run_label
 from klsweep.planner.needs import AT_RISK, SIGNAL_MARGIN_S, Estimate, gpu_hours
+from klsweep.planner.shape import model_type
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -60,6 +61,7 @@ def summary(plan: Plan) -> dict[str, Any]:
     states = {r.id: _state(r.run_dir) if r.run_dir.name in present else "pending" for r in plan.runs}
     todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
+    paths = generation_paths(plan)
     for run in plan.runs:
         c = run.config
         res = c["model"]["resources"]
@@ -68,10 +70,11 @@ def summary(plan: Plan) -> dict[str, Any]:
             f"{res.get('nodes', 1)}x{res.get('gpus_per_node', 0)}",
             c["train"].get("sharding", "none"),
             c["train"].get("micro_batch_size"),
+            paths[run.id],
         )
         shapes.setdefault(key, []).append(run)
     resources = []
-    for (model, gpus, sharding, micro), runs in shapes.items():
+    for (model, gpus, sharding, micro, (generation, why)), runs in shapes.items():
         ests = [estimates[r.id] for r in runs if r.id in estimates]
         resources.append(
             {
@@ -80,6 +83,8 @@ def summary(plan: Plan) -> dict[str, Any]:
                 "gpus": gpus,
                 "sharding": sharding,
                 "micro_batch_size": micro,
+                "generation": generation,
+                "generation_why": why,
                 "learning_rate": learning_rates(runs),
                 "gpu_memory_gb": max((e.peak_gb for e in ests if e.gpus), default=None),
                 "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
@@ -114,9 +119,31 @@ def summary(plan: Plan) -> dict[str, Any]:
         },
         "resources": resources,
         "warnings": warnings(plan, estimates),
-        "notes": list(plan.shadowed),  # a user's config file in place of a shipped one
+        # a user's config file in place of a shipped one; why runs generate without klsweep.fastgen
+        "notes": [
+            *plan.shadowed,
+            *(
+                f"{row['model']}: {row['runs']} run(s) generate with {row['generation']}: {row['generation_why']}"
+                for row in resources
+                if row["generation"] == "hf" and row["gpu_memory_gb"] is None  # CPU runs without fastgen
+            ),
+        ],
         "estimates": estimates,
     }
+
+
+def generation_paths(plan: Plan) -> dict[str, tuple[str, str]]:
+    """Each run's generation path and why (``fastgen.generation_path``: fast, hf or vllm), from its config and
+    its model's ``config.json`` (read once per model section); no torch or transformers."""
+    types: dict[str, str | None] = {}
+    out = {}
+    for run in plan.runs:
+        model = run.config["model"]
+        where = f"{model.get('path')}|{(model.get('arch') or {}).get('model_type')}"
+        if where not in types:
+            types[where] = model_type(model)
+        out[run.id] = fastgen.generation_path(run.config, types[where])
+    return out
 
 
 def _time_row(ests: list[Estimate]) -> dict[str, Any]:

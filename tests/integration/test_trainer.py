@@ -69,8 +69,12 @@ def make_config(out: Path, **overrides):
     return GRPOConfig(**settings)
 
 
-def make_trainer(model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, **overrides):
-    """KLGRPOTrainer (``kl`` given) or plain TRL GRPOTrainer (``kl`` None; then pass ``beta``)."""
+def make_trainer(
+    model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, generation: str = "fast", stop=(), **overrides
+):
+    """KLGRPOTrainer (``kl`` given; generating with ``klsweep.fastgen`` unless ``generation="hf"``, so that every
+    comparison with plain TRL below is fed by both engines) or plain TRL GRPOTrainer (``kl`` None; then pass
+    ``beta``; HF generate)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
@@ -83,7 +87,7 @@ def make_trainer(model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, **o
     common = dict(reward_funcs=length_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
     if kl is None:
         return GRPOTrainer(model, **common)
-    return KLGRPOTrainer(model, kl=kl, lag=lag, **common)
+    return KLGRPOTrainer(model, kl=kl, lag=lag, generation=generation, stop_sequences=stop, **common)
 
 
 def generate(trainer, dataset, seed: int = 0) -> dict:
@@ -189,6 +193,40 @@ def test_on_policy_is_plain_trl(model_dir, dataset, tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     losses = [[row["loss"] for row in t.state.log_history if "loss" in row] for t in (plain, ours)]
     assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("stop", [(), (*"0123456789+=aeiou", "<|im_end|>")])
+def test_fast_generation_feeds_the_same_batch_as_hf_generate(model_dir, dataset, tmp_path, stop):
+    """klsweep.fastgen in place of HF generate: the same completions (cut at the same stop sequences), the same
+    masks, rewards and reference log-probs, for every trainer setting TRL passes (temperature, top-p/k, min-p,
+    repetition penalty)."""
+    warp = dict(temperature=1.3, top_p=0.9, top_k=20, min_p=0.02, repetition_penalty=1.2)
+    batches = []
+    for generation in ("hf", "fast"):
+        trainer = make_trainer(
+            model_dir, dataset, tmp_path / generation, KLConfig("k3", "loss", beta=0.1), generation=generation,
+            stop=stop, **warp
+        )  # fmt: skip
+        batches.append(generate(trainer, dataset, seed=3))
+    hf, fast = batches
+    for key in ("prompt_ids", "completion_ids", "completion_mask", "task_reward", "ref_per_token_logps"):
+        assert torch.equal(hf[key], fast[key]), key
+    if stop:  # the stop sequences cut some completions short
+        assert (fast["completion_mask"].sum(1) < LENGTH).any()
+
+
+def test_prompt_ids_kept_are_trls(model_dir, dataset, tmp_path):
+    """The prompts' token ids the trainer keeps are the ones TRL's tokenization gives, in the batch's order,
+    repeated prompts included; a prompt seen before is not rendered again."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1))
+    prompts = [dataset[i]["prompt"] for i in (3, 0, 3, 7, 0)]
+    expected = GRPOTrainer._tokenize_prompts(trainer, prompts)
+    assert trainer._tokenize_prompts(prompts) == expected
+    assert len(trainer._prompt_ids) == 3
+    trainer.processing_class = None  # rendering again would fail
+    assert trainer._tokenize_prompts(prompts[:2]) == (expected[0][:2], None, {})
 
 
 # ------------------------------------------------------------------------------------------------ exactness

@@ -5,6 +5,7 @@ In a source checkout ``klsweep/sweeps`` is a link to the top-level ``sweeps/``; 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def missing_hint(grid: str | Path) -> str | None:
 
 def copy(name: str, dest: str | Path, force: bool = False) -> Path:
     """Copy the shipped grid ``name`` (a name ``klsweep grids`` lists, ``.yaml`` or not; never a path) to
-    ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite a file unless ``force``. Written
+    ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite a file unless ``force``. The copy is
+    named after ``dest`` (``renamed``: its ``name:`` and its header's commands), so that its runs go to a folder
+    of their own, not the shipped grid's. Written
     through an unpredictable temporary file beside it (``store.atomic_write_text``: created anew, never
     through a link planted there). Returns the file written."""
     grids = {g.name: g.path for g in shipped()}
@@ -92,5 +95,35 @@ def copy(name: str, dest: str | Path, force: bool = False) -> Path:
         )
     if problems or source is None:
         raise UserError(problems, title="not copied")
-    store.atomic_write_text(target, source.read_bytes())
+    store.atomic_write_text(target, renamed(source.read_text(), source.stem, target, str(dest)))
     return target
+
+
+_NAME_LINE = re.compile(r"^name:(\s*)(\S+)(.*)$", re.M)
+_COMMAND = re.compile(r"(klsweep (?:study|run|plan|rehearse) +)(\S+)")
+
+
+def renamed(text: str, old: str, target: Path, written: str) -> str:
+    """A shipped grid's text named after the file it is copied to: its top-level ``name:`` the file's stem
+    (when that is a valid sweep name; else kept, and ``klsweep plan`` says what to change) and its opening
+    comment's ``klsweep study|run|plan|rehearse GRID`` commands naming that file (``written``, as the user
+    gave it, or the file when a folder was given)."""
+    import yaml
+
+    from klsweep.grid.validate import name_problem
+
+    new = target.stem
+    if new != old and name_problem(new) is None:
+        shown = new if yaml.safe_load(new) == new else f'"{new}"'  # 2024, on, null: quoted
+        text = _NAME_LINE.sub(
+            lambda m: f"name:{m[1]}{shown}{m[3].replace(f'results/{old}/', f'results/{new}/')}", text, count=1
+        )
+    path = written if Path(written).suffix == ".yaml" and Path(written).name == target.name else str(target)
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if not line.startswith("#"):
+            break
+        lines[i] = _COMMAND.sub(
+            lambda m: m[1] + (path if Path(m[2]).name.removesuffix(".yaml") == old else m[2]), line
+        )
+    return "".join(lines)

@@ -53,9 +53,9 @@ def test_grids_lists_and_copies(tmp_path, monkeypatch, capsys):
     for name in ("tiny", "tiny-full", "paper", "presets", "starter", "baseline"):
         assert f"\n{name} " in out
     code, out, _ = cli(["grids", "cp", "starter", "mine.yaml"], monkeypatch, capsys)
-    assert (
-        code == 0 and (tmp_path / "mine.yaml").read_text() == (REPO / "sweeps" / "starter.yaml").read_text()
-    )
+    shipped = (REPO / "sweeps" / "starter.yaml").read_text()
+    copied = (tmp_path / "mine.yaml").read_text()
+    assert code == 0 and copied[copied.index("\nbase:") :] == shipped[shipped.index("\nbase:") :]
     (tmp_path / "mine.yaml").write_text("edited")
     code, _, err = cli(["grids", "cp", "starter", "mine.yaml"], monkeypatch, capsys)
     assert code == 2 and "exists already" in err and (tmp_path / "mine.yaml").read_text() == "edited"
@@ -120,6 +120,26 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
     assert [r["id"] for r in json.loads(done.stdout)["runs"]] == want
 
 
+def test_grids_cp_names_the_copy_after_dest(tmp_path, monkeypatch, capsys):
+    """Issue 51: `grids cp starter mine.yaml` kept `name: starter` and the header's `klsweep study
+    starter.yaml`: the copy's runs went into the shipped grid's folder (results/starter/). The copy is named
+    after DEST, its header's commands name DEST, and it plans as a sweep of that name; a folder as DEST keeps
+    the shipped name (the file is NAME.yaml)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    for name, dest in (("starter", "mine.yaml"), ("tiny", "sub/2024.yaml"), ("tiny-full", "sub")):
+        code, _, _ = cli(["grids", "cp", name, dest], monkeypatch, capsys)
+        assert code == 0
+    text = (tmp_path / "mine.yaml").read_text()
+    header = text[: text.index("\nname:")]
+    assert "klsweep study mine.yaml" in header and "klsweep plan mine.yaml" in header
+    assert "klsweep study starter" not in header and "klsweep plan starter" not in header
+    assert grid.load_plan("mine.yaml", out=tmp_path).name == "mine"
+    assert grid.load_plan("sub/2024.yaml", out=tmp_path).name == "2024"  # quoted: YAML reads 2024 as a number
+    assert "klsweep run sub/2024.yaml" in (tmp_path / "sub" / "2024.yaml").read_text()
+    assert grid.load_plan("sub/tiny-full.yaml", out=tmp_path).name == "tiny-full"
+
+
 def test_grids_cp_never_writes_through_a_planted_link(tmp_path, monkeypatch, capsys):
     """Issue 44 D2: a link planted at the fixed temporary name `.new.yaml.tmp` had its target overwritten and
     made `new.yaml` a link. The copy goes through an unpredictable temporary file created anew (O_EXCL,
@@ -132,7 +152,7 @@ def test_grids_cp_never_writes_through_a_planted_link(tmp_path, monkeypatch, cap
     assert code == 0, err
     assert victim.read_text() == "precious"
     new = tmp_path / "new.yaml"
-    assert not new.is_symlink() and new.read_text() == (REPO / "sweeps" / "starter.yaml").read_text()
+    assert not new.is_symlink() and "name: new" in new.read_text()
     assert (tmp_path / ".new.yaml.tmp").is_symlink()  # left as it was
     # --force over a link: the link is replaced by the file, its target untouched
     (tmp_path / "linked.yaml").symlink_to(victim)

@@ -10,6 +10,7 @@ Rerunning is cheap: done runs are skipped, evaluated checkpoints are not evaluat
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ from klsweep.errors import Problem, UserError
 class StudyResult:
     sweep_dir: Path
     runs: list[Any]  # submit.RunStatus, final
-    eval: Any  # submit.EvalSubmission
-    report: Any  # report.Report
+    eval: Any  # submit.EvalSubmission; None when no run trained to its end (nothing to evaluate)
+    report: Any  # report.Report; None likewise
+    command: str = ""  # how to run this study again (summary's --retry-failed hint)
     # with expect_claims: (claim, expected verdict, this study's) for each robust verdict not reproduced (a
     # failure); else None
     claim_changes: list[tuple[str, str, str]] | None = None
@@ -32,6 +34,68 @@ class StudyResult:
     fragile_changes: list[tuple[str, str, str]] | None = None
     # with expect_claims, when the expected runs trained on other CPUs than these: why verdicts may differ
     cpu_note: str | None = None
+
+    def summary(self) -> tuple[str, int]:
+        """The line the study ends with and its exit code (``summary``)."""
+        return summary(self.runs, self.command)
+
+
+def study_command(grid_path: str | Path, overrides: list[str] | None, out: str | Path) -> str:
+    """The command that runs this study again, as the user would type it."""
+    words = ["klsweep", "study", str(grid_path), *(overrides or [])]
+    if Path(out) != Path("results"):
+        words += ["--out", str(out)]
+    return shlex.join(words)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def summary(runs: list[Any], command: str) -> tuple[str, int]:
+    """``2 of 2 runs done`` (exit 0), or what is not: ``0 of 2 runs done: 2 cancelled (klsweep study g.yaml
+    --retry-failed)`` (exit 1: a run failed, was cancelled or never started). A diverged run is a result of
+    the study (exit 0), as ``klsweep run --wait`` treats it."""
+    from klsweep import store
+
+    trained = [r for r in runs if r.state in store.TRAINED_STATES]
+    line = f"{len(trained)} of {_runs(len(runs))} done"
+    diverged = sum(r.state == "diverged" for r in runs)
+    if diverged:
+        line += f" ({diverged} diverged: a result of the study)"
+    counts: dict[str, int] = {}
+    for r in runs:
+        if r.state not in store.TRAINED_STATES:
+            word = "not started" if r.state == "pending" else r.state
+            counts[word] = counts.get(word, 0) + 1
+    if not counts:
+        return line, 0
+    rest = ", ".join(f"{n} {word}" for word, n in counts.items())
+    return f"{line}: {rest} ({command} --retry-failed)", 1
+
+
+def _not_trained_again(sub: Any, sweep_dir: Path, command: str) -> list[str]:
+    """What the submission leaves as it is, said before the study waits: the runs failed or cancelled before
+    (not trained again without --retry-failed), and any run set aside."""
+    from klsweep import store
+
+    counts: dict[str, int] = {}
+    for rid, action in sub.actions.items():
+        if action == "skip-failed":
+            try:
+                state = store.read_status(sweep_dir / rid).get("state", "failed")
+            except store.UnreadableFile:
+                state = "failed"
+            counts[state] = counts.get(state, 0) + 1
+    lines = []
+    if counts:
+        what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        lines.append(
+            f"{what} before: not trained again, the study goes on without "
+            f"{'it' if sum(counts.values()) == 1 else 'them'} ({command} --retry-failed trains them)"
+        )
+    lines += sub.hints(failed_runs=False)
+    return lines
 
 
 def _cpus(environment: Any) -> set[str]:
@@ -86,7 +150,7 @@ def run_study(
     it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
     (``claim_changes``)."""
-    from klsweep import grid, planner, report, submit
+    from klsweep import grid, planner, report, store, submit
 
     expected = report.read_expected(expect_claims) if expect_claims is not None else None
     expected_cpus = _expected_cpus(expect_claims) if expect_claims is not None else set()
@@ -114,13 +178,18 @@ def run_study(
             Problem(str(grid_path), what, "one eval suite and its settings (eval.*) per study"),
             title="not a study",
         )
-    on_stage(f"train: {len(plan.runs)} runs on {kind}")
-    submit.submit(
+    command = study_command(grid_path, overrides, out)
+    on_stage(f"train: {_runs(len(plan.runs))} on {kind}")
+    sub = submit.submit(
         plan, kind, retry_failed=retry_failed, chain_eval=False,
         on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
     )  # fmt: skip
+    for line in _not_trained_again(sub, plan.sweep_dir, command):
+        on_stage(line)
     try:  # Ctrl-C from here on: the sweep's jobs go on, say so
         runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
+        if not any(r.state in store.TRAINED_STATES for r in runs):  # nothing to evaluate or report
+            return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
         on_stage("eval: every finished run and the step-0 baseline")
         # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
         outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
@@ -134,7 +203,7 @@ def run_study(
         verdicts = {c: v for c, (v, _) in expected.items()}
         changes, fragile = report.split_changes(report.verdict_changes(verdicts, rep.claims), expected)
     return StudyResult(
-        sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, claim_changes=changes,
+        sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, command=command, claim_changes=changes,
         fragile_changes=fragile,
         cpu_note=cpu_note(expected_cpus, _cpus(rep.environment)) if expected is not None else None,
     )  # fmt: skip

@@ -89,7 +89,8 @@ def study_command(
     ] = None,
     config_dir: ConfigDirOpt = None,
 ) -> None:
-    """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report."""
+    """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report. Exit 1 when
+    a run failed, was cancelled or never started (diverged runs are results: exit 0)."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -152,12 +153,21 @@ def study_command(
     width = table_width(console)
     console.print(status_table(res.runs, title=res.sweep_dir.name, width=width))
     print_failures(console, res.runs)  # a run's failed eval too, with why
-    for where, why in sorted(res.eval.errors.items()):  # the step-0 baseline's: no run of its own to say it
+    errors = res.eval.errors if res.eval is not None else {}
+    for where, why in sorted(errors.items()):  # the step-0 baseline's: no run of its own to say it
         if Path(where).name == store.BASELINE_DIR:
             console.print("--- step-0 baseline (eval failed) ---", highlight=False, markup=False)
             console.print(visible(why), style="red", highlight=False, markup=False)
-    print_report(console, terminal(stderr=True), res.report)
-    console.print(f"study done in {time.time() - start:.0f} s", highlight=False)
+    if res.report is not None:
+        print_report(console, terminal(stderr=True), res.report)
+    line, code = res.summary()
+    took = f"{time.time() - start:.0f} s"
+    if res.report is None:  # no run trained to its end: nothing evaluated, no report
+        line += "; nothing to evaluate, no report written"
+    if code:
+        console.print(styled((f"study not done ({took}): ", "bold red"), visible(line)), highlight=False)
+    else:
+        console.print(f"study done in {took}: {visible(line)}", highlight=False)
     if res.claim_changes is not None:
         ours = res.report.claims.get("claim", []) if res.report.claims is not None else []
         fragile = res.fragile_changes or []
@@ -189,3 +199,5 @@ def study_command(
             console.print(f"note: {res.cpu_note}", highlight=False)
         if res.claim_changes:
             raise typer.Exit(1)
+    if code:
+        raise typer.Exit(code)

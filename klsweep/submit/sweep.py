@@ -68,10 +68,11 @@ class SubmitResult:
             out[a] = out.get(a, 0) + 1
         return out
 
-    def hints(self) -> list[str]:
-        """What the user may want to do about the runs not submitted: one line each."""
+    def hints(self, failed_runs: bool = True) -> list[str]:
+        """What the user may want to do about the runs not submitted: one line each (``failed_runs=False``:
+        not the failed or cancelled runs', which the caller says itself)."""
         lines = []
-        failed = self.counts().get("skip-failed", 0)
+        failed = self.counts().get("skip-failed", 0) if failed_runs else 0
         if failed:
             lines.append(
                 f"{failed} run(s) failed or were cancelled before and were not resubmitted: "

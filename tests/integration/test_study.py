@@ -84,3 +84,37 @@ def test_tiny_study_shortened_on_slurm(tmp_path: Path) -> None:
     jobs = store.read_jsonl(tmp_path / "tiny" / store.JOBS_FILE)
     assert {j["cluster"] for j in jobs} == {"slurm"}
     assert {j["kind"] for j in jobs} == {"train", "eval"}
+
+
+CANCELLED = (  # two runs of the tiny model, a few steps: never trained here (their folders say cancelled)
+    "name: {name}\nbase: {{model: tiny, task: tiny, eval: tiny, eval.limit: 4, train.steps: 2,\n"
+    "  train.save_steps: 2, wandb.mode: disabled}}\ngrid: {{seed: range(2)}}\n"
+)
+
+
+def test_a_rerun_after_a_cancel_says_so_and_exits_1(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Issue 51: after Ctrl-C and `klsweep cancel`, rerunning `klsweep study` printed `2 cancelled ... eval ...
+    report ... study done` and exited 0, training nothing (and its report's hint, `klsweep eval` scores them,
+    could not apply). It says what it does with the cancelled runs before waiting, evaluates and reports
+    nothing when no run trained to its end, ends with `0 of 2 runs done: 2 cancelled (... --retry-failed)` and
+    exits 1."""
+    from clitools import cli
+
+    from klsweep import grid
+    from klsweep.config import run_file_text
+
+    grid_file = tmp_path / "mine.yaml"
+    grid_file.write_text(CANCELLED.format(name="mine"))
+    out = tmp_path / "res"
+    for run in grid.load_plan(grid_file, out=out).runs:  # as `klsweep cancel` leaves them
+        Path(run.run_dir).mkdir(parents=True)
+        (Path(run.run_dir) / store.CONFIG_FILE).write_text(run_file_text(run.config))
+        store.write_status(run.run_dir, "cancelled")
+    code, stdout, _ = cli(["study", grid_file, "--out", out], monkeypatch, capsys)
+    assert code == 1, stdout
+    flat = " ".join(stdout.split())
+    assert "2 cancelled before: not trained again" in flat, stdout
+    assert f"0 of 2 runs done: 2 cancelled (klsweep study {grid_file} --out {out} --retry-failed)" in flat
+    assert "study done" not in flat and "klsweep eval" not in flat
+    assert not (out / "mine" / "report").exists() and not (out / "mine" / store.BASELINE_DIR).exists()
+    assert {store.read_status(d)["state"] for d in store.run_dirs(out / "mine")} == {"cancelled"}

@@ -143,19 +143,23 @@ def run_study(
     on_progress: Callable[[list[Any]], None] | None = None,
     expect_claims: str | Path | None = None,
     config_dirs: list[str] | None = None,
+    add_to_folder: bool = False,
 ) -> StudyResult:
     """Plan, train (wait), evaluate (wait), report. ``cluster`` defaults to the grid's ``cluster.kind``; Ctrl-C
     while it waits raises ``submit.Interrupted`` (the sweep's jobs go on).
     ``expect_claims``: a ``claims.csv`` (e.g. the committed one) whose verdicts this study's are compared with;
     it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
-    (``claim_changes``)."""
+    (``claim_changes``). A sweep folder holding runs this grid does not have is refused unless
+    ``add_to_folder`` (``submit.sweep.check_folder``)."""
     from klsweep import grid, planner, report, store, submit
+    from klsweep.submit.sweep import check_folder
 
     expected = report.read_expected(expect_claims) if expect_claims is not None else None
     expected_cpus = _expected_cpus(expect_claims) if expect_claims is not None else set()
     plan = grid.load_plan(grid_path, overrides, out=out, config_dirs=config_dirs)
     planner.check(plan)  # refuses runs that cannot start or fit
+    check_folder(plan, add_to_folder)  # before anything is built or written
     kind = cluster or submit.default_cluster(plan)
     sections = {json.dumps(r.config.get("eval", {}), sort_keys=True) for r in plan.runs}
     suites = {json.loads(s).get("suite", "none") for s in sections}
@@ -181,7 +185,7 @@ def run_study(
     command = study_command(grid_path, overrides, out)
     on_stage(f"train: {_runs(len(plan.runs))} on {kind}")
     sub = submit.submit(
-        plan, kind, retry_failed=retry_failed, chain_eval=False,
+        plan, kind, retry_failed=retry_failed, chain_eval=False, add_to_folder=add_to_folder,
         on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
     )  # fmt: skip
     for line in _not_trained_again(sub, plan.sweep_dir, command):

@@ -54,6 +54,14 @@ OutOpt = Annotated[Path, typer.Option(help="results root: runs live in OUT/<name
 ConfigDirOpt = Annotated[
     list[str] | None, typer.Option("--config-dir", help="more config-group folders (model/, task/, ...)")
 ]
+AddToFolderOpt = Annotated[
+    bool,
+    typer.Option(
+        "--add-to-folder",
+        help="add this grid's runs to a sweep folder that holds runs it does not have (another grid of the "
+        "same name:, or other overrides); without it that is refused",
+    ),
+]
 MaxRunsOpt = Annotated[
     int | None,
     typer.Option("--max-runs", help="refuse grids of more runs (default: $KLSWEEP_MAX_RUNS, else 100,000)"),

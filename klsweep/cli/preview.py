@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from klsweep.cli.app import (
+    AddToFolderOpt,
     ConfigDirOpt,
     GridArg,
     MaxRunsOpt,
@@ -31,14 +32,17 @@ def plan_command(
         bool, typer.Option("--runs", help="list every run (a long plan is summarised per axis value)")
     ] = False,
     max_runs: MaxRunsOpt = None,
+    add_to_folder: AddToFolderOpt = False,
 ) -> None:
     """Show the runs a grid file expands to and what they need (validated, and refused when a run cannot start
     or fit its GPUs; nothing is written or submitted). Offline, what `klsweep run` would refuse while the
     caches lack it follows the plan, with the `klsweep fetch` command that gets it."""
     from klsweep import console, fetch, planner
     from klsweep import grid as grid_mod
+    from klsweep.submit.sweep import check_folder
 
     plan = grid_mod.load_plan(grid, overrides, out=out, config_dirs=config_dir, max_runs=max_runs)
+    check_folder(plan, add_to_folder)  # as run and study refuse it
     summary = planner.summary(plan)
     command = fetch.fetch_command(grid, overrides, out)
     refused = fetch.cache_refusals(fetch.plan_configs(plan), command)  # a preview: shown, not raised

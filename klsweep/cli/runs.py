@@ -10,6 +10,7 @@ import typer
 
 from klsweep import store
 from klsweep.cli.app import (
+    AddToFolderOpt,
     ConfigDirOpt,
     GridArg,
     MaxRunsOpt,
@@ -84,6 +85,7 @@ def run_command(
     ),
     max_runs: MaxRunsOpt = None,
     config_dir: ConfigDirOpt = None,
+    add_to_folder: AddToFolderOpt = False,
 ) -> None:
     """Submit a sweep: every run not done yet (rerunning skips done runs and resumes unfinished ones). With
     --wait (or --cluster debug), exit 1 when a run or its eval failed or was cancelled; diverged runs are
@@ -100,7 +102,7 @@ def run_command(
     for line in planner.inert_axes(plan):  # an axis that changes nothing: said before anything is submitted
         print_warning(console, line)
     res = submit.submit(
-        plan, cluster, retry_failed=retry_failed, force=force,
+        plan, cluster, retry_failed=retry_failed, force=force, add_to_folder=add_to_folder,
         on_build=lambda p: console.print(f"building the tiny model (once, cached in {p})", highlight=False),
     )  # fmt: skip
     with says_what_goes_on(res.sweep_dir if wait and cluster != "debug" else None):

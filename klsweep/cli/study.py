@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from klsweep import store
-from klsweep.cli.app import ConfigDirOpt, OverridesArg, app, says_what_goes_on, terminal
+from klsweep.cli.app import AddToFolderOpt, ConfigDirOpt, OverridesArg, app, says_what_goes_on, terminal
 
 
 @app.command("report")
@@ -88,6 +88,7 @@ def study_command(
         ),
     ] = None,
     config_dir: ConfigDirOpt = None,
+    add_to_folder: AddToFolderOpt = False,
 ) -> None:
     """Train every run of a grid, evaluate them all (and the step-0 baseline), write the report. Exit 1 when
     a run failed, was cancelled or never started (diverged runs are results: exit 0)."""
@@ -147,6 +148,7 @@ def study_command(
                 on_progress=on_progress,
                 expect_claims=expect_claims,
                 config_dirs=config_dir,
+                add_to_folder=add_to_folder,
             )
         finally:
             progress.stop()

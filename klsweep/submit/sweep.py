@@ -102,6 +102,7 @@ def submit(
     retry_failed: bool = False,
     force: bool = False,
     *,
+    add_to_folder: bool = True,
     chain_eval: bool = True,
     train_fn: Callable[[Path], Any] | None = None,
     eval_fn: Callable[..., Any] | None = None,
@@ -109,7 +110,8 @@ def submit(
 ) -> SubmitResult:
     """Write the sweep's files and submit what is not done yet; see the module docstring.
 
-    ``chain_eval=False`` submits training only, even when the runs name an eval suite (``klsweep study``
+    ``add_to_folder=False`` (the CLI's default) refuses a folder holding runs the plan does not have
+    (``check_folder``). ``chain_eval=False`` submits training only, even when the runs name an eval suite (``klsweep study``
     evaluates the whole sweep afterwards in one job). ``train_fn``/``eval_fn`` replace
     ``klsweep.job.train_run``/``klsweep.evaluate.eval_run`` (tests). ``on_build(folder)`` is called before the
     tiny model is built here (once, ~15 s on a CPU), to say so."""
@@ -123,6 +125,7 @@ def submit(
     store.check_writable(sweep_dir, str(sweep_dir), "a results folder you can write to: --out DIR")
     store.refuse_rehearsal(sweep_dir)  # its done runs are a rehearsal's tiny ones: never skipped as done
     _check_inside(plan)
+    check_folder(plan, add_to_folder)
     sweep_existed = sweep_dir.exists()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _prepare_models(plan, on_build)
@@ -387,18 +390,78 @@ def adopt_merged(plan: Any, live: set[tuple[str, str]]) -> None:
                 src.rename(sweep_dir / MERGED_DIR / old)
 
 
+ADD_FLAG = "--add-to-folder"
+
+
+def other_grids_runs(plan: Any) -> list[str]:
+    """The runs of the plan's sweep folder (its run folders, and the runs its ``sweep.yaml`` lists) that are not
+    this plan's: another grid's of the same ``name:``, or this grid's under other overrides. A grid that only
+    adds runs (more seeds, tiny-full over tiny) has none."""
+    sweep_dir = Path(plan.sweep_dir)
+    ours = {r.id for r in plan.runs} | {a for r in plan.runs for a in r.aliases}
+    listed = store.read_sweep_file(sweep_dir).get("runs")
+    there = {p.name for p in store.run_dirs(sweep_dir) if p.name != MERGED_DIR}
+    return sorted((there | (set(map(str, listed)) if isinstance(listed, dict) else set())) - ours)
+
+
+def check_folder(plan: Any, add_to_folder: bool = False) -> None:
+    """``UserError`` (exit 2, before anything is written) when the sweep folder holds runs this plan does not
+    have (``other_grids_runs``), unless ``add_to_folder``: two grids of one ``name:`` would train into one
+    folder and report as one sweep. Which runs are whose is said by run id."""
+    if add_to_folder:
+        return
+    others = other_grids_runs(plan)
+    if not others:
+        return
+    from klsweep.printable import visible
+
+    sweep_dir = Path(plan.sweep_dir)
+    ids = [r.id for r in plan.runs]
+    there = sum(Path(r.run_dir).exists() for r in plan.runs)
+    shown = ", ".join(visible(o) for o in others[:6]) + (
+        f" and {len(others) - 6} more" if len(others) > 6 else ""
+    )
+    mine = ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+    raise UserError(
+        Problem(
+            str(sweep_dir),
+            f"holds {len(others)} run(s) of another grid named {plan.name!r} (or of this one with other "
+            f"overrides), not in this plan: {shown}; this grid's {len(ids)} run(s): {mine} ({there} of them "
+            "there already). Both would train into one folder and report as one sweep",
+            f"another name: for this grid (name: in the file, or name=NEW), another --out, or {ADD_FLAG} to "
+            "add this grid's runs to that folder",
+        ),
+        title="another grid's folder",
+    )
+
+
 def write_sweep_file(plan: Any, cluster_kind: str) -> None:
-    """``<sweep>/sweep.yaml``: the plan's name, axes, exclusions, runs' parameters and grid text."""
+    """``<sweep>/sweep.yaml``: the plan's name, axes, exclusions, runs' parameters and grid text, appended to
+    what it held (never rewritten smaller): the runs it listed stay listed, beside the plan's; an earlier grid
+    text that differs is kept under ``earlier_grids``."""
     from omegaconf import OmegaConf
 
+    old = store.read_sweep_file(plan.sweep_dir)
+    runs = old.get("runs") if isinstance(old.get("runs"), dict) else {}
+    runs = {str(k): v for k, v in runs.items() if isinstance(v, dict)}
+    runs.update({r.id: dict(r.params) for r in plan.runs})
+    axes = (
+        [a for a in old.get("axes") or [] if isinstance(a, str)] if isinstance(old.get("axes"), list) else []
+    )
+    earlier = old.get("earlier_grids") if isinstance(old.get("earlier_grids"), list) else []
+    earlier = [t for t in earlier if isinstance(t, str)]
+    if isinstance(old.get("grid"), str) and old["grid"] != plan.grid_text and old["grid"] not in earlier:
+        earlier.append(old["grid"])
     data = {
         "name": plan.name,
         "cluster": cluster_kind,
-        "axes": list(plan.axes),
+        "axes": [*axes, *(a for a in plan.axes if a not in axes)],
         "excluded": plan.excluded,
-        "runs": {r.id: dict(r.params) for r in plan.runs},
+        "runs": runs,
         "grid": plan.grid_text,
     }
+    if earlier:
+        data["earlier_grids"] = earlier
     store.atomic_write_text(
         Path(plan.sweep_dir) / store.SWEEP_FILE, OmegaConf.to_yaml(OmegaConf.create(data))
     )

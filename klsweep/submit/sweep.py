@@ -408,6 +408,7 @@ def check_folder(plan: Any, add_to_folder: bool = False) -> None:
     """``UserError`` (exit 2, before anything is written) when the sweep folder holds runs this plan does not
     have (``other_grids_runs``), unless ``add_to_folder``: two grids of one ``name:`` would train into one
     folder and report as one sweep. Which runs are whose is said by run id."""
+    store.refuse_rehearsal(plan.sweep_dir)  # a rehearsal's folder: said as such first
     if add_to_folder:
         return
     others = other_grids_runs(plan)

@@ -396,12 +396,18 @@ ADD_FLAG = "--add-to-folder"
 def other_grids_runs(plan: Any) -> list[str]:
     """The runs of the plan's sweep folder (its run folders, and the runs its ``sweep.yaml`` lists) that are not
     this plan's: another grid's of the same ``name:``, or this grid's under other overrides. A grid that only
-    adds runs (more seeds, tiny-full over tiny) has none."""
+    adds runs (more seeds, tiny-full over tiny) has none; nor has a plan all of whose runs the folder holds
+    already (a subset rerun, e.g. ``seed=0``, or the first grid again after another was added to the folder):
+    it adds nothing to the folder, so nothing of two grids is mixed by it."""
     sweep_dir = Path(plan.sweep_dir)
-    ours = {r.id for r in plan.runs} | {a for r in plan.runs for a in r.aliases}
+    ids = {r.id for r in plan.runs}
+    ours = ids | {a for r in plan.runs for a in r.aliases}
     listed = store.read_sweep_file(sweep_dir).get("runs")
     there = {p.name for p in store.run_dirs(sweep_dir) if p.name != MERGED_DIR}
-    return sorted((there | (set(map(str, listed)) if isinstance(listed, dict) else set())) - ours)
+    folder = there | (set(map(str, listed)) if isinstance(listed, dict) else set())
+    if ids and ids <= folder:
+        return []
+    return sorted(folder - ours)
 
 
 def check_folder(plan: Any, add_to_folder: bool = False) -> None:

@@ -70,6 +70,11 @@ def test_a_grid_that_only_adds_runs_is_not_refused_and_sweep_yaml_grows(tmp_path
     sweep = store.read_sweep_file(tmp_path / "res" / "mine")
     assert set(sweep["runs"]) == {r.id for r in plan.runs} | {plan2.runs[0].id}
     assert sweep["grid"] == other.read_text() and sweep["earlier_grids"] == [g1.read_text(), more.read_text()]
-    # a run sweep.yaml lists whose folder is gone is still another grid's (here: the first's)
-    code, _, err = cli(["plan", g1, "--out", tmp_path / "res"], monkeypatch, capsys)
+    # a run sweep.yaml lists whose folder is gone is still another grid's: a grid adding a run beside it is
+    # refused, naming it
+    code, _, err = cli(["plan", more, "--out", tmp_path / "res", "seed=5"], monkeypatch, capsys)
     assert code == 2 and plan2.runs[0].id in " ".join(err.split()), err
+    # a plan whose runs the folder holds already adds nothing to it: the first grid again, or a subset of it
+    for args in ([g1], [g1, "seed=0"], [more, "seed=2"]):
+        code, _, err = cli(["plan", *args, "--out", tmp_path / "res"], monkeypatch, capsys)
+        assert code == 0, (args, err)

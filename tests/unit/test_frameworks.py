@@ -34,7 +34,7 @@ def only(found: frameworks.FrameworkKL):
     [
         ("verl", "verl_run_qwen2-7b.sh", "verl", True),  # examples/grpo_trainer/run_qwen2-7b.sh
         ("nemo-rl", "nemo_grpo_math_1B.yaml", "nemo", True),  # examples/configs/grpo_math_1B.yaml
-        ("pipelinerl", "pipelinerl_deepscaler15b.yaml", "pipelinerl", True),  # conf/deepscaler15b.yaml
+        ("pipelinerl", "corpus/pipelinerl/files/conf/deepscaler15b.yaml", "pipelinerl", True),  # in its tree
     ],
 )
 def test_the_frameworks_examples_map_onto_their_presets(framework, example, preset, grpo):

@@ -28,6 +28,18 @@ def read(r: Reading) -> Terms:
             )
         )
         return [], False
+    # a non-KL key the pinned config refuses in the authors' own files (thunder_agent r2egym_32b run_trainer.sh:
+    # trainer.logger="['tensorboard','console']"; TrainerConfig.logger is a str: OmegaConf "Cannot convert
+    # 'list' to string"): the file does not start, so it is refused, not audited
+    if isinstance(r.settings.get("trainer.logger"), list):
+        r.problems.append(
+            Problem(
+                "trainer.logger",
+                f"{r.settings['trainer.logger']!r}: a list; {VERSION}'s TrainerConfig.logger is one name (str) and "
+                "SkyRL refuses the file before training (OmegaConf: Cannot convert 'list' to string)",
+                "one logger name, e.g. trainer.logger=tensorboard",
+            )
+        )
     estimator = r.choice(f"{p}kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
     beta = r.get(f"{p}kl_loss_coef", 0.001, float)
     in_loss = r.get(f"{p}use_kl_loss", True, bool)

@@ -137,7 +137,15 @@ def _overrides(text: str) -> dict[str, Any]:
     """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
     override grammar; kept on disk by the words parsed and Hydra's version (``_kept``), so a second audit of a
     script needs no Hydra."""
-    words = [w for w in shell.words(text) if "=" in w and not w.startswith("-") and "." in w.split("=", 1)[0]]
+    every = shell.words(text)
+    words = [w for w in every if "=" in w and not w.startswith("-") and "." in w.split("=", 1)[0]]
+    # Hydra's --config-name / --config-path (verl's ppo_megatron_trainer): which config's keys the file overrides
+    for flag in ("--config-name", "--config-path"):
+        for i, word in enumerate(every):
+            if word.split("=", 1)[0] == flag:
+                name = word.partition("=")[2] if "=" in word else (every[i + 1] if i + 1 < len(every) else "")
+                words.append(f"{flag}={name}")
+                break
     kept = _kept(words)
     if kept is not None:
         return kept
@@ -146,6 +154,10 @@ def _overrides(text: str) -> dict[str, Any]:
     parser = OverridesParser.create()
     out: dict[str, Any] = {}
     for word in words:
+        if word.startswith(("--config-name=", "--config-path=")):
+            flag, _, value = word.partition("=")
+            out[flag] = value
+            continue
         try:
             (override,) = parser.parse_overrides([word])
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
@@ -153,8 +165,9 @@ def _overrides(text: str) -> dict[str, Any]:
             if shell.unreadable(value) and re.fullmatch(r"\+{0,2}[\w.-]+", key):  # key=$(command): unreadable
                 out[key.lstrip("+")] = value
             continue
-        if not override.is_delete():
-            out[override.key_or_group] = override.value()
+        if not override.is_delete():  # +key / ++key kept as written: an addition (Reading.added)
+            add = "++" if override.is_force_add() else "+" if override.is_add() else ""
+            out[add + override.key_or_group] = override.value()
     _keep(words, out)
     return out
 
@@ -163,7 +176,7 @@ def _kept_path(words: list[str]) -> tuple[Any, dict[str, Any]]:
     import hashlib
     from importlib.metadata import version
 
-    key = {"hydra": version("hydra-core"), "words": words}
+    key = {"hydra": version("hydra-core"), "words": words, "form": 2}  # 2: +key kept, --config-name
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     return store.cache_dir() / "audit" / f"overrides-{digest}.json", key
 

@@ -297,3 +297,20 @@ def test_pipelinerl_defaults_files_are_guarded(tmp_path):
         write(conf / "g" / f"o{i}.yaml", "x: 1\n")
     wide = write(conf / "wide.yaml", "defaults:\n  - base\n" + "".join(f"  - g: o{i}\n" for i in range(70)))
     assert "more than 64 config files" in refused("pipelinerl", wide)
+
+
+def test_skyrl_train_keys_and_scripts_are_refused_naming_the_version(tmp_path):
+    """#50 gap 2: skyrl-train 0.3's use_kl_estimator_k3 / use_abs_kl (kl_estimator_type in 0.4.0) and its entry
+    point skyrl_train.entrypoints.main_base: refused naming skyrl-train 0.3, not an audit of 0.4.0's defaults."""
+    old_key = write(
+        tmp_path / "a.sh",
+        "python -m skyrl.train.entrypoints.main_base trainer.algorithm.use_kl_estimator_k3=true "
+        "trainer.algorithm.kl_loss_coef=0.01\n",
+    )
+    with pytest.raises(UserError, match="use_kl_estimator_k3: a key of skyrl-train 0.3.x"):
+        frameworks.read("skyrl", old_key)
+    old_entry = write(
+        tmp_path / "b.sh", "uv run -m skyrl_train.entrypoints.main_base trainer.algorithm.use_kl_loss=true\n"
+    )
+    with pytest.raises(UserError, match="a skyrl-train 0.3.x .or older. launch command"):
+        frameworks.read("skyrl", old_entry)

@@ -296,7 +296,7 @@ def test_pipelinerl_defaults_files_are_guarded(tmp_path):
     for i in range(70):
         write(conf / "g" / f"o{i}.yaml", "x: 1\n")
     wide = write(conf / "wide.yaml", "defaults:\n  - base\n" + "".join(f"  - g: o{i}\n" for i in range(70)))
-    assert "more than 64 config files" in refused("pipelinerl", wide)
+    assert "more than 64 parent files" in refused("pipelinerl", wide)
 
 
 def test_skyrl_train_keys_and_scripts_are_refused_naming_the_version(tmp_path):

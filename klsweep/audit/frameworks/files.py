@@ -21,6 +21,7 @@ MAX_BYTES = (
 )
 MAX_VALUES = 100_000  # values a config may hold with its YAML aliases expanded (an alias bomb: more)
 MAX_DEPTH = 100  # levels a config may nest (5,000 overflow every recursive walk of the data)
+MAX_PARENTS = 64  # parent files one config's defaults: may read in all, its parents' parents included
 TREE_MARKERS = (".git", "pyproject.toml", "setup.py")
 
 
@@ -67,6 +68,28 @@ def text_of(
         return data.decode()
     except UnicodeDecodeError as e:
         raise UserError(Problem(str(path), f"not a text file (byte {e.start} is not UTF-8)", what)) from e
+
+
+def parent_mapping(
+    parent: Path,
+    tree: Path,
+    where: str,
+    count: int,
+    not_mapping: str = "not a YAML mapping",
+    empty: bool = False,
+) -> dict[str, Any]:
+    """The ``count``-th parent config a ``defaults:`` (in ``where``) names: more than ``MAX_PARENTS`` refused,
+    else read by ``text_of`` within ``tree`` as a YAML mapping (``empty``: an empty file is {})."""
+    if count > MAX_PARENTS:
+        raise UserError(
+            Problem(f"{where}: defaults", f"more than {MAX_PARENTS} parent files", f"at most {MAX_PARENTS}")
+        )
+    data = yaml_data(text_of(parent, tree, "a parent config named by defaults:"), str(parent))
+    if data is None and empty:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(Problem(str(parent), not_mapping, "a YAML mapping"))
+    return data
 
 
 def yaml_data(text: str, where: str) -> Any:

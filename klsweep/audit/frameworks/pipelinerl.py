@@ -15,7 +15,6 @@ from klsweep.errors import Problem, UserError
 NAME = "pipelinerl"
 VERSION = "PipelineRL 58d3934"
 KIND = "yaml"  # a YAML mapping or Hydra overrides
-MAX_PARENTS = 64  # config files one config's defaults: tree may name, its parents' parents included
 ROOT = "conf"  # PipelineRL's launcher: @hydra.main(config_path="../conf"); a group is a folder under it
 
 
@@ -61,7 +60,7 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     composes the ``defaults:`` tree (``base``, ``finetune: base``, ``override finetune: ppo``, ``_self_``) of the
     file named as its path under ``conf/`` (a group's file under its group's package), from the files its
     entries name, each read as the config is (``files.text_of`` within the config's tree, ``files.yaml_data``)
-    and handed to Hydra in memory (its ConfigStore), never opened by Hydra; more than ``MAX_PARENTS`` files is
+    and handed to Hydra in memory (its ConfigStore), never opened by Hydra; more than ``files.MAX_PARENTS`` files is
     refused, as is a tree Hydra refuses (a missing option, a cycle), in Hydra's words."""
     if "defaults" not in data:  # nothing to compose (Hydra not imported)
         return data
@@ -80,20 +79,7 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                 parent = root / f"{key}.yaml"
                 if key in nodes or not os.path.lexists(parent):  # not there: Hydra names it missing
                     continue
-                if len(nodes) > MAX_PARENTS:
-                    raise UserError(
-                        Problem(
-                            f"{path}: defaults",
-                            f"more than {MAX_PARENTS} config files",
-                            f"at most {MAX_PARENTS}",
-                        )
-                    )
-                text = files.text_of(parent, tree, "a config named by defaults:")
-                parent_data = files.yaml_data(text, str(parent))
-                if parent_data is None:
-                    parent_data = {}
-                if not isinstance(parent_data, dict):
-                    raise UserError(Problem(str(parent), "not a YAML mapping", "a YAML mapping"))
+                parent_data = files.parent_mapping(parent, tree, str(path), len(nodes), empty=True)
                 nodes[key] = parent_data
                 todo.append((key, parent_data))
     return _hydra_compose(path, name, nodes)

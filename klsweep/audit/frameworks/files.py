@@ -186,7 +186,7 @@ def _overrides(text: str) -> dict[str, Any]:
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
             key, _, value = word.partition("=")
             if shell.unreadable(value) and re.fullmatch(r"\+{0,2}[\w.-]+", key):  # key=$(command): unreadable
-                out[key.lstrip("+")] = value
+                out[key] = value  # +key kept: an addition (Reading.added)
             continue
         if not override.is_delete():  # +key / ++key kept as written: an addition (Reading.added)
             add = "++" if override.is_force_add() else "+" if override.is_add() else ""
@@ -199,7 +199,7 @@ def _kept_path(words: list[str]) -> tuple[Any, dict[str, Any]]:
     import hashlib
     from importlib.metadata import version
 
-    key = {"hydra": version("hydra-core"), "words": words, "form": 2}  # 2: +key kept, --config-name
+    key = {"hydra": version("hydra-core"), "words": words, "form": 3}  # 3: +key kept, --config-name
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     return store.cache_dir() / "audit" / f"overrides-{digest}.json", key
 

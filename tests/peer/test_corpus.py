@@ -54,3 +54,14 @@ def test_each_expected_reading_is_its_loaders(framework, path):
     expected = json.loads(expected_of(framework, path).read_text())
     fresh = {"loader": load.LOADER, **load.expected(file_of(framework, path), CORPUS / framework / "files")}
     assert json.loads(json.dumps(fresh, sort_keys=True)) == expected
+
+
+def test_verls_key_set_is_its_wheels():
+    """klsweep refuses a verl override of a key verl 0.9.1's config does not have (as Hydra refuses it) from the
+    key set it ships: the one the wheel's config composes to."""
+    load = loader("verl")
+    if not load.available():
+        pytest.skip(f"verl's loader cannot run here ({load.LOADER})")
+    from klsweep.audit.frameworks import verl
+
+    assert {k: frozenset(v) for k, v in load.config_keys().items()} == verl.config_keys()

@@ -242,3 +242,75 @@ def test_a_second_audit_of_the_same_file_needs_no_torch_nor_hydra(tmp_path):
         kept.write_text("[{}]")
     again = audit("nemo-rl", "nemo_grpo_math_1B.yaml")
     assert again["torch"] and again["found"] == firsts["nemo-rl"]["found"]
+
+
+def pipelinerl_tree(tmp_path: Path) -> Path:
+    """A PipelineRL conf/ tree as its authors lay it out (base, finetune: base, override finetune: ppo)."""
+    tree = tmp_path / "tree"
+    write(tree / "pyproject.toml", "")
+    conf = tree / "conf"
+    write(conf / "base.yaml", "defaults:\n  - finetune: base\n  - _self_\nseed: 1\n")
+    write(conf / "finetune" / "base.yaml", "rl:\n  policy_loss: reinforce\n  kl_coef: 0.0\n")
+    write(conf / "finetune" / "ppo.yaml", "defaults:\n  - base\n  - _self_\nrl:\n  policy_loss: ppo\n")
+    write(conf / "finetune" / "grpo.yaml", "defaults:\n  - base\n  - _self_\nrl:\n  kl_coef: 0.05\n")
+    return conf
+
+
+def test_pipelinerl_defaults_are_composed_as_its_hydra_tree_composes_them(tmp_path):
+    """#50 gap: PipelineRL's miniwob*.yaml (override finetune: ppo / grpo) were read without their defaults:
+    (policy_loss reinforce, kl_coef 0); Hydra composes the tree, the closest override winning."""
+    conf = pipelinerl_tree(tmp_path)
+    ppo = write(conf / "exp.yaml", "defaults:\n  - base\n  - override finetune: ppo\n  - _self_\n")
+    grpo = write(
+        conf / "exp_grpo.yaml",
+        "defaults:\n  - exp\n  - override finetune: grpo\n  - _self_\nfinetune:\n  rl:\n    final_kl_coef: 0.0\n",
+    )
+    reading, _ = frameworks.read_terms("pipelinerl", ppo)
+    assert reading.values["finetune.rl.policy_loss"] == "ppo"
+    reading, _ = frameworks.read_terms("pipelinerl", grpo)
+    assert reading.values["finetune.rl.policy_loss"] == "reinforce"
+    assert (
+        reading.values["finetune.rl.kl_coef"] == 0.05 and reading.values["finetune.rl.final_kl_coef"] == 0.0
+    )
+    with pytest.raises(UserError, match="Could not find 'finetune/missing'"):
+        frameworks.read(
+            "pipelinerl", write(conf / "bad.yaml", "defaults:\n  - base\n  - override finetune: missing\n")
+        )
+    with pytest.raises(UserError, match="no finetune: section"):
+        frameworks.read("pipelinerl", write(conf / "streams" / "redis.yaml", "backend: redis\n"))
+
+
+def test_pipelinerl_defaults_files_are_guarded(tmp_path):
+    """Every file a PipelineRL defaults: tree names is read by the guarded reader (Hydra opens none): a link out
+    of the tree, a FIFO, an alias bomb, more than 64 files: exit 2 with a message."""
+    conf = pipelinerl_tree(tmp_path)
+    outside = write(tmp_path / "outside.yaml", "rl: {kl_coef: 0.5}\n")
+    (conf / "finetune" / "link.yaml").symlink_to(outside)
+    os.mkfifo(conf / "finetune" / "fifo.yaml")
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcdefg", "bcdefgh", strict=False)]
+    write(conf / "finetune" / "bomb.yaml", "\n".join(levels) + "\nrl: *h\n")
+    for option, said in (("link", "outside the config tree"), ("fifo", "FIFO"), ("bomb", "alias bomb")):
+        child = write(conf / f"c_{option}.yaml", f"defaults:\n  - base\n  - override finetune: {option}\n")
+        assert said in refused("pipelinerl", child), option
+    for i in range(70):
+        write(conf / "g" / f"o{i}.yaml", "x: 1\n")
+    wide = write(conf / "wide.yaml", "defaults:\n  - base\n" + "".join(f"  - g: o{i}\n" for i in range(70)))
+    assert "more than 64 parent files" in refused("pipelinerl", wide)
+
+
+def test_skyrl_train_keys_and_scripts_are_refused_naming_the_version(tmp_path):
+    """#50 gap 2: skyrl-train 0.3's use_kl_estimator_k3 / use_abs_kl (kl_estimator_type in 0.4.0) and its entry
+    point skyrl_train.entrypoints.main_base: refused naming skyrl-train 0.3, not an audit of 0.4.0's defaults."""
+    old_key = write(
+        tmp_path / "a.sh",
+        "python -m skyrl.train.entrypoints.main_base trainer.algorithm.use_kl_estimator_k3=true "
+        "trainer.algorithm.kl_loss_coef=0.01\n",
+    )
+    with pytest.raises(UserError, match="use_kl_estimator_k3: a key of skyrl-train 0.3.x"):
+        frameworks.read("skyrl", old_key)
+    old_entry = write(
+        tmp_path / "b.sh", "uv run -m skyrl_train.entrypoints.main_base trainer.algorithm.use_kl_loss=true\n"
+    )
+    with pytest.raises(UserError, match="a skyrl-train 0.3.x .or older. launch command"):
+        frameworks.read("skyrl", old_entry)

@@ -34,7 +34,7 @@ def only(found: frameworks.FrameworkKL):
     [
         ("verl", "verl_run_qwen2-7b.sh", "verl", True),  # examples/grpo_trainer/run_qwen2-7b.sh
         ("nemo-rl", "nemo_grpo_math_1B.yaml", "nemo", True),  # examples/configs/grpo_math_1B.yaml
-        ("pipelinerl", "pipelinerl_deepscaler15b.yaml", "pipelinerl", True),  # conf/deepscaler15b.yaml
+        ("pipelinerl", "corpus/pipelinerl/files/conf/deepscaler15b.yaml", "pipelinerl", True),  # in its tree
     ],
 )
 def test_the_frameworks_examples_map_onto_their_presets(framework, example, preset, grpo):
@@ -153,11 +153,14 @@ def test_each_warning(tmp_path):
     assert rows == [] and found["kl"] == {}
     seq = read_text(tmp_path, "trl", "beta: 0.1\nimportance_sampling_level: sequence\n")
     assert any(w.startswith("TRL #6586") for w in seq.warnings)
-    unknown = read_text(
-        tmp_path, "verl", "algorithm:\n  use_kl_in_reward: true\n  kl_ctrl:\n    kl_coeff: 0.1\n"
+    # a key verl 0.9.1's config does not have: refused, as its Hydra refuses it (was a warning and an audit)
+    with pytest.raises(UserError, match="algorithm.kl_ctrl.kl_coeff: not a key of verl 0.9.1's ppo_trainer"):
+        read_text(tmp_path, "verl", "algorithm:\n  use_kl_in_reward: true\n  kl_ctrl:\n    kl_coeff: 0.1\n")
+    added = read_text(
+        tmp_path, "verl", "python3 -m verl.trainer.main_ppo +algorithm.kl_ctrl.kl_coeff=0.1\n", ".sh"
     )
     assert any(
-        w.startswith("algorithm.kl_ctrl.kl_coeff: touches the KL but is not a key") for w in unknown.warnings
+        w.startswith("algorithm.kl_ctrl.kl_coeff: touches the KL but is not a key") for w in added.warnings
     )
     old_flag = read_text(
         tmp_path, "openrlhf", "python -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.05", ".sh"

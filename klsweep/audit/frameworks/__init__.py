@@ -57,6 +57,9 @@ def read_terms(framework: str, path: Path | str) -> tuple[Reading, Terms]:
             Problem("--framework", f"{framework!r} is not a framework klsweep reads", ", ".join(FRAMEWORKS))
         )
     text = files.text_of(Path(path))
+    other = getattr(MODULES[framework], "other_version", None)  # a file of another version, named: refused
+    if other is not None and (problem := other(text)) is not None:
+        raise UserError(problem, title=f"{path}: not a {VERSIONS[framework]} config")
     reader, kind = READERS[framework]
     compose = getattr(MODULES[framework], "compose", None)
     settings = files.settings(text, str(path), Path(path), compose) if kind == "yaml" else files.flags(text)

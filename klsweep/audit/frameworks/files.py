@@ -21,6 +21,7 @@ MAX_BYTES = (
 )
 MAX_VALUES = 100_000  # values a config may hold with its YAML aliases expanded (an alias bomb: more)
 MAX_DEPTH = 100  # levels a config may nest (5,000 overflow every recursive walk of the data)
+MAX_PARENTS = 64  # parent files one config's defaults: may read in all, its parents' parents included
 TREE_MARKERS = (".git", "pyproject.toml", "setup.py")
 
 
@@ -67,6 +68,28 @@ def text_of(
         return data.decode()
     except UnicodeDecodeError as e:
         raise UserError(Problem(str(path), f"not a text file (byte {e.start} is not UTF-8)", what)) from e
+
+
+def parent_mapping(
+    parent: Path,
+    tree: Path,
+    where: str,
+    count: int,
+    not_mapping: str = "not a YAML mapping",
+    empty: bool = False,
+) -> dict[str, Any]:
+    """The ``count``-th parent config a ``defaults:`` (in ``where``) names: more than ``MAX_PARENTS`` refused,
+    else read by ``text_of`` within ``tree`` as a YAML mapping (``empty``: an empty file is {})."""
+    if count > MAX_PARENTS:
+        raise UserError(
+            Problem(f"{where}: defaults", f"more than {MAX_PARENTS} parent files", f"at most {MAX_PARENTS}")
+        )
+    data = yaml_data(text_of(parent, tree, "a parent config named by defaults:"), str(parent))
+    if data is None and empty:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(Problem(str(parent), not_mapping, "a YAML mapping"))
+    return data
 
 
 def yaml_data(text: str, where: str) -> Any:
@@ -137,7 +160,15 @@ def _overrides(text: str) -> dict[str, Any]:
     """Hydra overrides ``key=value`` (``+key``/``++key`` too) from a launch command, parsed by Hydra's own
     override grammar; kept on disk by the words parsed and Hydra's version (``_kept``), so a second audit of a
     script needs no Hydra."""
-    words = [w for w in shell.words(text) if "=" in w and not w.startswith("-") and "." in w.split("=", 1)[0]]
+    every = shell.words(text)
+    words = [w for w in every if "=" in w and not w.startswith("-") and "." in w.split("=", 1)[0]]
+    # Hydra's --config-name / --config-path (verl's ppo_megatron_trainer): which config's keys the file overrides
+    for flag in ("--config-name", "--config-path"):
+        for i, word in enumerate(every):
+            if word.split("=", 1)[0] == flag:
+                name = word.partition("=")[2] if "=" in word else (every[i + 1] if i + 1 < len(every) else "")
+                words.append(f"{flag}={name}")
+                break
     kept = _kept(words)
     if kept is not None:
         return kept
@@ -146,15 +177,20 @@ def _overrides(text: str) -> dict[str, Any]:
     parser = OverridesParser.create()
     out: dict[str, Any] = {}
     for word in words:
+        if word.startswith(("--config-name=", "--config-path=")):
+            flag, _, value = word.partition("=")
+            out[flag] = value
+            continue
         try:
             (override,) = parser.parse_overrides([word])
         except Exception:  # noqa: BLE001 (not an override: a shell assignment, a path)
             key, _, value = word.partition("=")
             if shell.unreadable(value) and re.fullmatch(r"\+{0,2}[\w.-]+", key):  # key=$(command): unreadable
-                out[key.lstrip("+")] = value
+                out[key] = value  # +key kept: an addition (Reading.added)
             continue
-        if not override.is_delete():
-            out[override.key_or_group] = override.value()
+        if not override.is_delete():  # +key / ++key kept as written: an addition (Reading.added)
+            add = "++" if override.is_force_add() else "+" if override.is_add() else ""
+            out[add + override.key_or_group] = override.value()
     _keep(words, out)
     return out
 
@@ -163,7 +199,7 @@ def _kept_path(words: list[str]) -> tuple[Any, dict[str, Any]]:
     import hashlib
     from importlib.metadata import version
 
-    key = {"hydra": version("hydra-core"), "words": words}
+    key = {"hydra": version("hydra-core"), "words": words, "form": 3}  # 3: +key kept, --config-name
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     return store.cache_dir() / "audit" / f"overrides-{digest}.json", key
 

@@ -13,7 +13,6 @@ from klsweep.errors import Problem, UserError
 NAME = "nemo-rl"
 VERSION = "NeMo-RL 7ea279a"
 KIND = "yaml"  # a YAML mapping or Hydra overrides
-MAX_PARENTS = 64  # parent files one config may read, its parents' parents included
 
 
 def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -21,7 +20,7 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     merge_with_override, 30-48): ``defaults:`` (a path or a list, relative to the file naming it, or absolute)
     loaded depth-first, each merged over the last, then the file over them; a top-level section marked
     ``_override_: true`` replaces its parents' instead of merging. Every parent is read as the config is
-    (``files.text_of`` within the config's tree, ``files.yaml_data``); a cycle, or more than ``MAX_PARENTS``
+    (``files.text_of`` within the config's tree, ``files.yaml_data``); a cycle, or more than ``files.MAX_PARENTS``
     parent files read in all, is refused (NeMo-RL would recurse without end)."""
     if "defaults" not in data:  # nothing to compose (OmegaConf not imported)
         return data
@@ -61,19 +60,8 @@ def compose(path: Path, data: dict[str, Any]) -> dict[str, Any]:
                     Problem(f"{where}: defaults", f"{default} is a cycle", "a chain without cycles")
                 )
             read.append(real)
-            if len(read) > MAX_PARENTS:
-                raise UserError(
-                    Problem(
-                        f"{where}: defaults",
-                        f"more than {MAX_PARENTS} parent files",
-                        f"at most {MAX_PARENTS}",
-                    )
-                )
-            text = files.text_of(parent, tree, "a parent config named by defaults:")
-            parent_data = files.yaml_data(text, str(parent))
-            if not isinstance(parent_data, dict):
-                what = "not a YAML mapping (NeMo-RL: 'Config must be a Dictionary Config')"
-                raise UserError(Problem(str(parent), what, "a YAML mapping"))
+            what = "not a YAML mapping (NeMo-RL: 'Config must be a Dictionary Config')"
+            parent_data = files.parent_mapping(parent, tree, str(where), len(read), what)
             base = merge(base, load(parent, parent_data, [*chain, real]))
         return merge(base, config)
 

@@ -23,6 +23,9 @@ class Reading:
     as (``values``: what tests/peer/ compares with the framework's own loader), the warnings."""
 
     def __init__(self, framework: str, version: str, settings: dict[str, Any]):
+        # Hydra's +key / ++key (an addition to the config): read as key, remembered in ``added``
+        self.added = {k.lstrip("+") for k in settings if k.startswith("+")}
+        settings = {k.lstrip("+") if k.startswith("+") else k: v for k, v in settings.items()}
         self.framework, self.version, self.settings = framework, version, settings
         self.read: set[str] = set()
         self.values: dict[str, Any] = {}

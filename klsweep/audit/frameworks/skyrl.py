@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from klsweep import grpo as grpo_math
 from klsweep.audit.frameworks.reading import Reading, Terms, term
 from klsweep.errors import Problem
@@ -11,6 +13,27 @@ VERSION = "skyrl 0.4.0"
 # SkyRLTrainConfig's sections (skyrl/train/config/config.py)
 SECTIONS = frozenset(("data", "trainer", "generator", "environment"))
 KIND = "yaml"  # a YAML mapping or Hydra overrides
+
+
+OLD_ENTRY = re.compile(r"-m\s+skyrl_train\.entrypoints\.[\w.]+")
+# keys of skyrl-train <= 0.3 that skyrl 0.4.0 no longer has (removed in SkyRL #913: kl_estimator_type)
+OLD_KEYS = {"trainer.algorithm.use_kl_estimator_k3": "k3", "trainer.algorithm.use_abs_kl": "abs"}
+
+
+def other_version(text: str) -> Problem | None:
+    """A launch command of skyrl-train 0.3.x or before (``-m skyrl_train.entrypoints.main_base``): skyrl 0.4.0
+    has no ``skyrl_train`` package, so it does not run it; refused, naming the version, never read as 0.4.0."""
+    found = OLD_ENTRY.search(text)
+    if found is None:
+        return None
+    return Problem(
+        "the file",
+        f"a skyrl-train 0.3.x (or older) launch command ({found.group(0)}): {VERSION} has no skyrl_train package "
+        "(its entry point is skyrl.train.entrypoints.main_base) and renamed keys (use_kl_estimator_k3, "
+        "use_abs_kl: kl_estimator_type); it does not run this script",
+        f"the script as {VERSION} writes it (-m skyrl.train.entrypoints.main_base), or the skyrl-train version it "
+        "was written for",
+    )
 
 
 def read(r: Reading) -> Terms:
@@ -28,6 +51,27 @@ def read(r: Reading) -> Terms:
             )
         )
         return [], False
+    # a non-KL key the pinned config refuses in the authors' own files (thunder_agent r2egym_32b run_trainer.sh:
+    # trainer.logger="['tensorboard','console']"; TrainerConfig.logger is a str: OmegaConf "Cannot convert
+    # 'list' to string"): the file does not start, so it is refused, not audited
+    if isinstance(r.settings.get("trainer.logger"), list):
+        r.problems.append(
+            Problem(
+                "trainer.logger",
+                f"{r.settings['trainer.logger']!r}: a list; {VERSION}'s TrainerConfig.logger is one name (str) and "
+                "SkyRL refuses the file before training (OmegaConf: Cannot convert 'list' to string)",
+                "one logger name, e.g. trainer.logger=tensorboard",
+            )
+        )
+    for key, estimator in OLD_KEYS.items():
+        if key in r.settings:
+            r.problems.append(
+                Problem(
+                    key,
+                    f"a key of skyrl-train 0.3.x and before; {VERSION} does not have it and refuses the file",
+                    f"trainer.algorithm.kl_estimator_type={estimator}",
+                )
+            )
     estimator = r.choice(f"{p}kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
     beta = r.get(f"{p}kl_loss_coef", 0.001, float)
     in_loss = r.get(f"{p}use_kl_loss", True, bool)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from klsweep import grpo
@@ -49,6 +52,7 @@ def read(r: Reading) -> Terms:
             )
         )
         return [], False
+    _known_keys(r)
     algorithm = r.get("algorithm.adv_estimator", "gae", str)
     actor = "actor_rollout_ref.actor."
     in_reward, in_loss = (
@@ -107,3 +111,43 @@ def _advantage(r: Reading, algorithm: str) -> bool:
             "audit alone"
         )
     return r.advantage is not None
+
+
+# every key of verl 0.9.1's composed configs (ppo_trainer, ppo_megatron_trainer), from its wheel (tests/peer/loaders/
+# verl.py config_keys; tests/peer/test_corpus.py checks it is the loader's)
+KEYS_FILE = Path(__file__).parents[2] / "assets" / "frameworks" / "verl-0.9.1-keys.json"
+
+
+@cache
+def config_keys() -> dict[str, frozenset[str]]:
+    data = json.loads(KEYS_FILE.read_text())
+    return {name: frozenset(keys) for name, keys in data["configs"].items()}
+
+
+def _known_keys(r: Reading) -> None:
+    """A key the launch command overrides (``key=value``, not ``+key``: an addition) that verl 0.9.1's config
+        (``--config-name``, ppo_trainer by default) does not have is refused, as Hydra refuses it (``Could not
+        override 'key'``): verl exits before training (a key of an older verl, such as megatron.grad_offload, or a
+        misspelling). A file with its own ``defaults:``, or a ``--config-path`` other than main_ppo's own, composes
+    other configs: not checked."""
+    name = str(r.settings.get("--config-name", "ppo_trainer")).strip("'\"").removesuffix(".yaml")
+    known = config_keys().get(name)
+    path = str(r.settings.get("--config-path", "config")).strip("'\"").rstrip("/")
+    if (
+        path not in ("config", "verl/trainer/config")
+        or known is None
+        or "defaults" in r.settings
+        or any(k.startswith("defaults.") for k in r.settings)
+    ):
+        return
+    unknown = sorted(k for k in r.settings if not k.startswith("-") and k not in known and k not in r.added)
+    for key in unknown:
+        r.problems.append(
+            Problem(
+                key,
+                f"not a key of {VERSION}'s {name} config: {VERSION} refuses the file before training (Hydra: "
+                f"Could not override '{key}'); a key of an older verl or a misspelling",
+                f"{VERSION}'s name for it, or +{key}=... to add it; or audit with the verl version the file was "
+                "written for",
+            )
+        )

@@ -43,8 +43,13 @@ def expected(file: Path, files: Path) -> dict[str, Any]:
                 config = compose(config_name=name)
                 values = {}
                 for key in KEYS:
-                    # a group's file composed alone sits under its group's package (finetune) as Hydra places it
-                    values[key] = OmegaConf.select(config, key, throw_on_missing=True)
+                    # a group's file composed alone sits under its group's package (finetune) as Hydra places it;
+                    # read as PipelineRL's trainer reads it (cfg.finetune.rl.kl_coef: a config without finetune
+                    # is refused by Hydra's struct mode, ConfigAttributeError)
+                    node = config
+                    for part in key.split("."):
+                        node = getattr(node, part)
+                    values[key] = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
             return {"values": values}
         except Exception as e:
             return {"refused": f"{type(e).__name__}: {e}".splitlines()[0]}

@@ -6,7 +6,10 @@ their ``__init__`` does not import Ray and cloud clients) and ``inference_server
 (False: a LoRA weight-sync check of the inference engines). The launch script is run by bash
 (tests/peer/loaders/launch.py) and the arguments after ``skyrl.train.entrypoints.main_base`` are the overrides.
 A YAML file is not a SkyRL config (SkyRL reads its command line): refused by ``from_cli_overrides`` of its
-keys, as a dotted override each."""
+keys, as a dotted override each. A script whose entry point is one of SkyRL's examples with its own config class
+(``examples.train.thunder_agent.main_harbor_thunder_agent``: ``ThunderAgentHarborConfig.from_cli_overrides``) is
+read by that class, from the example's ``training_config.py`` at a956457 (verbatim as training_config.py.txt in
+tests/peer/loaders/skyrl_examples/, with SkyRL's LICENSE) over the wheel's ``make_config``."""
 
 from __future__ import annotations
 
@@ -22,6 +25,14 @@ from loaders import launch
 
 LOADER = "skyrl 0.4.0 wheel: SkyRLTrainConfig.from_cli_overrides (in a subprocess) + bash for scripts"
 ENTRY = ("skyrl.train.entrypoints.main_base",)
+# an example's own entry point and the config class it parses with (a file of tests/peer/loaders/skyrl_examples/)
+EXAMPLES = {
+    "examples.train.thunder_agent.main_harbor_thunder_agent": (
+        "training_config.py.txt",
+        "ThunderAgentHarborConfig",
+    )
+}
+EXAMPLE_DIR = Path(__file__).parent / "skyrl_examples"
 P = "trainer.algorithm."
 # the keys klsweep's SkyRL reader reads (klsweep/audit/frameworks/skyrl.py)
 KEYS = tuple(
@@ -55,9 +66,17 @@ u._uses_lora_weight_sync = lambda *a, **k: False
 sys.modules[u.__name__] = u
 from omegaconf import OmegaConf
 from skyrl.train.config.config import SkyRLTrainConfig
-keys = json.loads(sys.argv[2])
+keys, (module_file, cls) = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+if module_file:  # an example's own config class (skyrl.train.utils's __init__ imports Ray: its namespace only)
+    m = types.ModuleType("skyrl.train.utils"); m.__path__ = [root + "/skyrl/train/utils"]
+    sys.modules[m.__name__] = m
+    import importlib.machinery, importlib.util  # the file kept as .txt: not linted, byte for byte the example's
+    source = importlib.machinery.SourceFileLoader("example_training_config", module_file)
+    spec = importlib.util.spec_from_loader("example_training_config", source)
+    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+    SkyRLTrainConfig = getattr(module, cls)
 try:
-    cfg = OmegaConf.structured(SkyRLTrainConfig.from_cli_overrides(sys.argv[3:]))
+    cfg = OmegaConf.structured(SkyRLTrainConfig.from_cli_overrides(sys.argv[4:]))
 except Exception as e:
     print(json.dumps({"refused": f"{type(e).__name__}: {e}".splitlines()[0]}))
 else:
@@ -76,7 +95,7 @@ def available() -> bool:
     return (cache_dir() / WHEELS["skyrl"].filename).is_file() and launch.environment_is_clean()
 
 
-def _run(overrides: list[str]) -> dict[str, Any]:
+def _run(overrides: list[str], config: tuple[str, str] = ("", "")) -> dict[str, Any]:
     from peers import wheel_path
     from test_executed import WHEELS
 
@@ -84,7 +103,7 @@ def _run(overrides: list[str]) -> dict[str, Any]:
         with zipfile.ZipFile(wheel_path(WHEELS["skyrl"])) as archive:
             archive.extractall(work)
         done = subprocess.run(
-            [sys.executable, "-c", RUN, work, json.dumps(KEYS), *overrides],
+            [sys.executable, "-c", RUN, work, json.dumps(KEYS), json.dumps(config), *overrides],
             capture_output=True,
             text=True,
             timeout=120,
@@ -104,8 +123,15 @@ def expected(file: Path, files: Path) -> dict[str, Any]:
         data = yaml.safe_load(file.read_text())
         flat = _flatten(data) if isinstance(data, dict) else {}
         return _run([f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in flat.items()])
+    environment = launch.environment_of(file, files)
+    for entry, (module, cls) in EXAMPLES.items():
+        try:
+            args = launch.arguments_after(file, (entry,), environment)
+        except launch.Refused:
+            continue
+        return _run(args, (str(EXAMPLE_DIR / module), cls))
     try:
-        args = launch.arguments_after(file, ENTRY, launch.environment_of(file, files))
+        args = launch.arguments_after(file, ENTRY, environment)
     except launch.Refused as e:
         return {"refused": str(e)}
     return _run(args)

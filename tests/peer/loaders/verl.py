@@ -119,3 +119,35 @@ def expected(file: Path, files: Path) -> dict[str, Any]:
             else:
                 overrides.append(arg)
         return _compose(folder, name.removesuffix(".yaml"), overrides)
+
+
+def config_keys() -> dict[str, list[str]]:
+    """Every key (sections and leaves, dotted) of verl 0.9.1's composed ppo_trainer and ppo_megatron_trainer: what
+    Hydra lets a launch command override without ``+`` (klsweep/assets/frameworks/verl-0.9.1-keys.json)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import DictConfig
+
+    def walk(node: Any, prefix: str, out: set[str]) -> None:
+        for key in node:
+            out.add(name := f"{prefix}{key}")
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not (
+                child._is_none() or child._is_missing() or child._is_interpolation()
+            ):
+                walk(child, name + ".", out)
+
+    result = {}
+    with tempfile.TemporaryDirectory(prefix="verl-config-") as work:
+        folder = _config_dir(Path(work) / "config")
+        for name in ("ppo_trainer", "ppo_megatron_trainer"):
+            GlobalHydra.instance().clear()
+            try:
+                with initialize_config_dir(config_dir=str(folder), version_base=None):
+                    config = compose(config_name=name)
+            finally:
+                GlobalHydra.instance().clear()
+            keys: set[str] = set()
+            walk(config, "", keys)
+            result[name] = sorted(keys)
+    return result

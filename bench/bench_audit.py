@@ -21,9 +21,9 @@ from bench_plan import interleaved
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "frameworks"
 FILES = {  # a GRPO audit (NeMo-RL), an estimator audit (OpenRLHF's PPO script), a launch script (verl)
-    "nemo-rl": FIXTURES / "nemo_grpo_math_1B.yaml",
-    "openrlhf": FIXTURES / "openrlhf_train_prorlv2_math_hybrid_engine.sh",
-    "verl": FIXTURES / "verl_run_qwen2-7b.sh",
+    "nemo-rl": FIXTURES / "corpus/nemo-rl/files/examples/configs/grpo_math_1B.yaml",
+    "openrlhf": FIXTURES / "corpus/openrlhf/files/examples/scripts/train_ppo_ray_hybrid_engine.sh",
+    "verl": FIXTURES / "corpus/verl/files/examples/grpo_trainer/run_qwen2-7b.sh",
 }
 TARGET = 5.0
 

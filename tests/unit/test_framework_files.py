@@ -233,14 +233,17 @@ def test_a_second_audit_of_the_same_file_needs_no_torch_nor_hydra(tmp_path):
         return json.loads(found) | {"hydra": hydra == "True"}
 
     firsts = {}
-    for framework, name in (("nemo-rl", "nemo_grpo_math_1B.yaml"), ("verl", "verl_run_qwen2-7b.sh")):
+    for framework, name in (
+        ("nemo-rl", "corpus/nemo-rl/files/examples/configs/grpo_math_1B.yaml"),
+        ("verl", "corpus/verl/files/examples/grpo_trainer/run_qwen2-7b.sh"),
+    ):
         first, second = audit(framework, name), audit(framework, name)
         assert first["torch"] and not second["torch"] and not second["hydra"], (first, second)
         assert first["found"] == second["found"] and second["found"]["audit"]
         firsts[framework] = first
     for kept in (tmp_path / "cache" / "audit").glob("*.json"):
         kept.write_text("[{}]")
-    again = audit("nemo-rl", "nemo_grpo_math_1B.yaml")
+    again = audit("nemo-rl", "corpus/nemo-rl/files/examples/configs/grpo_math_1B.yaml")
     assert again["torch"] and again["found"] == firsts["nemo-rl"]["found"]
 
 

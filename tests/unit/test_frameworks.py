@@ -32,8 +32,18 @@ def only(found: frameworks.FrameworkKL):
 @pytest.mark.parametrize(
     ("framework", "example", "preset", "grpo"),
     [
-        ("verl", "verl_run_qwen2-7b.sh", "verl", True),  # examples/grpo_trainer/run_qwen2-7b.sh
-        ("nemo-rl", "nemo_grpo_math_1B.yaml", "nemo", True),  # examples/configs/grpo_math_1B.yaml
+        (
+            "verl",
+            "corpus/verl/files/examples/grpo_trainer/run_qwen2-7b.sh",
+            "verl",
+            True,
+        ),  # examples/grpo_trainer/run_qwen2-7b.sh
+        (
+            "nemo-rl",
+            "corpus/nemo-rl/files/examples/configs/grpo_math_1B.yaml",
+            "nemo",
+            True,
+        ),  # examples/configs/grpo_math_1B.yaml
         ("pipelinerl", "corpus/pipelinerl/files/conf/deepscaler15b.yaml", "pipelinerl", True),  # in its tree
     ],
 )
@@ -49,8 +59,8 @@ def test_examples_without_a_kl_say_so(tmp_path):
     at all, nothing audited; OpenRLHF's ProRL v2 script: k2 in the loss at 1e-4 (GRPO-like)."""
     for framework, example in (
         ("slime", "slime_run-qwen3-4B.sh"),
-        ("skyrl", "skyrl_run_cispo_gsm8k.sh"),
-        ("areal", "areal_gsm8k_grpo.yaml"),
+        ("skyrl", "corpus/skyrl/files/examples/train/algorithms/cispo/run_cispo_gsm8k.sh"),
+        ("areal", "corpus/areal/files/examples/math/gsm8k_grpo.yaml"),
         ("pipelinerl", "pipelinerl_finetune_base.yaml"),
     ):
         found, rows = frameworks.audit_config(framework, EXAMPLES / example)
@@ -64,7 +74,7 @@ def test_examples_without_a_kl_say_so(tmp_path):
     )
     # OpenRLHF's ProRL v2 script (its 0.11.0 examples): 0.11.2's parser refuses --algo.advantage.is_correction_*
     # (argparse: unrecognized arguments), so klsweep refuses it too; without them, k2 in the loss at 1e-4
-    prorl = EXAMPLES / "openrlhf_train_prorlv2_math_hybrid_engine.sh"
+    prorl = EXAMPLES / "corpus/openrlhf/files/examples/scripts/train_prorlv2_math_hybrid_engine.sh"
     with pytest.raises(UserError, match="is_correction_enable.*not a flag of openrlhf 0.11.2"):
         frameworks.read("openrlhf", prorl)
     text = "\n".join(line for line in prorl.read_text().splitlines() if "is_correction" not in line)

@@ -55,6 +55,11 @@ def load_plan(
     problems: list[Problem] = []
     if not path.exists() and (hint := shipped.missing_hint(grid_path)) is not None:
         raise UserError(Problem(where, "no such file, nor a shipped grid", hint), title="no grid")
+    if (name := shipped.resembled(grid_path)) is not None:
+        what = f"no file {grid_path} here; the shipped grid `{name}` is `klsweep plan {name}`"
+        raise UserError(
+            Problem(where, what, "a grid file, or a shipped grid's name (klsweep grids)"), title="no grid"
+        )
     limit = _limit(max_runs, problems)
     if out is not None and (what := store.not_a_folder(out)) is not None:
         problems.append(Problem("--out", what, "a folder (made if missing) to hold the sweep folders"))

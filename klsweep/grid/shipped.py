@@ -72,6 +72,16 @@ def missing_hint(grid: str | Path) -> str | None:
     return f"a grid file, or a shipped grid's name ({_names()}; klsweep grids)"
 
 
+def resembled(grid: str | Path) -> str | None:
+    """For a path with a folder that names no file (``sweeps/tiny.yaml`` outside a clone, where a wheel install
+    has no ``sweeps/``): the shipped grid of the same name, or None. A bare name is ``grid_file``'s."""
+    path = Path(grid)
+    if path.exists() or len(path.parts) < 2 or path.suffix not in (".yaml", ".yml"):
+        return None
+    stem = path.stem
+    return stem if (SHIPPED_DIR / f"{stem}.yaml").is_file() else None
+
+
 def copy(name: str, dest: str | Path, force: bool = False) -> Path:
     """Copy the shipped grid ``name`` (a name ``klsweep grids`` lists, ``.yaml`` or not; never a path) to
     ``dest`` (a file, or a folder to hold NAME.yaml); refuse to overwrite a file unless ``force``. The copy is

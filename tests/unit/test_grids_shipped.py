@@ -46,6 +46,17 @@ def test_neither_a_file_nor_a_shipped_name_lists_the_shipped(tmp_path, monkeypat
     assert "shipped" not in str(e.value)
 
 
+def test_a_missing_path_names_the_shipped_grid_it_resembles(tmp_path, monkeypatch, capsys):
+    """`klsweep plan sweeps/tiny.yaml` where there is no sweeps/ (a wheel install: the README's clone command)
+    says which shipped name it is, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(["plan", "sweeps/tiny.yaml"], monkeypatch, capsys)
+    assert code == 2, err
+    assert "no file sweeps/tiny.yaml here; the shipped grid `tiny` is `klsweep plan tiny`" in " ".join(
+        err.split()
+    )
+
+
 def test_grids_lists_and_copies(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, out, _ = cli(["grids"], monkeypatch, capsys)

@@ -54,7 +54,11 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     if train.use_vllm:  # never HF generate in its place; without a GPU, vLLM's CPU build (engines.py)
         refused = [] if gpu else engines.cpu_refusals(train.trl)
         if importlib.util.find_spec("vllm") is None:
-            where = "" if gpu else " (without a GPU: vLLM's CPU build, ./dev.sh vllm-test)"
+            where = (
+                ""
+                if gpu
+                else " (without a GPU: vLLM's CPU build, ./dev.sh vllm-test in a clone of the repository)"
+            )
             why = f"true, but vllm cannot be imported in {sys.executable}"
             refused.insert(0, Problem("train.use_vllm", why, f"{engines.install_command()}{where}, or false"))
         if refused:

@@ -82,7 +82,7 @@ def study_command(
     expect_claims: Annotated[
         Path | None,
         typer.Option(
-            help="a claims.csv (e.g. the committed results/tiny/report/claims.csv, read before the study "
+            help="a claims.csv (e.g. results/tiny/report/claims.csv in a clone of the repository, read before the study "
             "overwrites it): compare this study's verdicts with it; exit 1 when one it calls robust differs "
             "(replication >= 0.8, or no replication column)"
         ),

@@ -153,7 +153,7 @@ def checked_lines(names: list[str]) -> str:
     from klsweep import presets
 
     known = [n for n in dict.fromkeys(names) if n in presets.SOURCES]
-    lines = ["proven against each framework's own code (tests/peer; docs/KL.md):"]
+    lines = ["proven against each framework's code (tests/peer in a clone; klsweep docs KL):"]
     for how in presets.CHECKED:
         group = [n for n in known if presets.checked(n) == how]
         if group:

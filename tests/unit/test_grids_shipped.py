@@ -111,7 +111,7 @@ def test_the_wheel_carries_the_grids_and_plans_tiny_outside_the_repository(tmp_p
     opening = description.split("## The first commands")[0]
     assert description.startswith("# Installing klsweep with pip") and "./dev.sh" not in opening
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in opening
-    assert "-c requirements.lock" in opening and "klsweep plan tiny" in description
+    assert "-r requirements.lock" in opening and "klsweep plan tiny" in description
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     elsewhere = tmp_path / "elsewhere"

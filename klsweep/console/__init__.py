@@ -48,7 +48,6 @@ from klsweep.console.terminal import (
     cell,
     cli_console,
     columns,
-    counted,
     error_line,
     pack_items,
     print_warning,
@@ -57,6 +56,7 @@ from klsweep.console.terminal import (
     styled,
     table_width,
 )
+from klsweep.printable import counted
 
 # `klsweep audit`'s tables, loaded on first use: they import klsweep.audit (its exact enumeration, the GRPO
 # objective), which no other command needs

@@ -74,12 +74,6 @@ def error_line(message: object) -> Text:
     return styled((ERROR_PREFIX, "bold red"), f": {message}")
 
 
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``1 run``, ``2 runs``, ``0 runs``: a count and its noun, plural but for one (``plural``: an irregular
-    one, ``counted(1, "was", "were")``)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
 class _Unpadded:
     """stdout or stderr (looked up at each write) for a pipe or a file: lines without the spaces rich pads a
     table's rows with to its width (``klsweep keys | grep``); a pipe its reader closed is not an error."""

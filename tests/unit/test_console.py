@@ -380,3 +380,18 @@ def test_every_refusal_starts_with_one_prefix(tmp_path):
 def test_counted_says_one_run_and_two_runs():
     assert [con.counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
     assert con.counted(1, "was", "were") == "1 was" and con.counted(3, "was", "were") == "3 were"
+
+
+def test_counts_read_one_run_and_two_runs():
+    """What an interrupted command says of the runs that go on: `1 run goes on`, `2 runs go on` (it read
+    `1 run(s) go on`)."""
+    said = []
+    for n in (1, 2):
+        out = io.StringIO()
+        console = con.cli_console()
+        console.file = out
+        runs = [status_row(f"r{i}", {"model": "tiny"}, state="running") for i in range(n)]
+        con.print_going_on(console, runs, "results/tiny")
+        said.append(" ".join(out.getvalue().split()))
+    assert "1 run goes on in the background" in said[0], said[0]
+    assert "2 runs go on in the background" in said[1], said[1]

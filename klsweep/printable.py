@@ -23,3 +23,9 @@ def visible_lines(text: str) -> str:
     """``visible`` of each line of ``text``, its line breaks kept: what the CLI's console sends to the terminal
     (the line breaks are the layout's)."""
     return "\n".join(map(visible, text.split("\n"))) if _CONTROL.search(text) else text
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 run``, ``2 runs``, ``0 runs``: a count and its noun, plural but for one (``plural``: an irregular
+    one, ``counted(1, "was", "were")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -107,7 +107,7 @@ def main() -> None:
     try:
         app()
     except UserError as e:
-        from klsweep.console import styled
+        from klsweep.console import error_line
 
-        terminal(stderr=True).print(styled(("error", "bold red"), f": {e}"), highlight=False)
+        terminal(stderr=True).print(error_line(e), highlight=False)
         sys.exit(2)

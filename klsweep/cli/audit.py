@@ -116,7 +116,9 @@ def audit_command(
         import json
 
         print(json.dumps({"error": str(e)}, indent=2))  # stdout: a --json reader gets JSON either way
-        terminal(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        from klsweep.console import error_line
+
+        terminal(stderr=True).print(error_line(e), highlight=False)
         raise typer.Exit(2) from e
 
 

@@ -199,13 +199,15 @@ def cancel_command(
     """Cancel a sweep's live jobs (scancel / stop local jobs) and stop what trains their runs; the runs stopped
     become 'cancelled' (exit 1 when one could not be stopped)."""
     from klsweep import submit
-    from klsweep.printable import visible
+    from klsweep.printable import counted, visible
 
     done = submit.cancel_runs(store.resolve_sweep(sweep), runs or None)
-    terminal().print(f"cancelled {len(done.cancelled)} run(s): {' '.join(done.cancelled)}", highlight=False)
+    terminal().print(
+        f"cancelled {counted(len(done.cancelled), 'run')}: {' '.join(done.cancelled)}", highlight=False
+    )
     if done.ended:
         terminal().print(
-            f"{len(done.ended)} run(s) ended before they could be stopped (kept): {' '.join(done.ended)}",
+            f"{counted(len(done.ended), 'run')} ended before they could be stopped (kept): {' '.join(done.ended)}",
             highlight=False,
         )
     for rid, why in done.not_stopped.items():

@@ -48,6 +48,7 @@ from klsweep.console.terminal import (
     cell,
     cli_console,
     columns,
+    error_line,
     pack_items,
     print_warning,
     prose_width,
@@ -55,6 +56,7 @@ from klsweep.console.terminal import (
     styled,
     table_width,
 )
+from klsweep.printable import counted
 
 # `klsweep audit`'s tables, loaded on first use: they import klsweep.audit (its exact enumeration, the GRPO
 # objective), which no other command needs
@@ -95,6 +97,8 @@ __all__ = [
     "prose_width",
     "print_warning",
     "styled",
+    "error_line",
+    "counted",
     "LIST_RUNS_UP_TO",
     "plan_table",
     "keys_table",

@@ -209,6 +209,25 @@ def _shown(key: str, value: object) -> bool:
     return key in ("estimator", "placement", "level", "beta") or getattr(KLSection(), key) != value
 
 
+def setup_line(vocab: int, length: int, ref_distance: float) -> str:
+    """What the audit header's V, L and ref distance are, in one line."""
+    return (
+        f"V={vocab}: a tabular policy over {vocab} tokens; L={length}: completions of {length} tokens, all "
+        f"{vocab**length} enumerated (exact, no sampling); ref distance {ref_distance:g}: the reference's logits "
+        f"are the policy's + {ref_distance:g} x standard normal noise (--vocab, --length, --ref-distance)"
+    )
+
+
+def _print_setup(console: Console, vocab: int, length: int, ref_distance: float) -> None:
+    """``setup_line`` wrapped at the console's prose width (80 on a pipe)."""
+    import textwrap
+
+    from klsweep.console.terminal import prose_width
+
+    for part in textwrap.wrap(setup_line(vocab, length, ref_distance), prose_width(console)):
+        console.print(part, markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_tables(
     console: Console, rows: list, vocab: int, length: int, seed: int, ref_distance: float
 ) -> None:
@@ -224,6 +243,7 @@ def _print_tables(
             f" seed {seed}, ref distance {ref_distance:g}",
             markup=False,
         )
+        _print_setup(console, vocab, length, ref_distance)
         console.print(*grpo_audit_tables(rows))
         console.print(GRPO_LEGEND, markup=False, highlight=False)
     else:
@@ -232,4 +252,5 @@ def _print_tables(
         title = (
             f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
         )
+        _print_setup(console, vocab, length, ref_distance)
         console.print(*audit_tables(rows, title=title))

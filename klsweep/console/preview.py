@@ -171,11 +171,16 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         else f"; largest per GPU: {largest['gpu_memory_gb']:g} of {largest['of_gb']:g} GiB "
         f"({largest['model']}, run {largest['run']})"
     )
-    caption = (
+    # a sweep of CPU runs only (a local one) uses no GPU: no GPU-hours line (klsweep.cost is a GPU model, and
+    # no per-step CPU calibration exists to give a wall time from)
+    on_gpus = any(row["gpu_memory_gb"] is not None for row in counts["resources"])
+    hours = (
         f"at most {_hours(counts['gpu_hours_upper_bound'])} GPU-hours to submit (upper bound: every try, 1 + "
-        f"cluster.max_requeues, of every job for its whole time limit, eval jobs included); checkpoints kept "
-        f"{_size(counts['storage_gb'])}{peak}"
+        "cluster.max_requeues, of every job for its whole time limit, eval jobs included); "
+        if on_gpus
+        else ""
     )
+    caption = f"{hours}checkpoints kept {_size(counts['storage_gb'])}{peak}"
     return fitted_table(
         "resources (estimates: klsweep docs slurm)",
         header,

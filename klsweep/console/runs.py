@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep.console.terminal import NARROW, axis_labels, cell, shown_params
+from klsweep.printable import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -189,7 +190,7 @@ def print_going_on(
     )
     print_warning(
         console,
-        f"{len(going)} run(s) go on in the background ({counts}): {named}. "
+        f"{counted(len(going), 'run')} go{'es' if len(going) == 1 else ''} on in the background ({counts}): {named}. "
         f"`klsweep cancel {sweep_dir}` stops them; `klsweep status {sweep_dir}` shows them",
         label=what,
     )

@@ -65,6 +65,15 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     )
 
 
+ERROR_PREFIX = "Error"  # click's own, on a mistyped option or command: every refusal reads the same
+
+
+def error_line(message: object) -> Text:
+    """A refusal as the CLI prints it on stderr: ``Error: <message>``, the prefix click gives a mistyped
+    option or command, so that every refusal starts alike (a bad grid, a bad option, ``audit --json``)."""
+    return styled((ERROR_PREFIX, "bold red"), f": {message}")
+
+
 class _Unpadded:
     """stdout or stderr (looked up at each write) for a pipe or a file: lines without the spaces rich pads a
     table's rows with to its width (``klsweep keys | grep``); a pipe its reader closed is not an error."""

@@ -11,6 +11,7 @@ from klsweep import cost, engines, fastgen, trlargs
 from klsweep.planner.check import check, run_label
 from klsweep.planner.needs import AT_RISK, SIGNAL_MARGIN_S, Estimate, gpu_hours
 from klsweep.planner.shape import model_type
+from klsweep.printable import counted
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -123,7 +124,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "notes": [
             *plan.shadowed,
             *(
-                f"{row['model']}: {row['runs']} run(s) generate with {row['generation']}: {row['generation_why']}"
+                f"{row['model']}: {counted(row['runs'], 'run')} generate{'s' if row['runs'] == 1 else ''} with {row['generation']}: {row['generation_why']}"
                 for row in resources
                 if row["generation"] == "hf" and row["gpu_memory_gb"] is None  # CPU runs without fastgen
             ),
@@ -219,8 +220,8 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
     for model, ests in slow.items():
         worst = max((e.cost_high for e in ests if e.cost_high), key=lambda c: c.jobs)
         out.append(
-            f"{len(ests)} runs ({model}) may need ~{worst.train_hours:.1f} h of training against a "
-            f"{worst.limit_hours:g} h time limit: {worst.jobs} jobs each ({worst.jobs - 1} requeue{'s' if worst.jobs > 2 else ''})"
+            f"{counted(len(ests), 'run')} ({model}) may need ~{worst.train_hours:.1f} h of training against a "
+            f"{worst.limit_hours:g} h time limit: {counted(worst.jobs, 'job')} each ({worst.jobs - 1} requeue{'s' if worst.jobs > 2 else ''})"
             + (
                 f", more than cluster.max_requeues {worst.tries - 1} allows: raise it or "
                 "model.resources.timeout_min"
@@ -234,7 +235,7 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
         step = f"a step (up to ~{c.step.total - c.step.checkpoint:.0f} s), " if c else ""
         save = f"a save (~{c.save_seconds:.0f} s at cluster.checkpoint_write_gbps), " if c else ""
         out.append(
-            f"{len(ests)} runs ({model}): cluster.signal_delay_s {worst.signal_delay_s} is shorter than the "
+            f"{counted(len(ests), 'run')} ({model}): cluster.signal_delay_s {worst.signal_delay_s} is shorter than the "
             f"{worst.derived_delay_s} s that {step}{save}and a {SIGNAL_MARGIN_S} s margin need: a preempted "
             "job may be killed before its checkpoint is written, losing up to train.save_steps steps "
             "(null derives it)"
@@ -242,7 +243,7 @@ def warnings(plan: Plan, estimates: Mapping[str, Estimate]) -> list[str]:
     for model, ests in tight.items():
         worst = max(ests, key=lambda e: e.peak_gb)
         out.append(
-            f"{len(ests)} runs ({model}) need ~{worst.peak_gb:.1f} of {worst.gpu_memory_gb:g} GiB per GPU: "
+            f"{counted(len(ests), 'run')} ({model}) need{'s' if len(ests) == 1 else ''} ~{worst.peak_gb:.1f} of {worst.gpu_memory_gb:g} GiB per GPU: "
             f"within {AT_RISK:.0%} of the GPU, at risk (klsweep docs slurm); a smaller train.micro_batch_size "
             "leaves room"
         )

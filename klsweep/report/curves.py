@@ -128,6 +128,7 @@ def _draw_curves(
     used: dict[str, None] = {}
     any_bands = False
     marked: set[str] = set()
+    linear: dict[tuple[int, int], list[float | None]] = {}  # a KL title's panels: their symlog linear parts
     for r, (panel, axes_row) in enumerate(zip(rows_of, grid, strict=True)):
         members = configs[in_panel(configs, facets, panel)] if facets else configs
         lines = [(c, groups[c], style.by_name[style.of[c]]) for c in members["config"] if c in groups]
@@ -155,17 +156,21 @@ def _draw_curves(
                 MaxNLocator(4, integer=True)
             )  # steps are whole; few ticks, cheap draws
             if name in KL_CURVES:
-                _log_scale(ax, mean, lo, hi, [i for _, i, _ in lines], [i for _, i, _ in banded])
+                thresh = _log_scale(ax, mean, lo, hi, [i for _, i, _ in lines], [i for _, i, _ in banded])
+                linear.setdefault((0, c), []).append(thresh)
             else:
                 ax.yaxis.set_major_locator(MaxNLocator(4))
             ax.tick_params(labelsize=FONT, length=2.5, pad=2)
             ax.grid(alpha=0.3, lw=0.5)
             if rows == 1 or r == 0:
-                ax.set_title(title + (" (log scale)" if name in KL_CURVES else ""), fontsize=FONT + 1)
+                ax.set_title(title, fontsize=FONT + 1)  # a KL panel's scale is named below, once drawn
             if (rows == 1 and c >= 2) or (rows > 1 and r == rows - 1):
                 ax.set_xlabel("step", fontsize=FONT)
             if c == 0 and facets:
                 ax.set_ylabel(row_labels[r], fontsize=FONT)
+    for (r, c), thresholds in linear.items():
+        ax = grid[r][c]
+        ax.set_title(f"{ax.get_title()} ({scale_name(thresholds)})", fontsize=FONT + 1)
     _same_steps(grid, bottom_row_only=rows > 1)
     order = [k for k in style.by_name if k in used]
     handles = [Line2D([], [], lw=1.6, **style.by_name[k]) for k in order]
@@ -228,10 +233,23 @@ def _mark_stops(ax: Any, lines: list, stops: dict, steps: Any, mean: Any) -> set
     return kinds
 
 
-def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, lines: list[Any], banded: list[Any]) -> None:
+def scale_name(thresholds: list[float | None]) -> str:
+    """What a KL column's title says of its y scale (``_log_scale``'s linear parts, one per panel, None where
+    nothing was drawn): ``log scale`` where every panel is on a log scale (no 0 tick), else ``symlog scale,
+    linear within ±t`` (``linear near 0`` where panels differ): a symlog axis has a 0 tick and negative values."""
+    linear = sorted({t for t in thresholds if t})
+    if not linear:
+        return "log scale"
+    return (
+        f"symlog scale, linear within ±{linear[0]:.2g}" if len(linear) == 1 else "symlog scale, linear near 0"
+    )
+
+
+def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, lines: list[Any], banded: list[Any]) -> float | None:
     """A KL panel on a log scale (symmetric log, linear near 0, where an estimate is not positive), its range
     from the values drawn (the lines, and the bands of ``banded``), padded by ``PAD`` of it in that scale: the
-    axis starts at the data, no empty band below its lowest tick."""
+    axis starts at the data, no empty band below its lowest tick. Its symlog linear part's half-width (0.0: a
+    log scale; None: nothing drawn)."""
     import numpy as np
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -239,7 +257,7 @@ def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, lines: list[Any], banded: l
     values = np.concatenate(drawn) if drawn else np.array([])
     values = values[np.isfinite(values)]
     if not len(values):
-        return
+        return None
     vmin, vmax = float(values.min()), float(values.max())
     if vmax == vmin:  # one value: a range around it, in its scale
         vmax = vmin * 2 if vmin > 0 else vmin + 1.0
@@ -264,6 +282,7 @@ def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, lines: list[Any], banded: l
     ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_minor_locator(NullLocator())  # minor ticks on a log axis: many artists, slow draws
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # plain text: no mathtext here
+    return thresh
 
 
 def _padded(ax: Any, lo: float, hi: float) -> tuple[float, float]:

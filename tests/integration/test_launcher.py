@@ -491,12 +491,12 @@ def test_interrupted_waits_say_which_runs_go_on(tmp_path: Path) -> None:
         until_said(run, "2 runs on local")
         said = interrupt(run)
         ids = sorted(p.name for p in store.run_dirs(sweep))
-        assert "interrupted: 2 run(s) go on in the background" in said, said
+        assert "interrupted: 2 runs go on in the background" in said, said
         assert all(i in said for i in ids) and f"`klsweep cancel {sweep}` stops them" in said, said
         watch = start("status", sweep, "--watch", TTY_COMPATIBLE="1")
         until_said(watch, "ctrlc")  # the live table: it watches
         said = interrupt(watch)
-        assert "stopped watching: 2 run(s) go on" in said and f"`klsweep cancel {sweep}`" in said, said
+        assert "stopped watching: 2 runs go on" in said and f"`klsweep cancel {sweep}`" in said, said
         study = start("study", grid, "--out", out)
         until_said(study, " pending")  # its first progress line: it waits
         said = interrupt(study)

@@ -145,7 +145,7 @@ def test_every_command_prints_an_escape_in_a_folder_name_visibly(tmp_path, monke
     code, said = run("eval", waiting, "--cluster", "debug")
     assert code != 0 and "no complete checkpoint" in said, said
     code, said = run("cancel", sweep, waiting.name)
-    assert code == 0 and "cancelled 1 run(s)" in said, said
+    assert code == 0 and "cancelled 1 run:" in said, said
     assert run("report", sweep, "--out", where / f"report{esc}")[0] == 0
     for command, text in outputs.items():
         assert "\x1b" not in text and "\\x1b[2J" in text, (command, text)

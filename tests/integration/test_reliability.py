@@ -513,7 +513,7 @@ def test_ctrl_c_during_the_eval_stage_stops_the_waiting_not_the_evals(tmp_path):
         _, err = proc.communicate(timeout=120)
         said = " ".join(err.split())
         assert proc.returncode == 130, err
-        assert "interrupted: 1 run(s) go on in the background (1 evaluated)" in said, err
+        assert "interrupted: 1 run goes on in the background (1 evaluated)" in said, err
         (run,) = submit.wait_until_final(sweep, poll_s=0.5, timeout_s=300)
         assert run.eval_state == "done", (run.eval_state, run.eval_error)
         assert list(sweep.glob("*/eval/*/checkpoint-2/results.json"))

@@ -666,3 +666,16 @@ def test_grpo_audit_models_the_advantage_estimator_a_framework_file_selects(tmp_
     out, rows = audit("algorithm.adv_estimator=opo")
     assert rows and not hasattr(rows[0], "advantage")  # the estimator audit's rows
     assert any("cannot model opo" in w for w in out["warnings"])
+
+
+def test_the_audit_header_says_what_v_l_and_the_ref_distance_are(monkeypatch, capsys):
+    """`audit --preset`'s header `V=3, L=3, seed=0, ref distance 1.0` is explained in one line (it never was)."""
+    from clitools import cli
+
+    code, out, _ = cli(["audit", "--preset", "verl"], monkeypatch, capsys)
+    flat = " ".join(out.split())
+    assert code == 0 and "ref distance 1.0" in flat
+    assert "V=3: a tabular policy over 3 tokens; L=3: completions of 3 tokens, all 27 enumerated" in flat, (
+        flat
+    )
+    assert "the reference's logits are the policy's + 1 x standard normal noise" in flat, flat

@@ -344,3 +344,54 @@ def test_every_control_character_prints_as_its_escape(monkeypatch, capsys):
         out = capsys.readouterr().out
         assert out.count(ESCAPED) == (3 if printed is table else 1), repr(out)
         assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u202e]", out), repr(out)
+
+
+def test_every_refusal_starts_with_one_prefix(tmp_path):
+    """A bad grid, a mistyped option and a bad `audit --json` all start `Error: ` on stderr, the prefix click
+    gives a mistyped option (a bad grid read `error: ` and a mistyped option `Error: `), exit code 2."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("estimator: [k9]\n")
+    cases = [
+        ["plan", str(bad)],
+        ["plan", str(tmp_path / "missing.yaml")],
+        ["plan", "--bogus"],
+        ["audit", "--json", "--preset", "nosuch"],
+    ]
+    for args in cases:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys\nfrom klsweep.cli import main\nsys.argv[0] = 'klsweep'\nmain()",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, (args, done.stderr)
+        said = [line for line in done.stderr.splitlines() if "rror" in line]
+        assert said and all(line.startswith("Error: ") for line in said), (args, done.stderr)
+
+
+def test_counted_says_one_run_and_two_runs():
+    assert [con.counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+    assert con.counted(1, "was", "were") == "1 was" and con.counted(3, "was", "were") == "3 were"
+
+
+def test_counts_read_one_run_and_two_runs():
+    """What an interrupted command says of the runs that go on: `1 run goes on`, `2 runs go on` (it read
+    `1 run(s) go on`)."""
+    said = []
+    for n in (1, 2):
+        out = io.StringIO()
+        console = con.cli_console()
+        console.file = out
+        runs = [status_row(f"r{i}", {"model": "tiny"}, state="running") for i in range(n)]
+        con.print_going_on(console, runs, "results/tiny")
+        said.append(" ".join(out.getvalue().split()))
+    assert "1 run goes on in the background" in said[0], said[0]
+    assert "2 runs go on in the background" in said[1], said[1]

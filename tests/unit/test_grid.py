@@ -407,7 +407,8 @@ def test_plan_command_table_json_and_done_counts(tmp_path, monkeypatch, capsys):
         "60 runs, 12 excluded, 1 already done (or diverged), 1 failed or cancelled (run: --retry-failed), 58 to submit"
         in flat
     )
-    assert "GPU-hours" in flat and "upper bound" in flat
+    # a local CPU sweep: no GPU-hours line (it read "at most 0.0 GPU-hours"), its checkpoints' storage
+    assert "GPU-hours" not in flat and "checkpoints kept" in flat
     # `klsweep run` skips a diverged run as it skips a done one: the plan counts it so (#37)
     store.write_status(out / "tiny" / data["runs"][2]["id"], "diverged")
     code, stdout, _ = cli(["plan", p, "--out", out, "--json"], monkeypatch, capsys)

@@ -37,3 +37,33 @@ def test_a_sweep_without_vllm_gets_blank_columns():
     runs = pd.DataFrame({"run": ["a"]})
     assert attach_engine_agreement(runs, pd.DataFrame({"run": ["a"], "step": [1], "loss": [0.1]})) == []
     assert math.isnan(runs["vllm kept"][0]) and not runs["vllm flagged"][0]
+
+
+def test_a_kl_panels_title_names_the_scale_its_ticks_are_on():
+    """A KL panel of positive estimates is on a log scale, titled so, no 0 tick; one where an estimate is not
+    positive (k1) is on a symlog scale with a 0 tick, titled "symlog scale, linear within ±t" (both were titled
+    "log scale", a 0 tick on a log-titled axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from klsweep.report import curves
+
+    for values, scale in (([0.01, 0.02, 0.5], "log"), ([-0.003, 0.0, 0.02, 0.4], "symlog")):
+        fig, ax = plt.subplots()
+        mean = [np.array(values)]
+        ax.plot(range(len(values)), values)
+        thresh = curves._log_scale(ax, mean, mean, mean, [0], [])
+        title = curves.scale_name([thresh])
+        ticks = list(ax.yaxis.get_major_locator().tick_values(*ax.get_ylim()))
+        plt.close(fig)
+        assert ax.get_yscale() == scale
+        if scale == "log":
+            assert title == "log scale" and 0.0 not in ticks, (title, ticks)
+        else:
+            assert title.startswith("symlog scale, linear within ±") and 0.0 in ticks, (title, ticks)
+    assert curves.scale_name([0.0, None]) == "log scale"
+    assert curves.scale_name([0.001, 0.0]) == "symlog scale, linear within ±0.001"
+    assert curves.scale_name([0.001, 0.01]) == "symlog scale, linear near 0"

@@ -296,6 +296,7 @@ def overlap_problem(c: Claim, where: str, runs: list[str]) -> Problem:
     both = {k: [v for v in c.a[k] if _accepts(c.b[k], v)] if k in c.b else c.a[k] for k in c.a}
     both.update({k: v for k, v in c.b.items() if k not in c.a})
     selectors = ", ".join(f"{k}: {'|'.join(map(str, v))}" for k, v in both.items())
+    runs = sorted(runs)  # one order whatever the caller's (a set, a frame's index)
     named = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
     return Problem(
         f"{where} ({c.name}).b",

@@ -500,7 +500,7 @@ def test_interrupted_waits_say_which_runs_go_on(tmp_path: Path) -> None:
         study = start("study", grid, "--out", out)
         until_said(study, " pending")  # its first progress line: it waits
         said = interrupt(study)
-        assert "interrupted: 2 run(s) go on" in said and f"`klsweep cancel {sweep}`" in said, said
+        assert "interrupted: 2 runs go on" in said and f"`klsweep cancel {sweep}`" in said, said
         assert {r.state for r in submit.status(sweep)} <= {"pending", "running"}  # they do go on
     finally:
         if sweep.exists():

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # commands a stub replaces: the ones that start training or touch the network, GPUs or packages
 STUBBED = (
@@ -110,3 +111,24 @@ def environment_of(file: Path, files: Path) -> dict[str, str]:
     """The variables a corpus file's PROVENANCE entry says its user sets (``environment``), else none."""
     entry = json.loads((files.parent / "PROVENANCE.json").read_text())["files"][str(file.relative_to(files))]
     return dict(entry.get("environment", {}))
+
+
+def parsed_by(
+    file: Path, files: Path, entry: tuple[str, ...], parse: Any
+) -> tuple[Any, dict[str, str] | None]:
+    """The arguments the script hands its training entry point (``arguments_after``), parsed by ``parse`` (an
+    argparse parser's method), or the refusal as a corpus reading: bash's (``Refused``) or the parser's last
+    line on stderr (argparse exits)."""
+    import contextlib
+    import io
+
+    try:
+        args = arguments_after(file, entry, environment_of(file, files))
+    except Refused as e:
+        return None, {"refused": str(e)}
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parse(args), None
+    except SystemExit:
+        return None, {"refused": said.getvalue().strip().splitlines()[-1]}

@@ -9,9 +9,7 @@ PROVENANCE entry names another version (openrlhf 0.9.10) by that version's wheel
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import io
 import json
 import os
 import textwrap
@@ -80,17 +78,10 @@ def version_of(file: Path, files: Path) -> str:
 
 def expected(file: Path, files: Path) -> dict[str, Any]:
     version = version_of(file, files)
-    try:
-        args = launch.arguments_after(file, ENTRY, launch.environment_of(file, files))
-    except launch.Refused as e:
-        return {"refused": str(e)}
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            parsed = vars(parser(version).parse_args(args))
-    except SystemExit:
-        return {"refused": said.getvalue().strip().splitlines()[-1]}
-    return {"values": {k: parsed[k] for k in KEYS[version]}}
+    parsed, refused = launch.parsed_by(file, files, ENTRY, parser(version).parse_args)
+    if refused is not None:
+        return refused
+    return {"values": {k: vars(parsed)[k] for k in KEYS[version]}}
 
 
 def flags(version: str = "0.11.2") -> list[str]:

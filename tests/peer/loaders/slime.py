@@ -10,8 +10,6 @@ refusal)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -42,16 +40,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def expected(file: Path, files: Path) -> dict[str, Any]:
-    try:
-        args = launch.arguments_after(file, ENTRY, launch.environment_of(file, files))
-    except launch.Refused as e:
-        return {"refused": str(e)}
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            parsed, _ = parser().parse_known_args(args)
-    except SystemExit:
-        return {"refused": said.getvalue().strip().splitlines()[-1]}
+    known, refused = launch.parsed_by(file, files, ENTRY, parser().parse_known_args)
+    if refused is not None:
+        return refused
+    parsed, _ = known
     try:
         exec(compile(textwrap.dedent(KL_CHECKS), "slime/utils/arguments.py:1846", "exec"), {"args": parsed})  # noqa: S102
     except AssertionError as e:

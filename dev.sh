@@ -156,10 +156,12 @@ system_packages() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
             texlive-latex-base texlive-latex-recommended >/dev/null
     fi
-    if ! command -v pdftotext >/dev/null || ! command -v chromium-headless-shell >/dev/null; then
-        log "installing poppler-utils, chromium-headless-shell (LaTeX text and report.html render checks)"
+    # Debian's chromium: the browser the report.html tests drive (playwright, from the lock, launches it by its
+    # path; playwright's own browser download is not used)
+    if ! command -v pdftotext >/dev/null || ! command -v chromium >/dev/null; then
+        log "installing poppler-utils, chromium (LaTeX text and report.html browser checks)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            poppler-utils chromium-headless-shell >/dev/null
+            poppler-utils chromium >/dev/null
     fi
 }
 

@@ -592,10 +592,11 @@ def test_html_is_self_contained_and_renders_in_a_browser(tmp_path):
     alone = tmp_path / "alone"  # the file alone, away from the PNGs it was made from
     alone.mkdir()
     (alone / "report.html").write_text(page.replace("</body>", _CHECK + "</body>"))
-    browser = _needs("chromium-headless-shell", "chromium-headless-shell")
+    browser = _needs("chromium", "chromium")
     proc = subprocess.run(
         [
             browser,
+            "--headless",
             "--no-sandbox",
             "--disable-gpu",
             "--virtual-time-budget=10000",

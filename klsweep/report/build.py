@@ -149,6 +149,7 @@ def build_report(
         missing=missing,
         engine_flags=engine_flags,
         warnings=cache_warnings,
+        formats=formats,
     )
     figures = None
     try:

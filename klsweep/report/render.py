@@ -17,6 +17,7 @@ import base64
 import html
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,18 +130,23 @@ def md_text(text: Any) -> str:
     return _MD_LIST.sub(lambda m: f"{m[1]}\\{m[2]}" if m[2] else f"{m[1]}{m[3]}\\{m[4]}", s, count=1)
 
 
-def _md_table(cells: pd.DataFrame, bold: pd.DataFrame) -> str:
+def _md_table(cells: pd.DataFrame, bold: pd.DataFrame, links: dict[str, list[str]] | None = None) -> str:
+    """A view as a Markdown table, best values bold; ``links``: per column, each row's link target."""
     esc = md_text
+    links = links or {}
+    columns = list(cells.columns)
+
+    def cell(value: Any, mark: Any, column: Any, i: int) -> str:
+        text = f"**{esc(value)}**" if mark else esc(value)
+        return f"[{text}]({links[column][i]})" if column in links else text
 
     lines = [
-        "| " + " | ".join(esc(c) for c in cells.columns) + " |",
-        "|" + "|".join("---" for _ in cells.columns) + "|",
+        "| " + " | ".join(esc(c) for c in columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
     ]
-    for values, marks in zip(cells.to_numpy(), bold.to_numpy(), strict=True):
+    for i, (values, marks) in enumerate(zip(cells.to_numpy(), bold.to_numpy(), strict=True)):
         lines.append(
-            "| "
-            + " | ".join(f"**{esc(v)}**" if b else esc(v) for v, b in zip(values, marks, strict=True))
-            + " |"
+            "| " + " | ".join(cell(v, b, c, i) for v, b, c in zip(values, marks, columns, strict=True)) + " |"
         )
     return "\n".join(lines)
 
@@ -165,37 +171,148 @@ def figure_caption(report: Report, name: str) -> str:
     )
 
 
-def _write_md(report: Report) -> list[Path]:
+# ------------------------------------------------------------------------------------------------ the pages
+# report.md and report.html print the same sections in the same order (``sections``), each table with the
+# files that hold it and its methods text folded under it, a table of contents at the top and every file of the
+# report linked at the end; links are relative to the report's folder (``_href``).
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of report.md and report.html: a table (a ``view``'s name or "runs") with its methods text,
+    or a list of lines."""
+
+    anchor: str  # its id (report.html) and its heading's anchor (report.md): the table's name
+    title: str
+    table: str = ""  # a view's name (``tables.view``), "runs", or "" (a list section)
+    methods: str = ""  # how its numbers are computed (``tables.captions``): folded under the table
+    empty: str = ""  # said instead of the table when it has no row
+    lines: tuple[str, ...] = ()  # a list section's lines (names and paths klsweep did not make: escaped)
+
+
+RUNS_METHODS = (
+    "One row per run folder: its configuration and seed, state, step reached of its steps, the checkpoint its "
+    "scores come from (a diverged run: the one it diverged at), its in-domain and out-of-domain averages and final "
+    "reward, the step it collapsed at, and why it failed or diverged. Each run's name links to its folder."
+)
+METHODS = "Methods and definitions"  # the summary line of the folded methods text
+FILES = "files"  # the last section's anchor: every file of the report
+
+
+def sections(report: Report) -> list[Section]:
+    """The sections of the pages, in order: the paper tables (the study's reference numbers only when one of
+    its figures matches a configuration: none can until its table is traced), the claims, comparisons and
+    environment (a line instead of an empty table, and no methods text above it), the runs, then the lists
+    that have lines (``_lists``)."""
     caps = captions(report)
+    out = [Section(t, TITLES[t], t, caps[t]) for t in latex_sections(report)]
+    out += [Section(t, TITLES[t], t, caps[t], NONE[t]) for t in EXTRA_SECTIONS]
+    out.append(Section("runs", "Runs", "runs", RUNS_METHODS))
+    out += [Section(anchor, title, lines=tuple(lines)) for anchor, title, lines in _lists(report)]
+    return out
+
+
+def _lists(report: Report) -> list[tuple[str, str, list[str]]]:
+    """The sections after the tables that list lines (each a name or path klsweep did not make, to escape):
+    runs not evaluated yet, files set aside as unreadable; only those with lines. (anchor, title, lines)."""
+    sections = [
+        ("not-there-yet", "Not there yet", report.missing),
+        ("set-aside", "Set aside (unreadable files)", report.set_aside),
+    ]
+    return [(anchor, title, lines) for anchor, title, lines in sections if lines]
+
+
+def _section_cells(report: Report, s: Section) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[str]]]:
+    """A table section's cells, bold marks and links (the runs' names to their folders)."""
+    if s.table == "runs":
+        cells = runs_view(report)
+        return cells, cells.map(lambda _: False), {"run": run_links(report)}
+    cells, bold = view(report, s.table)
+    return cells, bold, {}
+
+
+def report_files(report: Report) -> dict[str, list[str]]:
+    """The files beside the pages that this report writes (``Report.formats``; none known: none), by the section
+    that shows them (its anchor; ``FILES``: the report's own), in the order the pages link them."""
+    formats = set(report.formats)
+    out: dict[str, list[str]] = {}
+    for t in latex_sections(report):
+        out[t] = [f"{t}.{ext}" for fmt, ext in (("csv", "csv"), ("latex", "tex")) if fmt in formats]
+    if "csv" in formats:
+        out["main"].append("baseline.csv")  # the step-0 scores the Δ columns are taken from
+        for t in (*EXTRA_SECTIONS, "runs"):
+            if t != "claims" or len(report.claims):  # no claims, no claims.csv
+                out[t] = [f"{t}.csv"]
+    if formats:  # every report draws the figures, and their PDF copies with latex or pdf
+        for t, (png, _) in FIGURES.items():
+            out[t] += [png] + ([png.replace(".png", ".pdf")] if formats & set(VECTOR_FORMATS) else [])
+    out[FILES] = [FULL_PRECISION] if "csv" in formats else []
+    out[FILES] += [f"report.{page}" for page in ("md", "html") if page in formats]
+    return {key: names for key, names in out.items() if names}
+
+
+def _href(report: Report, path: Path) -> str:
+    """A link from the report's folder to ``path``: relative, URL-quoted (a folder's name klsweep did not make
+    stays one path), a folder's with a trailing slash."""
+    import os
+    from urllib.parse import quote
+
+    rel = Path(os.path.relpath(path, report.out_dir)).as_posix()
+    return quote(rel) + "/"
+
+
+def run_links(report: Report) -> list[str]:
+    """Each row of the runs table (``runs_view``): the link to its run's folder."""
+    return [_href(report, report.sweep_dir / run) for run in report.runs["run"]]
+
+
+def _file_link(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name)
+
+
+def _md_files(names: list[str]) -> str:
+    return "Files: " + " · ".join(f"[{md_text(n)}]({_file_link(n)})" for n in names)
+
+
+def _is_figure(name: str) -> bool:
+    return name.endswith((".png", ".pdf"))
+
+
+def _write_md(report: Report) -> list[Path]:
+    files = report_files(report)
+    shown = sections(report)
     parts = [f"# klsweep report: {md_text(report.sweep_dir.name)}", "", *_summary(report, md_text), ""]
     for loud, text in step0_warnings(report):
         parts += [f"> **{STEP0_LEAD[loud]}** {md_text(text)}", ""]
-    for t in latex_sections(report):
-        cells, bold = view(report, t)
-        parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold), ""]
-        if t in FIGURES:
-            name, alt = FIGURES[t]
+    toc = [*((s.anchor, s.title) for s in shown), (FILES, "Files")]
+    parts += ["Contents: " + " · ".join(f"[{md_text(title)}](#{anchor})" for anchor, title in toc), ""]
+    for s in shown:
+        # an explicit anchor: the same id as report.html's, whatever a Markdown viewer makes of the title
+        parts += [f'<a id="{s.anchor}"></a>', "", f"## {md_text(s.title)}", ""]
+        if s.lines:
+            parts += [*(f"- {md_text(line)}" for line in s.lines), ""]
+            continue
+        cells, bold, links = _section_cells(report, s)
+        if not len(cells) and s.empty:
+            parts += [s.empty, ""]
+            continue
+        tables = [n for n in files.get(s.anchor, []) if not _is_figure(n)]
+        parts += [_md_table(cells, bold, links), ""]
+        parts += [_md_files(tables), ""] if tables else []
+        parts += ["<details>", f"<summary>{METHODS}</summary>", "", s.methods, "", "</details>", ""]
+        if s.table in FIGURES:
+            name, alt = FIGURES[s.table]
+            figures = [n for n in files.get(s.anchor, []) if _is_figure(n)]
             parts += [f"![{alt}]({name})", "", f"*{md_text(figure_caption(report, name))}*", ""]
-    note = _reference_note(report)
-    if note is not None:
-        parts += [f"## {TITLES['reference']}", "", note, ""]
-    for t in EXTRA_SECTIONS:
-        cells, bold = view(report, t)
-        parts += [f"## {TITLES[t]}", "", caps[t], "", _md_table(cells, bold) if len(cells) else NONE[t], ""]
-    runs = runs_view(report)
-    parts += ["## Runs", "", _md_table(runs, runs.map(lambda _: False)), ""]
-    for title, lines in _lists(report):
-        parts += [f"## {title}", "", *(f"- {md_text(line)}" for line in lines), ""]
+            parts += [_md_files(figures), ""] if figures else []
+    parts += [f'<a id="{FILES}"></a>', "", "## Files", ""]
+    parts += [f"- [{md_text(n)}]({_file_link(n)})" for names in files.values() for n in names]
+    parts += [f"- [the sweep's folder, one folder per run]({_href(report, report.sweep_dir)})", ""]
     path = report.out_dir / "report.md"
     store.atomic_write_text(path, "\n".join(parts))
     return [path]
-
-
-def _lists(report: Report) -> list[tuple[str, list[str]]]:
-    """The sections after the tables that list lines (each a name or path klsweep did not make, to escape):
-    runs not evaluated yet, files set aside as unreadable; only those with lines."""
-    sections = [("Not there yet", report.missing), ("Set aside (unreadable files)", report.set_aside)]
-    return [(title, lines) for title, lines in sections if lines]
 
 
 CSV_TABLES = (
@@ -247,37 +364,53 @@ def _json_value(v: Any) -> Any:
     return visible(str(v))
 
 
-def _reference_note(report: Report) -> str | None:
-    """What the reference section says when no figure of the study matches this sweep (md and HTML)."""
-    if len(report.reference):
-        return None
-    return (
-        "No configuration of this sweep matches a reported figure. klsweep's own table is empty until figures "
-        "are traced to a table or figure of the paper (klsweep/report/paper_reference.md)."
-    )
+LONG_TEXT = 40  # a text column with a cell this long gets a width of its own (class ``long``), not a sliver
 
 
-def _html_table(cells: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
-    """A table's view as HTML: numeric columns right-aligned (class ``num``), best values bold."""
+def _html_table(
+    cells: pd.DataFrame,
+    bold: pd.DataFrame | None = None,
+    links: dict[str, list[str]] | None = None,
+    label: str = "",
+) -> str:
+    """A table's view as HTML in a box that scrolls sideways on its own (the page never does; focusable, named
+    ``label``): numeric columns right-aligned (class ``num``), long text columns given a width (``long``), best
+    values bold, ``links``' columns linked (per column, each row's target)."""
     numeric = numeric_columns(cells)
+    long = [
+        not n and bool(len(cells)) and bool(cells[c].map(lambda v: len(str(v)) >= LONG_TEXT).any())
+        for c, n in zip(cells.columns, numeric, strict=True)
+    ]
     marks = bold.to_numpy() if bold is not None else [[False] * len(cells.columns)] * len(cells)
+    links = links or {}
 
-    def cls(num: bool) -> str:
-        return ' class="num"' if num else ""
+    def cls(num: bool, wide: bool = False) -> str:
+        return ' class="num"' if num else ' class="long"' if wide else ""
 
     def th(c: Any, num: bool) -> str:
-        return f"<th{cls(num)}>{html.escape(visible(c))}</th>"
+        return f'<th scope="col"{cls(num)}>{html.escape(visible(c))}</th>'
 
-    def td(v: Any, num: bool, b: bool) -> str:
+    def td(v: Any, num: bool, wide: bool, b: bool, href: str | None) -> str:
         text = html.escape(DASH if v is None or (isinstance(v, float) and v != v) else visible(v))
-        return f"<td{cls(num)}>{f'<b>{text}</b>' if b else text}</td>"
+        text = f"<b>{text}</b>" if b else text
+        text = f'<a href="{html.escape(href)}">{text}</a>' if href is not None else text
+        return f"<td{cls(num, wide)}>{text}</td>"
 
+    columns = list(cells.columns)
     rows = [
-        "<tr>" + "".join(td(v, n, bool(b)) for v, n, b in zip(values, numeric, m, strict=True)) + "</tr>"
-        for values, m in zip(cells.to_numpy(), marks, strict=True)
+        "<tr>"
+        + "".join(
+            td(v, n, w, bool(b), links[c][i] if c in links else None)
+            for v, n, w, b, c in zip(values, numeric, long, m, columns, strict=True)
+        )
+        + "</tr>"
+        for i, (values, m) in enumerate(zip(cells.to_numpy(), marks, strict=True))
     ]
-    head = "<tr>" + "".join(th(c, n) for c, n in zip(cells.columns, numeric, strict=True)) + "</tr>"
-    return f'<table class="klsweep"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+    head = "<tr>" + "".join(th(c, n) for c, n in zip(columns, numeric, strict=True)) + "</tr>"
+    return (
+        f'<div class="scroll" tabindex="0" role="region" aria-label="{html.escape(label)}">'
+        f'<table class="klsweep"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+    )
 
 
 def _data_uri(path: Path) -> str:
@@ -286,55 +419,96 @@ def _data_uri(path: Path) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
+def stylesheet() -> str:
+    """report.html's stylesheet (``klsweep/assets/report.css``), inlined: the page fetches nothing."""
+    return (Path(__file__).parents[1] / "assets" / "report.css").read_text(encoding="utf-8")
+
+
+def _html_files(names: list[str]) -> str:
+    links = " · ".join(f'<a href="{html.escape(_file_link(n))}">{html.escape(n)}</a>' for n in names)
+    return f'<p class="files">Files: {links}</p>'
+
+
 def _write_html(report: Report) -> list[Path]:
-    """``report.html``: the sections of ``report.md`` in one self-contained file (the figures embedded)."""
-    caps = captions(report)
-    body = [f"<h1>klsweep report: {html.escape(visible(report.sweep_dir.name))}</h1>"]
+    """``report.html``: the sections of ``report.md`` in one self-contained file (the figures embedded, the
+    stylesheet inlined), laid out for any window: see the module docstring."""
+    files = report_files(report)
+    shown = sections(report)
+    name = html.escape(visible(report.sweep_dir.name))
+    body = [f"<h1>klsweep report: {name}</h1>", '<div class="summary">']
     body += [f"<p>{html.escape(line).replace('`', '')}</p>" for line in _summary(report, visible)]
+    body.append("</div>")
     body += [
         f'<p class="{"alarm" if loud else "warning"}"><b>{STEP0_LEAD[loud]}</b> {html.escape(visible(text))}</p>'
         for loud, text in step0_warnings(report)
     ]
-    figures = FIGURES
-    for t in latex_sections(report):
-        body += [
-            f"<h2>{html.escape(TITLES[t])}</h2>",
-            f"<p>{html.escape(caps[t])}</p>",
-            _html_table(*view(report, t)),
-        ]
-        if t in figures and (report.out_dir / figures[t][0]).is_file():
-            name, alt = figures[t]
-            body.append(f'<img src="{_data_uri(report.out_dir / name)}" alt="{html.escape(alt)}">')
-            body.append(f"<p><i>{html.escape(visible(figure_caption(report, name)))}</i></p>")
-    note = _reference_note(report)
-    if note is not None:
-        body += [f"<h2>{html.escape(TITLES['reference'])}</h2>", f"<p>{html.escape(note)}</p>"]
-    for t in EXTRA_SECTIONS:
-        cells, bold = view(report, t)
-        body += [
-            f"<h2>{html.escape(TITLES[t])}</h2>",
-            f"<p>{html.escape(caps[t])}</p>",
-            _html_table(cells, bold) if len(cells) else f"<p>{html.escape(NONE[t])}</p>",
-        ]
-    body += ["<h2>Runs</h2>", _html_table(runs_view(report))]
-    for title, lines in _lists(report):
-        items = "".join(f"<li>{html.escape(visible(line))}</li>" for line in lines)
-        body += [f"<h2>{html.escape(title)}</h2>", f"<ul>{items}</ul>"]
+    toc = [*((s.anchor, s.title) for s in shown), (FILES, "Files")]
+    body.append(
+        '<nav class="toc" aria-label="Contents"><h2>Contents</h2><ol>'
+        + "".join(f'<li><a href="#{anchor}">{html.escape(title)}</a></li>' for anchor, title in toc)
+        + "</ol></nav>"
+    )
+    for s in shown:
+        body += [f'<section id="{s.anchor}">', f"<h2>{html.escape(s.title)}</h2>"]
+        if s.lines:
+            body.append(
+                "<ul>" + "".join(f"<li>{html.escape(visible(line))}</li>" for line in s.lines) + "</ul>"
+            )
+        else:
+            body += _html_section_table(report, s, files.get(s.anchor, []))
+        body.append("</section>")
+    items = [
+        f'<li><a href="{html.escape(_file_link(n))}">{html.escape(n)}</a></li>'
+        for names in files.values()
+        for n in names
+    ]
+    items.append(
+        f'<li><a href="{html.escape(_href(report, report.sweep_dir))}">the sweep\'s folder, one folder per run</a></li>'
+    )
+    body += [
+        f'<section id="{FILES}">',
+        "<h2>Files</h2>",
+        f'<ul class="files-list">{"".join(items)}</ul>',
+        "</section>",
+    ]
     doc = (
-        '<!doctype html>\n<html><head><meta charset="utf-8"><title>klsweep report: '
-        + html.escape(visible(report.sweep_dir.name))
-        + "</title><style>"
-        "body{font-family:sans-serif;max-width:1400px;margin:auto}"
-        "table.klsweep{border-collapse:collapse;font-size:13px;margin-bottom:1em}"
-        "table.klsweep td,table.klsweep th{border-bottom:1px solid #ccc;padding:2px 8px;text-align:left}"
-        "table.klsweep .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}"
-        "p.warning{border-left:4px solid #d90;padding-left:8px}"
-        "p.alarm{border-left:6px solid #c00;padding-left:8px;color:#900}"
-        "img{max-width:100%}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>klsweep report: {name}</title><style>\n{stylesheet()}</style></head>\n<body><main>\n"
+        + "\n".join(body)
+        + "\n</main></body></html>\n"
     )
     path = report.out_dir / "report.html"
     store.atomic_write_text(path, doc)
     return [path]
+
+
+def _html_section_table(report: Report, s: Section, files: list[str]) -> list[str]:
+    """A table section's body: the table (or the line that says why it has no row), the files that hold it,
+    its methods folded, the figure that follows it (embedded, linked to its PNG and PDF)."""
+    cells, bold, links = _section_cells(report, s)
+    if not len(cells) and s.empty:
+        return [f'<p class="none">{html.escape(s.empty)}</p>']
+    tables = [n for n in files if not _is_figure(n)]
+    out = [_html_table(cells, bold, links, label=s.title)]
+    out += [_html_files(tables)] if tables else []
+    out.append(f"<details><summary>{METHODS}</summary><p>{html.escape(s.methods)}</p></details>")
+    if s.table in FIGURES and (report.out_dir / FIGURES[s.table][0]).is_file():
+        png, alt = FIGURES[s.table]
+        figures = [n for n in files if _is_figure(n)]
+        image = f'<img src="{_data_uri(report.out_dir / png)}" alt="{html.escape(alt)}">'
+        if png in figures:  # a click opens it at full size (on a phone, the page shows it small)
+            image = f'<a href="{_file_link(png)}">{image}</a>'
+        links_out = (
+            (" " + " · ".join(f'<a href="{_file_link(n)}">{html.escape(n)}</a>' for n in figures))
+            if figures
+            else ""
+        )
+        out.append(
+            f"<figure>{image}<figcaption>{html.escape(visible(figure_caption(report, png)))}"
+            f"{links_out}</figcaption></figure>"
+        )
+    return out
 
 
 WRITERS = {

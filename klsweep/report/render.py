@@ -1,13 +1,16 @@
 """The files of a report, one writer per format (``WRITERS``), each printing the views of ``tables.py``:
 
-- ``md``: ``report.md`` (summary, every table with its caption, the figures, the claims with their verdicts,
-  the comparisons with the references, the environments, the runs);
+- ``md``: ``report.md`` (summary, a table of contents, every table with the files that hold it and its methods
+  text folded under it (``<details>``), the figures, the claims with their verdicts, the comparisons with the
+  references, the environments, the runs linked to their folders, every file of the report; ``sections``);
 - ``csv``: the numeric tables (``main``, ``baseline``, ``stability``, ``audit``, ``reference``, ``comparisons``,
   ``claims`` (claim, group, verdict, test, statistic, p_value, p_holm, n, detail; only with claims), ``environment``, ``runs``),
   floats to 4 significant digits, and ``tables.json``: the same tables with every digit (``FULL_PRECISION``);
 - ``latex``: one ``table`` float per table (``<table>.tex``), ready to ``\\input`` (``latex.py``);
-- ``html``: ``report.html``, the same sections as ``report.md`` in one self-contained file: the figures
-  embedded as data URIs, numbers right-aligned;
+- ``html``: ``report.html``, the same sections and links as ``report.md`` in one self-contained file: the figures
+  embedded as data URIs, its stylesheet (``klsweep/assets/report.css``) inlined, a viewport tag; laid out for any
+  window from a phone's up (text at a readable measure, each table in a box that scrolls sideways, the figures
+  scaled to the page), numbers right-aligned;
 - ``pdf``: the figures' vector copies (``curves.pdf``, ``eval_bars.pdf``), drawn with ``latex`` too.
 """
 
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from klsweep import store
 from klsweep.printable import counted
@@ -174,7 +179,7 @@ def figure_caption(report: Report, name: str) -> str:
 # ------------------------------------------------------------------------------------------------ the pages
 # report.md and report.html print the same sections in the same order (``sections``), each table with the
 # files that hold it and its methods text folded under it, a table of contents at the top and every file of the
-# report linked at the end; links are relative to the report's folder (``_href``).
+# report linked at the end; links are relative to the report's folder (``_folder_link``, ``_file_link``).
 
 
 @dataclass(frozen=True)
@@ -251,24 +256,19 @@ def report_files(report: Report) -> dict[str, list[str]]:
     return {key: names for key, names in out.items() if names}
 
 
-def _href(report: Report, path: Path) -> str:
-    """A link from the report's folder to ``path``: relative, URL-quoted (a folder's name klsweep did not make
-    stays one path), a folder's with a trailing slash."""
-    import os
-    from urllib.parse import quote
-
-    rel = Path(os.path.relpath(path, report.out_dir)).as_posix()
-    return quote(rel) + "/"
+def _folder_link(report: Report, folder: Path) -> str:
+    """A link from the report's folder to ``folder``: relative (it resolves wherever the sweep is copied with
+    its report), URL-quoted (a folder name klsweep did not make, "#" or "?" in it, stays one path)."""
+    return quote(Path(os.path.relpath(folder, report.out_dir)).as_posix()) + "/"
 
 
 def run_links(report: Report) -> list[str]:
     """Each row of the runs table (``runs_view``): the link to its run's folder."""
-    return [_href(report, report.sweep_dir / run) for run in report.runs["run"]]
+    return [_folder_link(report, report.sweep_dir / run) for run in report.runs["run"]]
 
 
 def _file_link(name: str) -> str:
-    from urllib.parse import quote
-
+    """A link to a file of the report, beside the page."""
     return quote(name)
 
 
@@ -278,6 +278,24 @@ def _md_files(names: list[str]) -> str:
 
 def _is_figure(name: str) -> bool:
     return name.endswith((".png", ".pdf"))
+
+
+FILE_KINDS = {  # the Files section's lines: each kind of file (its suffix; "report": the pages), in words
+    ".csv": "Tables, CSV (numbers to 4 significant digits)",
+    ".json": "The same tables with every digit",
+    ".tex": "LaTeX tables, ready to \\input",
+    ".png": "Figures, PNG",
+    ".pdf": "Figures, PDF (vector)",
+    "report": "This report",
+}
+
+
+def _file_groups(files: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """The report's files by kind (``FILE_KINDS``), each kind's in the order of the sections."""
+    groups: dict[str, list[str]] = {kind: [] for kind in FILE_KINDS}
+    for name in (n for section in files.values() for n in section):
+        groups["report" if name.startswith("report.") else Path(name).suffix].append(name)
+    return [(FILE_KINDS[kind], names) for kind, names in groups.items() if names]
 
 
 def _write_md(report: Report) -> list[Path]:
@@ -308,8 +326,14 @@ def _write_md(report: Report) -> list[Path]:
             parts += [f"![{alt}]({name})", "", f"*{md_text(figure_caption(report, name))}*", ""]
             parts += [_md_files(figures), ""] if figures else []
     parts += [f'<a id="{FILES}"></a>', "", "## Files", ""]
-    parts += [f"- [{md_text(n)}]({_file_link(n)})" for names in files.values() for n in names]
-    parts += [f"- [the sweep's folder, one folder per run]({_href(report, report.sweep_dir)})", ""]
+    parts += [
+        f"- {label}: " + " · ".join(f"[{md_text(n)}]({_file_link(n)})" for n in names)
+        for label, names in _file_groups(files)
+    ]
+    parts += [
+        f"- The runs: [the sweep's folder, one folder per run]({_folder_link(report, report.sweep_dir)})",
+        "",
+    ]
     path = report.out_dir / "report.md"
     store.atomic_write_text(path, "\n".join(parts))
     return [path]
@@ -458,12 +482,13 @@ def _write_html(report: Report) -> list[Path]:
             body += _html_section_table(report, s, files.get(s.anchor, []))
         body.append("</section>")
     items = [
-        f'<li><a href="{html.escape(_file_link(n))}">{html.escape(n)}</a></li>'
-        for names in files.values()
-        for n in names
+        f"<li>{html.escape(label)}: "
+        + " · ".join(f'<a href="{html.escape(_file_link(n))}">{html.escape(n)}</a>' for n in names)
+        + "</li>"
+        for label, names in _file_groups(files)
     ]
     items.append(
-        f'<li><a href="{html.escape(_href(report, report.sweep_dir))}">the sweep\'s folder, one folder per run</a></li>'
+        f'<li>The runs: <a href="{html.escape(_folder_link(report, report.sweep_dir))}">the sweep\'s folder, one folder per run</a></li>'
     )
     body += [
         f'<section id="{FILES}">',

@@ -548,7 +548,7 @@ def test_reference_numbers_ship_in_a_regular_install(tmp_path):
     where, count = proc.stdout.split()[-2:]
     assert Path(where).is_relative_to(site) and int(count) == 0
     md = (sweep / "report" / "report.md").read_text()
-    assert "klsweep's own table is empty" in md
+    assert "Beside the study" not in md  # the shipped table matches nothing: no section for it (#51 item 1)
 
 
 REFERENCE = (
@@ -565,11 +565,10 @@ def test_reference_in_md_and_html(tmp_path):
     assert list(report.reference["paper"]) == [0.508, 0.429]
     html = (report.out_dir / "report.html").read_text()
     assert "0.508" in html and "MMLU college physics" in html
+    assert "Beside the study" in html and "Beside the study" in (report.out_dir / "report.md").read_text()
     report = rp.build_report(FIXTURE, tmp_path / "fixture", formats=("md", "html"))  # nothing matches
-    for name in ("report.md", "report.html"):
-        text = (report.out_dir / name).read_text()
-        assert "No configuration of this sweep matches a reported figure." in text, name
-        assert "Beside the study" in text, name
+    for name in ("report.md", "report.html"):  # no section empty by construction (#51 item 1)
+        assert "Beside the study" not in (report.out_dir / name).read_text(), name
 
 
 # ------------------------------------------------------------------------------------------------ HTML

@@ -108,7 +108,7 @@ def test_markdown_marks_the_best_and_shows_every_state(rep):
     assert "step-0 baseline" in md
     for state in ("pending", "running", "failed", "diverged"):
         assert state in md
-    a3 = next(line for line in md.splitlines() if line.startswith("| a3-k1rew-s2 "))
+    a3 = next(line for line in md.splitlines() if line.startswith("| [a3-k1rew-s2]("))
     assert "| running |" in a3 and "| — |" in a3  # no eval yet: a dash, not a number
     assert "RuntimeError: CUDA out of memory" in md  # why the failed run failed
     assert "![" in md and "](curves.png)" in md and "](eval_bars.png)" in md  # relative paths
@@ -456,9 +456,9 @@ def test_runs_table_names_the_checkpoint_scored_and_a_diverged_one(tmp_path):
     target.write_text(json.dumps(diverged))
     r = rp.build_report(sweep, formats=("md",))
     md = (sweep / "report" / "report.md").read_text()
-    line = next(x for x in md.splitlines() if x.startswith("| c1-k3rew-s0 "))
+    line = next(x for x in md.splitlines() if x.startswith("| [c1-k3rew-s0]("))
     assert "checkpoint-30 (diverged)" in line
-    assert "checkpoint-40 |" in next(x for x in md.splitlines() if x.startswith("| c2-k3rew-s1 "))
+    assert "checkpoint-40 |" in next(x for x in md.splitlines() if x.startswith("| [c2-k3rew-s1]("))
     assert row(r.runs, run="c1-k3rew-s0")["eval_step"] == 30
     assert "scored on the checkpoint it diverged at" in md
 

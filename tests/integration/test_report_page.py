@@ -5,7 +5,7 @@ Measured in the browser: the page no wider than the window (tables scroll inside
 loaded and no wider than the page, no console error, nothing fetched but the file itself, every link resolving
 (a section's anchor, a file beside the report, a run's folder), the table of contents, the claims table, the
 methods folded under each table and no section empty by construction; report.md in the same order with the
-same links. Screenshots of both widths go to the folder the test prints ($KLSWEEP_SCREENSHOTS, else a pytest
+same links. Screenshots of both widths go to the folder the test prints ($KLSWEEP_SCREENSHOTS, else a new
 temporary folder)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -44,7 +45,7 @@ CLAIMS = """claims:
 
 # what the page measures of itself once loaded (its figures decoded)
 MEASURE = """() => {
-  const main = document.querySelector('main'), firstText = document.querySelector('.summary p');
+  const firstText = document.querySelector('h1 ~ p, h1 ~ div p');  // the summary's first line
   const outside = p => !p.closest('details, figure, .summary, nav');
   return {
     window: window.innerWidth,
@@ -56,7 +57,7 @@ MEASURE = """() => {
     images: [...document.images].map(i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width,
                                             right: i.getBoundingClientRect().right})),
     boxes: [...document.querySelectorAll('.scroll')].map(b => ({
-      section: b.closest('section').id, right: b.getBoundingClientRect().right, overflow: b.scrollWidth > b.clientWidth,
+      section: b.closest('section')?.id, right: b.getBoundingClientRect().right, overflow: b.scrollWidth > b.clientWidth,
       scroll: getComputedStyle(b).overflowX})),
     links: [...document.querySelectorAll('a[href]')].map(a => [a.getAttribute('href'), a.href]),
     ids: [...document.querySelectorAll('[id]')].map(e => e.id),
@@ -96,11 +97,14 @@ def _sweep(root: Path) -> tuple[Path, Path]:
     return sweep, claims
 
 
-def _shots_folder(tmp_path: Path) -> Path:
+def _shots_folder() -> Path:
+    """$KLSWEEP_SCREENSHOTS, else a new folder of its own in the temporary directory (pytest's own are
+    removed after three runs, and a reader looks later)."""
     named = os.environ.get("KLSWEEP_SCREENSHOTS")
-    folder = Path(named) if named else tmp_path / "screenshots"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    if not named:
+        return Path(tempfile.mkdtemp(prefix="klsweep-report-page-"))
+    Path(named).mkdir(parents=True, exist_ok=True)
+    return Path(named)
 
 
 def _check_link(href: str, url: str, ids: list[str], sweep: Path) -> str | None:
@@ -128,7 +132,7 @@ def test_report_html_is_a_page_in_a_browser(tmp_path, capsys):
     sweep, claims = _sweep(tmp_path)
     report = rp.build_report(sweep, claims=claims, wandb=False)
     page_file = report.out_dir / "report.html"
-    shots = _shots_folder(tmp_path)
+    shots = _shots_folder()
     measured, problems, fetched = {}, [], []
     with sync_playwright() as p:
         args = ["--no-sandbox"] if os.geteuid() == 0 else []  # root: chromium's sandbox refuses to start

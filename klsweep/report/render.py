@@ -448,6 +448,15 @@ def stylesheet() -> str:
     return (Path(__file__).parents[1] / "assets" / "report.css").read_text(encoding="utf-8")
 
 
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def html_inline(text: str) -> str:
+    """A line klsweep wrote (a caption, a "no rows" line) as HTML: escaped, its Markdown code spans as
+    ``<code>``."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
 def _html_files(names: list[str]) -> str:
     links = " · ".join(f'<a href="{html.escape(_file_link(n))}">{html.escape(n)}</a>' for n in names)
     return f'<p class="files">Files: {links}</p>'
@@ -513,11 +522,11 @@ def _html_section_table(report: Report, s: Section, files: list[str]) -> list[st
     its methods folded, the figure that follows it (embedded, linked to its PNG and PDF)."""
     cells, bold, links = _section_cells(report, s)
     if not len(cells) and s.empty:
-        return [f'<p class="none">{html.escape(s.empty)}</p>']
+        return [f'<p class="none">{html_inline(s.empty)}</p>']
     tables = [n for n in files if not _is_figure(n)]
     out = [_html_table(cells, bold, links, label=s.title)]
     out += [_html_files(tables)] if tables else []
-    out.append(f"<details><summary>{METHODS}</summary><p>{html.escape(s.methods)}</p></details>")
+    out.append(f"<details><summary>{METHODS}</summary><p>{html_inline(s.methods)}</p></details>")
     if s.table in FIGURES and (report.out_dir / FIGURES[s.table][0]).is_file():
         png, alt = FIGURES[s.table]
         figures = [n for n in files if _is_figure(n)]

@@ -10,6 +10,7 @@ temporary folder)."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -208,3 +209,25 @@ def test_report_html_is_a_page_in_a_browser(tmp_path, capsys):
     assert [render.md_text(s["title"]) for s in m["sections"]] == titles
     md_links = set(re.findall(r"\]\(([^)\s]+)\)", md))
     assert md_links == hrefs, md_links ^ hrefs
+
+
+def test_a_section_empty_by_construction_is_left_out_or_said_in_one_line(tmp_path):
+    """No claims, no environment recorded, no figure of the study matching: the claims and environment
+    sections are one line each, without the methods text of a table that is not there; the study's reference
+    numbers get no section; both pages alike."""
+    from klsweep.report.statistics import RULE
+
+    sweep = sweepgen.write_sweep(tmp_path / "s", [{"kl.estimator": "k1"}, {"kl.estimator": "k3"}], seeds=2)
+    report = rp.build_report(sweep, formats=("md", "html"), wandb=False)
+    md = (report.out_dir / "report.md").read_text()
+    page = (report.out_dir / "report.html").read_text()
+    for text in (md, page):
+        assert "Beside the study" not in text and RULE[:60] not in text
+    for anchor, line in (("claims", render.NONE["claims"]), ("environment", render.NONE["environment"])):
+        section = md.split(f'<a id="{anchor}"></a>')[1].split("<a id=")[0]
+        assert section.split("\n\n")[1:3] == [f"## {render.md_text(render.TITLES[anchor])}", line], section
+        section = page.split(f'<section id="{anchor}">')[1].split("</section>")[0].strip()
+        said = render.html_inline(line)  # its `code` as <code>
+        assert section == f'<h2>{html.escape(render.TITLES[anchor])}</h2>\n<p class="none">{said}</p>', (
+            section
+        )

@@ -68,7 +68,7 @@ class Report:
     missing: list[str] = field(default_factory=list)  # what is not there yet (runs unfinished, not scored)
     engine_flags: list[str] = field(default_factory=list)  # vLLM runs whose kept fraction is low (engine.py)
     paths: list[Path] = field(default_factory=list)
-    formats: list[str] = field(default_factory=list)  # the formats written (render.FORMATS): the files pages link
+    formats: list[str] = field(default_factory=list)  # the formats written (render.FORMATS): what pages link
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
 

@@ -56,9 +56,7 @@ def parse_seed_rule(value: Any, where: str, problems: list[Problem]) -> SeedRule
     if "pilot" not in value:
         problems.append(Problem(f"{where}.pilot", "missing: the seeds every configuration trains first", "3"))
     elif isinstance(pilot, bool) or not isinstance(pilot, int) or pilot < 2:
-        problems.append(
-            Problem(f"{where}.pilot", f"{pilot!r}", "an integer >= 2 (a spread needs two seeds)")
-        )
+        problems.append(Problem(f"{where}.pilot", f"{pilot!r}", "an integer >= 2 (a spread needs two seeds)"))
     target = value.get("target", TARGET)
     if isinstance(target, bool) or not isinstance(target, int | float) or not (0.5 <= target < 1):
         problems.append(Problem(f"{where}.target", f"{target!r}", "a power in [0.5, 1), e.g. 0.9"))
@@ -115,7 +113,9 @@ def check_seed_rule(
         )
     if not claims:
         problems.append(
-            Problem(where, "the grid states no claims: the rule sizes claims' configurations", "claims: [...]")
+            Problem(
+                where, "the grid states no claims: the rule sizes claims' configurations", "claims: [...]"
+            )
         )
     file = where.rsplit(": ", 1)[0]
     for c in claims:

@@ -99,9 +99,7 @@ def check_seed_rule(
     metric's default)."""
     short = {c: len(rs) for c, rs in seed_lists(runs).items() if len(rs) < rule.pilot}
     if short:
-        shown = "; ".join(
-            f"{_shown(c)} ({n} seed{'s' if n != 1 else ''})" for c, n in list(short.items())[:4]
-        )
+        shown = "; ".join(f"{shown(c)} ({n} seed{'s' if n != 1 else ''})" for c, n in list(short.items())[:4])
         more = f" and {len(short) - 4} more" if len(short) > 4 else ""
         problems.append(
             Problem(
@@ -129,6 +127,7 @@ def check_seed_rule(
             )
 
 
-def _shown(config: str) -> str:
+def shown(config: str) -> str:
+    """A configuration (``configuration``) as the plan shows it: ``kl.estimator=k1, offpolicy.lag=0``."""
     params = json.loads(config)
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "the one configuration"

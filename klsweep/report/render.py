@@ -195,6 +195,7 @@ def _lists(report: Report) -> list[tuple[str, list[str]]]:
     """The sections after the tables that list lines (each a name or path klsweep did not make, to escape):
     runs not evaluated yet, files set aside as unreadable; only those with lines."""
     sections = [("Not there yet", report.missing), ("Set aside (unreadable files)", report.set_aside)]
+    sections.insert(0, ("Seeds: the rule fixed in advance, and what it chose", report.seeds))
     return [(title, lines) for title, lines in sections if lines]
 
 

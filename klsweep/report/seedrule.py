@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,14 +131,18 @@ def decide(
     budgets: dict[str, int],
     configs: dict[str, dict] | None = None,
     fresh: int = FRESH,
+    pilot: set[str] | None = None,
 ) -> list[Decision]:
-    """Each claim's ``Decision`` from the pilot's ``runs`` (a report's runs table: only the pilot's; ``audit``:
+    """Each claim's ``Decision`` from the pilot's ``runs`` (a report's runs table; ``audit``:
     its audit table, for ``unbiased``; None: no claim filters on it). ``configuration``: run id -> its configuration (``grid.seeds``);
     ``budgets``: configuration -> the seeds the grid lists for it; ``configs``: run id -> flattened config, for
-    filters on keys runs.csv lacks."""
+    filters on keys runs.csv lacks; ``pilot``: the pilot's run ids, when ``runs`` holds others too (the rule
+    reads the pilot only, whatever was added since: a decision is the same on every rerun)."""
     from klsweep.report.audit_table import run_unbiased
 
     every = runs.assign(unbiased=run_unbiased(runs, audit)) if audit is not None else runs
+    if pilot is not None:
+        every = every[every["run"].isin(pilot)]
     done = every[finished(every)]
     level = ALPHA / max(1, len(claims))
     out = []
@@ -401,3 +405,21 @@ def read_decision(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]
     ):
         raise ValueError(f"{path}: not a seed rule's decision (klsweep study writes it)")
     return [rule, *lines], rows
+
+
+def write_table(out_dir: str | Path, rows: list[dict[str, Any]] | None) -> list[Path]:
+    """``seeds.csv`` in the report folder: each claim's decision (``Decision``'s fields); with no decision
+    (``rows`` None), a stale one removed."""
+    import pandas as pd
+
+    from klsweep import store
+    from klsweep.report.tables import csv_cell
+
+    path = Path(out_dir) / "seeds.csv"
+    if rows is None:
+        path.unlink(missing_ok=True)
+        return []
+    table = pd.DataFrame(rows, columns=[f.name for f in fields(Decision)])
+    table["configurations"] = table["configurations"].map(lambda v: "; ".join(map(str, v or [])))
+    store.atomic_write_text(path, table.map(csv_cell).to_csv(index=False))
+    return [path]

@@ -193,7 +193,10 @@ def run_study(
             f"pilot: {_runs(len(first.runs))}, the first {rule.pilot} seeds of each configuration (the seed rule "
             f"sizes the rest, up to the grid's {_runs(len(plan.runs))})"
         )
-    runs, outcome = _train_and_eval(first, kind, retry_failed, add_to_folder, command, on_stage, on_progress)
+    what = "" if rule is None else " (the pilot)"
+    runs, outcome = _train_and_eval(
+        first, what, kind, retry_failed, add_to_folder, command, on_stage, on_progress
+    )
     if outcome is None:  # nothing trained to its end: nothing to evaluate or report
         return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
     decisions = None
@@ -201,8 +204,8 @@ def run_study(
         on_stage("seeds: the pilot's report, then the rule")
         decisions, grown = _seed_rule(plan, rule, first, on_stage)
         if len(grown.runs) > len(first.runs):
-            on_stage(f"seeds: {_runs(len(grown.runs) - len(first.runs))} more (the same grid)")
-            _, more = _train_and_eval(grown, kind, retry_failed, True, command, on_stage, on_progress)
+            what = f" (the pilot and the {_runs(len(grown.runs) - len(first.runs))} the rule adds: the same grid)"
+            _, more = _train_and_eval(grown, what, kind, retry_failed, True, command, on_stage, on_progress)
             outcome = more if more is not None else outcome
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
@@ -228,6 +231,7 @@ def _subset(plan: Any, ids: set[str]) -> Any:
 
 def _train_and_eval(
     plan: Any,
+    what: str,
     kind: str,
     retry_failed: bool,
     add_to_folder: bool,
@@ -236,10 +240,11 @@ def _train_and_eval(
     on_progress: Callable[[list[Any]], None] | None,
 ) -> tuple[list[Any], Any]:
     """Train the plan's runs (wait), then evaluate every finished run of the sweep and the step-0 baseline
-    (wait): (the sweep's runs after training, the eval's outcome: None when no run trained to its end)."""
+    (wait): (the sweep's runs after training, the eval's outcome: None when no run trained to its end).
+    ``what``: which runs they are, said after their number."""
     from klsweep import store, submit
 
-    on_stage(f"train: {_runs(len(plan.runs))} on {kind}")
+    on_stage(f"train: {_runs(len(plan.runs))}{what} on {kind}")
     sub = submit.submit(
         plan, kind, retry_failed=retry_failed, chain_eval=False, add_to_folder=add_to_folder,
         on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
@@ -274,7 +279,7 @@ def _seed_rule(plan: Any, rule: Any, pilot: Any, on_stage: Callable[[str], None]
     flat = {r.id: _flat(r.config) for r in plan.runs}
     decisions = seedrule.decide(rep.runs, rep.audit, tested, rule, configuration, budgets, flat, pilot=ids)
     chosen = seedrule.seeds_by_configuration(decisions, budgets, rule.pilot)
-    seedrule.write_decision(plan.sweep_dir, rule, decisions, {seeds.shown(c): n for c, n in chosen.items()})
+    seedrule.write_decision(plan.sweep_dir, rule, decisions, chosen, name=seeds.shown)
     for d in decisions:
         on_stage(f"seeds: {d.line()}")
     return decisions, _subset(plan, {r.id for c, rs in lists.items() for r in rs[: chosen[c]]})

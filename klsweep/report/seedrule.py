@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,7 +58,7 @@ SEED = 0  # the simulation's seed: a decision is reproducible
 
 @dataclass
 class Decision:
-    """One claim's seeds: ``seeds`` a configuration on its sides (``decided``: power >= the target there),
+    """One claim's seeds: ``seeds`` a configuration on its sides (``decided``: the target power there),
     ``power`` at it, ``needed``: the seeds that would reach the target (None: more than the cap; equal to
     ``seeds`` when decided), from the pilot's ``sd_a``/``sd_b`` (Welch, TOST) or b's ``rate_b`` (Fisher);
     ``unstable``: the pilot's unstable runs per side; ``false_positive``: the rule's simulated rate."""
@@ -107,7 +107,7 @@ def rule_text(rule: SeedRule, fresh: int = FRESH) -> str:
     return (
         f"Seeds by a rule fixed in advance (the grid's seeds:, docs/STUDY.md): the study trains each "
         f"configuration's first {rule.pilot} seeds (the pilot), then gives each claim's configurations the fewest "
-        f"seeds a configuration at which the claim's test has power >= {rule.target:g} at its effect, at level "
+        f"seeds a configuration at which the claim's test has a power of at least {rule.target:g} at its effect, at level "
         f"{ALPHA:g}/m (m claims: the strictest Holm asks), up to the seeds the grid lists (the budget). Power: "
         "Welch's one-sided test at the claim's effect (noncentral t), TOST's at no difference within the "
         "margin, Fisher's exact at a's rate the effect away from b's pilot rate. From the pilot's spreads "
@@ -118,7 +118,7 @@ def rule_text(rule: SeedRule, fresh: int = FRESH) -> str:
         f"False-positive rate: the share of {fresh:,} simulated studies with no true difference (normal runs at "
         "the pilot's SDs; a rate: both sides at the pilot's pooled rate; equivalence: a true difference at the "
         f"margin) in which the whole procedure (a pilot, the rule's seeds from it, the rest) ends with the claim's "
-        f"test at p < {ALPHA:g} before Holm."
+        f"test significant at {ALPHA:g} before Holm."
     )
 
 
@@ -354,18 +354,24 @@ def _num(v: float) -> str:
 
 # The decision beside the sweep: written by the study, read by the report (a file it did not write: checked).
 def write_decision(
-    sweep_dir: str | Path, rule: SeedRule, decisions: Sequence[Decision], seeds: dict[str, int]
+    sweep_dir: str | Path,
+    rule: SeedRule,
+    decisions: Sequence[Decision],
+    seeds: dict[str, int],
+    name: Callable[[str], str] = str,
 ) -> Path:
-    """``DECISION_FILE`` in the sweep folder: the rule, each claim's decision, each configuration's seeds."""
+    """``DECISION_FILE`` in the sweep folder: the rule, each claim's decision, each configuration's seeds
+    (``name``: a configuration as the file shows it)."""
     from klsweep import store
 
+    rows = [_jsonable(asdict(d) | {"configurations": [name(c) for c in d.configurations]}) for d in decisions]
     data = {
         "rule": rule_text(rule),
         "pilot": rule.pilot,
         "target": rule.target,
-        "claims": [_jsonable(asdict(d)) for d in decisions],
+        "claims": rows,
         "lines": [d.line() for d in decisions],
-        "seeds": seeds,
+        "seeds": {name(c): n for c, n in seeds.items()},
     }
     path = Path(sweep_dir) / DECISION_FILE
     store.atomic_write_text(path, json.dumps(data, indent=1, allow_nan=False) + "\n")

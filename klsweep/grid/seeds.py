@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from klsweep.errors import Problem
+from klsweep.printable import counted
 
 if TYPE_CHECKING:
     from klsweep.grid.claims import Claim
@@ -99,12 +100,13 @@ def check_seed_rule(
     metric's default)."""
     short = {c: len(rs) for c, rs in seed_lists(runs).items() if len(rs) < rule.pilot}
     if short:
-        shown = "; ".join(f"{shown(c)} ({n} seed{'s' if n != 1 else ''})" for c, n in list(short.items())[:4])
+        listed = "; ".join(f"{shown(c)} ({counted(n, 'seed')})" for c, n in list(short.items())[:4])
         more = f" and {len(short) - 4} more" if len(short) > 4 else ""
         problems.append(
             Problem(
                 f"{where}.pilot",
-                f"{rule.pilot}, but {len(short)} configuration(s) of the grid have fewer seeds: {shown}{more}",
+                f"{rule.pilot}, but {counted(len(short), 'configuration')} of the grid "
+                f"{'has' if len(short) == 1 else 'have'} fewer seeds: {listed}{more}",
                 f"seed: range(N) with N >= {rule.pilot} for every configuration (the grid's seeds are the "
                 "budget), or a smaller pilot",
             )

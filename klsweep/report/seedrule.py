@@ -323,8 +323,7 @@ def _false_positive(
             ]
             a, b = (int(x.sum()) for x in runs)
             na, nb = (len(x) for x in runs)
-            first_side, second = (a, na, b, nb) if c.direction == "greater" else (b, nb, a, na)
-            p, _ = rate_test(*first_side, *second)
+            p, _ = rate_test(*((a, na, b, nb) if c.direction == "greater" else (b, nb, a, na)))
         else:
             sds = model["sds"]
             shift = model["numbers"]["effect"] if c.test == "tost" else 0.0  # equivalence: at the margin

@@ -126,10 +126,11 @@ def test_fisher_seeds_from_b_s_pilot_rate_and_the_exact_power() -> None:
         "b": {"offpolicy.lag": 0},
     }
     runs = _pilot({"16": [0.1, 0.2, 0.3], "0": [0.1, 0.2, 0.3]}, collapsed={"16": [True, False, False]})
-    (d,) = _decide(runs, _claims(claim), pilot=3, budget=30)
+    (d,) = _decide(runs, _claims(claim), pilot=3, budget=30, fresh=200)
     # b 0/3: a's rate at the default effect 0.5
     want = next(n for n in range(3, 31) if rate_power(n, n, 0.5, 0.0, ALPHA) >= 0.9)
     assert d.rate_b == 0 and d.effect == 0.5 and d.decided and d.seeds == want
+    assert 0 <= d.false_positive <= 0.05  # Fisher's exact test is conservative
 
 
 def test_equivalence_seeds_at_no_difference_within_the_margin() -> None:

@@ -217,6 +217,14 @@ def _sizes(budget: list[list[int]]) -> Any:
     return lambda n: tuple(sum(min(n, b) for b in side) for side in budget)
 
 
+def side_spread(side: pd.DataFrame, column: str) -> float:
+    """A side's SD of ``column`` as the rule reads it (``_spread``): over its stable runs, collapses apart."""
+    import pandas as pd
+
+    values = pd.to_numeric(side[column], errors="coerce").to_numpy(float)
+    return _spread(values, ~unstable(side).to_numpy(bool))
+
+
 def _spread(values: Any, stable: Any) -> float:
     """A side's SD: over its stable runs (collapses apart), over all its runs when fewer than 2 are stable."""
     import numpy as np

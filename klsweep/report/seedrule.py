@@ -78,7 +78,9 @@ class Decision:
     rate_b: float = math.nan
     unstable: str = ""
     false_positive: float = math.nan
-    why: str = ""  # when the pilot cannot size the claim: why (the budget is spent then)
+    # when the pilot cannot size the claim, why: the budget is spent then (too few values, no spread, no effect),
+    # or the pilot kept (a rate already at its bound: no count can show the claim's direction)
+    why: str = ""
     configurations: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -91,7 +93,8 @@ class Decision:
         what = "margin" if self.test == "tost" else "effect"
         at = f"at the {what} {_num(self.effect)}, level {_num(self.level)}"
         if self.why:
-            head = f"{self.seeds} seeds (the budget): {self.why}"
+            kept = "the pilot kept" if self.seeds == self.pilot else "the budget spent"
+            head = f"inconclusive at {self.seeds} seeds ({kept}): {self.why}"
         elif self.decided:
             head = f"{self.seeds} seeds a configuration (power {self.power:.2f} {at})"
         else:
@@ -196,6 +199,12 @@ def _decide(
             **base, seeds=top, power=math.nan, decided=False, needed=None, effect=math.nan, why=model["why"]
         )
     sizes = _sizes(budget)
+    if c.test == "fisher" and model["numbers"]["effect"] == 0:  # b's rate already at the bound: no count can
+        rb = model["numbers"]["rate_b"]
+        return Decision(
+            **base, seeds=rule.pilot, power=0.0, decided=False, needed=None, effect=0.0, rate_b=rb,
+            why=f"b's pilot rate is {_num(rb)}: no number of seeds can show a's {c.direction}",
+        )  # fmt: skip
     for n in range(rule.pilot, top + 1):
         p = power(*sizes(n))
         if p >= rule.target:

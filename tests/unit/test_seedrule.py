@@ -170,3 +170,23 @@ def test_each_configuration_gets_the_most_any_of_its_claims_asks_never_past_its_
     seeds = seeds_by_configuration(decisions, budgets, pilot=3)
     assert decisions[1].seeds < decisions[0].seeds
     assert seeds == {"16": decisions[0].seeds, "0": 12, "8": 3}
+
+
+def test_a_rate_already_at_its_bound_adds_no_seeds() -> None:
+    """Fewer unstable runs than a side with none: no count can show it (the study's (d) at lag 16, 0/6 against
+    0/6): the pilot is kept, and the line says why."""
+    claim = {
+        "name": "a has fewer unstable runs",
+        "metric": "unstable",
+        "test": "fisher",
+        "direction": "less",
+        "a": {"offpolicy.lag": 16},
+        "b": {"offpolicy.lag": 0},
+    }
+    runs = _pilot({"16": [0.1, 0.2, 0.3], "0": [0.1, 0.2, 0.3]})
+    (d,) = _decide(runs, _claims(claim), pilot=3, budget=30)
+    assert (d.seeds, d.decided, d.needed) == (3, False, None)
+    assert (
+        "inconclusive at 3 seeds (the pilot kept): b's pilot rate is 0: no number of seeds can show a's less"
+        in d.line()
+    )

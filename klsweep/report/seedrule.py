@@ -54,6 +54,7 @@ FRESH = 1000  # simulated studies behind each claim's false-positive rate
 CAP = 1000  # the most seeds a configuration the rule looks for past the budget (N'); more: "more than CAP"
 RATE_CAP = 100  # likewise for a rate (Fisher's exact power is costlier)
 SEED = 0  # the simulation's seed: a decision is reproducible
+MAX_DECISION_BYTES = 16 << 20  # a larger DECISION_FILE is not one (read no further)
 
 
 @dataclass
@@ -406,7 +407,11 @@ def read_decision(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]
 
     path = Path(sweep_dir) / DECISION_FILE
     try:
-        data = store.read_json(path)
+        with store.open_regular(path) as f:
+            raw = f.read(MAX_DECISION_BYTES + 1)
+        if len(raw) > MAX_DECISION_BYTES:
+            raise ValueError(f"larger than {MAX_DECISION_BYTES >> 20} MiB")
+        data = json.loads(raw)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError, store.UnreadableFile) as e:

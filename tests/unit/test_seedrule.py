@@ -190,3 +190,40 @@ def test_a_rate_already_at_its_bound_adds_no_seeds() -> None:
         "inconclusive at 3 seeds (the pilot kept): b's pilot rate is 0: no number of seeds can show a's less"
         in d.line()
     )
+
+
+def test_the_decision_kept_beside_the_sweep_reads_back_and_a_bad_one_is_refused(tmp_path) -> None:
+    """The study writes the decision (seeds.json) for the report; the report reads a file it did not write:
+    anything but the rule's own shape (not JSON, another shape, a FIFO) is a ValueError (a warning there)."""
+    import os
+    import subprocess
+    import sys
+
+    from klsweep.report.seedrule import DECISION_FILE, read_decision, write_decision, write_table
+
+    assert read_decision(tmp_path) is None
+    runs = _pilot({"16": [0.9, 1.0, 1.1], "0": [0.4, 0.5, 0.6]})
+    decisions = _decide(runs, _claims(WELCH), pilot=3, budget=10)
+    write_decision(tmp_path, SeedRule(3, 0.9), decisions, {"16": 10, "0": 10}, name=lambda c: f"lag {c}")
+    lines, rows = read_decision(tmp_path)
+    assert lines == [rule_text(SeedRule(3, 0.9)), decisions[0].line()]
+    assert rows[0]["seeds"] == 10 and rows[0]["configurations"] == ["lag 0", "lag 16"]
+    (csv,) = write_table(tmp_path / "report", rows)
+    assert pd.read_csv(csv)["configurations"].tolist() == ["lag 0; lag 16"]
+    assert write_table(tmp_path / "report", None) == [] and not csv.exists()
+    path = tmp_path / DECISION_FILE
+    for text in ("{not json", '{"rule": 1, "lines": [], "claims": []}', '["a"]'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="seeds.json"):
+            read_decision(tmp_path)
+    path.write_bytes(b" " * (17 << 20))
+    with pytest.raises(ValueError, match="larger than 16 MiB"):
+        read_decision(tmp_path)
+    path.unlink()
+    os.mkfifo(path)  # a plain open would wait for a writer for ever: in a child, under a timeout
+    probe = "from klsweep.report.seedrule import read_decision as r; import sys\n"
+    probe += "try: r(sys.argv[1])\nexcept ValueError as e: print(e)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert "not readable" in out.stdout and "FIFO" in out.stdout, out

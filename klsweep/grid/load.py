@@ -126,8 +126,8 @@ def load_plan(
     labels.check_grid_values(named, configs, f"{where}: labels", claim_problems, skip=narrowed)
     if rule is not None and "seed" in cmd_keys:  # the command line chose the seeds: the rule is off
         rule = None
-    axes = expand.varying_axes(expansion)  # sets each run's params
-    if rule is not None:
+    if rule is not None and expansion.runs:
+        expand.varying_axes(expansion)  # each run's params: the configurations the rule counts seeds of
         runs = list(expansion.runs.values())
         seeds.check_seed_rule(rule, runs, tested, f"{where}: seeds", claim_problems)
     problems += claim_problems
@@ -136,6 +136,7 @@ def load_plan(
         problems.append(Problem(f"{where}: grid", what))
     if problems:
         raise UserError(problems, title="invalid grid")
+    axes = expand.varying_axes(expansion)
     return Plan(
         name,
         sweep_dir,

@@ -57,22 +57,21 @@ def test_plan_shows_the_pilot_and_the_budget(tmp_path: Path, monkeypatch, capsys
 
 
 def test_a_bad_seed_rule_is_refused_with_every_problem(tmp_path: Path, monkeypatch, capsys) -> None:
-    grid = _grid(tmp_path, seeds="{pilot: 1, target: 1.5, pilots: 3}")
-    code, _, err = cli(["plan", grid, "--out", tmp_path / "res"], monkeypatch, capsys)
-    flat = " ".join(err.split())
-    assert code == 2
+    def refused(grid: Path) -> str:
+        code, _, err = cli(["plan", grid, "--out", tmp_path / "res"], monkeypatch, capsys)
+        assert code == 2, err
+        return " ".join(err.split())
+
+    flat = refused(_grid(tmp_path, seeds="{pilot: 1, target: 1.5, pilots: 3}"))
     assert "seeds.pilots: unknown seeds key 'pilots'; did you mean 'pilot'? (allowed: pilot, target)" in flat
     assert "seeds.pilot: 1 (allowed: an integer >= 2" in flat
     assert "seeds.target: 1.5 (allowed: a power in [0.5, 1)" in flat
     assert not (tmp_path / "res").exists()
     # a configuration with fewer seeds than the pilot, and a Welch claim with no effect to size it at
-    grid = _grid(tmp_path, b=2, effect="")
-    code, _, err = cli(["plan", grid, "--out", tmp_path / "res"], monkeypatch, capsys)
-    flat = " ".join(err.split())
-    assert code == 2
+    flat = refused(_grid(tmp_path, b=2, effect=""))
     assert "seeds.pilot: 3, but 1 configuration of the grid has fewer seeds: kl.beta=0.0" in flat
     assert "(2 seeds)" in flat
     assert "claims (k1 in the loss drops its reward more than no KL).effect: missing: the seed rule" in flat
-    grid = _grid(tmp_path, seeds="3")
-    code, _, err = cli(["plan", grid, "--out", tmp_path / "res"], monkeypatch, capsys)
-    assert code == 2 and "seeds: 3: must be a mapping (allowed: seeds: {pilot: 3, target: 0.9})" in err
+    assert "seeds: 3: must be a mapping (allowed: seeds: {pilot: 3, target: 0.9})" in refused(
+        _grid(tmp_path, seeds="3")
+    )

@@ -54,6 +54,8 @@ WELCH = {
     "b": {"offpolicy.lag": 0},
 }
 
+RATE = {k: v for k, v in WELCH.items() if k != "effect"} | {"metric": "unstable", "test": "fisher"}
+
 
 def _welch_power(sd: float, n: int, effect: float, level: float) -> float:
     """One-sided Welch power, both sides of SD ``sd`` and ``n`` runs (equal: df = 2(n - 1))."""
@@ -117,14 +119,7 @@ def test_a_collapse_does_not_inflate_the_spread_that_sizes_the_claim() -> None:
 def test_fisher_seeds_from_b_s_pilot_rate_and_the_exact_power() -> None:
     from klsweep.report.statistics import rate_power
 
-    claim = {
-        "name": "a has more unstable runs",
-        "metric": "unstable",
-        "test": "fisher",
-        "direction": "greater",
-        "a": {"offpolicy.lag": 16},
-        "b": {"offpolicy.lag": 0},
-    }
+    claim = dict(RATE, name="a has more unstable runs")
     runs = _pilot({"16": [0.1, 0.2, 0.3], "0": [0.1, 0.2, 0.3]}, collapsed={"16": [True, False, False]})
     (d,) = _decide(runs, _claims(claim), pilot=3, budget=30, fresh=200)
     # b 0/3: a's rate at the default effect 0.5
@@ -134,15 +129,8 @@ def test_fisher_seeds_from_b_s_pilot_rate_and_the_exact_power() -> None:
 
 
 def test_equivalence_seeds_at_no_difference_within_the_margin() -> None:
-    claim = {
-        "name": "a is like b",
-        "metric": "reward_drop",
-        "test": "tost",
-        "direction": "equivalent",
-        "margin": 0.1,
-        "a": {"offpolicy.lag": 16},
-        "b": {"offpolicy.lag": 0},
-    }
+    claim = {k: v for k, v in WELCH.items() if k != "effect"}
+    claim |= {"name": "a is like b", "test": "tost", "direction": "equivalent", "margin": 0.1}
     runs = _pilot({"16": [0.9, 1.0, 1.1], "0": [0.4, 0.5, 0.6]})
     (d,) = _decide(runs, _claims(claim), pilot=3, budget=60)
 
@@ -175,14 +163,7 @@ def test_each_configuration_gets_the_most_any_of_its_claims_asks_never_past_its_
 def test_a_rate_already_at_its_bound_adds_no_seeds() -> None:
     """Fewer unstable runs than a side with none: no count can show it (the study's (d) at lag 16, 0/6 against
     0/6): the pilot is kept, and the line says why."""
-    claim = {
-        "name": "a has fewer unstable runs",
-        "metric": "unstable",
-        "test": "fisher",
-        "direction": "less",
-        "a": {"offpolicy.lag": 16},
-        "b": {"offpolicy.lag": 0},
-    }
+    claim = dict(RATE, name="a has fewer unstable runs", direction="less")
     runs = _pilot({"16": [0.1, 0.2, 0.3], "0": [0.1, 0.2, 0.3]})
     (d,) = _decide(runs, _claims(claim), pilot=3, budget=30)
     assert (d.seeds, d.decided, d.needed) == (3, False, None)

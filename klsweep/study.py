@@ -265,12 +265,15 @@ def _train_and_eval(
 def _seed_rule(plan: Any, rule: Any, pilot: Any, on_stage: Callable[[str], None]) -> tuple[list[Any], Any]:
     """The seed rule on the pilot's runs (``report.seedrule``; its decision written beside the sweep, said line
     by line): (each claim's decision, the plan of the pilot and the seeds the rule adds)."""
+    import tempfile
+
     from klsweep import report
     from klsweep.grid import claims as claims_mod
     from klsweep.grid import seeds
     from klsweep.report import seedrule
 
-    rep = report.build_report(plan.sweep_dir, formats=("csv",))  # the runs' metrics, evals, audit
+    with tempfile.TemporaryDirectory(prefix="klsweep-pilot-") as scratch:  # the runs' metrics, evals, audit
+        rep = report.build_report(plan.sweep_dir, out_dir=scratch, formats=("csv",), wandb=False)
     lists = seeds.seed_lists(plan.runs)
     configuration = {r.id: c for c, rs in lists.items() for r in rs}
     budgets = {c: len(rs) for c, rs in lists.items()}

@@ -8,8 +8,10 @@ ALPHA/m (m claims: the strictest level Holm may ask of a claim); TOST: the large
 equivalent within the margin at that level (as a fraction of the margin); Fisher: the power at that level at
 the claim's effect (the report's rule for "not supported": a's rate ``RATE_EFFECT``, or the claim's
 ``effect:``, from b's observed rate), and at the observed rates (the chance of "supported" if they are the
-truth). The committed runs' standard deviation over seeds stands for the new runs'; each side has N runs a
-configuration. ``--fresh K``: also K simulated studies of N seeds a configuration
+truth). The committed runs' standard deviation over seeds stands for the new runs', over the stable runs only
+(``klsweep.report.seedrule.side_spread``: a collapse left out of the SD, as the study's seed rule reads it);
+each side has N runs a configuration. The rule that decides a study's seeds lives in klsweep
+(``klsweep.report.seedrule``; the grid's ``seeds:``); this script is the what-if table. ``--fresh K``: also K simulated studies of N seeds a configuration
 (``--keep KEY=VALUE:N``: the configurations with that value keep N seeds in every column), each
 configuration's runs drawn from its committed ones as the report's replication column draws them
 (``claims.replication``: twice with replacement; events at a rate drawn from the configuration's Jeffreys
@@ -42,6 +44,7 @@ from klsweep.report.claims import (  # noqa: E402
     rate_power_args,
     unstable,
 )
+from klsweep.report.seedrule import side_spread  # noqa: E402
 from klsweep.report.stability import reward_drop  # noqa: E402
 from klsweep.report.statistics import (  # noqa: E402
     ALPHA,
@@ -176,10 +179,11 @@ def power_table(
                 what = f"power {at_effect:.2f} at a's rate {ra:.3g}, {at_seen:.2f} at the observed rates"
             elif c.test == "tost":
                 margin = claim_size(c.margin, b[col])
-                reach = equivalence_reach(a[col].std(), na, b[col].std(), nb, margin, level)
+                reach = equivalence_reach(side_spread(a, col), na, side_spread(b, col), nb, margin, level)
                 what = f"difference within {reach:.0%} of the margin {margin:.3g}"
             else:
-                what = f"difference {detectable_difference(a[col].std(), na, b[col].std(), nb, level):.3g}"
+                sd_a, sd_b = side_spread(a, col), side_spread(b, col)
+                what = f"difference {detectable_difference(sd_a, na, sd_b, nb, level):.3g}"
             row = {"claim": c.name, "committed": seen, "N": n, "runs a/b": f"{na}/{nb}", "detects": what}
             rows.append(row | ({"verdicts": _shares(sims[n][i])} if fresh else {}))
     for n in sims:  # the groups ("any of"): their verdicts only

@@ -34,6 +34,8 @@ class StudyResult:
     fragile_changes: list[tuple[str, str, str]] | None = None
     # with expect_claims, when the expected runs trained on other CPUs than these: why verdicts may differ
     cpu_note: str | None = None
+    # with a seed rule (the grid's seeds:): each claim's decision (report.seedrule.Decision); else None
+    seeds: list[Any] | None = None
 
     def summary(self) -> tuple[str, int]:
         """The line the study ends with and its exit code (``summary``)."""
@@ -152,7 +154,8 @@ def run_study(
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
     (``claim_changes``). A sweep folder holding runs this grid does not have is refused unless
     ``add_to_folder`` (``submit.sweep.check_folder``)."""
-    from klsweep import grid, planner, report, store, submit
+    from klsweep import grid, planner, report, submit
+    from klsweep.grid import seeds
     from klsweep.submit.sweep import check_folder
 
     expected = report.read_expected(expect_claims) if expect_claims is not None else None
@@ -183,22 +186,27 @@ def run_study(
             title="not a study",
         )
     command = study_command(grid_path, overrides, out)
-    on_stage(f"train: {_runs(len(plan.runs))} on {kind}")
-    sub = submit.submit(
-        plan, kind, retry_failed=retry_failed, chain_eval=False, add_to_folder=add_to_folder,
-        on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
-    )  # fmt: skip
-    for line in _not_trained_again(sub, plan.sweep_dir, command):
-        on_stage(line)
-    try:  # Ctrl-C from here on: the sweep's jobs go on, say so
-        runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
-        if not any(r.state in store.TRAINED_STATES for r in runs):  # nothing to evaluate or report
-            return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
-        on_stage("eval: every finished run and the step-0 baseline")
-        # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
-        outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
-    except KeyboardInterrupt:
-        raise submit.Interrupted(plan.sweep_dir) from None
+    rule = plan.seed_rule
+    first = plan if rule is None else _subset(plan, seeds.pilot_ids(plan.runs, rule))
+    if rule is not None:
+        on_stage(
+            f"pilot: {_runs(len(first.runs))}, the first {rule.pilot} seeds of each configuration (the seed rule "
+            f"sizes the rest, up to the grid's {_runs(len(plan.runs))})"
+        )
+    what = "" if rule is None else " (the pilot)"
+    runs, outcome = _train_and_eval(
+        first, what, kind, retry_failed, add_to_folder, command, on_stage, on_progress
+    )
+    if outcome is None:  # nothing trained to its end: nothing to evaluate or report
+        return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
+    decisions = None
+    if rule is not None:
+        on_stage("seeds: the pilot's report, then the rule")
+        decisions, grown = _seed_rule(plan, rule, first, on_stage)
+        if len(grown.runs) > len(first.runs):
+            what = f" (the pilot and the {_runs(len(grown.runs) - len(first.runs))} the rule adds: the same grid)"
+            _, more = _train_and_eval(grown, what, kind, retry_failed, True, command, on_stage, on_progress)
+            outcome = more if more is not None else outcome
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
     on_stage("report")
     rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS)
@@ -210,4 +218,82 @@ def run_study(
         sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, command=command, claim_changes=changes,
         fragile_changes=fragile,
         cpu_note=cpu_note(expected_cpus, _cpus(rep.environment)) if expected is not None else None,
+        seeds=decisions,
     )  # fmt: skip
+
+
+def _subset(plan: Any, ids: set[str]) -> Any:
+    """The plan with only the runs ``ids`` names (the same grid: its name, folder, grid text and run ids)."""
+    import dataclasses
+
+    return dataclasses.replace(plan, runs=[r for r in plan.runs if r.id in ids])
+
+
+def _train_and_eval(
+    plan: Any,
+    what: str,
+    kind: str,
+    retry_failed: bool,
+    add_to_folder: bool,
+    command: str,
+    on_stage: Callable[[str], None],
+    on_progress: Callable[[list[Any]], None] | None,
+) -> tuple[list[Any], Any]:
+    """Train the plan's runs (wait), then evaluate every finished run of the sweep and the step-0 baseline
+    (wait): (the sweep's runs after training, the eval's outcome: None when no run trained to its end).
+    ``what``: which runs they are, said after their number."""
+    from klsweep import store, submit
+
+    on_stage(f"train: {_runs(len(plan.runs))}{what} on {kind}")
+    sub = submit.submit(
+        plan, kind, retry_failed=retry_failed, chain_eval=False, add_to_folder=add_to_folder,
+        on_build=lambda p: on_stage(f"building the tiny model (once, cached in {p})"),
+    )  # fmt: skip
+    for line in _not_trained_again(sub, plan.sweep_dir, command):
+        on_stage(line)
+    try:  # Ctrl-C from here on: the sweep's jobs go on, say so
+        runs = submit.wait_until_final(plan.sweep_dir, on_update=on_progress)
+        if not any(r.state in store.TRAINED_STATES for r in runs):  # nothing to evaluate or report
+            return runs, None
+        on_stage("eval: every finished run and the step-0 baseline")
+        # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
+        return runs, submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
+    except KeyboardInterrupt:
+        raise submit.Interrupted(plan.sweep_dir) from None
+
+
+def _seed_rule(plan: Any, rule: Any, pilot: Any, on_stage: Callable[[str], None]) -> tuple[list[Any], Any]:
+    """The seed rule on the pilot's runs (``report.seedrule``; its decision written beside the sweep, said line
+    by line): (each claim's decision, the plan of the pilot and the seeds the rule adds)."""
+    import tempfile
+
+    from klsweep import report
+    from klsweep.grid import claims as claims_mod
+    from klsweep.grid import seeds
+    from klsweep.report import seedrule
+
+    with tempfile.TemporaryDirectory(prefix="klsweep-pilot-") as scratch:  # the runs' metrics, evals, audit
+        rep = report.build_report(plan.sweep_dir, out_dir=scratch, formats=("csv",), wandb=False)
+    lists = seeds.seed_lists(plan.runs)
+    configuration = {r.id: c for c, rs in lists.items() for r in rs}
+    budgets = {c: len(rs) for c, rs in lists.items()}
+    ids = {r.id for r in pilot.runs}
+    tested = claims_mod.grid_claims(plan.grid_text, str(plan.sweep_dir))
+    flat = {r.id: _flat(r.config) for r in plan.runs}
+    decisions = seedrule.decide(rep.runs, rep.audit, tested, rule, configuration, budgets, flat, pilot=ids)
+    chosen = seedrule.seeds_by_configuration(decisions, budgets, rule.pilot)
+    seedrule.write_decision(plan.sweep_dir, rule, decisions, chosen, name=seeds.shown)
+    for d in decisions:
+        on_stage(f"seeds: {d.line()}")
+    return decisions, _subset(plan, {r.id for c, rs in lists.items() for r in rs[: chosen[c]]})
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (the claims' filters on keys runs.csv lacks read them)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -67,6 +67,8 @@ def plan_command(
         out = terminal()
         width = console.table_width(out)
         out.print(console.plan_table(plan, summary, width=width, runs=runs))
+        if summary["seeds"] is not None:  # the study's pilot and budget (the grid's seeds:)
+            out.print(summary["seeds"]["line"], highlight=False, markup=False)
         out.print(console.resources_table(summary, width=width))
         console.print_time(out, summary, width=width)
         for line in summary["notes"]:

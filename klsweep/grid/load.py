@@ -17,7 +17,7 @@ from typing import Any
 from klsweep import store
 from klsweep.config import KL_ONLY_KEYS
 from klsweep.errors import Problem, UserError
-from klsweep.grid import claims, expand, labels, parse, shipped
+from klsweep.grid import claims, expand, labels, parse, seeds, shipped
 from klsweep.grid.compose import RESET, Composer, shadowed
 from klsweep.grid.overrides import Reader
 from klsweep.grid.plan import Plan
@@ -100,6 +100,7 @@ def load_plan(
     claim_problems: list[Problem] = []  # with those of the claims' values against the expanded grid's
     tested = claims.parse_claims(data.get("claims"), f"{where}: claims", b.reader.schema, claim_problems)
     named = labels.parse_labels(data.get("labels"), f"{where}: labels", b.reader.schema, claim_problems)
+    rule = seeds.parse_seed_rule(data.get("seeds"), f"{where}: seeds", claim_problems)
     if problems:
         raise UserError(problems + claim_problems, title="invalid grid")
 
@@ -123,6 +124,12 @@ def load_plan(
     claims.check_grid_values(tested, configs, f"{where}: claims", claim_problems, skip=narrowed)
     claims.check_overlap(tested, configs, f"{where}: claims", claim_problems, list(expansion.runs))
     labels.check_grid_values(named, configs, f"{where}: labels", claim_problems, skip=narrowed)
+    if rule is not None and "seed" in cmd_keys:  # the command line chose the seeds: the rule is off
+        rule = None
+    if rule is not None and expansion.runs:
+        expand.varying_axes(expansion)  # each run's params: the configurations the rule counts seeds of
+        runs = list(expansion.runs.values())
+        seeds.check_seed_rule(rule, runs, tested, f"{where}: seeds", claim_problems)
     problems += claim_problems
     if not expansion.runs and not problems:
         what = "every run is excluded" if expansion.excluded else "the grid has no run"
@@ -140,6 +147,7 @@ def load_plan(
         expansion.merged,
         shadowed=shadowed(searchpath),
         swept=expansion.swept,
+        seed_rule=rule,
     )
 
 

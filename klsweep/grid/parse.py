@@ -1,6 +1,6 @@
 """The file as written: YAML text -> data (with duplicate keys reported), and the shape of a grid file's
 top-level keys: ``name``, ``searchpath``, ``grid`` (its sub-grids), ``exclude``, ``claims`` (``claims.py``) and
-``labels`` (``labels.py``). The keys and values
+``labels`` (``labels.py``) and ``seeds`` (``seeds.py``). The keys and values
 inside them are read by ``overrides`` and checked by ``schema`` and ``validate``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from klsweep.errors import Problem, UserError
 from klsweep.grid.schema import did_you_mean, unknown
 from klsweep.grid.validate import NAME_ALLOWED, hashable, name_problem
 
-TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims", "labels")
+TOP_LEVEL_KEYS = ("name", "searchpath", "base", "grid", "exclude", "claims", "labels", "seeds")
 MAX_FILE_BYTES = 16 << 20  # a grid, claims or run file larger than this is not one (read no further)
 MAX_YAML_VALUES = 1_000_000  # values a YAML file may hold once its aliases are expanded (an alias bomb: more)
 

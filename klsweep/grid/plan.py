@@ -39,6 +39,9 @@ class Plan:
     swept: list[str] = field(
         default_factory=list
     )  # dotted keys written with several values (axes as written)
+    seed_rule: Any = (
+        None  # the grid's ``seeds:`` (``seeds.SeedRule``): the study's pilot and budget; None: none
+    )
 
     def table_order(self) -> list[PlannedRun]:
         """The runs as ``klsweep plan`` lists them (``--runs``, ``--json``): configuration by configuration

@@ -130,6 +130,31 @@ def summary(plan: Plan) -> dict[str, Any]:
             ),
         ],
         "estimates": estimates,
+        "seeds": seed_budget(plan),
+    }
+
+
+def seed_budget(plan: Plan) -> dict[str, Any] | None:
+    """The study's pilot and budget under the grid's seed rule (``seeds:``): the pilot's runs (each
+    configuration's first seeds), the budget's (the grid's, which ``--max-runs`` counts), the target, and the
+    line ``klsweep plan`` prints; None without a rule."""
+    from klsweep.grid.seeds import pilot_ids
+
+    rule = plan.seed_rule
+    if rule is None:
+        return None
+    pilot = len(pilot_ids(plan.runs, rule))
+    line = (
+        f"seeds: klsweep study trains a pilot of {counted(pilot, 'run')} (the first {rule.pilot} seeds of each "
+        f"configuration), then adds seeds where each claim needs them for power {rule.target:g} at its effect, "
+        f"up to a budget of {counted(len(plan.runs), 'run')} (the grid's seeds; klsweep run trains them all)"
+    )
+    return {
+        "pilot": rule.pilot,
+        "target": rule.target,
+        "pilot_runs": pilot,
+        "budget_runs": len(plan.runs),
+        "line": line,
     }
 
 

@@ -154,6 +154,7 @@ def build_report(
     figures = None
     try:
         out.mkdir(parents=True, exist_ok=True)
+        report.paths += _seed_decision(report, sweep, "csv" in formats)  # before report.md states it
         figures = draw_figures(report, metrics, out, vector=any(f in VECTOR_FORMATS for f in formats))
         if on_tables is not None:
             on_tables(report)
@@ -180,6 +181,22 @@ def build_report(
         readable = [d for d in dirs if d.name in reported]
         report.wandb_run = log_report(report, readable, offline=bool(wandb))
     return report
+
+
+def _seed_decision(report: Report, sweep: Path, csv: bool) -> list[Path]:
+    """The seed rule's decision (``seedrule.DECISION_FILE``, written by the study) in the report: its lines
+    (report.md, report.html) and, with ``csv``, ``seeds.csv``; a decision that cannot be read is a warning."""
+    from klsweep.report import seedrule
+
+    try:
+        decision = seedrule.read_decision(sweep)
+    except ValueError as e:
+        report.warnings.append(str(e))
+        decision = None
+    if decision is None:
+        return seedrule.write_table(report.out_dir, None) if csv else []
+    report.seeds = decision[0]
+    return seedrule.write_table(report.out_dir, decision[1]) if csv else []
 
 
 def _let_figures_end(figures: Callable[[], list[Path]] | None) -> None:

@@ -221,6 +221,7 @@ def _lists(report: Report) -> list[tuple[str, str, list[str]]]:
     """The sections after the tables that list lines (each a name or path klsweep did not make, to escape):
     runs not evaluated yet, files set aside as unreadable; only those with lines. (anchor, title, lines)."""
     sections = [
+        ("seeds", "Seeds: the rule fixed in advance, and what it chose", report.seeds),
         ("not-there-yet", "Not there yet", report.missing),
         ("set-aside", "Set aside (unreadable files)", report.set_aside),
     ]

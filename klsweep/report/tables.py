@@ -71,6 +71,9 @@ class Report:
     formats: list[str] = field(default_factory=list)  # the formats written (render.FORMATS): what pages link
     warnings: list[str] = field(default_factory=list)  # what went wrong without failing it (W&B)
     wandb_run: Path | None = None  # the W&B run it was logged to (its folder), if any (``publish.py``)
+    seeds: list[str] = field(
+        default_factory=list
+    )  # the seed rule and each claim's seeds (seedrule.py), if any
 
 
 def label_configs(

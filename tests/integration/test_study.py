@@ -118,3 +118,73 @@ def test_a_rerun_after_a_cancel_says_so_and_exits_1(tmp_path: Path, monkeypatch,
     assert "study done" not in flat and "klsweep eval" not in flat
     assert not (out / "mine" / "report").exists() and not (out / "mine" / store.BASELINE_DIR).exists()
     assert {store.read_status(d)["state"] for d in store.run_dirs(out / "mine")} == {"cancelled"}
+
+
+GROWN = """\
+name: grown
+base: {model: tiny, task: tiny, eval: tiny, eval.limit: 4, train.steps: 3, train.save_steps: 3, kl.beta: 1,
+  kl.estimator: k1, kl.placement: loss, wandb.mode: disabled}
+grid:
+  - seed: range(3)
+  - kl.beta: 0.0
+    seed: range(3)
+seeds: {pilot: 2}
+claims:
+  - name: k1 in the loss has a higher peak KL than no KL
+    metric: peak_kl
+    test: welch
+    direction: greater
+    effect: 1.0e-9  # no 3 seeds can power it: the rule spends the budget
+    a: {kl.beta: 1}
+    b: {kl.beta: 0}
+"""
+
+
+@pytest.mark.slow
+def test_a_study_with_a_seed_rule_trains_the_pilot_then_the_seeds_it_decides(tmp_path: Path) -> None:
+    """Issue 49, item 2: the grid's seeds: rule. The study trains the pilot (2 seeds of each configuration),
+    decides from it (the claim cannot be powered at 3 seeds: the budget, 3, is spent), adds the third seeds in
+    the same grid (same folder and grid text, not refused as another grid's), and the report states the rule
+    and what it chose; the decision is reproducible from the report's runs.csv."""
+    import pandas as pd
+
+    from klsweep import grid
+    from klsweep.grid import seeds
+    from klsweep.grid.claims import read_claims_file
+    from klsweep.report.seedrule import DECISION_FILE, decide
+
+    grid_file = tmp_path / "grown.yaml"
+    grid_file.write_text(GROWN)
+    stages: list[str] = []
+    res = run_study(grid_file, out=tmp_path, formats=("md", "csv"), on_stage=stages.append)
+    said = "\n".join(stages)
+    assert "pilot: 4 runs, the first 2 seeds of each configuration" in said, said
+    assert "train: 4 runs (the pilot) on local" in said
+    assert "inconclusive at 3 seeds; more than 1000 would" in said
+    assert "train: 6 runs (the pilot and the 2 runs the rule adds: the same grid) on local" in said
+    sweep = tmp_path / "grown"
+    assert len(res.runs) == 6 and {r.state for r in res.runs} <= {"done", "diverged"}
+    (d,) = res.seeds
+    assert (d.seeds, d.budget, d.decided, d.needed) == (3, 3, False, None)
+    assert 0 <= d.false_positive <= 0.1
+    sweep_file = store.read_sweep_file(sweep)
+    assert sweep_file["grid"] == GROWN and "earlier_grids" not in sweep_file
+    report = (sweep / "report" / "report.md").read_text()
+    assert "## Seeds: the rule fixed in advance, and what it chose" in report
+    assert "k1 in the loss has a higher peak KL than no KL: inconclusive at 3 seeds" in report
+    table = pd.read_csv(sweep / "report" / "seeds.csv")
+    assert list(table["seeds"]) == [3] and (sweep / DECISION_FILE).exists()
+    # reproducible: the rule on the report's runs.csv (the pilot's runs: the first 2 seeds) decides the same
+    plan = grid.load_plan(grid_file, out=tmp_path)
+    lists = seeds.seed_lists(plan.runs)
+    runs = pd.read_csv(sweep / "report" / "runs.csv")
+    again = decide(
+        runs,
+        None,
+        read_claims_file(grid_file),
+        plan.seed_rule,
+        {r.id: c for c, rs in lists.items() for r in rs},
+        {c: len(rs) for c, rs in lists.items()},
+        pilot=seeds.pilot_ids(plan.runs, plan.seed_rule),
+    )
+    assert again[0].line() == d.line()

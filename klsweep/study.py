@@ -141,6 +141,7 @@ def run_study(
     retry_failed: bool = False,
     on_stage: Callable[[str], None] = lambda stage: None,
     on_progress: Callable[[list[Any]], None] | None = None,
+    on_eval_progress: Callable[[Any], None] | None = None,
     expect_claims: str | Path | None = None,
     config_dirs: list[str] | None = None,
     add_to_folder: bool = False,
@@ -151,7 +152,8 @@ def run_study(
     it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
     (``claim_changes``). A sweep folder holding runs this grid does not have is refused unless
-    ``add_to_folder`` (``submit.sweep.check_folder``)."""
+    ``add_to_folder`` (``submit.sweep.check_folder``). ``on_progress``: the runs while they train;
+    ``on_eval_progress``: the evaluation's ``submit.EvalProgress`` while it runs."""
     from klsweep import grid, planner, report, store, submit
     from klsweep.submit.sweep import check_folder
 
@@ -196,7 +198,7 @@ def run_study(
             return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
         on_stage("eval: every finished run and the step-0 baseline")
         # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
-        outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
+        outcome = submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True, on_progress=on_eval_progress)
     except KeyboardInterrupt:
         raise submit.Interrupted(plan.sweep_dir) from None
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval

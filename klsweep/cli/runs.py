@@ -255,13 +255,23 @@ def eval_command(
             path, suite, backend, checkpoints, overrides or [], config_dirs=config_dir or []
         )
         require_cached_for_eval(request, path)
+    console = terminal()
+    said: list[str] = []
+
+    def on_progress(p: Any) -> None:  # --wait: a line per checkpoint scored, with the time left
+        from klsweep.console import eval_progress_line
+
+        line = eval_progress_line(p)
+        if line.split(";")[0] not in said:
+            said.append(line.split(";")[0])
+            console.print(line, highlight=False)
+
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
-        overrides=overrides or [], config_dirs=config_dir or [],
+        overrides=overrides or [], config_dirs=config_dir or [], on_progress=on_progress,
     )  # fmt: skip
     from klsweep.console import scores_table, table_width
 
-    console = terminal()
     console.print(f"eval: {outcome.eval}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)

@@ -4,7 +4,7 @@ klsweep/study.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -97,6 +97,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep.console import (
+        eval_progress_line,
         print_failures,
         print_report,
         progress_line,
@@ -136,6 +137,18 @@ def study_command(
         done = sum(r.state in store.FINAL_STATES for r in runs)
         progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
 
+    def on_eval_progress(p: Any) -> None:  # submit.EvalProgress: as the runs' progress, its own line
+        line = eval_progress_line(p)
+        if not console.is_terminal:
+            said = line.split(";")[0]  # a log file: one line per checkpoint scored
+            if said != (last[-1] if last else None):
+                last.append(said)
+                console.print(f"{time.time() - start:6.0f}s   {line}", highlight=False)
+            return
+        if not progress.live.is_started:
+            progress.start()
+        progress.update(task, total=p.total, completed=p.scored, description=line)
+
     with says_what_goes_on():  # Ctrl-C: which runs go on, how to stop them
         try:
             res = run_study(
@@ -146,6 +159,7 @@ def study_command(
                 retry_failed=retry_failed,
                 on_stage=on_stage,
                 on_progress=on_progress,
+                on_eval_progress=on_eval_progress,
                 expect_claims=expect_claims,
                 config_dirs=config_dir,
                 add_to_folder=add_to_folder,

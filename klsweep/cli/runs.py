@@ -121,10 +121,12 @@ def _said_and_waited(console: Any, plan: Any, res: Any, cluster: str, wait: bool
     (None: not waited for)."""
     from klsweep import submit
     from klsweep.console import progress_line, status_table, table_width
+    from klsweep.printable import counted
 
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
-        f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
+        f"{plan.name}: {counted(len(plan.runs), 'run')} on {cluster}: {counts}; folder {res.sweep_dir}",
+        highlight=False,
     )
     for line in res.hints():
         console.print(line, highlight=False, soft_wrap=True)

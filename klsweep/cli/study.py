@@ -55,10 +55,12 @@ def report_command(
     from klsweep.report import DEFAULT_FORMATS, build_report
 
     console = terminal()
+    said = terminal(stderr=True)  # the stages, and the time left, beside the tables
     report = build_report(
         sweep, out_dir=out, formats=fmt or DEFAULT_FORMATS, eval_hash=eval_hash, wandb=wandb, claims=claims,
         labels=labels,
         on_tables=None if quiet else lambda r: print_report_tables(console, r),  # while the figures are drawn
+        on_progress=None if quiet else lambda line: said.print(line, highlight=False, markup=False),
     )  # fmt: skip
     print_report(console, terminal(stderr=True), report, tables=False)
 

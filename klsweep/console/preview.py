@@ -317,7 +317,7 @@ def rehearsal_table(rehearsal: Rehearsal, width: int | None = None) -> Any:
 
     rows = [[r.run_id, *(r.stages.get(s, "") for s in STAGES), r.label] for r in rehearsal.runs]
     return fitted_table(
-        f"rehearsal of {rehearsal.name}: {len(rehearsal.runs)} runs, {rehearsal.elapsed_s:.0f} s",
+        f"rehearsal of {rehearsal.name}: {counted(len(rehearsal.runs), 'run')}, {rehearsal.elapsed_s:.0f} s",
         ["run", *STAGES, "model estimator placement level reward-mode lag"], rows, width=width,
         whole=["run"],
     )  # fmt: skip

@@ -71,3 +71,10 @@ def test_the_study_time_is_one_number_from_one_place():
     pattern = re.compile(r"(~|about |in )\d+(-\d+)?\s*(min|minutes)\b")
     quoted = {name: pattern.findall(text) for name, text in texts.items()}
     assert {n: q for n, q in quoted.items() if q} == {"README.md": [("about ", "", "min")]}
+
+
+def test_a_plan_of_one_run_says_one_run(monkeypatch, capsys, tmp_path):
+    """`klsweep plan` of one run read `1 runs, 0 excluded`."""
+    overrides = ["seed=0", "kl.estimator=k1", "kl.placement=reward", "offpolicy.lag=0", "--out", str(tmp_path)]
+    code, out, _ = cli(["plan", "starter", *overrides], monkeypatch, capsys)
+    assert code == 0 and "1 run, 0 excluded" in out, out

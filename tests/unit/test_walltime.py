@@ -75,6 +75,13 @@ def test_the_study_time_is_one_number_from_one_place():
 
 def test_a_plan_of_one_run_says_one_run(monkeypatch, capsys, tmp_path):
     """`klsweep plan` of one run read `1 runs, 0 excluded`."""
-    overrides = ["seed=0", "kl.estimator=k1", "kl.placement=reward", "offpolicy.lag=0", "--out", str(tmp_path)]
+    overrides = [
+        "seed=0",
+        "kl.estimator=k1",
+        "kl.placement=reward",
+        "offpolicy.lag=0",
+        "--out",
+        str(tmp_path),
+    ]
     code, out, _ = cli(["plan", "starter", *overrides], monkeypatch, capsys)
     assert code == 0 and "1 run, 0 excluded" in out, out

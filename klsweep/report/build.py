@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -191,6 +192,7 @@ def build_report(
 
 
 TOOK_FILE = ".took.json"  # in the report folder: the seconds its last build took and for how many runs
+TOOK_BYTES = 1024  # a longer one is not read
 
 
 class Took:
@@ -205,8 +207,12 @@ class Took:
         self.expected: float | None = None
         if on_progress is None:
             return
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, store.UnreadableFile):
-            last = store.read_json(out / TOOK_FILE)  # never trusted: a number, or no estimate
+        with contextlib.suppress(
+            OSError, ValueError, TypeError, KeyError, RecursionError, UnicodeDecodeError, store.UnreadableFile
+        ):  # never trusted: a regular file of at most TOOK_BYTES holding two numbers, or no estimate
+            with store.open_regular(out / TOOK_FILE) as f:
+                text = f.read(TOOK_BYTES + 1)
+            last = json.loads(text) if len(text) <= TOOK_BYTES else {}
             seconds, then = float(last["seconds"]), int(last["runs"])
             if 0 < seconds < 86400 and then > 0:
                 self.expected = seconds * max(1.0, runs / then) if runs >= then else seconds

@@ -383,7 +383,7 @@ def _follow(jobs: list[Any], results: list[Path], on_progress: Callable[[EvalPro
     while True:
         now = time.time()
         for i, job in enumerate(jobs):
-            if i not in ended and job.done():
+            if i not in ended and _ended(job):
                 ended[i] = now
         scored = sum(p.is_file() for p in results)
         if scored != seen:
@@ -395,6 +395,14 @@ def _follow(jobs: list[Any], results: list[Path], on_progress: Callable[[EvalPro
         if not running:
             return
         time.sleep(min(5.0, poll_delay(now - last_change)))
+
+
+def _ended(job: Any) -> bool:
+    """Whether a job has ended; one whose state cannot be had has (its result says why: ``_ended_unscored``)."""
+    try:
+        return bool(job.done())
+    except Exception:
+        return True
 
 
 def _detached_executor(folder: Path) -> Any:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -307,7 +310,16 @@ def test_the_report_says_its_stages_and_the_time_left_as_its_last_build_took(tmp
     assert code == 0 and re.search(
         r"report: reading 2 runs; about \d+ s left \(the last report here took \d+ s\)", err
     )
-    for hostile in ('{"seconds": 1e300, "runs": 2}', '{"seconds": [1], "runs": 2}', "[]", "{"):
-        (sweep / store.REPORT_DIR / ".took.json").write_text(hostile)
+    took_file = sweep / store.REPORT_DIR / ".took.json"
+    deep, long = "[" * 1000, '{"seconds": 3, "runs": 2, "x": "' + "x" * 2000 + '"}'
+    for hostile in ('{"seconds": 1e300, "runs": 2}', '{"seconds": [1], "runs": 2}', "[]", "{", deep, long):
+        took_file.write_text(hostile)
         code, _, err = cli(["report", sweep, "-f", "md"], monkeypatch, capsys)
         assert code == 0 and "report: reading 2 runs\n" in err and "Traceback" not in err, (hostile, err)
+    took_file.unlink()
+    os.mkfifo(took_file)  # never opened for reading (a plain open waits for a writer): in a child, timed
+    done = subprocess.run(
+        [sys.executable, "-m", "klsweep", "report", str(sweep), "-f", "md"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "report: reading 2 runs\n" in done.stderr, done.stderr

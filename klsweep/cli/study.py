@@ -127,29 +127,23 @@ def study_command(
 
     last: list[str] = []
 
-    def on_progress(runs: list) -> None:
-        summary = progress_line(runs, eta=False)
-        if not console.is_terminal:  # a log file: one line whenever something changed
-            if summary != (last[-1] if last else None):
-                last.append(summary)
-                console.print(f"{time.time() - start:6.0f}s   {progress_line(runs)}", highlight=False)
-            return
-        if not progress.live.is_started:
-            progress.start()
-        done = sum(r.state in store.FINAL_STATES for r in runs)
-        progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
-
-    def on_eval_progress(p: Any) -> None:  # submit.EvalProgress: as the runs' progress, its own line
-        line = eval_progress_line(p)
+    def show(line: str, done: int, total: int) -> None:
+        """A progress line: in a terminal the bar's; in a log file a line whenever it changes beyond its time
+        left."""
         if not console.is_terminal:
-            said = line.split(";")[0]  # a log file: one line per checkpoint scored
-            if said != (last[-1] if last else None):
-                last.append(said)
+            if line.split(";")[0] != (last[-1] if last else None):
+                last.append(line.split(";")[0])
                 console.print(f"{time.time() - start:6.0f}s   {line}", highlight=False)
             return
         if not progress.live.is_started:
             progress.start()
-        progress.update(task, total=p.total, completed=p.scored, description=line)
+        progress.update(task, total=total, completed=done, description=line)
+
+    def on_progress(runs: list) -> None:
+        show(progress_line(runs), sum(r.state in store.FINAL_STATES for r in runs), len(runs))
+
+    def on_eval_progress(p: Any) -> None:  # submit.EvalProgress: the same bar, its own line
+        show(eval_progress_line(p), p.scored, p.total)
 
     with says_what_goes_on():  # Ctrl-C: which runs go on, how to stop them
         try:

@@ -202,6 +202,7 @@ def run_study(
     except KeyboardInterrupt:
         raise submit.Interrupted(plan.sweep_dir) from None
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
+    on_stage("report")  # said before the report's imports (pandas, matplotlib: seconds), its stages after
     rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS, on_progress=on_stage)
     changes = fragile = None
     if expected is not None:

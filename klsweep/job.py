@@ -130,7 +130,10 @@ def _train_run(
         "diverged_step": None,
         "started_at": status.get("started_at") or started,
         "finished_at": None,
-        "elapsed_s": base_elapsed,
+        "elapsed_s": base_elapsed,  # the training loop's time (RunMonitor.elapsed); the start-up apart:
+        "startup_s": float(status.get("startup_s") or 0.0) if resume_step else 0.0,
+        "attempt_started_at": started,
+        "trained_from": None,  # when this attempt's training loop began, less the earlier attempts' time
         "warnings": warnings,
     }
     if resume is not None and resume_step >= config.train.steps and store.has_weights(resume):
@@ -141,7 +144,9 @@ def _train_run(
     _use_allocated_cpus(config)
     if is_main:
         environment.record(run_dir)  # after the thread count is set: what this start trains with
-    monitor = RunMonitor(run_dir, config, kept, base_elapsed, started, is_main, warnings, on_row)
+    monitor = RunMonitor(
+        run_dir, config, kept, base_elapsed, started, is_main, warnings, on_row, startup_s=fields["startup_s"]
+    )
     wandb_run = None
     try:
         if is_main:
@@ -188,7 +193,13 @@ def _train_run(
     finally:
         # a signal after the last step: the run is final anyway
         PREEMPTION.attach(None)
-        fields.update(step=monitor.last_step, elapsed_s=monitor.elapsed())
+        fields.update(
+            step=monitor.last_step,
+            elapsed_s=monitor.elapsed(),
+            # a failure before the loop began: its whole attempt was start-up
+            startup_s=monitor.startup_s + (time.time() - started if monitor.trained_from is None else 0.0),
+            trained_from=monitor.trained_from and monitor.trained_from - base_elapsed,
+        )
         if wandb_run is not None:
             try:  # on a preemption wandb's service process is gone: its teardown raises
                 wandb_run.finish()

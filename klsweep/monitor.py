@@ -62,6 +62,7 @@ class RunMonitor:
         is_main: bool,
         warnings: list[str] | None = None,
         on_row: Callable[[dict[str, Any]], None] | None = None,
+        startup_s: float = 0.0,
     ) -> None:
         self.run_dir = run_dir
         self.on_row = on_row  # each step's metrics row, once written (``klsweep train`` prints it)
@@ -70,8 +71,10 @@ class RunMonitor:
         self.rewards = [row.get("reward_mean") for row in kept]
         self.stds = [row.get("reward_std") for row in kept]
         self.last_step = kept[-1]["step"] if kept else 0
-        self.base_elapsed = base_elapsed
-        self.started = started
+        self.base_elapsed = base_elapsed  # the earlier attempts' training time
+        self.started = started  # this attempt's start
+        self.trained_from: float | None = None  # when its training loop began (``begin``)
+        self.startup_s = startup_s  # the earlier attempts' start-up
         self.is_main = is_main
         self.diverged: tuple[int, str] | None = None
         self.constants: dict[str, float] = {}  # facts of the run repeated in every row
@@ -84,7 +87,20 @@ class RunMonitor:
             store.write_status(self.run_dir, store.read_status(self.run_dir)["state"], warnings=self.warnings)
 
     def elapsed(self) -> float:
-        return self.base_elapsed + time.time() - self.started
+        """The run's own time: the seconds its training loop has run, in this attempt and the ones before it;
+        the job's start-up (imports, the model and trainer built, W&B opened) is ``startup_s`` apart."""
+        return self.base_elapsed + (time.time() - self.trained_from if self.trained_from is not None else 0.0)
+
+    def begin(self) -> None:
+        """The training loop starts (the trainer's ``on_train_begin``): the run's elapsed time counts from here;
+        the time since the attempt started is its start-up, added to the earlier attempts' in status.json."""
+        now = time.time()
+        self.trained_from = now
+        self.startup_s += now - self.started
+        if self.is_main:
+            store.write_status(
+                self.run_dir, "running", startup_s=self.startup_s, trained_from=now - self.base_elapsed
+            )
 
     def callback(self):
         """A transformers TrainerCallback that feeds this monitor."""
@@ -93,6 +109,9 @@ class RunMonitor:
         monitor = self
 
         class _Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                monitor.begin()
+
             def on_log(self, args, state, control, logs=None, **kwargs):
                 return monitor.on_log(state, control, logs)
 

@@ -143,6 +143,7 @@ def run_study(
     retry_failed: bool = False,
     on_stage: Callable[[str], None] = lambda stage: None,
     on_progress: Callable[[list[Any]], None] | None = None,
+    on_eval_progress: Callable[[Any], None] | None = None,
     expect_claims: str | Path | None = None,
     config_dirs: list[str] | None = None,
     add_to_folder: bool = False,
@@ -153,7 +154,8 @@ def run_study(
     it is read before anything runs (the report may overwrite it). A change of a verdict it marks fragile (its
     ``replication`` column) is set apart (``fragile_changes``); one of a robust verdict is a failure
     (``claim_changes``). A sweep folder holding runs this grid does not have is refused unless
-    ``add_to_folder`` (``submit.sweep.check_folder``)."""
+    ``add_to_folder`` (``submit.sweep.check_folder``). ``on_progress``: the runs while they train;
+    ``on_eval_progress``: the evaluation's ``submit.EvalProgress`` while it runs."""
     from klsweep import grid, planner, report, submit
     from klsweep.grid import seeds
     from klsweep.submit.sweep import check_folder
@@ -195,7 +197,7 @@ def run_study(
         )
     what = "" if rule is None else " (the pilot)"
     runs, outcome = _train_and_eval(
-        first, what, kind, retry_failed, add_to_folder, command, on_stage, on_progress
+        first, what, kind, retry_failed, add_to_folder, command, on_stage, on_progress, on_eval_progress
     )
     if outcome is None:  # nothing trained to its end: nothing to evaluate or report
         return StudyResult(sweep_dir=plan.sweep_dir, runs=runs, eval=None, report=None, command=command)
@@ -205,11 +207,13 @@ def run_study(
         decisions, grown = _seed_rule(plan, rule, first, on_stage)
         if len(grown.runs) > len(first.runs):
             what = f" (the pilot and the {_runs(len(grown.runs) - len(first.runs))} the rule adds: the same grid)"
-            _, more = _train_and_eval(grown, what, kind, retry_failed, True, command, on_stage, on_progress)
+            _, more = _train_and_eval(
+                grown, what, kind, retry_failed, True, command, on_stage, on_progress, on_eval_progress
+            )
             outcome = more if more is not None else outcome
     runs = submit.status(plan.sweep_dir)  # the eval column: the runs as they stand after their eval
-    on_stage("report")
-    rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS)
+    on_stage("report")  # said before the report's imports (pandas, matplotlib: seconds), its stages after
+    rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS, on_progress=on_stage)
     changes = fragile = None
     if expected is not None:
         verdicts = {c: v for c, (v, _) in expected.items()}
@@ -238,6 +242,7 @@ def _train_and_eval(
     command: str,
     on_stage: Callable[[str], None],
     on_progress: Callable[[list[Any]], None] | None,
+    on_eval_progress: Callable[[Any], None] | None,
 ) -> tuple[list[Any], Any]:
     """Train the plan's runs (wait), then evaluate every finished run of the sweep and the step-0 baseline
     (wait): (the sweep's runs after training, the eval's outcome: None when no run trained to its end).
@@ -257,7 +262,7 @@ def _train_and_eval(
             return runs, None
         on_stage("eval: every finished run and the step-0 baseline")
         # the runs' own eval settings (the grid's eval.* overrides included), not the suite file's defaults
-        return runs, submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True)
+        return runs, submit.submit_eval(plan.sweep_dir, cluster=kind, wait=True, on_progress=on_eval_progress)
     except KeyboardInterrupt:
         raise submit.Interrupted(plan.sweep_dir) from None
 

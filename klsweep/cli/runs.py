@@ -121,10 +121,12 @@ def _said_and_waited(console: Any, plan: Any, res: Any, cluster: str, wait: bool
     (None: not waited for)."""
     from klsweep import submit
     from klsweep.console import progress_line, status_table, table_width
+    from klsweep.printable import counted
 
     counts = ", ".join(f"{n} {a}" for a, n in sorted(res.counts().items()))
     console.print(
-        f"{plan.name}: {len(plan.runs)} runs on {cluster}: {counts}; folder {res.sweep_dir}", highlight=False
+        f"{plan.name}: {counted(len(plan.runs), 'run')} on {cluster}: {counts}; folder {res.sweep_dir}",
+        highlight=False,
     )
     for line in res.hints():
         console.print(line, highlight=False, soft_wrap=True)
@@ -255,13 +257,23 @@ def eval_command(
             path, suite, backend, checkpoints, overrides or [], config_dirs=config_dir or []
         )
         require_cached_for_eval(request, path)
+    console = terminal()
+    said: list[str] = []
+
+    def on_progress(p: Any) -> None:  # --wait: a line per checkpoint scored, with the time left
+        from klsweep.console import eval_progress_line
+
+        line = eval_progress_line(p)
+        if line.split(";")[0] not in said:
+            said.append(line.split(";")[0])
+            console.print(line, highlight=False)
+
     outcome = submit_eval(
         path, suite=suite, backend=backend, cluster=cluster, checkpoints=checkpoints, wait=wait,
-        overrides=overrides or [], config_dirs=config_dir or [],
+        overrides=overrides or [], config_dirs=config_dir or [], on_progress=on_progress,
     )  # fmt: skip
     from klsweep.console import scores_table, table_width
 
-    console = terminal()
     console.print(f"eval: {outcome.eval}", highlight=False, soft_wrap=True)
     for run, why in outcome.skipped.items():
         console.print(f"skipped {run} ({why})", highlight=False)

@@ -4,7 +4,7 @@ klsweep/study.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -55,10 +55,12 @@ def report_command(
     from klsweep.report import DEFAULT_FORMATS, build_report
 
     console = terminal()
+    said = terminal(stderr=True)  # the stages, and the time left, beside the tables
     report = build_report(
         sweep, out_dir=out, formats=fmt or DEFAULT_FORMATS, eval_hash=eval_hash, wandb=wandb, claims=claims,
         labels=labels,
         on_tables=None if quiet else lambda r: print_report_tables(console, r),  # while the figures are drawn
+        on_progress=None if quiet else lambda line: said.print(line, highlight=False, markup=False),
     )  # fmt: skip
     print_report(console, terminal(stderr=True), report, tables=False)
 
@@ -97,6 +99,7 @@ def study_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from klsweep.console import (
+        eval_progress_line,
         print_failures,
         print_report,
         progress_line,
@@ -124,17 +127,23 @@ def study_command(
 
     last: list[str] = []
 
-    def on_progress(runs: list) -> None:
-        summary = progress_line(runs, eta=False)
-        if not console.is_terminal:  # a log file: one line whenever something changed
-            if summary != (last[-1] if last else None):
-                last.append(summary)
-                console.print(f"{time.time() - start:6.0f}s   {progress_line(runs)}", highlight=False)
+    def show(line: str, done: int, total: int) -> None:
+        """A progress line: in a terminal the bar's; in a log file a line whenever it changes beyond its time
+        left."""
+        if not console.is_terminal:
+            if line.split(";")[0] != (last[-1] if last else None):
+                last.append(line.split(";")[0])
+                console.print(f"{time.time() - start:6.0f}s   {line}", highlight=False)
             return
         if not progress.live.is_started:
             progress.start()
-        done = sum(r.state in store.FINAL_STATES for r in runs)
-        progress.update(task, total=len(runs), completed=done, description=progress_line(runs))
+        progress.update(task, total=total, completed=done, description=line)
+
+    def on_progress(runs: list) -> None:
+        show(progress_line(runs), sum(r.state in store.FINAL_STATES for r in runs), len(runs))
+
+    def on_eval_progress(p: Any) -> None:  # submit.EvalProgress: the same bar, its own line
+        show(eval_progress_line(p), p.scored, p.total)
 
     with says_what_goes_on():  # Ctrl-C: which runs go on, how to stop them
         try:
@@ -146,6 +155,7 @@ def study_command(
                 retry_failed=retry_failed,
                 on_stage=on_stage,
                 on_progress=on_progress,
+                on_eval_progress=on_eval_progress,
                 expect_claims=expect_claims,
                 config_dirs=config_dir,
                 add_to_folder=add_to_folder,

@@ -31,6 +31,7 @@ from klsweep.console.preview import (
 from klsweep.console.report import print_report, print_report_tables
 from klsweep.console.runs import (
     COLOUR,
+    eval_progress_line,
     print_failures,
     print_going_on,
     progress_line,
@@ -115,6 +116,7 @@ __all__ = [
     "step_line",
     "COLOUR",
     "progress_line",
+    "eval_progress_line",
     "watch_view",
     "status_table",
     "print_failures",

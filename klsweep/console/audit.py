@@ -20,35 +20,103 @@ VERDICT_STYLES = {
 }
 
 
-def audit_tables(rows: list[AuditRow], title: str = "") -> list:
+def audit_tables(rows: list[AuditRow], title: str = "", width: int | None = None) -> list:
     """The rows as rich Tables, one per importance weighting (preset rows: one table, a ``preset`` column
     first), the verdict coloured. Errors are relative to the exact gradient of the reverse (``err rev``) and
-    forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's."""
+    forward (``err fwd``) KL; ``|E g|`` is the expected gradient's norm relative to the reverse-KL gradient's.
+    Preset rows also say what sets two rows of one estimator and placement apart (``preset_form``: weight,
+    clamp, form), in their columns where a table that wide fits ``width`` (None: any width), else in a table
+    of their own under the numbers; the level is a column only where the presets' differ."""
     from rich import box
+    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     off_policy = any(r.behavior_shift > 0 for r in rows)
     presets = any(r.preset for r in rows)
-    out = []
-    for importance in ("",) if presets else dict.fromkeys(r.importance for r in rows):
-        full_title = f"{title}, importance weights: {importance}" if off_policy and not presets else title
-        t = Table(title=full_title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-        for name in ("preset", "est", "placement", "level") if presets else ("est", "placement", "level"):
+    forms = {r.preset: preset_form(r.preset) for r in rows} if presets else {}
+    shown_forms = [i for i, name in enumerate(FORM_COLUMNS) if any(f[i] != "—" for f in forms.values())]
+    level = not presets or len({r.level for r in rows}) > 1
+
+    def table(title: str, importance: str, with_forms: bool, with_numbers: bool = True) -> Table:
+        t = Table(title=title or None, box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+        names = ("preset", "est", "placement") if presets else ("est", "placement")
+        columns = [*names, *(["level"] if level else [])]
+        for name in (*columns, *(FORM_COLUMNS[i] for i in shown_forms if with_forms)):
             t.add_column(name, no_wrap=True)
-        for name in ("err rev", "err fwd", "|E g|", "variance"):
-            t.add_column(name, justify="right")
-        t.add_column("verdict", no_wrap=True)
+        if with_numbers:
+            for name in ("err rev", "err fwd", "|E g|", "variance"):
+                t.add_column(name, justify="right")
+            t.add_column("verdict", no_wrap=True)
         for r in rows:
             if presets or r.importance == importance:
                 values = (r.rel_err_reverse, r.rel_err_forward, r.rel_norm, r.grad_variance)
-                verdict = Text(r.verdict, style=VERDICT_STYLES[r.verdict])
-                names = (r.preset,) if presets else ()
-                t.add_row(*names, r.estimator, r.placement, r.level, *(f"{x:.3f}" for x in values), verdict)
-        out.append(t)
+                first = (r.preset,) if presets else ()
+                form = [forms[r.preset][i] for i in shown_forms] if with_forms else []
+                numbers = (
+                    [*(f"{x:.3f}" for x in values), Text(r.verdict, style=VERDICT_STYLES[r.verdict])]
+                    if with_numbers
+                    else []
+                )
+                t.add_row(*first, r.estimator, r.placement, *([r.level] if level else []), *form, *numbers)
+        return t
+
+    out = []
+    for importance in ("",) if presets else dict.fromkeys(r.importance for r in rows):
+        full_title = f"{title}, importance weights: {importance}" if off_policy and not presets else title
+        if presets and not level:
+            full_title += f", level {rows[0].level}"
+        one = table(full_title, importance, with_forms=bool(shown_forms))
+        if shown_forms and width is not None and Console(width=10_000).measure(one).maximum > width:
+            out += [
+                table(full_title, importance, with_forms=False),
+                table("what sets the presets apart", importance, with_forms=True, with_numbers=False),
+            ]
+        else:
+            out.append(one)
     if out:  # under the last table: what its columns are
-        out[-1].caption, out[-1].caption_justify = AUDIT_LEGEND, "left"
+        legend = [FORM_LEGEND[FORM_COLUMNS[i]] for i in shown_forms]
+        out[-1].caption, out[-1].caption_justify = "\n".join([*legend, AUDIT_LEGEND]), "left"
     return out
+
+
+FORM_COLUMNS = ("weight", "clamp", "form")
+FORM_LEGEND = {
+    "weight": "weight: the loss half's importance weight w (token: pi/mu per\n"
+    "  token; self: pi/sg(pi), 1 with a gradient; seq mean: the\n"
+    "  sequence's mean log-ratio; +grad: w keeps its gradient; <=c: capped).",
+    "clamp": "clamp: d±c: the log-ratio d clamped before the estimator; k±c (w·k±c):\n"
+    "  the estimate (times w) clamped; sg(w): w detached where d's clamp bites.",
+    "form": "form: st: straight-through, the estimator's value with k2's gradient;\n"
+    "  unbiased: sg(w k) grad log pi per token.",
+}
+IMPORTANCE_SHORT = {
+    "none": "—",
+    "token": "token",
+    "sequence": "seq",
+    "sequence_mean": "seq mean",
+    "self": "self",
+}
+
+
+def preset_form(name: str) -> tuple[str, str, str]:
+    """What a preset's KL sets beyond its estimator, placement and level, as the audit's ``weight``,
+    ``clamp`` and ``form`` cells ("—": klsweep's default): the rows ``nemo k3 loss token`` and ``verl k3
+    loss token``, or ``slime`` and ``slime-unbiased``, read the same without them."""
+    from klsweep import presets
+
+    kl = presets.kl_config(name)
+    weight = IMPORTANCE_SHORT.get(kl.importance, kl.importance)
+    if kl.importance != "none":
+        weight += "+grad" if kl.importance_gradient else ""
+        weight += f" <={kl.importance_cap:g}" if kl.importance_cap else ""
+    clamps = [f"d±{kl.log_ratio_clamp:g}"] if kl.log_ratio_clamp else []
+    if kl.value_clamp:
+        clamps.append(f"{'w·k' if kl.clamp_weighted else 'k'}±{kl.value_clamp:g}")
+    if kl.clamp_detaches_weight:
+        clamps.append("sg(w)")
+    form = "st" if kl.straight_through else "unbiased" if kl.unbiased_gradient else "—"
+    return weight, " ".join(clamps) or "—", form
 
 
 AUDIT_LEGEND = """\
@@ -253,4 +321,4 @@ def _print_tables(
             f"KL gradient audit: V={vocab}, L={length}, seed={seed}, ref distance {ref_distance}, {policy}"
         )
         _print_setup(console, vocab, length, ref_distance)
-        console.print(*audit_tables(rows, title=title))
+        console.print(*audit_tables(rows, title=title, width=console.width))

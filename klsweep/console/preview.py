@@ -14,6 +14,7 @@ from klsweep.console.terminal import (
     prose_width,
     shown_params,
 )
+from klsweep.printable import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,7 +39,7 @@ def plan_table(plan: Plan, counts: dict[str, Any], width: int | None = None, run
 
     title = f"sweep {plan.name}: {plan.sweep_dir}"
     caption = (
-        f"{counts['total']} runs, {counts['excluded']} excluded, "
+        f"{counted(counts['total'], 'run')}, {counts['excluded']} excluded, "
         + (f"{counts['merged']} merged (the same training), " if counts.get("merged") else "")
         + f"{counts['done']} already done (or diverged), "
         + (f"{counts['failed']} failed or cancelled (run: --retry-failed), " if counts.get("failed") else "")
@@ -171,14 +172,14 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         else f"; largest per GPU: {largest['gpu_memory_gb']:g} of {largest['of_gb']:g} GiB "
         f"({largest['model']}, run {largest['run']})"
     )
-    # a sweep of CPU runs only (a local one) uses no GPU: no GPU-hours line (klsweep.cost is a GPU model, and
-    # no per-step CPU calibration exists to give a wall time from)
+    # a sweep of CPU runs only (a local one) uses no GPU: no GPU-hours line (klsweep.cost is a GPU model); one
+    # of the tiny model gets its wall time scaled from a measured study (planner.walltime), any other none
     on_gpus = any(row["gpu_memory_gb"] is not None for row in counts["resources"])
     hours = (
         f"at most {_hours(counts['gpu_hours_upper_bound'])} GPU-hours to submit (upper bound: every try, 1 + "
         "cluster.max_requeues, of every job for its whole time limit, eval jobs included); "
         if on_gpus
-        else ""
+        else wall_time_line(counts.get("wall_time"))
     )
     caption = f"{hours}checkpoints kept {_size(counts['storage_gb'])}{peak}"
     return fitted_table(
@@ -190,6 +191,23 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
         whole=["model", "lr"],  # a model's name is never cut nor folded, nor a learning rate
         optional=["generation", "micro", "storage"],
         caption=caption,
+    )
+
+
+def wall_time_line(wall: dict[str, Any] | None) -> str:
+    """A local sweep's wall time (``planner.walltime``) as the resources caption's first words, "" when none."""
+    if not wall:
+        return ""
+    if not wall["workers"]:
+        return "nothing to train; "
+    from klsweep.planner.walltime import minutes
+
+    parts = [f"training {minutes(wall['train_s'])[6:]}"]
+    if wall["eval_s"]:
+        parts += [f"eval {minutes(wall['eval_s'])[6:]}", f"report {minutes(wall['report_s'])[6:]}"]
+    return (
+        f"{minutes(wall['total_s'])} here on {wall['workers']} worker{'s' if wall['workers'] > 1 else ''} "
+        f"({', '.join(parts)}), scaled from {wall['calibration']} (a faster or busier machine differs); "
     )
 
 
@@ -299,7 +317,7 @@ def rehearsal_table(rehearsal: Rehearsal, width: int | None = None) -> Any:
 
     rows = [[r.run_id, *(r.stages.get(s, "") for s in STAGES), r.label] for r in rehearsal.runs]
     return fitted_table(
-        f"rehearsal of {rehearsal.name}: {len(rehearsal.runs)} runs, {rehearsal.elapsed_s:.0f} s",
+        f"rehearsal of {rehearsal.name}: {counted(len(rehearsal.runs), 'run')}, {rehearsal.elapsed_s:.0f} s",
         ["run", *STAGES, "model estimator placement level reward-mode lag"], rows, width=width,
         whole=["run"],
     )  # fmt: skip

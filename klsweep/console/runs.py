@@ -12,7 +12,7 @@ from klsweep.printable import counted
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from klsweep.submit import RunStatus
+    from klsweep.submit import EvalProgress, RunStatus
 
 
 def step_line(row: dict[str, Any], total: int) -> str:
@@ -53,6 +53,15 @@ def progress_line(runs: list[RunStatus], eta: bool = True) -> str:
     return line
 
 
+def eval_progress_line(p: EvalProgress) -> str:
+    """An evaluation waited for, as ``submit.EvalProgress`` says it: ``eval: 1 of 3 checkpoints scored; about
+    40 s left`` (no time left until one is scored: lm-eval's start comes first)."""
+    line = f"eval: {p.scored} of {counted(p.total, 'checkpoint')} scored"
+    if p.left_s is not None and p.scored < p.total:
+        line += f"; about {_duration(p.left_s)} left"
+    return line
+
+
 def _duration(seconds: float) -> str:
     return (
         f"{seconds:.0f} s"
@@ -76,7 +85,7 @@ def status_table(
 ) -> Any:
     """``klsweep.submit.status`` rows, sorted by configuration: the run id, the varying axes, state, what the
     scheduler says beyond it (``_scheduler_notes``: a column on a pipe, a mark and a legend in a terminal), step,
-    reward, eval; elapsed time, GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
+    reward, eval; elapsed time (the run's training loop) and its jobs' start-up apart (when recorded), GPU-hours (when any) and the scheduler's job id while they fit (failed runs' log
     tails are printed separately by the CLI). A run diverged by a reward collapse shows as ``collapsed``, as
     the report counts it. ``running_first``: the running runs on top (``--watch``)."""
     from rich.text import Text
@@ -88,6 +97,7 @@ def status_table(
     axes = config_first(list(runs[0].params)) if runs else []
     shown = {r.run_id: shown_params(r.params) for r in runs}
     gpu = any(r.gpu_hours for r in runs)
+    startup = any(r.startup_s for r in runs)
     order = sorted(
         runs,
         key=lambda r: (running_first and r.state != "running", config_order(shown[r.run_id], axes), r.run_id),
@@ -102,6 +112,7 @@ def status_table(
         "reward",
         "eval",
         "elapsed",
+        *(["start-up"] if startup else []),
         *(["GPU-h"] if gpu else []),
         "job",
     ]
@@ -119,7 +130,8 @@ def status_table(
                 f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step),
                 "" if r.reward is None else f"{r.reward:.3f}",
                 r.eval_state or "",
-                f"{r.elapsed_s / 60:.1f}m" if r.elapsed_s < 6000 else f"{r.elapsed_s / 3600:.1f}h",
+                _minutes(r.elapsed_s),
+                *([_minutes(r.startup_s)] if startup else []),
                 *([f"{r.gpu_hours:.2f}"] if gpu else []),
                 r.job_id or "",
             ]
@@ -130,14 +142,18 @@ def status_table(
         rows,
         width=width,
         group="model",  # too wide with the model's name: one table per model
-        right=["step", "reward", "elapsed", "GPU-h"],
+        right=["step", "reward", "elapsed", "start-up", "GPU-h"],
         whole=["run", "model", "job", "state", "step"],
-        optional=["job", "GPU-h", "elapsed", "eval"],
+        optional=["job", "start-up", "GPU-h", "elapsed", "eval"],
         short=NARROW,
         caption="; ".join(
             filter(None, [legend, OUTCOME_WORDS if any(r.state == "diverged" for r in runs) else ""])
         ),
     )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f}m" if seconds < 6000 else f"{seconds / 3600:.1f}h"
 
 
 def print_failures(console: Console, runs: list[RunStatus]) -> None:

@@ -20,6 +20,7 @@ from klsweep.evaluate.runs import (
     eval_many,
     eval_run,
     model_key,
+    results_paths,
     run_config,
     scored,
 )
@@ -67,5 +68,6 @@ __all__ = [
     "resolve_tasks",
     "with_overrides",
     "run_config",
+    "results_paths",
     "scored",
 ]

@@ -55,9 +55,15 @@ def scored(run_dir: Path, suite: Suite, checkpoints: str) -> list[Path] | None:
     """The results.json of every checkpoint an eval of the run would score under ``suite``'s settings, when
     each is there already (nothing left to evaluate); None when one is missing, or when the run has no
     checkpoint to score (its eval says why)."""
-    chosen = _chosen(Path(run_dir), checkpoints)
-    paths = [Path(run_dir) / store.EVAL_DIR / suite.hash / c.name / RESULTS_FILE for c in chosen]
+    paths = results_paths(run_dir, suite, checkpoints)
     return paths if paths and all(p.is_file() for p in paths) else None
+
+
+def results_paths(run_dir: Path, suite: Suite, checkpoints: str) -> list[Path]:
+    """Where an eval of the run under ``suite``'s settings writes the results.json of each checkpoint it
+    scores (there or not yet)."""
+    chosen = _chosen(Path(run_dir), checkpoints)
+    return [Path(run_dir) / store.EVAL_DIR / suite.hash / c.name / RESULTS_FILE for c in chosen]
 
 
 def baseline_results(sweep_dir: Path, model: ModelSection, suite: Suite) -> Path:

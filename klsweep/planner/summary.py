@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from klsweep import config as config_mod
 from klsweep import cost, engines, fastgen, trlargs
+from klsweep.planner import walltime
 from klsweep.planner.check import check, run_label
 from klsweep.planner.needs import AT_RISK, SIGNAL_MARGIN_S, Estimate, gpu_hours
 from klsweep.planner.shape import model_type
@@ -109,6 +110,8 @@ def summary(plan: Plan) -> dict[str, Any]:
         "to_submit": len(todo),
         "gpu_hours_upper_bound": round(gpu_hours(todo), 1),
         **_time_totals([estimates[r.id] for r in todo if r.id in estimates]),
+        # a sweep of the tiny model on this machine's CPU: its wall time, scaled from a measured study
+        "wall_time": None if (wall := walltime.estimate(plan, todo)) is None else wall.as_dict(),
         "storage_gb": round(sum(e.storage_gb for e in estimates.values()), 1),
         "largest_gpu_memory": None
         if largest is None

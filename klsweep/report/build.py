@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from klsweep import store
 from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import Claim, grid_claims, read_claims_file
 from klsweep.grid.labels import LabelRule, grid_labels, read_labels_file
+from klsweep.printable import counted
 from klsweep.report.audit_table import audit_table
 from klsweep.report.claims import claims_table, comparisons_table
 from klsweep.report.data import (
@@ -51,6 +53,7 @@ def build_report(
     labels: str | Path | None = None,
     on_tables: Callable[[Report], None] | None = None,
     rehearsal: bool = False,
+    on_progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Read every run of the sweep, build the tables and plots, write them in ``formats`` to ``out_dir``
     (default ``<sweep>/report/``) and log it to W&B (``publish.py``; never a failure: ``Report.warnings``):
@@ -60,7 +63,9 @@ def build_report(
     file whose ``labels:`` name the configurations (default: the sweep's grid file's; ``names.py``). ``on_tables``:
     called with the report once its tables are built, while its figures are still being drawn (the CLI prints
     them then, seconds before a large sweep's figures are done). ``rehearsal``: the folder is a rehearsal's
-    (``klsweep rehearse`` reports it; any other caller is refused one). UserError when the sweep does not
+    (``klsweep rehearse`` reports it; any other caller is refused one). ``on_progress``: a line at each stage
+    (``report: reading 88 runs; about 12 s left``: the time left as the folder's last report took, ``Took``).
+    UserError when the sweep does not
     exist or has no readable run, a format or the eval hash is unknown, or the report cannot be written there.
     A run whose files cannot be read is left out and named in ``Report.set_aside``."""
     sweep = store.resolve_sweep(sweep_dir, rehearsal=rehearsal)
@@ -91,6 +96,8 @@ def build_report(
         out, "--out" if out_dir is not None else str(sweep), "a folder you can write to: --out DIR"
     )
 
+    took = Took(out, len(dirs), on_progress)
+    took.stage(f"reading {counted(len(dirs), 'run')}")
     set_aside: list[str] = []
     # bad claims: nothing written (not even the caches of what was read) before they are reported with the runs'
     # checks
@@ -155,6 +162,7 @@ def build_report(
     try:
         out.mkdir(parents=True, exist_ok=True)
         report.paths += _seed_decision(report, sweep, "csv" in formats)  # before report.md states it
+        took.stage("figures, and the tables meanwhile")
         figures = draw_figures(report, metrics, out, vector=any(f in VECTOR_FORMATS for f in formats))
         if on_tables is not None:
             on_tables(report)
@@ -163,6 +171,7 @@ def build_report(
         }  # while the figures are drawn
         report.paths += figures()
         if "html" in formats:  # embeds the figures
+            took.stage("the web page")
             written["html"] = WRITERS["html"](report)
     except OSError as e:  # a full disk, a quota, a folder gone: each file is its old or its new self (atomic)
         _let_figures_end(figures)
@@ -176,6 +185,7 @@ def build_report(
             title="report not written",
         ) from e
     report.paths += [p for fmt in formats for p in written[fmt]]
+    took.done()
     if wandb is not False:
         reported = set(runs["run"])
         readable = [d for d in dirs if d.name in reported]
@@ -197,6 +207,52 @@ def _seed_decision(report: Report, sweep: Path, csv: bool) -> list[Path]:
         return seedrule.write_table(report.out_dir, None) if csv else []
     report.seeds = decision[0]
     return seedrule.write_table(report.out_dir, decision[1]) if csv else []
+
+
+TOOK_FILE = ".took.json"  # in the report folder: the seconds its last build took and for how many runs
+TOOK_BYTES = 1024  # a longer one is not read
+
+
+class Took:
+    """The report's progress lines: each stage with the time left as the folder's last report took (scaled
+    by the runs when there are more now; its file never trusted beyond a number); none the first time. ``done``
+    records this build's time for the next."""
+
+    def __init__(self, out: Path, runs: int, on_progress: Callable[[str], None] | None):
+        import time
+
+        self.out, self.runs, self.on_progress, self.start = out, runs, on_progress, time.time()
+        self.expected: float | None = None
+        if on_progress is None:
+            return
+        with contextlib.suppress(
+            OSError, ValueError, TypeError, KeyError, RecursionError, UnicodeDecodeError, store.UnreadableFile
+        ):  # never trusted: a regular file of at most TOOK_BYTES holding two numbers, or no estimate
+            with store.open_regular(out / TOOK_FILE) as f:
+                text = f.read(TOOK_BYTES + 1)
+            last = json.loads(text) if len(text) <= TOOK_BYTES else {}
+            seconds, then = float(last["seconds"]), int(last["runs"])
+            if 0 < seconds < 86400 and then > 0:
+                self.expected = seconds * max(1.0, runs / then) if runs >= then else seconds
+
+    def stage(self, what: str) -> None:
+        import time
+
+        if self.on_progress is None:
+            return
+        line = f"report: {what}"
+        if self.expected is not None:
+            left = max(1, round(self.expected - (time.time() - self.start)))
+            line += f"; about {left} s left (the last report here took {self.expected:.0f} s)"
+        self.on_progress(line)
+
+    def done(self) -> None:
+        import time
+
+        with contextlib.suppress(OSError):
+            store.write_json(
+                self.out / TOOK_FILE, {"seconds": round(time.time() - self.start, 1), "runs": self.runs}
+            )
 
 
 def _let_figures_end(figures: Callable[[], list[Path]] | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from klsweep.errors import UserError
 from klsweep.evaluate import as_eval_section, eval_hash, eval_label, eval_settings
+from klsweep.printable import counted
 
 
 @dataclass
@@ -71,7 +72,7 @@ def _others(present: dict[str, Present], chosen: str | None, sweep: str) -> str:
     if not rest:
         return ""
     listed = "; ".join(
-        f"{h} ({eval_label(present[h].settings, h)}, {len(present[h].runs)} runs)" for h in rest
+        f"{h} ({eval_label(present[h].settings, h)}, {counted(len(present[h].runs), 'run')})" for h in rest
     )
     return f"also present, not shown: {listed} (`klsweep report {sweep} --eval-hash HASH` shows one)"
 

@@ -10,7 +10,7 @@ Two kinds of job: train a run, evaluate a run. What each runs lives below (``kls
 scheduler, state, evals, joblogs) and how they work: docs/DESIGN.md (Modules, Submission).
 """
 
-from klsweep.submit.evals import EvalSubmission, submit_eval
+from klsweep.submit.evals import EvalProgress, EvalSubmission, submit_eval
 from klsweep.submit.state import (
     Cancelled,
     Interrupted,
@@ -21,12 +21,14 @@ from klsweep.submit.state import (
     progress,
     scheduler_problem,
     status,
+    time_left,
     wait_until_final,
 )
 from klsweep.submit.sweep import SubmitResult, default_cluster, submit
 
 __all__ = [
     "Cancelled",
+    "EvalProgress",
     "EvalSubmission",
     "Interrupted",
     "RunStatus",
@@ -40,5 +42,6 @@ __all__ = [
     "status",
     "submit",
     "submit_eval",
+    "time_left",
     "wait_until_final",
 ]

@@ -15,7 +15,7 @@ import functools
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from klsweep.submit.scheduler import (
     submission_folder,
 )
 from klsweep.submit.slurm import SubmissionRefused, chunks, max_array_size, sbatch, slurm_parameters
-from klsweep.submit.state import stale_reason
+from klsweep.submit.state import poll_delay, stale_reason, time_left
 from klsweep.submit.sweep import CLUSTERS
 
 EVALUATED_STATES = ("done", "diverged")  # the run states klsweep eval evaluates
@@ -56,6 +56,18 @@ class EvalSubmission(evaluate.EvalOutcome):
         return bool(self.scored) and not self.jobs and not self.results and not self.errors
 
 
+@dataclass
+class EvalProgress:
+    """How far an evaluation that is waited for has come: the checkpoints (and step-0 baselines) scored of
+    those it scores, and the seconds left at the pace of those scored (``submit.time_left``: its jobs' time so
+    far, lm-eval's start included, over the checkpoints they scored; None until one is)."""
+
+    scored: int
+    total: int
+    left_s: float | None
+    jobs: int  # jobs still running
+
+
 def check_target(target: Path) -> None:
     """An eval writes into its target folder: refuse (exit 2) one this process cannot write to, before any
     other check reads it; and a rehearsal's folder (``store.refuse_rehearsal``)."""
@@ -74,13 +86,15 @@ def submit_eval(
     jobs: int | None = None,
     overrides: Sequence[str] = (),
     config_dirs: Sequence[str] = (),
+    on_progress: Callable[[EvalProgress], None] | None = None,
 ) -> EvalSubmission:
     """``klsweep eval``: evaluate a run folder, or a sweep's finished runs (done or diverged) and its step-0
     baselines (one per model); see ``eval_request`` for ``suite``, ``backend`` and ``overrides``.
     ``cluster`` debug evaluates in this process; local splits the runs and baselines over ``jobs`` submitit
     jobs run side by side (default ``min(cores, runs)``; lm-eval loaded once per job); slurm one job per run
     and per baseline. ``wait``: wait for the jobs and collect their outcome. ``config_dirs``: more config folders
-    whose ``eval/`` may hold ``suite`` (``--config-dir``)."""
+    whose ``eval/`` may hold ``suite`` (``--config-dir``). ``on_progress``: called while it waits for the jobs,
+    every few seconds (``EvalProgress``)."""
     problems = []
     if cluster not in CLUSTERS:
         problems.append(Problem("--cluster", f"unknown cluster {cluster!r}", ", ".join(CLUSTERS)))
@@ -105,7 +119,7 @@ def submit_eval(
             results=done.results, errors=done.errors, skipped=request.skipped, scored=already
         )
     else:
-        out = _submit(todo, cluster, wait, jobs, resources_of=request.runs[0])
+        out = _submit(todo, cluster, wait, jobs, resources_of=request.runs[0], on_progress=on_progress)
         out.scored = already
     out.eval = request.label
     out.todo = " and ".join(what)
@@ -266,6 +280,7 @@ def _submit(
     wait: bool,
     n_jobs: int | None = None,
     resources_of: Path | None = None,
+    on_progress: Callable[[EvalProgress], None] | None = None,
 ) -> EvalSubmission:
     """Submit the evaluation with submitit and record the jobs in the sweep's jobs.jsonl. ``resources_of``: the
     run whose resources and cluster settings the jobs take (default: the request's first run)."""
@@ -331,6 +346,8 @@ def _submit(
         raise SubmissionRefused(refused.said, len(calls) - len(jobs), rows) from refused
     out = EvalSubmission(skipped=request.skipped, jobs=[j.job_id for j in jobs])
     if wait:
+        if on_progress is not None:
+            _follow(jobs, _results_of(request), on_progress)
         for (_, args), job in zip(calls, jobs, strict=False):
             try:
                 done = job.result()
@@ -346,6 +363,46 @@ def _submit(
             if log is not None:
                 out.logs[failed] = str(log)
     return out
+
+
+def _results_of(request: EvalRequest) -> list[Path]:
+    """The results.json the request's evaluation writes: each run's checkpoints' and each baseline's."""
+    suite = evaluate.Suite(evaluate.as_eval_section(request.eval_cfg))
+    paths = [p for run in request.runs for p in evaluate.results_paths(run, suite, request.checkpoints)]
+    return paths + [evaluate.baseline_results(Path(s), m, suite) for s, m in request.baselines]
+
+
+def _follow(jobs: list[Any], results: list[Path], on_progress: Callable[[EvalProgress], None]) -> None:
+    """Call ``on_progress`` until every job has ended: the results written of ``results`` and the time left at
+    their pace (every job started when submitted; a job's time counts until it ends)."""
+    import time
+
+    start = last_change = time.time()
+    ended: dict[int, float] = {}
+    seen = -1
+    while True:
+        now = time.time()
+        for i, job in enumerate(jobs):
+            if i not in ended and _ended(job):
+                ended[i] = now
+        scored = sum(p.is_file() for p in results)
+        if scored != seen:
+            seen, last_change = scored, now
+        running = len(jobs) - len(ended)
+        spent = sum(ended.get(i, now) - start for i in range(len(jobs)))
+        left = time_left(spent, scored, len(results) - scored, running)
+        on_progress(EvalProgress(scored, len(results), left, running))
+        if not running:
+            return
+        time.sleep(min(5.0, poll_delay(now - last_change)))
+
+
+def _ended(job: Any) -> bool:
+    """Whether a job has ended; one whose state cannot be had has (its result says why: ``_ended_unscored``)."""
+    try:
+        return bool(job.done())
+    except Exception:
+        return True
 
 
 def _detached_executor(folder: Path) -> Any:

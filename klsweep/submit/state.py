@@ -70,6 +70,7 @@ class RunStatus:
     eval_error: str | None = None  # a failed (or partial) eval: why, in one line
     job_state: str | None = None  # the training job's state in the scheduler's words (Slurm's: TIMEOUT ...)
     job_reason: str | None = None  # why the training job waits (Slurm's pending reason), while it does
+    startup_s: float = 0.0  # its jobs' start-up before their training loop (``elapsed_s`` is the loop's)
 
     @property
     def scheduler(self) -> str:
@@ -223,11 +224,9 @@ def _run_status(
         params = _axes_from_config(cfg, axes)
     total = st.get("total_steps")  # the run's steps: a bound of the rows kept (store.metrics)
     last = store.last_row(run_dir / store.METRICS_FILE, total if type(total) is int else None) or {}
-    elapsed = float(st.get("elapsed_s") or 0.0)
-    if state == "running" and st.get("started_at"):
-        elapsed = max(elapsed, time.time() - float(st["started_at"]))
+    elapsed, startup = run_times(st, state == "running")
     res: dict[str, Any] = {}
-    if elapsed:
+    if elapsed or startup:
         with contextlib.suppress(OSError):
             res = _resources_of(cfg if cfg is not None else read_run_file(run_dir))
     gpus = int(res.get("gpus_per_node", 0)) * int(res.get("nodes", 1))
@@ -266,7 +265,7 @@ def _run_status(
         total_steps=st.get("total_steps"),
         reward=last.get("reward_mean"),
         elapsed_s=elapsed,
-        gpu_hours=elapsed * gpus / 3600.0,
+        gpu_hours=(elapsed + startup) * gpus / 3600.0,  # the job held its GPUs from its start
         job_id=train_row["job_id"] if train_row else None,
         cluster=train_row["cluster"] if train_row else None,
         eval_state=eval_state,
@@ -278,7 +277,26 @@ def _run_status(
         else partial,
         job_state=sched,
         job_reason=job.reason if job else None,
+        startup_s=startup,
     )
+
+
+def run_times(st: dict[str, Any], running: bool) -> tuple[float, float]:
+    """A run's own time (its training loop's, every attempt's) and its start-up apart (each attempt's, from its
+    start to its loop's: imports, the model and trainer built, W&B opened), from status.json (``klsweep.job``);
+    while it runs, up to now. A status.json of an older klsweep has no start-up: its elapsed time counts it."""
+    elapsed = float(st.get("elapsed_s") or 0.0)
+    startup = float(st.get("startup_s") or 0.0)
+    if not running:
+        return elapsed, startup
+    now = time.time()
+    if st.get("trained_from"):
+        return max(elapsed, now - float(st["trained_from"])), startup
+    if st.get("attempt_started_at"):  # starting up: no step trained in this attempt yet
+        return elapsed, startup + max(0.0, now - float(st["attempt_started_at"]))
+    if st.get("started_at"):
+        elapsed = max(elapsed, now - float(st["started_at"]))
+    return elapsed, startup
 
 
 def stale_reason(status: dict[str, Any], problem: str, resume: Path | None, submitted: bool = False) -> str:
@@ -359,17 +377,27 @@ def progress(runs: list[RunStatus]) -> tuple[dict[str, int], float | None]:
         for s in (*PROGRESS_ORDER, *sorted({r.state for r in runs}))
         if (n := sum(r.state == s for r in runs))
     }
-    trained = [r for r in runs if r.step > 0 and r.elapsed_s > 0]
+    trained = [r for r in runs if r.step > 0 and r.elapsed_s + r.startup_s > 0]
     steps = sum(r.step for r in trained)
     busy = sum(r.state == "running" or (r.state == "pending" and r.job_state == "RUNNING") for r in runs)
     if not steps or not busy:
         return counts, None
-    step_s = sum(r.elapsed_s for r in trained) / steps
     # a pending run has not said its steps yet (its status is the submission's): as many as the runs that did
     known = [r.total_steps for r in runs if r.total_steps]
     typical = sum(known) / len(known) if known else 0.0
     left = sum(max(0, (r.total_steps or typical) - r.step) for r in runs if r.state in ("running", "pending"))
-    return counts, left * step_s / busy
+    # the seconds a step has taken, its run's start-up spread over its steps
+    return counts, time_left(sum(r.elapsed_s + r.startup_s for r in trained), steps, left, busy)
+
+
+def time_left(spent_s: float, done: float, left: float, side_by_side: int) -> float | None:
+    """The seconds until ``left`` units of work more are done (training steps, checkpoints to score), at the
+    pace of the ``done`` ones: ``spent_s`` the seconds they took, summed over the workers that did them, over
+    the ``side_by_side`` workers at it now. None before a unit is done or while no worker is at it. The one
+    estimate of training's time left (``progress``) and the eval's (``submit.evals.EvalProgress``)."""
+    if done <= 0 or side_by_side <= 0:
+        return None
+    return left * (spent_s / done) / side_by_side
 
 
 def poll_delay(idle_s: float, first_s: float = 2.0, max_s: float = POLL_MAX_S) -> float:

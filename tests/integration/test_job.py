@@ -44,6 +44,12 @@ def test_train_run_writes_the_contract_files(tmp_path, model_dir, monkeypatch):
     assert status == store.read_status(run)
     assert status["step"] == status["total_steps"] == 3
     assert status["finished_at"] >= status["started_at"] and status["elapsed_s"] > 0
+    # the run's own time (its training loop) and the start-up before it (the trainer built, W&B opened) apart,
+    # together the attempt's time (a run's elapsed counted its worker's start-up: k1 0.7 min, k3 0.2 min)
+    assert status["startup_s"] > 0 and status["trained_from"] > status["attempt_started_at"]
+    took = status["finished_at"] - status["attempt_started_at"]
+    assert status["elapsed_s"] + status["startup_s"] == pytest.approx(took, abs=0.5)
+    assert status["elapsed_s"] < took - status["startup_s"] + 0.5
     rows = store.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:

@@ -438,7 +438,7 @@ def test_newest_eval_is_not_taken_for_the_grids(tmp_path):
         shutil.rmtree(d)
     r = rp.build_report(sweep, tmp_path / "out", formats=("md",))
     assert r.eval_hash == GRID_HASH and (r.main["evaluated"] == 0).all()
-    assert "0ld0ld0ld0 (suite ?, 20 problems per task, eval 0ld0ld0ld0, 1 runs)" in r.eval_note
+    assert "0ld0ld0ld0 (suite ?, 20 problems per task, eval 0ld0ld0ld0, 1 run)" in r.eval_note
     assert "no run has been scored with the grid's eval yet" in r.eval_note
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -289,3 +293,33 @@ def test_every_problem_of_a_claims_file_in_one_error(tmp_path, monkeypatch, caps
     )  # and, at once, the runs'
     assert "(k9).a.kl.estimator: 'k9' is not valid (allowed: k1, k2, k3, abs)" in text
     assert not (tmp_path / "r" / "report.md").exists()
+
+
+def test_the_report_says_its_stages_and_the_time_left_as_its_last_build_took(tmp_path, monkeypatch, capsys):
+    """`klsweep report` (and the study's report) said nothing for seconds: each stage is a line on stderr,
+    with the time left once the folder has a report whose time it kept (.took.json, read as a number or not
+    at all)."""
+    sweep = _sweep(tmp_path, seeds=1)
+    code, _, err = cli(["report", sweep, "-f", "md"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "report: reading 2 runs\n" in err and "report: figures, and the tables meanwhile" in err
+    assert " left" not in err  # the first report: no time to go by
+    took = store.read_json(sweep / store.REPORT_DIR / ".took.json")
+    assert took["runs"] == 2 and took["seconds"] > 0
+    code, _, err = cli(["report", sweep, "-f", "md"], monkeypatch, capsys)
+    assert code == 0 and re.search(
+        r"report: reading 2 runs; about \d+ s left \(the last report here took \d+ s\)", err
+    )
+    took_file = sweep / store.REPORT_DIR / ".took.json"
+    deep, long = "[" * 1000, '{"seconds": 3, "runs": 2, "x": "' + "x" * 2000 + '"}'
+    for hostile in ('{"seconds": 1e300, "runs": 2}', '{"seconds": [1], "runs": 2}', "[]", "{", deep, long):
+        took_file.write_text(hostile)
+        code, _, err = cli(["report", sweep, "-f", "md"], monkeypatch, capsys)
+        assert code == 0 and "report: reading 2 runs\n" in err and "Traceback" not in err, (hostile, err)
+    took_file.unlink()
+    os.mkfifo(took_file)  # never opened for reading (a plain open waits for a writer): in a child, timed
+    done = subprocess.run(
+        [sys.executable, "-m", "klsweep", "report", str(sweep), "-f", "md"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "report: reading 2 runs\n" in done.stderr, done.stderr

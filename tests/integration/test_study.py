@@ -59,8 +59,15 @@ def _check_study(res, out: Path) -> None:
 
 @pytest.mark.slow
 def test_tiny_study_shortened_local(tmp_path: Path) -> None:
-    res = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md", "latex"))
+    seen = []  # the eval's progress (it was silent for a minute: lm-eval's start, then every checkpoint)
+    res = run_study(
+        TINY, SHORT, cluster="local", out=tmp_path, formats=("md", "latex"), on_eval_progress=seen.append
+    )
     _check_study(res, tmp_path)
+    assert seen[0].scored == 0 and seen[0].left_s is None  # nothing scored yet: no time left said
+    assert (seen[-1].scored, seen[-1].total, seen[-1].jobs) == (5, 5, 0)  # 4 runs and the step-0 baseline
+    assert [p.scored for p in seen] == sorted(p.scored for p in seen)
+    assert all(p.left_s is not None for p in seen if 0 < p.scored < p.total and p.jobs)
     # Rerunning submits nothing and evaluates nothing again.
     mtimes = {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")}
     # ... and, told to expect the verdicts of a report whose runs trained on another CPU, compares them and
@@ -114,6 +121,7 @@ def test_a_rerun_after_a_cancel_says_so_and_exits_1(tmp_path: Path, monkeypatch,
     assert code == 1, stdout
     flat = " ".join(stdout.split())
     assert "2 cancelled before: not trained again" in flat, stdout
+    assert flat.index("2 cancelled before") < flat.index("0 of 2 runs done")  # said first, then the summary
     assert f"0 of 2 runs done: 2 cancelled (klsweep study {grid_file} --out {out} --retry-failed)" in flat
     assert "study done" not in flat and "klsweep eval" not in flat
     assert not (out / "mine" / "report").exists() and not (out / "mine" / store.BASELINE_DIR).exists()

@@ -679,3 +679,29 @@ def test_the_audit_header_says_what_v_l_and_the_ref_distance_are(monkeypatch, ca
         flat
     )
     assert "the reference's logits are the policy's + 1 x standard normal noise" in flat, flat
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_preset_table_says_what_sets_two_rows_apart(monkeypatch, capsys, columns):
+    """`audit --preset all` read `nemo k3 loss token` and `verl k3 loss token`, `slime` and `slime-unbiased`, as
+    the same configuration (what differs only in docs/KL.md): their importance weight, clamps and gradient form
+    are shown, in the table's columns where the width holds them, else in a table of their own, with what
+    each means."""
+    from clitools import cli
+
+    code, out, _ = cli(["audit", "--preset", "all"], monkeypatch, capsys, columns=columns)
+    assert code == 0
+    rows: dict[str, list[str]] = {}
+    for line in out.splitlines():  # every line of a preset, in either table
+        words = line.split()
+        if words and words[0] in ("nemo", "verl", "verl-k3plus", "slime", "slime-unbiased", "trl"):
+            rows.setdefault(words[0], []).extend(w for w in words[1:] if not w.replace(".", "").isdigit())
+    assert "self+grad" in rows["nemo"] and "sg(w)" in rows["nemo"] and "d±20" in rows["verl"]
+    assert "w·k±10" in rows["nemo"] and "k±10" in rows["verl"] and "st" in rows["verl-k3plus"]
+    assert "token+grad" in rows["slime-unbiased"] and "token+grad" not in rows["slime"]
+    assert len({" ".join(words) for words in rows.values()}) == len(rows)  # no two read the same
+    flat = " ".join(out.split())
+    for said in ("weight: the loss half's importance weight", "clamp: d±c: the log-ratio d clamped",
+                 "form: st: straight-through"):  # fmt: skip
+        assert said in flat, said
+    assert (columns == 80) == ("what sets the presets apart" in flat)

@@ -85,3 +85,31 @@ def test_the_time_left_moves_little_as_runs_start_and_finish():
     for t, _ in ends:
         window = [end for u, end in ends if t <= u <= t + 30]
         assert max(window) / min(window) < 1.25
+
+
+def test_a_runs_elapsed_is_its_training_loop_and_its_start_up_is_apart(monkeypatch):
+    """status.json's times (``klsweep.job``): elapsed counts the training loop only (two identical 60-step runs
+    read 0.7 and 0.2 min when the first counted its worker's start-up); the start-up is its own column."""
+    import time
+
+    from klsweep.submit.state import run_times
+
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    done = {"elapsed_s": 12.0, "startup_s": 30.0, "attempt_started_at": 900.0, "trained_from": 930.0}
+    assert run_times(done, running=False) == (12.0, 30.0)
+    # starting up (its loop not begun): no elapsed yet, the start-up grows
+    starting = {"elapsed_s": 0.0, "startup_s": 0.0, "attempt_started_at": 990.0, "trained_from": None}
+    assert run_times(starting, running=True) == (0.0, 10.0)
+    # training: from its loop's start (an earlier attempt's 5 s in trained_from), start-up as recorded
+    training = {"elapsed_s": 4.0, "startup_s": 7.0, "attempt_started_at": 900.0, "trained_from": 985.0}
+    assert run_times(training, running=True) == (15.0, 7.0)
+    # an older status.json (no start-up recorded): as before, from the run's start
+    assert run_times({"elapsed_s": 1.0, "started_at": 940.0}, running=True) == (60.0, 0.0)
+    runs = [dataclasses.replace(r, startup_s=30.0 if r.state == "done" else 0.0) for r in RUNS]
+    lines = render(watch_view(runs, "s", width=160), width=160).splitlines()
+    header = next(line for line in lines if line.startswith("run "))
+    assert header.split()[-3:-1] == ["elapsed", "start-up"]
+    done_row = next(line for line in lines if line.startswith("a000000000"))
+    assert done_row.split()[-2:] == ["1.7m", "0.5m"]  # no job id
+    # the time left spreads the start-up over the steps, as before
+    assert progress(runs)[1] == pytest.approx((50 + 80 + 100) * 190 / 170 / 2)

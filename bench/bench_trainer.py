@@ -75,7 +75,7 @@ def step_times(
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    kl = VARIANTS[variant.removesuffix("-hf")]
+    kl = VARIANTS[variant.removesuffix("-hf").removesuffix("-exact")]
     # --study: the TrainingArguments klsweep's runs train with on a CPU (klsweep.layout: no activation
     # checkpointing) for every variant, plain TRL included; else TRL's defaults for every variant
     study = {"activation_checkpointing": False} if args.study else {}
@@ -108,7 +108,10 @@ def step_times(
         trainer = GRPOTrainer(model, **common)
     else:
         generation = "hf" if variant.endswith("-hf") else args.generation
-        trainer = KLGRPOTrainer(model, kl=KLConfig(*kl, beta=args.beta), generation=generation, **common)
+        numerics = "exact" if variant.endswith(("-hf", "-exact")) else args.numerics
+        trainer = KLGRPOTrainer(
+            model, kl=KLConfig(*kl, beta=args.beta), generation=generation, numerics=numerics, **common
+        )
     trainer.remove_callback(PrinterCallback)
     cpu: list[float] = []
     wall: list[float] = []
@@ -145,6 +148,13 @@ def main() -> None:
         help="klsweep's generation (klsweep.fastgen or HF)",
     )
     parser.add_argument(
+        "--numerics",
+        choices=["exact", "fast"],
+        default="exact",
+        help="klsweep's numerics (train.numerics): exact (TRL's operations) or fast (klsweep.fastpass; with "
+        "--study, k3 in the loss on exact numerics runs beside: loss-exact)",
+    )
+    parser.add_argument(
         "--study",
         action="store_true",
         help="the study's step: the shipped tiny model, 4 prompts x 8 completions of at most 6 tokens, klsweep's "
@@ -168,6 +178,8 @@ def main() -> None:
         questions = [f"{a}+{b}=" for a in range(20) for b in range(20)]
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
         names = [*VARIANTS, HF] if args.study else list(VARIANTS)
+        if args.study and args.numerics == "fast":
+            names.append("loss-exact")
         cpu: dict[str, list[list[float]]] = {name: [] for name in names}  # per repetition, per step
         wall: dict[str, list[list[float]]] = {name: [] for name in names}
         for rep in range(args.reps):
@@ -184,7 +196,8 @@ def main() -> None:
 
     print(
         f"batch {args.batch} in {args.accumulation} micro-batch(es), group {args.group}, "
-        f"length {args.length}, {args.reps}x{args.steps} steps; generation {args.generation}"
+        f"length {args.length}, {args.reps}x{args.steps} steps; generation {args.generation}, "
+        f"numerics {args.numerics}"
         f"{' (study: shipped model, CPU arguments)' if args.study else ''}; load {os.getloadavg()[0]:.1f}; ratios to trl"
     )
     print(

@@ -66,6 +66,7 @@ class KLGRPOTrainer(GRPOTrainer):
         stop_sequences: tuple[str, ...] = (),
         ref_model: Any = None,
         generation: str = "hf",
+        numerics: str = "exact",
         **kwargs: Any,
     ) -> None:
         from transformers import PreTrainedModel
@@ -91,8 +92,14 @@ class KLGRPOTrainer(GRPOTrainer):
             )
         if generation not in ("hf", "fast"):
             raise ValueError(f"KLGRPOTrainer: generation={generation!r} must be hf or fast")
+        if numerics not in ("exact", "fast"):
+            raise ValueError(f"KLGRPOTrainer: numerics={numerics!r} must be exact or fast")
         self.generation = generation  # fast: klsweep.fastgen in place of HF generate (the same tokens)
+        # fast: klsweep.fastpass's log-prob pass and fastgen's prompt shared by its rows, where they apply
+        # (_lean_why_not); exact: TRL's operations
+        self.numerics = numerics
         self._fast_generators: dict[int, Any] = {}
+        self._unwrap_memo: dict[int, tuple[Any, Any]] = {}  # id of a model -> (it, accelerator.unwrap_model(it))
         self._prompt_ids: dict[
             str, tuple[int, ...]
         ] = {}  # a prompt's JSON -> its token ids (_tokenize_prompts)  # id of the GenerationConfig -> its fastgen.Generator
@@ -136,7 +143,30 @@ class KLGRPOTrainer(GRPOTrainer):
         self._rewards_per_func: torch.Tensor | None = None  # stash of the last _calculate_rewards
         self._train_logps: torch.Tensor | None = None  # differentiable log-probs of the last training forward
         self._deterministic_forward = not _has_dropout(self.model)
+        self.lean_why_not = self._lean_why_not() if numerics == "fast" else "train.numerics is exact"
+        if numerics == "fast" and self.lean_why_not:
+            import warnings
 
+            warnings.warn(f"TRL's log-prob pass in place of klsweep.fastpass: {self.lean_why_not}", stacklevel=2)
+
+    def _lean_why_not(self) -> str | None:
+        """Why klsweep.fastpass does not compute this trainer's log-probs (numerics fast), or None."""
+        from klsweep import fastpass
+
+        if self.accelerator.num_processes != 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return "more than one process (the pass bypasses the DDP or FSDP wrapper)"
+        if self._is_vlm:
+            return "a vision-language model"
+        if self.args.gradient_checkpointing:
+            return "activation checkpointing"
+        if not self._deterministic_forward:
+            return "dropout in the model"
+        if self.use_vllm:
+            return "vLLM generation (its importance ratio is taken against TRL's pass)"
+        for name, model in (("policy", self.model), ("reference", self.ref_model)):
+            if why := fastpass.unsupported(self.accelerator.unwrap_model(model)):
+                return f"{name}: {why}"
+        return None
     def _prepare_reference(self, ref_model: Any) -> Any:
         from trl.models import prepare_deepspeed, prepare_fsdp
         from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
@@ -163,11 +193,59 @@ class KLGRPOTrainer(GRPOTrainer):
         self._rewards_per_func = rewards_per_func  # gathered over processes: (N_global, n_funcs)
         return rewards_per_func
 
-    def _get_per_token_logps_and_entropies(self, model, *args: Any, **kwargs: Any):
-        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs: Any,
+    ):
+        if self.lean_why_not is None and not compute_aux_loss and all(v is None for v in kwargs.values()):
+            out = self._lean_logps(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+        else:
+            out = super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **kwargs,
+            )
         if torch.is_grad_enabled():
             self._train_logps = out[0]
         return out
+
+    def _lean_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """TRL's (log-probs, entropies, None) by klsweep.fastpass, in chunks of ``batch_size`` rows as TRL's."""
+        from klsweep import fastpass
+
+        model = self._unwrapped(model)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                lp, ent = fastpass.logps(
+                    model,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    temperature=self.temperature,
+                    entropy=compute_entropy,
+                )
+            logps.append(lp)
+            entropies.append(ent)
+        return (
+            torch.cat(logps, dim=0),
+            torch.cat(entropies, dim=0) if compute_entropy else None,
+            None,
+        )
 
     def _tokenize_prompts(self, prompts: list):
         """TRL's tokenization of the prompts (the chat template applied), kept per prompt: a GRPO batch repeats
@@ -211,12 +289,20 @@ class KLGRPOTrainer(GRPOTrainer):
             logprobs = [lp[:end] for lp, end in zip(logprobs, ends, strict=True)]
         return completion_ids, logprobs
 
+    def _unwrapped(self, model: Any) -> Any:
+        """``accelerator.unwrap_model(model)``, kept per wrapper: accelerate looks for DeepSpeed's package at
+        every call, a good share of a tiny model's step."""
+        kept = self._unwrap_memo.get(id(model))
+        if kept is None or kept[0] is not model:
+            kept = self._unwrap_memo[id(model)] = (model, self.accelerator.unwrap_model(model))
+        return kept[1]
+
     @contextlib.contextmanager
     def _generate_with_tokenizer(self) -> Iterator[None]:
         """The generate TRL calls on the model it generates with (``unwrap_model_for_generation``: the unwrapped
         model), for the call: ``klsweep.fastgen``'s with ``generation="fast"``; else, with stop sequences, HF
         generate given the tokenizer, which ``stop_strings`` needs and TRL does not pass."""
-        model = self.accelerator.unwrap_model(self.model_wrapped)
+        model = self._unwrapped(self.model_wrapped)
         fast = self.generation == "fast" and not self.use_vllm
         if self.use_vllm or "generate" in vars(model) or not (fast or self.stop_sequences):
             yield
@@ -246,7 +332,12 @@ class KLGRPOTrainer(GRPOTrainer):
             key = id(generation_config)
             if key not in self._fast_generators:
                 try:
-                    self._fast_generators[key] = fastgen.Generator(model, generation_config, self._tokenizer)
+                    self._fast_generators[key] = fastgen.Generator(
+                        model,
+                        generation_config,
+                        self._tokenizer,
+                        share_prompts=self.numerics == "fast" and self.lean_why_not is None,
+                    )
                 except ValueError as e:
                     import warnings
 

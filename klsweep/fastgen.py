@@ -286,15 +286,12 @@ class Generator:
     def _shared_prefill(self, input_ids: Any, attention_mask: Any, positions: Any) -> tuple[Any, Any]:
         """The lean prefill of each distinct prompt row once, its last logits and its cache given to every row
         that holds it (a GRPO group's completions share one prompt)."""
-        import torch
 
-        rows = torch.cat([input_ids, attention_mask], dim=1)
-        distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
-        width = input_ids.shape[1]
-        mask = distinct[:, width:]
+        firsts, inverse = distinct_rows(input_ids, attention_mask)
+        mask = attention_mask.index_select(0, firsts)
         logits, cache = self._lean_step(
-            distinct[:, :width],
-            positions.index_select(0, _firsts(inverse, len(distinct))),
+            input_ids.index_select(0, firsts),
+            positions.index_select(0, firsts),
             None if bool((mask == 1).all()) else mask,
             None,
         )
@@ -391,9 +388,19 @@ class Generator:
         return F.linear(hidden[:, -1:, :], head.weight, head.bias), cache
 
 
-def _firsts(inverse: Any, count: int) -> Any:
-    """For each of ``count`` distinct rows, the index of a row that holds it (``inverse``: each row's distinct row)."""
+def distinct_rows(*tensors: Any) -> tuple[Any, Any]:
+    """The distinct rows of ``tensors`` side by side (2D, as many rows each): the index of each one's first row,
+    in order of first appearance, and each row's distinct row (``torch.unique(dim=0)`` without its sort, which
+    costs a tiny model's step more than a pass over the ids in Python)."""
     import torch
 
-    first = torch.empty(count, dtype=torch.long, device=inverse.device)
-    return first.scatter_(0, inverse, torch.arange(len(inverse), device=inverse.device))
+    seen: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    inverse = []
+    for row, key in enumerate(map(tuple, torch.cat(tensors, dim=1).tolist())):
+        index = seen.setdefault(key, len(seen))
+        if index == len(firsts):
+            firsts.append(row)
+        inverse.append(index)
+    device = tensors[0].device
+    return torch.tensor(firsts, device=device), torch.tensor(inverse, device=device)

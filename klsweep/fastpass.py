@@ -111,16 +111,16 @@ def logps(
     rows, length = input_ids.shape
     keep = logits_to_keep
     width = length - keep  # the prompt's width (left-padded to the batch's longest)
-    prompts = torch.cat([input_ids[:, :width], attention_mask[:, :width]], dim=1)
-    distinct, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    prompt_ids, prompt_mask = distinct[:, :width], distinct[:, width:]
+    firsts, inverse = fastgen.distinct_rows(input_ids[:, :width], attention_mask[:, :width])
+    prompt_ids = input_ids[:, :width].index_select(0, firsts)
+    prompt_mask = attention_mask[:, :width].index_select(0, firsts)
     layers = body.layers[: body.config.num_hidden_layers]
 
     # the prompts, once each
     hidden = body.embed_tokens(prompt_ids)
     positions = torch.arange(width, device=input_ids.device).unsqueeze(0)
     cos, sin = body.rotary_emb(hidden, positions)
-    attend = _mask(len(distinct), width, width, 0, prompt_mask)
+    attend = _mask(len(firsts), width, width, 0, prompt_mask)
     past = []
     for layer in layers:
         hidden, own = _layer(layer, hidden, cos, sin, attend, None)

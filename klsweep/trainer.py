@@ -99,7 +99,8 @@ class KLGRPOTrainer(GRPOTrainer):
         # (_lean_why_not); exact: TRL's operations
         self.numerics = numerics
         self._fast_generators: dict[int, Any] = {}
-        self._unwrap_memo: dict[int, tuple[Any, Any]] = {}  # id of a model -> (it, accelerator.unwrap_model(it))
+        # id of a model -> (it, accelerator.unwrap_model(it))
+        self._unwrap_memo: dict[int, tuple[Any, Any]] = {}
         self._prompt_ids: dict[
             str, tuple[int, ...]
         ] = {}  # a prompt's JSON -> its token ids (_tokenize_prompts)  # id of the GenerationConfig -> its fastgen.Generator
@@ -143,11 +144,14 @@ class KLGRPOTrainer(GRPOTrainer):
         self._rewards_per_func: torch.Tensor | None = None  # stash of the last _calculate_rewards
         self._train_logps: torch.Tensor | None = None  # differentiable log-probs of the last training forward
         self._deterministic_forward = not _has_dropout(self.model)
+        self._one_process = self.accelerator.num_processes == 1
         self.lean_why_not = self._lean_why_not() if numerics == "fast" else "train.numerics is exact"
         if numerics == "fast" and self.lean_why_not:
             import warnings
 
-            warnings.warn(f"TRL's log-prob pass in place of klsweep.fastpass: {self.lean_why_not}", stacklevel=2)
+            warnings.warn(
+                f"TRL's log-prob pass in place of klsweep.fastpass: {self.lean_why_not}", stacklevel=2
+            )
 
     def _lean_why_not(self) -> str | None:
         """Why klsweep.fastpass does not compute this trainer's log-probs (numerics fast), or None."""
@@ -157,7 +161,7 @@ class KLGRPOTrainer(GRPOTrainer):
             return "more than one process (the pass bypasses the DDP or FSDP wrapper)"
         if self._is_vlm:
             return "a vision-language model"
-        if self.args.gradient_checkpointing:
+        if getattr(self.args, "activation_checkpointing", False) or self.args.gradient_checkpointing:
             return "activation checkpointing"
         if not self._deterministic_forward:
             return "dropout in the model"
@@ -167,6 +171,7 @@ class KLGRPOTrainer(GRPOTrainer):
             if why := fastpass.unsupported(self.accelerator.unwrap_model(model)):
                 return f"{name}: {why}"
         return None
+
     def _prepare_reference(self, ref_model: Any) -> Any:
         from trl.models import prepare_deepspeed, prepare_fsdp
         from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
@@ -205,7 +210,9 @@ class KLGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ):
         if self.lean_why_not is None and not compute_aux_loss and all(v is None for v in kwargs.values()):
-            out = self._lean_logps(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+            out = self._lean_logps(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
         else:
             out = super()._get_per_token_logps_and_entropies(
                 model,
@@ -288,6 +295,11 @@ class KLGRPOTrainer(GRPOTrainer):
         if logprobs is not None:
             logprobs = [lp[:end] for lp, end in zip(logprobs, ends, strict=True)]
         return completion_ids, logprobs
+
+    def _gather(self, tensors: Any) -> Any:
+        """``accelerator.gather``: the tensors themselves in a run of one process (what it returns there, without
+        its dispatch, a step's metrics call it a dozen times)."""
+        return tensors if self._one_process else self.accelerator.gather(tensors)
 
     def _unwrapped(self, model: Any) -> Any:
         """``accelerator.unwrap_model(model)``, kept per wrapper: accelerate looks for DeepSpeed's package at
@@ -459,7 +471,7 @@ class KLGRPOTrainer(GRPOTrainer):
             out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)
         elif in_reward:
             penalty = klmath.penalty(behavior, out["ref_per_token_logps"], mask, self.kl)
-            penalty = self.accelerator.gather(penalty.float())
+            penalty = self._gather(penalty.float())
             g = self.num_generations if mode == "train" else self.num_generations_eval
             if self.kl.reward_term:  # its own term at training time (_compute_loss): the baseline goes along
                 out["kl_baseline"] = grpo.leave_one_out_baseline(penalty, g)[local]
@@ -562,8 +574,8 @@ class KLGRPOTrainer(GRPOTrainer):
             if self.kl.beta_final is not None:
                 values["kl/beta"] = torch.full_like(values["completion_length"], self._beta())
             for name, value in values.items():
-                self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
-            task_reward = self.accelerator.gather(inputs["task_reward"])
+                self._metrics[mode][name].append(self._gather(value.float()).mean().item())
+            task_reward = self._gather(inputs["task_reward"])
             self._metrics[mode]["task_reward/mean"].append(torch.nanmean(task_reward).item())
             self._metrics[mode]["task_reward/std"].append(nanstd(task_reward).item())
         return loss
@@ -574,7 +586,7 @@ class KLGRPOTrainer(GRPOTrainer):
         """The leave-one-out baseline ``_rollout`` would have computed, from the training forward's detached
         log-probs of the whole generated batch (shuffled by TRL; ``index``: each completion's place in it)."""
         penalty = klmath.penalty(logps, ref, mask, self.kl)
-        penalties, order = self.accelerator.gather((penalty.float(), index))
+        penalties, order = self._gather((penalty.float(), index))
         if not torch.equal(order.sort().values, torch.arange(order.numel(), device=order.device)):
             raise RuntimeError("the deferred KL baseline needs the whole generated batch in one micro-batch")
         in_order = torch.empty_like(penalties).index_copy_(0, order, penalties)

@@ -315,31 +315,11 @@ class Generator:
         )
         return out.logits, out.cache
 
-    @staticmethod
-    def _prefill_mask(new: Any, mask: Any, q_length: int, past: int, device: Any) -> Any:
-        """transformers' causal and padding mask for sdpa (``sdpa_mask``; None where ``is_causal`` does)."""
-        import torch
-        from transformers.masking_utils import causal_mask_function, sdpa_mask
-
-        return sdpa_mask(
-            batch_size=new.shape[0],
-            q_length=q_length,
-            kv_length=past + q_length,
-            q_offset=past,
-            kv_offset=0,
-            mask_function=causal_mask_function,
-            attention_mask=None if mask is None else mask.to(dtype=torch.bool),
-            allow_is_causal_skip=True,
-            device=device,
-        )
-
     def _lean_step(self, new: Any, positions: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
         """One forward of a Qwen2 causal LM by the operations of transformers' ``Qwen2ForCausalLM.forward`` (sdpa
         attention, full-attention layers, default rope), with a KV cache of per-layer (keys, values)."""
         import torch
         import torch.nn.functional as F
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
         body = self.model.model
         past = 0 if cache is None else cache[0][0].shape[-2]
@@ -351,38 +331,12 @@ class Generator:
             # its Python
             attend = None if mask is None else mask.to(dtype=torch.bool)[:, None, None, :]
         else:
-            attend = self._prefill_mask(new, mask, q_length, past, hidden.device)
+            attend = causal_mask(new.shape[0], q_length, past, mask, hidden.device)
         cos, sin = body.rotary_emb(hidden, positions[:, -q_length:])
         layers = body.layers[: body.config.num_hidden_layers]
         cache = [None] * len(layers) if cache is None else cache
         for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            residual = hidden
-            x = layer.input_layernorm.forward(hidden)
-            shape = (*x.shape[:-1], -1, attn.head_dim)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(shape).transpose(1, 2)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if cache[i] is not None:  # DynamicCache.update
-                k = torch.cat([cache[i][0], k], dim=-2)
-                v = torch.cat([cache[i][1], v], dim=-2)
-            cache[i] = (k, v)
-            out, _ = sdpa_attention_forward(
-                attn, q, k, v, attend, dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window
-            )
-            out = out.reshape(*x.shape[:-1], -1).contiguous()
-            hidden = residual + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            residual = hidden
-            x = layer.post_attention_layernorm.forward(hidden)
-            mlp = layer.mlp
-            x = F.linear(
-                F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
-                mlp.down_proj.weight,
-                mlp.down_proj.bias,
-            )
-            hidden = residual + x
+            hidden, cache[i] = lean_layer(layer, hidden, cos, sin, attend, cache[i])
         hidden = body.norm.forward(hidden)
         head = self.model.lm_head
         return F.linear(hidden[:, -1:, :], head.weight, head.bias), cache
@@ -404,3 +358,60 @@ def distinct_rows(*tensors: Any) -> tuple[Any, Any]:
         inverse.append(index)
     device = tensors[0].device
     return torch.tensor(firsts, device=device), torch.tensor(inverse, device=device)
+
+
+def causal_mask(rows: int, q_length: int, past: int, mask: Any, device: Any) -> Any:
+    """transformers' causal and padding mask for sdpa (``sdpa_mask``; None where ``is_causal`` does) of
+    ``q_length`` queries after ``past`` positions, ``mask`` the 2D padding mask of all of them (None: none)."""
+    import torch
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    return sdpa_mask(
+        batch_size=rows,
+        q_length=q_length,
+        kv_length=past + q_length,
+        q_offset=past,
+        kv_offset=0,
+        mask_function=causal_mask_function,
+        attention_mask=None if mask is None else mask.to(dtype=torch.bool),
+        allow_is_causal_skip=True,
+        device=device,
+    )
+
+
+def lean_layer(layer: Any, hidden: Any, cos: Any, sin: Any, attend: Any, past: Any) -> tuple[Any, Any]:
+    """One Qwen2 decoder layer by the operations of transformers' (sdpa attention, the mask ``attend``, rotary
+    ``cos``/``sin``), attending to the keys and values ``past`` (per layer, before this block's; None: none):
+    the hidden state out, and the keys and values of ``past`` and this block together (what ``DynamicCache``
+    keeps). Differentiable: ``klsweep.fastpass`` trains through it."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+    residual = hidden
+    x = layer.input_layernorm.forward(hidden)
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(shape).transpose(1, 2)
+    k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
+    v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if past is not None:  # DynamicCache.update
+        k = torch.cat([past[0], k], dim=-2)
+        v = torch.cat([past[1], v], dim=-2)
+    out, _ = sdpa_attention_forward(
+        attn, q, k, v, attend, dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window
+    )
+    out = out.reshape(*x.shape[:-1], -1).contiguous()
+    hidden = residual + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+    residual = hidden
+    x = layer.post_attention_layernorm.forward(hidden)
+    mlp = layer.mlp
+    x = F.linear(
+        F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+        * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
+        mlp.down_proj.weight,
+        mlp.down_proj.bias,
+    )
+    return residual + x, (k, v)

@@ -39,61 +39,6 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
-def _layer(layer: Any, hidden: Any, cos: Any, sin: Any, attend: Any, past: tuple[Any, Any] | None):
-    """One decoder layer by the operations of transformers' Qwen2 (as ``fastgen.Generator._lean_step``); keys
-    and values of ``past`` (already expanded to the rows of ``hidden``) before this block's. Returns the hidden
-    state and this block's own keys and values."""
-    import torch
-    import torch.nn.functional as F
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
-
-    attn = layer.self_attn
-    residual = hidden
-    x = layer.input_layernorm.forward(hidden)
-    shape = (*x.shape[:-1], -1, attn.head_dim)
-    q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(shape).transpose(1, 2)
-    k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
-    v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    own = (k, v)
-    if past is not None:
-        k = torch.cat([past[0], k], dim=-2)
-        v = torch.cat([past[1], v], dim=-2)
-    out, _ = sdpa_attention_forward(
-        attn, q, k, v, attend, dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window
-    )
-    out = out.reshape(*x.shape[:-1], -1).contiguous()
-    hidden = residual + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-    residual = hidden
-    x = layer.post_attention_layernorm.forward(hidden)
-    mlp = layer.mlp
-    x = F.linear(
-        F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-        * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
-        mlp.down_proj.weight,
-        mlp.down_proj.bias,
-    )
-    return residual + x, own
-
-
-def _mask(batch: int, q_length: int, kv_length: int, q_offset: int, mask: Any) -> Any:
-    import torch
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
-
-    return sdpa_mask(
-        batch_size=batch,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=0,
-        mask_function=causal_mask_function,
-        attention_mask=mask.to(dtype=torch.bool),
-        allow_is_causal_skip=True,
-        device=mask.device,
-    )
-
-
 def logps(
     model: Any,
     input_ids: Any,
@@ -120,10 +65,10 @@ def logps(
     hidden = body.embed_tokens(prompt_ids)
     positions = torch.arange(width, device=input_ids.device).unsqueeze(0)
     cos, sin = body.rotary_emb(hidden, positions)
-    attend = _mask(len(firsts), width, width, 0, prompt_mask)
+    attend = fastgen.causal_mask(len(firsts), width, 0, prompt_mask, input_ids.device)
     past = []
     for layer in layers:
-        hidden, own = _layer(layer, hidden, cos, sin, attend, None)
+        hidden, own = fastgen.lean_layer(layer, hidden, cos, sin, attend, None)
         past.append((own[0].index_select(0, inverse), own[1].index_select(0, inverse)))
     last = hidden[:, -1:].index_select(0, inverse)  # the prompt's last position: scores the first token
 
@@ -133,9 +78,9 @@ def logps(
         hidden = body.embed_tokens(tokens)
         positions = torch.arange(width, length - 1, device=input_ids.device).unsqueeze(0)
         cos, sin = body.rotary_emb(hidden, positions)
-        attend = _mask(rows, keep - 1, length - 1, width, attention_mask[:, : length - 1])
+        attend = fastgen.causal_mask(rows, keep - 1, width, attention_mask[:, : length - 1], input_ids.device)
         for layer, before in zip(layers, past, strict=True):
-            hidden, _ = _layer(layer, hidden, cos, sin, attend, before)
+            hidden, _ = fastgen.lean_layer(layer, hidden, cos, sin, attend, before)
         hidden = torch.cat([last, hidden], dim=1)
     else:
         hidden = last

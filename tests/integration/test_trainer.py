@@ -225,44 +225,44 @@ def test_fast_generation_feeds_the_same_batch_as_hf_generate(model_dir, dataset,
         assert (fast["completion_mask"].sum(1) < LENGTH).any()
 
 
-@pytest.mark.parametrize("placement", ["loss", "reward", "both"])
-def test_fast_numerics_keep_every_kl_configurations_loss_and_gradient(
-    model_dir, dataset, tmp_path, placement
-):
+def test_fast_numerics_keep_every_kl_configurations_loss_and_gradient(model_dir, dataset, tmp_path):
     """``numerics="fast"`` (klsweep.fastpass) against TRL's numerics, both fed the same completions (generated
     by the exact trainer, with its reference log-probs and advantages): the fast pass's reference log-probs
-    within float32 rounding of TRL's, and for every estimator, level and reward mode the loss and every
-    parameter's gradient within 1e-4 of the largest (each trainer's own training forward: the reward half's
-    baseline too, in separate mode)."""
-    config = KLConfig("k3", placement, beta=0.5)
+    within float32 rounding of TRL's, and for every estimator, placement, level and reward mode the loss and
+    every parameter's gradient within 1e-4 of the largest (each trainer's own training forward: the reward
+    half's baseline too, in separate mode), and the logged reward penalty."""
+    config = KLConfig("k3", "both", beta=0.5)
     plain = dict(activation_checkpointing=False)  # as klsweep's runs on CPUs (klsweep.layout)
     exact = make_trainer(model_dir, dataset, tmp_path / "exact", config, **plain)
     fast = make_trainer(model_dir, dataset, tmp_path / "fast", config, numerics="fast", **plain)
     assert exact.lean_why_not == "train.numerics is exact" and fast.lean_why_not is None
     perturb_alike(exact.model, fast.model)
     inputs = generate(exact, dataset)
+    fast.model.train()  # as generate leaves the exact one
+    fast.current_gradient_accumulation_steps = 1
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     with torch.no_grad():
         ref = fast._get_per_token_logps_and_entropies(fast.ref_model, ids, attention, LENGTH)[0]
     torch.testing.assert_close(ref, inputs["ref_per_token_logps"], rtol=0, atol=2e-5)
-    for estimator in ("k1", "k2", "k3"):
-        for level in ("token", "sequence"):
-            for mode in ("shaped", "separate") if placement != "loss" else ("separate",):
-                config = KLConfig(estimator, placement, level, beta=0.5, reward_mode=mode)
-                exact.kl = fast.kl = config
-                batch = generate(exact, dataset)
-                assert torch.equal(batch["completion_ids"], inputs["completion_ids"])
-                loss_exact, grads_exact = loss_and_grads(exact, batch)
-                loss_fast, grads_fast = loss_and_grads(fast, batch)
-                torch.testing.assert_close(loss_fast, loss_exact, rtol=1e-4, atol=1e-6)
-                scale = max(g.abs().max().item() for g in grads_exact)
-                assert scale > 1e-4  # a real signal
-                assert_grads_close(grads_fast, grads_exact, rtol=0, atol=1e-4 * scale)
-                if placement != "loss":
-                    assert fast._metrics["train"]["kl/reward_penalty"][-1] == pytest.approx(
-                        exact._metrics["train"]["kl/reward_penalty"][-1], rel=1e-4, abs=1e-6
-                    )
+    for placement in ("loss", "reward", "both"):
+        for estimator in ("k1", "k2", "k3"):
+            for level in ("token", "sequence"):
+                for mode in ("shaped", "separate") if placement != "loss" else ("separate",):
+                    config = KLConfig(estimator, placement, level, beta=0.5, reward_mode=mode)
+                    exact.kl = fast.kl = config
+                    batch = generate(exact, dataset)
+                    assert torch.equal(batch["completion_ids"], inputs["completion_ids"])
+                    loss_exact, grads_exact = loss_and_grads(exact, batch)
+                    loss_fast, grads_fast = loss_and_grads(fast, batch)
+                    torch.testing.assert_close(loss_fast, loss_exact, rtol=1e-4, atol=1e-6)
+                    scale = max(g.abs().max().item() for g in grads_exact)
+                    assert scale > 1e-4  # a real signal
+                    assert_grads_close(grads_fast, grads_exact, rtol=0, atol=1e-4 * scale)
+                    if placement != "loss":
+                        assert fast._metrics["train"]["kl/reward_penalty"][-1] == pytest.approx(
+                            exact._metrics["train"]["kl/reward_penalty"][-1], rel=1e-4, abs=1e-6
+                        )
 
 
 def test_fast_numerics_train_and_log_every_row(model_dir, dataset, tmp_path):

@@ -270,6 +270,8 @@ class KLGRPOTrainer(GRPOTrainer):
         ):
             return super()._tokenize_prompts(prompts)
         keys = [json.dumps(p, sort_keys=True, default=repr) for p in prompts]
+        if not self._prompt_ids and self.model.training:
+            self._tokenize_training_prompts()
         missing = list(dict.fromkeys(k for k in keys if k not in self._prompt_ids))
         if missing:
             firsts = {k: p for k, p in zip(keys, prompts, strict=True) if k in missing}
@@ -281,6 +283,26 @@ class KLGRPOTrainer(GRPOTrainer):
             else:
                 return super()._tokenize_prompts(prompts)
         return [list(self._prompt_ids[k]) for k in keys], None, {}
+
+    def _tokenize_training_prompts(self) -> None:
+        """Every distinct prompt of the training set tokenized in one call of TRL's (the same ids: each prompt is
+        tokenized alone there), kept: a run of the tiny task meets a new prompt at almost every step, and one
+        call for all of them costs a fraction of a call per step. Only a conversational training set of at most
+        ``PROMPT_MEMO`` distinct prompts; else the prompts are tokenized as they come."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "column_names") or "prompt" not in dataset.column_names:
+            return
+        if len(dataset) > PROMPT_MEMO:
+            return
+        from trl.data_utils import is_conversational
+
+        distinct = {json.dumps(p, sort_keys=True, default=repr): p for p in dataset["prompt"]}
+        prompts = list(distinct.values())
+        if not prompts or not all(is_conversational({"prompt": p}) for p in prompts):
+            return
+        ids, images, fields = super()._tokenize_prompts(prompts)
+        if images is None and not fields:
+            self._prompt_ids.update(zip(distinct, map(tuple, ids), strict=True))
 
     def _generate_single_turn(self, prompt_ids, *args: Any, **kwargs: Any):
         """TRL's generation (HF generate, or ``klsweep.fastgen`` in its place with ``generation="fast"``), each

@@ -110,6 +110,8 @@ def main() -> None:
             f"{name} / hf: {ratio:.3f} (repetitions {min(ratios):.3f}-{max(ratios):.3f}; target 0.6: "
             f"{'met' if ratio <= 0.6 else 'MISSED'})"
         )
+    lean_fast = statistics.median(cpu["lean"]) / statistics.median(cpu["fast"])
+    print(f"lean / fast (today's default): {lean_fast:.3f}")
     print(f"hf and fast wrote the same metrics rows but times: {same}; lean too: {lean_same}")
 
 

@@ -16,6 +16,7 @@ target: <= 1.05 for "loss", <= 1.10 for "reward" and "both".
     python bench/bench_trainer.py --batch 32 --group 8 --length 64 --reps 5
     python bench/bench_trainer.py --accumulation 2  # micro-batches: the reward half's behaviour forward
     python bench/bench_trainer.py --study  # the study's step (issue 48's target 0.6), loss-hf beside
+    python bench/bench_trainer.py --study --numerics fast  # train.numerics: fast, loss-exact beside
 
 With the whole batch in one forward/backward (``train.micro_batch_size`` null, the default) the reward half's
 baseline comes from the training forward; split into micro-batches, a group's completions are trained in
@@ -31,7 +32,10 @@ TrainingArguments (no activation checkpointing) for every variant, plain TRL inc
 ``klsweep.fastgen`` (``--generation hf``: HF generate), and k3 in the loss with HF generate runs beside
 (``loss-hf``, the path before it). Measured at load 2.2, --reps 6: median ratio loss 0.95, reward 0.96, both
 0.94, loss-hf 0.99 (best-time ratios 0.93-0.94, 0.99); at load 8.9: 0.92, 0.90, 0.92, loss-hf 1.01 (a
-repetition's 0.80-1.10): fastgen takes 4-9% off the step; issue 48's 0.6 is missed (docs/DEVELOPMENT.md).
+repetition's 0.80-1.10): fastgen takes 4-9% off the step; issue 48's 0.6 is missed on TRL's numerics.
+``--numerics fast`` (``train.numerics: fast``, klsweep.fastpass: each group's prompt computed once, the LM head on
+the completion positions only; another stream of numbers) beside k3 in the loss on exact numerics (``loss-exact``,
+the default): the ratios of docs/DEVELOPMENT.md.
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ class KLGRPOTrainer(GRPOTrainer):
     def _tokenize_prompts(self, prompts: list):
         """TRL's tokenization of the prompts (the chat template applied), kept per prompt: a GRPO batch repeats
         each prompt for its group and a run returns to the same prompts, and the template's rendering is a good
-        share of a tiny model's step. The same ids (each prompt is tokenized alone in TRL's batch call too);
+        share of a tiny model's step; in training, the whole training set's at the first call
+        (``_tokenize_training_prompts``). The same ids (each prompt is tokenized alone in TRL's batch call too);
         prompts with images, tools or environments, and plain-text prompts, go to TRL every time."""
         from trl.data_utils import is_conversational
 

@@ -88,6 +88,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _TIER_TESTS[name] = _TIER_TESTS.get(name, 0) + 1
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not _TIER_SECONDS:
         return

@@ -211,7 +211,7 @@ quick)
     setup
     checks
     log "pytest tests/unit"
-    "$VENV/bin/pytest" -q tests/unit
+    "$VENV/bin/pytest" -q --durations=10 tests/unit
     ;;
 lock-gpu)
     lock_gpu

@@ -16,6 +16,7 @@ target: <= 1.05 for "loss", <= 1.10 for "reward" and "both".
     python bench/bench_trainer.py --batch 32 --group 8 --length 64 --reps 5
     python bench/bench_trainer.py --accumulation 2  # micro-batches: the reward half's behaviour forward
     python bench/bench_trainer.py --study  # the study's step (issue 48's target 0.6), loss-hf beside
+    python bench/bench_trainer.py --study --numerics fast  # train.numerics: fast, loss-exact beside
 
 With the whole batch in one forward/backward (``train.micro_batch_size`` null, the default) the reward half's
 baseline comes from the training forward; split into micro-batches, a group's completions are trained in
@@ -31,7 +32,10 @@ TrainingArguments (no activation checkpointing) for every variant, plain TRL inc
 ``klsweep.fastgen`` (``--generation hf``: HF generate), and k3 in the loss with HF generate runs beside
 (``loss-hf``, the path before it). Measured at load 2.2, --reps 6: median ratio loss 0.95, reward 0.96, both
 0.94, loss-hf 0.99 (best-time ratios 0.93-0.94, 0.99); at load 8.9: 0.92, 0.90, 0.92, loss-hf 1.01 (a
-repetition's 0.80-1.10): fastgen takes 4-9% off the step; issue 48's 0.6 is missed (docs/DEVELOPMENT.md).
+repetition's 0.80-1.10): fastgen takes 4-9% off the step; issue 48's 0.6 is missed on TRL's numerics.
+``--numerics fast`` (``train.numerics: fast``, klsweep.fastpass: each group's prompt computed once, the LM head on
+the completion positions only; another stream of numbers) beside k3 in the loss on exact numerics (``loss-exact``,
+the default): the ratios of docs/DEVELOPMENT.md.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def step_times(
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    kl = VARIANTS[variant.removesuffix("-hf")]
+    kl = VARIANTS[variant.removesuffix("-hf").removesuffix("-exact")]
     # --study: the TrainingArguments klsweep's runs train with on a CPU (klsweep.layout: no activation
     # checkpointing) for every variant, plain TRL included; else TRL's defaults for every variant
     study = {"activation_checkpointing": False} if args.study else {}
@@ -108,7 +112,10 @@ def step_times(
         trainer = GRPOTrainer(model, **common)
     else:
         generation = "hf" if variant.endswith("-hf") else args.generation
-        trainer = KLGRPOTrainer(model, kl=KLConfig(*kl, beta=args.beta), generation=generation, **common)
+        numerics = "exact" if variant.endswith(("-hf", "-exact")) else args.numerics
+        trainer = KLGRPOTrainer(
+            model, kl=KLConfig(*kl, beta=args.beta), generation=generation, numerics=numerics, **common
+        )
     trainer.remove_callback(PrinterCallback)
     cpu: list[float] = []
     wall: list[float] = []
@@ -145,6 +152,13 @@ def main() -> None:
         help="klsweep's generation (klsweep.fastgen or HF)",
     )
     parser.add_argument(
+        "--numerics",
+        choices=["exact", "fast"],
+        default="exact",
+        help="klsweep's numerics (train.numerics): exact (TRL's operations) or fast (klsweep.fastpass; with "
+        "--study, k3 in the loss on exact numerics runs beside: loss-exact)",
+    )
+    parser.add_argument(
         "--study",
         action="store_true",
         help="the study's step: the shipped tiny model, 4 prompts x 8 completions of at most 6 tokens, klsweep's "
@@ -168,6 +182,8 @@ def main() -> None:
         questions = [f"{a}+{b}=" for a in range(20) for b in range(20)]
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
         names = [*VARIANTS, HF] if args.study else list(VARIANTS)
+        if args.study and args.numerics == "fast":
+            names.append("loss-exact")
         cpu: dict[str, list[list[float]]] = {name: [] for name in names}  # per repetition, per step
         wall: dict[str, list[list[float]]] = {name: [] for name in names}
         for rep in range(args.reps):
@@ -184,7 +200,8 @@ def main() -> None:
 
     print(
         f"batch {args.batch} in {args.accumulation} micro-batch(es), group {args.group}, "
-        f"length {args.length}, {args.reps}x{args.steps} steps; generation {args.generation}"
+        f"length {args.length}, {args.reps}x{args.steps} steps; generation {args.generation}, "
+        f"numerics {args.numerics}"
         f"{' (study: shipped model, CPU arguments)' if args.study else ''}; load {os.getloadavg()[0]:.1f}; ratios to trl"
     )
     print(

@@ -33,6 +33,7 @@ from typing import Any
 # model_type values (config.json) whose forward ``Generator`` runs itself ("lean")
 SUPPORTED_TYPES = ("qwen2",)
 GENERATION_CHOICES = ("auto", "fast", "hf")
+NUMERICS_CHOICES = ("exact", "fast")  # train.numerics: TRL's operations, or klsweep.fastpass's (bits differ)
 
 # The logits processors and stopping criteria of HF generate that the loop applies as generate does (by class
 # name: transformers' own objects, built by generate's helpers). Any other one: HF generate.
@@ -78,6 +79,30 @@ def generation_path(config: Mapping[str, Any], model_type: str | None) -> tuple[
             f"auto: model type {kind} (fast: {', '.join(SUPPORTED_TYPES)}; train.generation: fast forces it)",
         )
     return "fast", f"auto: {model_type} on CPUs"
+
+
+def numerics_path(config: Mapping[str, Any], model_type: str | None) -> tuple[str, str]:
+    """How a run computes, and why: ``("fast", why)`` (klsweep.fastpass's log-prob pass and each distinct
+    prompt prefilled once in generation) or ``("exact", why)`` (TRL's operations), from a resolved RunConfig
+    (nested plain data) and its model's ``config.json`` ``model_type``. ``train.numerics: fast`` takes it for
+    ``SUPPORTED_TYPES`` trained on CPUs in one process without vLLM; elsewhere the run computes TRL's way. The
+    trainer may still fall back at its start (dropout, activation checkpointing: it warns)."""
+    train = config.get("train") or {}
+    if train.get("numerics", "exact") != "fast":
+        return "exact", "train.numerics is exact"
+    resources = (config.get("model") or {}).get("resources") or {}
+    if train.get("use_vllm"):
+        return "exact", "fast asked: vLLM generates (its importance ratio is taken against TRL's pass)"
+    if train.get("sharding", "none") != "none":
+        return "exact", f"fast asked: train.sharding is {train.get('sharding')}"
+    if resources.get("gpus_per_node") or (resources.get("nodes") or 1) > 1:
+        return "exact", "fast asked: GPUs or several nodes (klsweep.fastpass: one process on CPUs)"
+    if (resources.get("tasks_per_node") or 1) > 1:
+        return "exact", "fast asked: several processes (klsweep.fastpass: one)"
+    if model_type not in SUPPORTED_TYPES:
+        kind = "unknown" if model_type is None else model_type
+        return "exact", f"fast asked: model type {kind} (klsweep.fastpass: {', '.join(SUPPORTED_TYPES)})"
+    return "fast", f"train.numerics is fast: {model_type} on CPUs"
 
 
 def unsupported(model: Any, generation_config: Any = None) -> str | None:
@@ -135,7 +160,12 @@ class Generator:
     applies)."""
 
     def __init__(
-        self, model: Any, generation_config: Any, tokenizer: Any = None, forward: str = "auto"
+        self,
+        model: Any,
+        generation_config: Any,
+        tokenizer: Any = None,
+        forward: str = "auto",
+        share_prompts: bool = False,
     ) -> None:
         from transformers.generation.stopping_criteria import StoppingCriteriaList
 
@@ -149,6 +179,9 @@ class Generator:
             raise ValueError(f"the lean forward does not apply: {why_not}")
         self.lean = forward != "model" and why_not is None
         self.why_not_lean = why_not
+        # the prompt's prefill once per distinct prompt row, its keys and values and first logits copied to the
+        # rows that share it (train.numerics: fast): the same tokens but where a float rounding flips a draw
+        self.share_prompts = share_prompts and self.lean
         # what generate resolves once per call: the model's generation config under the one given, the special
         # tokens as tensors, the processors and criteria (generate's own helpers)
         config, model_kwargs = model._prepare_generation_config(generation_config)
@@ -229,7 +262,10 @@ class Generator:
         ids = input_ids
         new = input_ids
         for drawn in range(self.max_new_tokens):
-            logits, cache = step(new, positions, mask, cache)
+            if drawn == 0 and self.share_prompts:
+                logits, cache = self._shared_prefill(input_ids, attention_mask, positions)
+            else:
+                logits, cache = step(new, positions, mask, cache)
             scores = processors(ids, logits[:, -1].to(copy=True, dtype=torch.float32))
             if self.do_sample:
                 tokens = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
@@ -246,6 +282,21 @@ class Generator:
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=-1)
         return ids
+
+    def _shared_prefill(self, input_ids: Any, attention_mask: Any, positions: Any) -> tuple[Any, Any]:
+        """The lean prefill of each distinct prompt row once, its last logits and its cache given to every row
+        that holds it (a GRPO group's completions share one prompt)."""
+
+        firsts, inverse = distinct_rows(input_ids, attention_mask)
+        mask = attention_mask.index_select(0, firsts)
+        logits, cache = self._lean_step(
+            input_ids.index_select(0, firsts),
+            positions.index_select(0, firsts),
+            None if bool((mask == 1).all()) else mask,
+            None,
+        )
+        cache = [(k.index_select(0, inverse), v.index_select(0, inverse)) for k, v in cache]
+        return logits.index_select(0, inverse), cache
 
     def _model_step(self, new: Any, positions: Any, mask: Any, cache: Any) -> tuple[Any, Any]:
         """One forward of the model's own, with the arguments generate gives it."""
@@ -269,56 +320,98 @@ class Generator:
         attention, full-attention layers, default rope), with a KV cache of per-layer (keys, values)."""
         import torch
         import torch.nn.functional as F
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        from transformers.masking_utils import causal_mask_function, sdpa_mask
-        from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
         body = self.model.model
         past = 0 if cache is None else cache[0][0].shape[-2]
         q_length = new.shape[1]
         hidden = F.embedding(new, body.embed_tokens.weight, body.embed_tokens.padding_idx)
-        attend = sdpa_mask(
-            batch_size=new.shape[0],
-            q_length=q_length,
-            kv_length=past + q_length,
-            q_offset=past,
-            kv_offset=0,
-            mask_function=causal_mask_function,
-            attention_mask=None if mask is None else mask.to(dtype=torch.bool),
-            allow_is_causal_skip=True,
-            device=hidden.device,
-        )
+        if q_length == 1 and past > 0:
+            # a decoding step: every cached position is causally visible, so the mask is the padding's (a row of
+            # ones: none, as sdpa_mask decides for a batch without padding), the values sdpa_mask builds, without
+            # its Python
+            attend = None if mask is None else mask.to(dtype=torch.bool)[:, None, None, :]
+        else:
+            attend = causal_mask(new.shape[0], q_length, past, mask, hidden.device)
         cos, sin = body.rotary_emb(hidden, positions[:, -q_length:])
         layers = body.layers[: body.config.num_hidden_layers]
         cache = [None] * len(layers) if cache is None else cache
         for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            residual = hidden
-            x = layer.input_layernorm.forward(hidden)
-            shape = (*x.shape[:-1], -1, attn.head_dim)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(shape).transpose(1, 2)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if cache[i] is not None:  # DynamicCache.update
-                k = torch.cat([cache[i][0], k], dim=-2)
-                v = torch.cat([cache[i][1], v], dim=-2)
-            cache[i] = (k, v)
-            out, _ = sdpa_attention_forward(
-                attn, q, k, v, attend, dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window
-            )
-            out = out.reshape(*x.shape[:-1], -1).contiguous()
-            hidden = residual + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            residual = hidden
-            x = layer.post_attention_layernorm.forward(hidden)
-            mlp = layer.mlp
-            x = F.linear(
-                F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
-                mlp.down_proj.weight,
-                mlp.down_proj.bias,
-            )
-            hidden = residual + x
+            hidden, cache[i] = lean_layer(layer, hidden, cos, sin, attend, cache[i])
         hidden = body.norm.forward(hidden)
         head = self.model.lm_head
         return F.linear(hidden[:, -1:, :], head.weight, head.bias), cache
+
+
+def distinct_rows(*tensors: Any) -> tuple[Any, Any]:
+    """The distinct rows of ``tensors`` side by side (2D, as many rows each): the index of each one's first row,
+    in order of first appearance, and each row's distinct row (``torch.unique(dim=0)`` without its sort, which
+    costs a tiny model's step more than a pass over the ids in Python)."""
+    import torch
+
+    seen: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    inverse = []
+    for row, key in enumerate(map(tuple, torch.cat(tensors, dim=1).tolist())):
+        index = seen.setdefault(key, len(seen))
+        if index == len(firsts):
+            firsts.append(row)
+        inverse.append(index)
+    device = tensors[0].device
+    return torch.tensor(firsts, device=device), torch.tensor(inverse, device=device)
+
+
+def causal_mask(rows: int, q_length: int, past: int, mask: Any, device: Any) -> Any:
+    """transformers' causal and padding mask for sdpa (``sdpa_mask``; None where ``is_causal`` does) of
+    ``q_length`` queries after ``past`` positions, ``mask`` the 2D padding mask of all of them (None: none)."""
+    import torch
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    return sdpa_mask(
+        batch_size=rows,
+        q_length=q_length,
+        kv_length=past + q_length,
+        q_offset=past,
+        kv_offset=0,
+        mask_function=causal_mask_function,
+        attention_mask=None if mask is None else mask.to(dtype=torch.bool),
+        allow_is_causal_skip=True,
+        device=device,
+    )
+
+
+def lean_layer(layer: Any, hidden: Any, cos: Any, sin: Any, attend: Any, past: Any) -> tuple[Any, Any]:
+    """One Qwen2 decoder layer by the operations of transformers' (sdpa attention, the mask ``attend``, rotary
+    ``cos``/``sin``), attending to the keys and values ``past`` (per layer, before this block's; None: none):
+    the hidden state out, and the keys and values of ``past`` and this block together (what ``DynamicCache``
+    keeps). Differentiable: ``klsweep.fastpass`` trains through it."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+    residual = hidden
+    x = layer.input_layernorm.forward(hidden)
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(shape).transpose(1, 2)
+    k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
+    v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if past is not None:  # DynamicCache.update
+        k = torch.cat([past[0], k], dim=-2)
+        v = torch.cat([past[1], v], dim=-2)
+    out, _ = sdpa_attention_forward(
+        attn, q, k, v, attend, dropout=0.0, scaling=attn.scaling, sliding_window=attn.sliding_window
+    )
+    out = out.reshape(*x.shape[:-1], -1).contiguous()
+    hidden = residual + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+    residual = hidden
+    x = layer.post_attention_layernorm.forward(hidden)
+    mlp = layer.mlp
+    x = F.linear(
+        F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+        * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias),
+        mlp.down_proj.weight,
+        mlp.down_proj.bias,
+    )
+    return residual + x, (k, v)

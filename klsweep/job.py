@@ -159,6 +159,10 @@ def _train_run(
 
             trainer.remove_callback(PrinterCallback)
         monitor.constants["prompts_too_long"] = float(trainer.prompts_too_long)
+        if trainer.numerics == "fast" and trainer.lean_why_not:  # asked, and the trainer computes TRL's way
+            monitor.warn(
+                f"train.numerics is fast, but TRL's numerics compute this run: {trainer.lean_why_not}"
+            )
         trainer.add_callback(monitor.callback())
         trainer.add_callback(PREEMPTION.callback(trainer))
         if wandb_run is not None:

@@ -66,6 +66,7 @@ class KLGRPOTrainer(GRPOTrainer):
         stop_sequences: tuple[str, ...] = (),
         ref_model: Any = None,
         generation: str = "hf",
+        numerics: str = "exact",
         **kwargs: Any,
     ) -> None:
         from transformers import PreTrainedModel
@@ -91,8 +92,15 @@ class KLGRPOTrainer(GRPOTrainer):
             )
         if generation not in ("hf", "fast"):
             raise ValueError(f"KLGRPOTrainer: generation={generation!r} must be hf or fast")
+        if numerics not in ("exact", "fast"):
+            raise ValueError(f"KLGRPOTrainer: numerics={numerics!r} must be exact or fast")
         self.generation = generation  # fast: klsweep.fastgen in place of HF generate (the same tokens)
+        # fast: klsweep.fastpass's log-prob pass and fastgen's prompt shared by its rows, where they apply
+        # (_lean_why_not); exact: TRL's operations
+        self.numerics = numerics
         self._fast_generators: dict[int, Any] = {}
+        # id of a model -> (it, accelerator.unwrap_model(it))
+        self._unwrap_memo: dict[int, tuple[Any, Any]] = {}
         self._prompt_ids: dict[
             str, tuple[int, ...]
         ] = {}  # a prompt's JSON -> its token ids (_tokenize_prompts)  # id of the GenerationConfig -> its fastgen.Generator
@@ -136,6 +144,33 @@ class KLGRPOTrainer(GRPOTrainer):
         self._rewards_per_func: torch.Tensor | None = None  # stash of the last _calculate_rewards
         self._train_logps: torch.Tensor | None = None  # differentiable log-probs of the last training forward
         self._deterministic_forward = not _has_dropout(self.model)
+        self._one_process = self.accelerator.num_processes == 1
+        self.lean_why_not = self._lean_why_not() if numerics == "fast" else "train.numerics is exact"
+        if numerics == "fast" and self.lean_why_not:
+            import warnings
+
+            warnings.warn(
+                f"TRL's log-prob pass in place of klsweep.fastpass: {self.lean_why_not}", stacklevel=2
+            )
+
+    def _lean_why_not(self) -> str | None:
+        """Why klsweep.fastpass does not compute this trainer's log-probs (numerics fast), or None."""
+        from klsweep import fastpass
+
+        if self.accelerator.num_processes != 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return "more than one process (the pass bypasses the DDP or FSDP wrapper)"
+        if self._is_vlm:
+            return "a vision-language model"
+        if getattr(self.args, "activation_checkpointing", False) or self.args.gradient_checkpointing:
+            return "activation checkpointing"
+        if not self._deterministic_forward:
+            return "dropout in the model"
+        if self.use_vllm:
+            return "vLLM generation (its importance ratio is taken against TRL's pass)"
+        for name, model in (("policy", self.model), ("reference", self.ref_model)):
+            if why := fastpass.unsupported(self.accelerator.unwrap_model(model)):
+                return f"{name}: {why}"
+        return None
 
     def _prepare_reference(self, ref_model: Any) -> Any:
         from trl.models import prepare_deepspeed, prepare_fsdp
@@ -163,16 +198,67 @@ class KLGRPOTrainer(GRPOTrainer):
         self._rewards_per_func = rewards_per_func  # gathered over processes: (N_global, n_funcs)
         return rewards_per_func
 
-    def _get_per_token_logps_and_entropies(self, model, *args: Any, **kwargs: Any):
-        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs: Any,
+    ):
+        if self.lean_why_not is None and not compute_aux_loss and all(v is None for v in kwargs.values()):
+            out = self._lean_logps(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
+        else:
+            out = super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **kwargs,
+            )
         if torch.is_grad_enabled():
             self._train_logps = out[0]
         return out
 
+    def _lean_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """TRL's (log-probs, entropies, None) by klsweep.fastpass, in chunks of ``batch_size`` rows as TRL's."""
+        from klsweep import fastpass
+
+        model = self._unwrapped(model)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            with self.accelerator.autocast():
+                lp, ent = fastpass.logps(
+                    model,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    temperature=self.temperature,
+                    entropy=compute_entropy,
+                )
+            logps.append(lp)
+            entropies.append(ent)
+        return (
+            torch.cat(logps, dim=0),
+            torch.cat(entropies, dim=0) if compute_entropy else None,
+            None,
+        )
+
     def _tokenize_prompts(self, prompts: list):
         """TRL's tokenization of the prompts (the chat template applied), kept per prompt: a GRPO batch repeats
         each prompt for its group and a run returns to the same prompts, and the template's rendering is a good
-        share of a tiny model's step. The same ids (each prompt is tokenized alone in TRL's batch call too);
+        share of a tiny model's step; in training, the whole training set's at the first call
+        (``_tokenize_training_prompts``). The same ids (each prompt is tokenized alone in TRL's batch call too);
         prompts with images, tools or environments, and plain-text prompts, go to TRL every time."""
         from trl.data_utils import is_conversational
 
@@ -185,6 +271,8 @@ class KLGRPOTrainer(GRPOTrainer):
         ):
             return super()._tokenize_prompts(prompts)
         keys = [json.dumps(p, sort_keys=True, default=repr) for p in prompts]
+        if not self._prompt_ids and self.model.training:
+            self._tokenize_training_prompts()
         missing = list(dict.fromkeys(k for k in keys if k not in self._prompt_ids))
         if missing:
             firsts = {k: p for k, p in zip(keys, prompts, strict=True) if k in missing}
@@ -196,6 +284,26 @@ class KLGRPOTrainer(GRPOTrainer):
             else:
                 return super()._tokenize_prompts(prompts)
         return [list(self._prompt_ids[k]) for k in keys], None, {}
+
+    def _tokenize_training_prompts(self) -> None:
+        """Every distinct prompt of the training set tokenized in one call of TRL's (the same ids: each prompt is
+        tokenized alone there), kept: a run of the tiny task meets a new prompt at almost every step, and one
+        call for all of them costs a fraction of a call per step. Only a conversational training set of at most
+        ``PROMPT_MEMO`` distinct prompts; else the prompts are tokenized as they come."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "column_names") or "prompt" not in dataset.column_names:
+            return
+        if len(dataset) > PROMPT_MEMO:
+            return
+        from trl.data_utils import is_conversational
+
+        distinct = {json.dumps(p, sort_keys=True, default=repr): p for p in dataset["prompt"]}
+        prompts = list(distinct.values())
+        if not prompts or not all(is_conversational({"prompt": p}) for p in prompts):
+            return
+        ids, images, fields = super()._tokenize_prompts(prompts)
+        if images is None and not fields:
+            self._prompt_ids.update(zip(distinct, map(tuple, ids), strict=True))
 
     def _generate_single_turn(self, prompt_ids, *args: Any, **kwargs: Any):
         """TRL's generation (HF generate, or ``klsweep.fastgen`` in its place with ``generation="fast"``), each
@@ -211,12 +319,25 @@ class KLGRPOTrainer(GRPOTrainer):
             logprobs = [lp[:end] for lp, end in zip(logprobs, ends, strict=True)]
         return completion_ids, logprobs
 
+    def _gather(self, tensors: Any) -> Any:
+        """``accelerator.gather``: the tensors themselves in a run of one process (what it returns there, without
+        its dispatch, a step's metrics call it a dozen times)."""
+        return tensors if self._one_process else self.accelerator.gather(tensors)
+
+    def _unwrapped(self, model: Any) -> Any:
+        """``accelerator.unwrap_model(model)``, kept per wrapper: accelerate looks for DeepSpeed's package at
+        every call, a good share of a tiny model's step."""
+        kept = self._unwrap_memo.get(id(model))
+        if kept is None or kept[0] is not model:
+            kept = self._unwrap_memo[id(model)] = (model, self.accelerator.unwrap_model(model))
+        return kept[1]
+
     @contextlib.contextmanager
     def _generate_with_tokenizer(self) -> Iterator[None]:
         """The generate TRL calls on the model it generates with (``unwrap_model_for_generation``: the unwrapped
         model), for the call: ``klsweep.fastgen``'s with ``generation="fast"``; else, with stop sequences, HF
         generate given the tokenizer, which ``stop_strings`` needs and TRL does not pass."""
-        model = self.accelerator.unwrap_model(self.model_wrapped)
+        model = self._unwrapped(self.model_wrapped)
         fast = self.generation == "fast" and not self.use_vllm
         if self.use_vllm or "generate" in vars(model) or not (fast or self.stop_sequences):
             yield
@@ -246,7 +367,12 @@ class KLGRPOTrainer(GRPOTrainer):
             key = id(generation_config)
             if key not in self._fast_generators:
                 try:
-                    self._fast_generators[key] = fastgen.Generator(model, generation_config, self._tokenizer)
+                    self._fast_generators[key] = fastgen.Generator(
+                        model,
+                        generation_config,
+                        self._tokenizer,
+                        share_prompts=self.numerics == "fast" and self.lean_why_not is None,
+                    )
                 except ValueError as e:
                     import warnings
 
@@ -368,7 +494,7 @@ class KLGRPOTrainer(GRPOTrainer):
             out["kl_index"] = torch.arange(local.start, local.stop, device=mask.device)
         elif in_reward:
             penalty = klmath.penalty(behavior, out["ref_per_token_logps"], mask, self.kl)
-            penalty = self.accelerator.gather(penalty.float())
+            penalty = self._gather(penalty.float())
             g = self.num_generations if mode == "train" else self.num_generations_eval
             if self.kl.reward_term:  # its own term at training time (_compute_loss): the baseline goes along
                 out["kl_baseline"] = grpo.leave_one_out_baseline(penalty, g)[local]
@@ -471,8 +597,8 @@ class KLGRPOTrainer(GRPOTrainer):
             if self.kl.beta_final is not None:
                 values["kl/beta"] = torch.full_like(values["completion_length"], self._beta())
             for name, value in values.items():
-                self._metrics[mode][name].append(self.accelerator.gather(value.float()).mean().item())
-            task_reward = self.accelerator.gather(inputs["task_reward"])
+                self._metrics[mode][name].append(self._gather(value.float()).mean().item())
+            task_reward = self._gather(inputs["task_reward"])
             self._metrics[mode]["task_reward/mean"].append(torch.nanmean(task_reward).item())
             self._metrics[mode]["task_reward/std"].append(nanstd(task_reward).item())
         return loss
@@ -483,7 +609,7 @@ class KLGRPOTrainer(GRPOTrainer):
         """The leave-one-out baseline ``_rollout`` would have computed, from the training forward's detached
         log-probs of the whole generated batch (shuffled by TRL; ``index``: each completion's place in it)."""
         penalty = klmath.penalty(logps, ref, mask, self.kl)
-        penalties, order = self.accelerator.gather((penalty.float(), index))
+        penalties, order = self._gather((penalty.float(), index))
         if not torch.equal(order.sort().values, torch.arange(order.numel(), device=order.device)):
             raise RuntimeError("the deferred KL baseline needs the whole generated batch in one micro-batch")
         in_order = torch.empty_like(penalties).index_copy_(0, order, penalties)

@@ -130,6 +130,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
     dataset, too_long = tasks.drop_long_prompts(dataset, tokenizer, train.max_prompt_length)
     # klsweep.fastgen in place of HF generate where klsweep plan said (the same tokens: the run id is the same)
     path_taken, _ = fastgen.generation_path(dataclasses.asdict(config), model.config.model_type)
+    # klsweep.fastpass where the run asks for it and it applies (a different stream of numbers: in the run id)
+    numerics, _ = fastgen.numerics_path(dataclasses.asdict(config), model.config.model_type)
     with vllm_engine_start(args, model.config, world, gpu):
         trainer = KLGRPOTrainer(
             model,
@@ -143,6 +145,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path) -> KLGRPOTrainer:
             stop_sequences=() if config.model.chat_template else tasks.stop_sequences(config.task),
             ref_model=reference,
             generation="fast" if path_taken == "fast" else "hf",
+            numerics=numerics,
         )
     trainer.prompts_too_long = too_long  # read by train_run: a column of the metrics rows
     return trainer

@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +63,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm" in item.keywords:
             item.add_marker(skip)
+
+
+# Where a run's time goes, per tier (tests/unit, tests/peer, tests/integration, ...): every phase of every test
+# (set-up, call, tear-down, module fixtures included), summed under the first folder below tests/, printed after
+# pytest's own --durations list (CI's log, issue 48).
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, int] = {}
+
+
+def tier(nodeid: str) -> str:
+    """The tier of a test id: the folder below tests/ (``unit`` for tests/unit/test_x.py::test), else its
+    first folder, else its file."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    if parts[0] == "tests" and len(parts) > 2:
+        return parts[1]
+    return parts[0]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    name = tier(report.nodeid)
+    _TIER_SECONDS[name] = _TIER_SECONDS.get(name, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _TIER_TESTS[name] = _TIER_TESTS.get(name, 0) + 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.write_sep("=", "time per tier (set-up, call and tear-down of every test)")
+    for name, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{name:<14} {seconds:9.1f} s  {_TIER_TESTS.get(name, 0):5d} tests")
+    terminalreporter.write_line(f"{'all':<14} {sum(_TIER_SECONDS.values()):9.1f} s")

@@ -33,6 +33,7 @@ LEGACY_VALUES: dict[str, Any] = {
     **KL_FORMS,
     "train.trl": {},
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
+    "train.numerics": "exact",
 }
 
 # Keys added after run ids were published, left out of a run's id while they hold this value (their default):
@@ -44,6 +45,7 @@ ID_OMITTED_AT: dict[str, Any] = {
     "model.resources.gpu": "h100-80gb",
     "train.collapse_z": COLLAPSE_Z,
     "train.vllm_importance_sampling": VLLM_IS_DEFAULT,
+    "train.numerics": "exact",
 }
 
 

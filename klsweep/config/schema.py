@@ -180,6 +180,15 @@ class TrainSection:
         "model types fastgen runs itself, qwen2, on CPUs; hf elsewhere; vLLM and FSDP always fall back): klsweep "
         "plan says which each run takes; the run id is the same either way",
     )
+    numerics: str = key(
+        "exact",
+        "how the trainer computes: exact (TRL's operations: its log-prob forward and fused LM head, HF "
+        "generate's prefill; bit for bit the same whatever train.generation) | fast (klsweep.fastpass: each "
+        "distinct prompt computed once for the completions that share it, in generation and in the log-prob "
+        "passes, and the LM head on the completion positions only; the same quantities to float32 rounding, "
+        "a different stream of numbers, so in the run id; a qwen2 model in one process on CPUs, else TRL's, "
+        "said by klsweep plan)",
+    )
     vllm_importance_sampling: str = key(
         VLLM_IS_DEFAULT,
         "with train.use_vllm: how TRL reweights a sample by the trainer's over vLLM's probability (klsweep docs kl): "

@@ -158,7 +158,7 @@ def resources_table(counts: dict[str, Any], width: int | None = None) -> Table:
                 "CPU" if mem is None else str(row["gpus"]),
                 row["sharding"],
                 "all" if row["micro_batch_size"] is None else str(row["micro_batch_size"]),
-                row["generation"],
+                row["generation"] + (", numerics fast" if row.get("numerics") == "fast" else ""),
                 ", ".join(row["learning_rate"]),
                 "—" if mem is None else f"{mem:.1f}/{row['of_gb']:g}",
                 "—" if host is None else f"{host:.0f}/{row['mem_gb']:g}",

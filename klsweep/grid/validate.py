@@ -60,6 +60,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "model.dtype": (lambda v: v in layout.COMPUTE_DTYPES, ", ".join(layout.COMPUTE_DTYPES)),
     "train.sharding": (lambda v: v in layout.SHARDING, ", ".join(layout.SHARDING)),
     "train.generation": (lambda v: v in fastgen.GENERATION_CHOICES, ", ".join(fastgen.GENERATION_CHOICES)),
+    "train.numerics": (lambda v: v in fastgen.NUMERICS_CHOICES, ", ".join(fastgen.NUMERICS_CHOICES)),
     "train.vllm_importance_sampling": (
         lambda v: v in config_mod.VLLM_IS_MODES,
         ", ".join(config_mod.VLLM_IS_MODES),

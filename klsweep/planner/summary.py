@@ -64,6 +64,7 @@ def summary(plan: Plan) -> dict[str, Any]:
     todo = [r for r in plan.runs if states[r.id] not in (*store.TRAINED_STATES, *store.STOPPED_STATES)]
     shapes: dict[tuple, list[PlannedRun]] = {}
     paths = generation_paths(plan)
+    numerics = numerics_paths(plan)
     for run in plan.runs:
         c = run.config
         res = c["model"]["resources"]
@@ -73,10 +74,11 @@ def summary(plan: Plan) -> dict[str, Any]:
             c["train"].get("sharding", "none"),
             c["train"].get("micro_batch_size"),
             paths[run.id],
+            numerics[run.id],
         )
         shapes.setdefault(key, []).append(run)
     resources = []
-    for (model, gpus, sharding, micro, (generation, why)), runs in shapes.items():
+    for (model, gpus, sharding, micro, (generation, why), (computed, how)), runs in shapes.items():
         ests = [estimates[r.id] for r in runs if r.id in estimates]
         resources.append(
             {
@@ -87,6 +89,8 @@ def summary(plan: Plan) -> dict[str, Any]:
                 "micro_batch_size": micro,
                 "generation": generation,
                 "generation_why": why,
+                "numerics": computed,
+                "numerics_why": how,
                 "learning_rate": learning_rates(runs),
                 "gpu_memory_gb": max((e.peak_gb for e in ests if e.gpus), default=None),
                 "of_gb": next((e.gpu_memory_gb for e in ests if e.gpus), None),
@@ -131,6 +135,12 @@ def summary(plan: Plan) -> dict[str, Any]:
                 for row in resources
                 if row["generation"] == "hf" and row["gpu_memory_gb"] is None  # CPU runs without fastgen
             ),
+            *(  # runs that asked for klsweep.fastpass and compute TRL's way
+                f"{row['model']}: {counted(row['runs'], 'run')} compute{'s' if row['runs'] == 1 else ''} "
+                f"exactly: {row['numerics_why']}"
+                for row in resources
+                if row["numerics"] == "exact" and row["numerics_why"].startswith("fast asked")
+            ),
         ],
         "estimates": estimates,
         "seeds": seed_budget(plan),
@@ -164,6 +174,15 @@ def seed_budget(plan: Plan) -> dict[str, Any] | None:
 def generation_paths(plan: Plan) -> dict[str, tuple[str, str]]:
     """Each run's generation path and why (``fastgen.generation_path``: fast, hf or vllm), from its config and
     its model's ``config.json`` (read once per model section); no torch or transformers."""
+    return _paths(plan, fastgen.generation_path)
+
+
+def numerics_paths(plan: Plan) -> dict[str, tuple[str, str]]:
+    """Each run's numerics and why (``fastgen.numerics_path``: exact or fast), as ``generation_paths``."""
+    return _paths(plan, fastgen.numerics_path)
+
+
+def _paths(plan: Plan, decide: Any) -> dict[str, tuple[str, str]]:
     types: dict[str, str | None] = {}
     out = {}
     for run in plan.runs:
@@ -171,7 +190,7 @@ def generation_paths(plan: Plan) -> dict[str, tuple[str, str]]:
         where = f"{model.get('path')}|{(model.get('arch') or {}).get('model_type')}"
         if where not in types:
             types[where] = model_type(model)
-        out[run.id] = fastgen.generation_path(run.config, types[where])
+        out[run.id] = decide(run.config, types[where])
     return out
 
 

@@ -70,11 +70,19 @@ def make_config(out: Path, **overrides):
 
 
 def make_trainer(
-    model_dir, dataset, out, kl: KLConfig | None, lag: int = 0, generation: str = "fast", stop=(), **overrides
+    model_dir,
+    dataset,
+    out,
+    kl: KLConfig | None,
+    lag: int = 0,
+    generation: str = "fast",
+    stop=(),
+    numerics: str = "exact",
+    **overrides,
 ):
     """KLGRPOTrainer (``kl`` given; generating with ``klsweep.fastgen`` unless ``generation="hf"``, so that every
-    comparison with plain TRL below is fed by both engines) or plain TRL GRPOTrainer (``kl`` None; then pass
-    ``beta``; HF generate)."""
+    comparison with plain TRL below is fed by both engines; TRL's numerics unless ``numerics="fast"``) or plain
+    TRL GRPOTrainer (``kl`` None; then pass ``beta``; HF generate)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
@@ -87,7 +95,9 @@ def make_trainer(
     common = dict(reward_funcs=length_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
     if kl is None:
         return GRPOTrainer(model, **common)
-    return KLGRPOTrainer(model, kl=kl, lag=lag, generation=generation, stop_sequences=stop, **common)
+    return KLGRPOTrainer(
+        model, kl=kl, lag=lag, generation=generation, stop_sequences=stop, numerics=numerics, **common
+    )
 
 
 def generate(trainer, dataset, seed: int = 0) -> dict:
@@ -213,6 +223,108 @@ def test_fast_generation_feeds_the_same_batch_as_hf_generate(model_dir, dataset,
         assert torch.equal(hf[key], fast[key]), key
     if stop:  # the stop sequences cut some completions short
         assert (fast["completion_mask"].sum(1) < LENGTH).any()
+
+
+def test_fast_numerics_keep_every_kl_configurations_loss_and_gradient(model_dir, dataset, tmp_path):
+    """``numerics="fast"`` (klsweep.fastpass) against TRL's numerics, both fed the same completions (generated
+    by the exact trainer, with its reference log-probs and advantages): the fast pass's reference log-probs
+    within float32 rounding of TRL's, and for every estimator in every placement, each level and reward mode,
+    the loss and every parameter's gradient within 1e-4 of the largest (each trainer's own training forward:
+    the reward half's baseline too, in separate mode), and the logged reward penalty."""
+    config = KLConfig("k3", "both", beta=0.5)
+    plain = dict(activation_checkpointing=False)  # as klsweep's runs on CPUs (klsweep.layout)
+    exact = make_trainer(model_dir, dataset, tmp_path / "exact", config, **plain)
+    fast = make_trainer(model_dir, dataset, tmp_path / "fast", config, numerics="fast", **plain)
+    assert exact.lean_why_not == "train.numerics is exact" and fast.lean_why_not is None
+    perturb_alike(exact.model, fast.model)
+    inputs = generate(exact, dataset)
+    fast.model.train()  # as generate leaves the exact one
+    fast.current_gradient_accumulation_steps = 1
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        ref = fast._get_per_token_logps_and_entropies(fast.ref_model, ids, attention, LENGTH)[0]
+    torch.testing.assert_close(ref, inputs["ref_per_token_logps"], rtol=0, atol=2e-5)
+    # every estimator in every placement (token level, separate mode), and k3 at sequence level and in shaped
+    # mode in each placement they change
+    configs = [(e, p, "token", "separate") for p in ("loss", "reward", "both") for e in ("k1", "k2", "k3")]
+    configs += [("k3", p, "sequence", "separate") for p in ("loss", "reward", "both")]
+    configs += [("k3", p, "token", "shaped") for p in ("reward", "both")]
+    for estimator, placement, level, mode in configs:
+        config = KLConfig(estimator, placement, level, beta=0.5, reward_mode=mode)
+        exact.kl = fast.kl = config
+        batch = generate(exact, dataset)
+        assert torch.equal(batch["completion_ids"], inputs["completion_ids"])
+        loss_exact, grads_exact = loss_and_grads(exact, batch)
+        loss_fast, grads_fast = loss_and_grads(fast, batch)
+        torch.testing.assert_close(loss_fast, loss_exact, rtol=1e-4, atol=1e-6, msg=str(config))
+        scale = max(g.abs().max().item() for g in grads_exact)
+        assert scale > 1e-4  # a real signal
+        assert_grads_close(grads_fast, grads_exact, rtol=0, atol=1e-4 * scale)
+        if placement != "loss":
+            assert fast._metrics["train"]["kl/reward_penalty"][-1] == pytest.approx(
+                exact._metrics["train"]["kl/reward_penalty"][-1], rel=1e-4, abs=1e-6
+            )
+
+
+def test_fast_numerics_train_and_log_every_row(model_dir, dataset, tmp_path):
+    """A short run on fast numerics: klsweep.fastpass computes every log-prob (TRL's pass is never called),
+    generation shares each prompt's prefill, and the metrics TRL and klsweep log are all there, entropy
+    included."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(
+        model_dir, dataset, tmp_path, KLConfig("k3", "both", beta=0.1), numerics="fast", max_steps=2,
+        activation_checkpointing=False,
+    )  # fmt: skip
+    called = []
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def spy(self, *args, **kwargs):
+        called.append(1)
+        return original(self, *args, **kwargs)
+
+    GRPOTrainer._get_per_token_logps_and_entropies = spy
+    try:
+        trainer.train()
+    finally:
+        GRPOTrainer._get_per_token_logps_and_entropies = original
+    assert not called
+    assert all(g is None or g.share_prompts for g in trainer._fast_generators.values())
+    assert trainer._fast_generators
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logs) == 2
+    for row in logs:
+        for key in ("entropy", "kl/k1", "kl/k3", "kl/reward_penalty", "task_reward/mean", "grad_norm"):
+            assert isinstance(row[key], float) and row[key] == row[key], key
+
+
+def test_fast_numerics_fall_back_where_they_do_not_apply(model_dir, dataset, tmp_path):
+    """With activation checkpointing TRL's pass computes (warned), and generation prefills every row."""
+    with pytest.warns(UserWarning, match="activation checkpointing"):
+        trainer = make_trainer(
+            model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1), numerics="fast",
+            activation_checkpointing=True,
+        )  # fmt: skip
+    assert trainer.lean_why_not == "activation checkpointing"
+    generate(trainer, dataset)
+    assert all(not g.share_prompts for g in trainer._fast_generators.values() if g is not None)
+
+
+def test_training_prompts_are_tokenized_once_all_together(model_dir, dataset, tmp_path):
+    """In training, the first tokenization renders every distinct prompt of the training set in one call of
+    TRL's: each one's ids are the ones TRL gives it alone, and no prompt of the set is rendered again."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(model_dir, dataset, tmp_path, KLConfig("k3", "loss", beta=0.1))
+    trainer.model.train()
+    prompts = [dataset[i]["prompt"] for i in (3, 0, 3)]
+    assert trainer._tokenize_prompts(prompts)[0] == GRPOTrainer._tokenize_prompts(trainer, prompts)[0]
+    assert len(trainer._prompt_ids) == len(dataset)
+    every = [dataset[i]["prompt"] for i in range(len(dataset))]
+    expected = [GRPOTrainer._tokenize_prompts(trainer, [p])[0][0] for p in every]
+    trainer.processing_class = None  # rendering again would fail
+    assert trainer._tokenize_prompts(every)[0] == expected
 
 
 def test_prompt_ids_kept_are_trls(model_dir, dataset, tmp_path):

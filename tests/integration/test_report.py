@@ -144,8 +144,9 @@ def test_collapse_on_crafted_curves():
     assert step([0.1] * 5 + [0.8] * 20, window=3) is None  # plateau
     assert step(up_down[:20] + [0.8] * 5, window=1) == 16  # the first step below, where the trainer stops
     assert step([0.0] * 25) is None  # no peak to fall from
-    # inside the first window: 0.19 then 0 from step 2; means 0.19, 0.095, 0.063 < 0.5 x 0.19 at step 3
-    assert step([0.19] + [0.0] * 24) == 3
+    # 0.19 then 0 from step 2: never judged on a partial window (issue 49); the first full window (steps 1-10)
+    # is the peak, 0.019, and the next one, 0, is under half of it at step 11
+    assert step([0.19] + [0.0] * 24) == 11
     assert step(up_down, window=1, fraction=0.1) is None  # 0.1 is not below 0.08
     # the same fall with a Bernoulli spread (16 completions a step at a mean of 0.19): noise, not a collapse
     assert step([0.19] + [0.0] * 24, stds=0.4) is None

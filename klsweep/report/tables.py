@@ -507,14 +507,17 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     import pandas as pd
 
     df = report.claims
-    share = pd.to_numeric(df["replication"], errors="coerce")
+    share, se = (pd.to_numeric(df[c], errors="coerce") for c in ("replication", "replication se"))
     out = pd.DataFrame(
         {
             "claim": df["claim"],
             "verdict": [
-                f"{v} (fragile)" if fragile(r) else v for v, r in zip(df["verdict"], share, strict=True)
+                f"{v} (fragile)" if fragile(r, e) else v
+                for v, r, e in zip(df["verdict"], share, se, strict=True)
             ],
-            "replication": [DASH if r != r else f"{r:.2f}" for r in share],
+            "replication": [
+                replication_text(r, e, n) for r, e, n in zip(share, se, df["resamples"], strict=True)
+            ],
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],
@@ -526,6 +529,15 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     bold = _no_bold(out)
     bold["verdict"] = df["verdict"] == "supported"
     return out.astype(str), bold
+
+
+def replication_text(share: float, se: float, resamples: Any, digits: int = 3) -> str:
+    """A verdict's replication as the tables print it: "0.795 ± 0.009 (2000)", the share ± its Monte Carlo
+    standard error (the resamples drawn); "—" when not computed."""
+    if share != share:
+        return DASH
+    drawn = f" ({int(resamples)})" if resamples == resamples and resamples else ""
+    return f"{share:.{digits}f}" + (f" ± {se:.{digits}f}" if se == se else "") + drawn
 
 
 def _environment_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -289,12 +289,13 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         )
     )
     if len(report.claims):
-        from klsweep.report.statistics import FRAGILE, fragile
+        from klsweep.report.statistics import FRAGILE, MC_Z, MIN_SEEDS, TOO_FEW, fragile
 
+        claims = report.claims.rename(columns={"replication se": "se"})
         rows = [
-            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication) else c.verdict,
-             DASH if c.replication != c.replication else f"{c.replication:.2f}", fmt_p(c.p_holm)]
-            for c in report.claims[["claim", "verdict", "replication", "p_holm"]].itertuples()
+            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication, c.se) else c.verdict,
+             _mean_std(c.replication, c.se, ".2f", ".2f"), fmt_p(c.p_holm)]
+            for c in claims[["claim", "verdict", "replication", "se", "p_holm"]].itertuples()
         ]  # fmt: skip
         tables.append(
             fitted_table(
@@ -306,7 +307,8 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
                 whole=["verdict"],
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
                 "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
-                f"the same verdict, fragile under {FRAGILE:g}"
+                f"the same verdict ± its Monte Carlo standard error, fragile under {FRAGILE:g} or within "
+                f"{MC_Z:g} errors of it; {TOO_FEW}: a side with fewer than {MIN_SEEDS} runs, no verdict"
                 + (
                     f"; {OUTCOME_WORDS}"
                     if any(str(d).startswith("unstable:") for d in report.claims.get("detail", []))

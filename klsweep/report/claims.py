@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import UNBIASED, Claim, overlap_problem
 from klsweep.report.audit_table import run_unbiased
-from klsweep.report.data import ID_AVG, OOD_AVG
+from klsweep.report.data import D_ID, ID_AVG, OOD_AVG
 from klsweep.report.names import KL_KEYS, kl_on, matches
 from klsweep.report.statistics import (
     ALPHA,
@@ -45,7 +45,7 @@ from klsweep.report.statistics import (
     welch_power,
     welch_summary,
 )
-from klsweep.report.tables import DASH, csv_cell, fmt_value
+from klsweep.report.tables import DASH, SPANS, csv_cell, difference_words, fmt_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,6 +117,7 @@ def comparisons_table(
                 if m in scored and all(outcomes[m].complete(scored[m][k]) for k in (i, j)):
                     w = paired_problems(*(outcomes[m].rows(scored[m][k]) for k in (i, j)), outcomes[m].task)
                     test = PAIRED
+                words = difference_words(w.half_width, w.n_a, w.n_b, SPANS[D_ID])
                 rows.append(
                     {
                         "configuration": first.at[i, "label"],
@@ -124,7 +125,8 @@ def comparisons_table(
                         "reference configuration": first.at[j, "label"],
                         "metric": m,
                         "difference": w.diff,
-                        "difference ci": w.half_width,
+                        "difference ci": math.nan if words else w.half_width,
+                        "difference ci method": words or test,
                         "t": w.t,
                         "df": w.df,
                         "p": w.p,
@@ -133,7 +135,8 @@ def comparisons_table(
                         "test": test,
                     }
                 )
-    cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci"]
+    cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci",
+            "difference ci method"]  # fmt: skip
     return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference", "test"])
 
 
@@ -274,7 +277,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             "statistic": w.diff,
             "p_value": p,
             "n": w.n_a + w.n_b,
-            "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}, margin ±{_num(margin)}",
+            "detail": f"{what}; difference {_pm(w, column)}, margin ±{_num(margin)}",
             "_two_sided": w.p,
             "_sizes": (len(xa), len(xb)),
         }
@@ -287,7 +290,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
         "statistic": w.t,
         "p_value": w.p,
         "n": w.n_a + w.n_b,
-        "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}",
+        "detail": f"{what}; difference {_pm(w, column)}",
         "_welch": w,
         "_effect": effect,
         "_sizes": (len(xa), len(xb)),
@@ -545,6 +548,13 @@ def _resample(
 def _mean(s: Sequence[float]) -> float:
     x = [float(v) for v in s if v == v]  # NaN left out
     return sum(x) / len(x) if x else math.nan
+
+
+def _pm(w: Welch, column: str) -> str:
+    """A difference and its CI: "-0.107 ± 0.0652"; an accuracy's CI wider than its range (-1 to 1): "-0.11
+    (interval not informative with 2 vs 2 seeds)"."""
+    words = difference_words(w.half_width, w.n_a, w.n_b, SPANS[D_ID]) if column in (ID_AVG, OOD_AVG) else None
+    return f"{_num(w.diff)} (interval {words})" if words else f"{_num(w.diff)} ± {_num(w.half_width)}"
 
 
 def _num(v: float) -> str:

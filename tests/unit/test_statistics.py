@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -716,3 +717,46 @@ def test_accuracy_claims_are_paired_on_the_problems_where_every_run_has_outcomes
     values[0] = np.nan  # a run evaluated before the samples were written
     old = claims_table(runs, audit, claim, resamples=0, outcomes=outcomes).iloc[0]
     assert old["test"] == welch["test"] and old["p_value"] == welch["p_value"]
+
+
+def test_no_interval_wider_than_the_scores_range_anywhere(tmp_path):
+    """Issue 49/51: with 2 seeds a t-interval over seeds is 12.7 x sd / sqrt(2) wide a side ("-0.11 ± 5.61" on
+    an accuracy, "0.617 ± 1.092" in main.tex). An interval wider than its metric's whole range (a score: 0 to
+    1; its Δ and a difference of two: -1 to 1) is not given anywhere, and each table says "not informative with
+    2 seeds" instead: main.csv (ci NaN, ci method), report.md, main.tex, the terminal, the comparisons, the
+    figure's legend; a task's score and its average (one in-domain task: one quantity) have one interval."""
+    from rich.console import Console
+
+    from klsweep.report.evalbars import interval_text
+
+    grid = [
+        {**_kl("k1", "reward"), "_skill": 0.5, "_noise": 0.2},
+        {"kl.beta": 0.0, "_skill": 0.5, "_noise": 0.2},
+    ]
+    sweep = sweepgen.write_sweep(tmp_path / "sweep", grid, seeds=2, seed=3)
+    out = tmp_path / "report"
+    rep = rp.build_report(sweep, out, formats=("md", "csv", "latex"), wandb=False)
+    main = pd.read_csv(out / "main.csv")
+    for c in ("tiny_add", "in-domain avg", "tiny_sub", "OOD avg", "Δ in-domain"):
+        half = st.t_half_width(main[f"{c} std"], main[f"{c} n"])
+        wide = 2 * half > (2 if c.startswith("Δ") else 1)
+        assert wide.any(), (c, half)  # the case at hand: 2 seeds, a spread of 0.2
+        assert main.loc[wide, f"{c} ci"].isna().all()
+        assert (main.loc[wide, f"{c} ci method"] == "not informative with 2 seeds").all()
+        assert (main.loc[~wide, f"{c} ci"] * 2 <= (2 if c.startswith("Δ") else 1)).all()
+    assert main["tiny_add ci"].equals(main["in-domain avg ci"])  # one interval per quantity
+    md = (out / "report.md").read_text()
+    assert "(not informative with 2 seeds)" in md and "no interval where it would be wider" in md
+    for name in ("main.tex",):
+        tex = (out / name).read_text()
+        assert "not informative with 2 seeds" in tex
+        widths = [float(x) for x in re.findall(r"\$\\pm\$(\d+\.\d+)", tex)]
+        assert all(w <= 0.5 for w in widths), widths
+    assert all(
+        "not informative with 2 vs 2 seeds" in cell or float(cell.split(" ± ")[1]) <= 1
+        for cell in tables.view(rep, "comparisons")[0]["difference"]
+    )
+    console = Console(width=200, record=True)
+    console.print(rp.rich_tables(rep, width=200)[0])
+    assert "±n/i" in console.export_text()
+    assert "not informative with 2 seeds" in interval_text(rep.main, ["in-domain avg", "OOD avg"])

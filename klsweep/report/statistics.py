@@ -166,10 +166,12 @@ def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, 
 
     if n_a == 0 or n_b == 0:
         return math.nan, math.nan
-    table = [[events_a, n_a - events_a], [events_b, n_b - events_b]]
-    p = float(stats.fisher_exact(table, alternative="greater").pvalue)
-    best = float(stats.fisher_exact([[n_a, 0], [0, n_b]], alternative="greater").pvalue)
-    return p, best
+    # Fisher's one-sided p, P(X >= events_a) for X hypergeometric given the margins, as scipy's fisher_exact
+    # computes it (to the last bits), without its checks: a report's replication asks for a hundred tables of
+    # hundreds of runs, 0.08 s each through fisher_exact
+    p = float(stats.hypergeom.sf(events_a - 1, n_a + n_b, events_a + events_b, n_a))
+    best = float(stats.hypergeom.sf(n_a - 1, n_a + n_b, n_a, n_a))
+    return min(1.0, p), best
 
 
 @functools.cache

@@ -240,7 +240,7 @@ FRAGILE = 0.8  # a verdict that bootstrap resamples of the runs reproduce less o
 RESAMPLES = (
     200  # bootstrap resamples of the runs behind the replication column: a batch, drawn until resolved
 )
-MAX_RESAMPLES = 2000  # at most this many (a share of 0.8 +- 0.02 is then still unresolved: fragile)
+MAX_RESAMPLES = 1000  # at most this many (a share of 0.8 +- 0.025 is then still unresolved: fragile)
 MC_Z = 2.0  # Monte Carlo standard errors between a replication and FRAGILE for it to read on one side
 RULE = (
     f"Verdicts at significance level {ALPHA:g} after Holm's adjustment over all the claims of the table (p_holm; "

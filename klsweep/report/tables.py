@@ -267,8 +267,10 @@ def _add_problem_intervals(
         columns = {
             t: np.asarray(matrix.task) == matrix.tasks.index(t) for t in per_task[c] if t in matrix.tasks
         }
-        by_task = {
-            t: len(matrix.tasks) * (np.nan_to_num(matrix.values[:, cols]) @ counts[:, cols].T)
+        by_task = {  # an average of one task is that task: its draws already projected
+            t: projected
+            if len(matrix.tasks) == 1
+            else len(matrix.tasks) * (np.nan_to_num(matrix.values[:, cols]) @ counts[:, cols].T)
             for t, cols in columns.items()
         }
         for config, group in runs[runs[c].notna()].groupby("config", sort=True):

@@ -545,7 +545,7 @@ def test_replication_marks_a_verdict_that_hangs_on_one_run_fragile():
 def test_replication_is_drawn_until_its_monte_carlo_error_clears_the_fragile_line():
     """Issue 49: 200 resamples put the 0.8 line inside the column's Monte Carlo noise (12 unused runs moved a
     replication 0.795 -> 0.83 and flipped its flag). Resamples are drawn 200 at a time until the share is more
-    than 2 of its standard errors from 0.8 (at most 2000); the error is in claims.csv and printed beside it, and
+    than 2 of its standard errors from 0.8 (at most 1000); the error is in claims.csv and printed beside it, and
     a share still within it at the bound reads fragile (the line widened by it)."""
     from klsweep.report.claims import claims_table
 

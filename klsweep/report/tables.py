@@ -24,7 +24,6 @@ from klsweep.report.stability import DEFINITIONS, STABILITY_STATS, WINDOW, objec
 from klsweep.report.statistics import (
     ALPHA,
     LEVEL,
-    MIN_SEEDS,
     RULE,
     fragile,
     problem_bootstrap,
@@ -240,9 +239,9 @@ def _add_problem_intervals(
     """For each average, each of its tasks (``tasks``: an average's task names) and each average's Δ from step
     0, ``<c> low`` and ``<c> high``: the bounds of its hierarchical bootstrap interval over seeds and problems
     (``statistics.problem_bootstrap``; the problems' draws shared by every configuration and by a task and its
-    average: a single task's score and its average are one quantity with one interval) where all of a
-    configuration's runs scored (at least ``MIN_SEEDS``: the percentile bootstrap of 2 seeds sees no more than
-    their range) have per-problem outcomes (the Δ: and their
+    average: a single task's score and its average are one quantity with one interval), joined with the
+    t-interval over seeds (the union of the two: each misses one source of the noise), where all of a
+    configuration's runs scored (2 or more) have per-problem outcomes (the Δ: and their
     step-0 model, ``step0`` each run's baseline folder, has them on the same problems: each run's outcomes less
     the step-0 model's, problem by problem, so the step-0 eval's own draw of problems is in the interval), and
     ``<c> ci`` then half its width; ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the
@@ -275,7 +274,7 @@ def _add_problem_intervals(
         }
         for config, group in runs[runs[c].notna()].groupby("config", sort=True):
             names = group["run"]
-            if len(names) < MIN_SEEDS or not matrix.complete(names):
+            if len(names) < 2 or not matrix.complete(names):
                 continue
             at, i = matrix.positions(names), row[config]
             _, bounds[c][0][i], bounds[c][1][i] = problem_bootstrap(
@@ -294,6 +293,12 @@ def _add_problem_intervals(
                 )
     for c, (low, high) in bounds.items():
         by_problems = ~np.isnan(low)
+        # the union with the t-interval over seeds (``_add_stats``): the bootstrap of few seeds misses their
+        # spread where it is large, the t-interval the problems' draw (docs/REPORT.md, "One interval per quantity")
+        mean, half = df[c].to_numpy(float), df[f"{c} ci"].to_numpy(float)
+        with_t = by_problems & ~np.isnan(half)
+        low = np.where(with_t, np.fmin(low, mean - half), low)
+        high = np.where(with_t, np.fmax(high, mean + half), high)
         df[f"{c} low"], df[f"{c} high"] = low, high
         df[f"{c} ci"] = np.where(by_problems, (high - low) / 2, df[f"{c} ci"])
         df[f"{c} {CI_METHOD}"] = np.where(by_problems, BY_PROBLEMS, BY_SEEDS)
@@ -688,12 +693,15 @@ def interval_words(main: pd.DataFrame, columns: Sequence[str]) -> str:
                 seeds.add(str(int(n)))
             elif n == n and n >= 2:
                 methods.add(m)
-    boot = f"the {LEVEL:.0%} hierarchical bootstrap interval over seeds × problems"
+    boot = (
+        f"the {LEVEL:.0%} interval over seeds × problems (the union of the hierarchical bootstrap's and the "
+        "t-interval over seeds)"
+    )
     t = f"the t-based {LEVEL:.0%} interval over seeds"
     if methods == {BY_PROBLEMS}:
         words = boot
     elif BY_PROBLEMS in methods:
-        words = f"{boot} (where every run has per-problem outcomes and {MIN_SEEDS} seeds or more; else {t})"
+        words = f"{boot}, where every run has per-problem outcomes; else {t}"
     elif methods:
         words = t
     else:

@@ -246,7 +246,7 @@ def paper_caption(report: Report, table: str) -> str:
     fixed = fixed_text(report.runs, report.axes) if report.axes else ""
     kept = f" ({fixed})" if fixed else ""
     interval = f"mean ± half-width of the t-based {LEVEL:.0%} interval over seeds"
-    scores = interval_words(report.main, [*report.in_domain, ID_AVG, *report.ood, OOD_AVG])
+    scores = interval_words(report.main, [*report.in_domain, ID_AVG, *report.ood, OOD_AVG], short=True)
     sentences = {
         "main": f"each configuration's score in domain and out of domain at its last checkpoint{kept}, mean ± "
         f"half the width of {scores or 'its interval'} (n: seeds evaluated / seeds), below the step-0 model's",

@@ -204,7 +204,7 @@ def _drop_uninformative(df: pd.DataFrame, c: str, span: float) -> None:
     import numpy as np
 
     half = df[f"{c} ci"].to_numpy(float)
-    low, high = (df.get(f"{c} {b}", pd_nan(len(df))) for b in ("low", "high"))
+    low, high = (df.get(f"{c} {b}", _nans(len(df))) for b in ("low", "high"))
     width = np.where(
         np.isnan(np.asarray(low, float)), 2 * half, np.asarray(high, float) - np.asarray(low, float)
     )
@@ -219,7 +219,8 @@ def _drop_uninformative(df: pd.DataFrame, c: str, span: float) -> None:
         df[f"{c} high"] = np.where(wide, math.nan, df[f"{c} high"])
 
 
-def pd_nan(n: int) -> Any:
+def _nans(n: int) -> Any:
+    """n NaNs (a column a frame lacks)."""
     import numpy as np
 
     return np.full(n, math.nan)
@@ -677,11 +678,12 @@ def difference_words(half: float, n_a: Any, n_b: Any, span: float) -> str | None
     return None
 
 
-def interval_words(main: pd.DataFrame, columns: Sequence[str]) -> str:
+def interval_words(main: pd.DataFrame, columns: Sequence[str], short: bool = False) -> str:
     """Which interval ``columns`` of the main table show, in words, from their ``ci method``: "the 95%
     hierarchical bootstrap interval over seeds × problems", "the t-based 95% interval over seeds", both (where
     each applies), and where an interval is not given (wider than the metric's range, with that many seeds).
-    The table's caption, the LaTeX caption, the terminal's and the figure's legend all say this."""
+    The table's caption, the LaTeX caption, the terminal's and the figure's legend all say this; ``short``: in
+    fewer words (a LaTeX caption, whose method note says the rest)."""
     methods: set[str] = set()
     seeds: set[str] = set()
     for c in columns:
@@ -693,23 +695,24 @@ def interval_words(main: pd.DataFrame, columns: Sequence[str]) -> str:
                 seeds.add(str(int(n)))
             elif n == n and n >= 2:
                 methods.add(m)
-    boot = (
-        f"the {LEVEL:.0%} interval over seeds × problems (the union of the hierarchical bootstrap's and the "
-        "t-interval over seeds)"
+    boot = f"the {LEVEL:.0%} interval over seeds × problems" + (
+        "" if short else " (the union of the hierarchical bootstrap's and the t-interval over seeds)"
     )
     t = f"the t-based {LEVEL:.0%} interval over seeds"
     if methods == {BY_PROBLEMS}:
         words = boot
     elif BY_PROBLEMS in methods:
-        words = f"{boot}, where every run has per-problem outcomes; else {t}"
+        words = f"{boot}{'' if short else ', where every run has per-problem outcomes'}; else {t}"
     elif methods:
         words = t
     else:
         words = ""
     if seeds:
+        n = " or ".join(sorted(seeds, key=int))
         none = (
-            f"no interval where it would be wider than the score's whole range (not informative with "
-            f"{' or '.join(sorted(seeds, key=int))} seeds)"
+            f"none where not informative ({n} seeds)"
+            if short
+            else f"no interval where it would be wider than the score's whole range (not informative with {n} seeds)"
         )
         words = f"{words}; {none}" if words else none
     return words

@@ -98,7 +98,9 @@ def find_collapse(
             total, count = total - old, count - 1
             if v[i - window] is not None:
                 var_total, var_count = var_total - v[i - window], var_count - 1
-        if count < window:  # a partial window (the run's first steps, or a reward missing in it): never judged
+        if (
+            count < window
+        ):  # a partial window (the run's first steps, or a reward missing in it): never judged
             continue
         m = total / count
         # the variance of one step's mean: the window's logged spread over the completions, scaled up by how much

@@ -29,6 +29,7 @@ from klsweep.report.statistics import (
     NOT_SUPPORTED,
     POWER,
     RATE_EFFECT,
+    RESAMPLE_WORK,
     RESAMPLES,
     SUPPORTED,
     TOO_FEW,
@@ -471,7 +472,9 @@ def replication(
 ) -> list[tuple[float, float, int]]:
     """Per row of ``_decide`` (claims, then groups): (share, its Monte Carlo standard error, resamples drawn).
     Resamples are drawn ``RESAMPLES`` at a time until every row's share is known to lie on one side of
-    ``FRAGILE`` (``statistics.replication_resolved``), at most ``resamples`` (a row reading ``TOO_FEW``: NaN, not
+    ``FRAGILE`` (``statistics.replication_resolved``), at most ``resamples`` and ``RESAMPLE_WORK`` draws of a
+    run in all (no fewer than one batch: 786 finished runs draw 200, as before issue 49; the report's time stays
+    within bench/bench_report.py's), a share then still near the line fragile (a row reading ``TOO_FEW``: NaN, not
     resampled: its sizes, not its data, decide it). The share: of those bootstrap resamples of the
     finished runs ``done`` (each configuration's runs drawn with replacement, as many as it has, twice over; a
     Fisher claim's events drawn per configuration at a rate from its Jeffreys posterior, Beta(k + 1/2,
@@ -489,6 +492,7 @@ def replication(
     events = [c.test == "fisher" for c in claims]
     same = np.zeros(len(rows))
     drawn_so_far = 0
+    resamples = min(resamples, max(RESAMPLES, RESAMPLE_WORK // max(len(done), 1)))  # a large sweep: its time
     measured = [r["verdict"] != TOO_FEW for r in rows]
     while drawn_so_far < resamples:
         batch = min(RESAMPLES, resamples - drawn_so_far)

@@ -41,7 +41,7 @@ def clipped_errors(mean: Any, half: Any) -> Any:
 def interval_text(main: pd.DataFrame, columns: list[str]) -> str:
     """What the whiskers of ``columns`` are, in words (``tables.interval_words``, as the tables' captions say
     it; none where an interval is not informative): "" when none is drawn nor left out."""
-    words = interval_words(main, columns)
+    words = interval_words(main, columns, short=True)  # a legend's line: the report's caption has the rest
     return f"whisker: {words[4:]}" if words.startswith("the ") else words
 
 

@@ -241,6 +241,7 @@ RESAMPLES = (
     200  # bootstrap resamples of the runs behind the replication column: a batch, drawn until resolved
 )
 MAX_RESAMPLES = 1000  # at most this many (a share of 0.8 +- 0.025 is then still unresolved: fragile)
+RESAMPLE_WORK = 100_000  # and at most this many run-resamples (786 finished runs: 200): a report's time
 MC_Z = 2.0  # Monte Carlo standard errors between a replication and FRAGILE for it to read on one side
 RULE = (
     f"Verdicts at significance level {ALPHA:g} after Holm's adjustment over all the claims of the table (p_holm; "
@@ -261,7 +262,7 @@ RULE = (
     "Replication: the share of bootstrap resamples of the finished runs (each configuration's runs resampled "
     "with replacement) whose verdict, through this whole rule (Holm included), is the same, ± its Monte Carlo "
     f"standard error: resamples drawn {RESAMPLES} at a time until every share is more than {MC_Z:g} such errors "
-    f"from {FRAGILE:g}, at most {MAX_RESAMPLES}; fragile: below {FRAGILE:g} by that margin or within it "
+    f"from {FRAGILE:g}, at most {MAX_RESAMPLES} (and {RESAMPLE_WORK:,} draws of a run in all); fragile: below {FRAGILE:g} by that margin or within it "
     f"(share - {MC_Z:g} x error < {FRAGILE:g})."
 )
 

@@ -97,11 +97,7 @@ def test_report_reads_real_samples_and_tests_paired_on_the_problems(
     assert (add != add[:1]).any() and (add.min(axis=0) != add.max(axis=0)).any() and 0 < add.mean() < 1 / 16
     assert (r.main[f"{ID_AVG} {CI_METHOD}"] == BY_PROBLEMS).all()
     # the eval bars' legend says which interval the whiskers are (it said "over seeds": issue 43 item 6)
-    assert (
-        interval_text(r.main, [ID_AVG, OOD_AVG])
-        == "whisker: 95% interval over seeds × problems (the union of the hierarchical bootstrap's and "
-        "the t-interval over seeds)"
-    )
+    assert interval_text(r.main, [ID_AVG, OOD_AVG]) == "whisker: 95% interval over seeds × problems"
     # one interval per quantity (issue 51): a task's score has its average's method; a single in-domain task's
     # interval is its average's
     assert (r.main[f"tiny_add {CI_METHOD}"] == BY_PROBLEMS).all() and len(r.in_domain) == 1

@@ -772,4 +772,4 @@ def test_no_interval_wider_than_the_scores_range_anywhere(tmp_path):
     console = Console(width=200, record=True)
     console.print(rp.rich_tables(rep, width=200)[0])
     assert "±n/i" in console.export_text()
-    assert "not informative with 2 seeds" in interval_text(rep.main, ["in-domain avg", "OOD avg"])
+    assert "none where not informative (2 seeds)" in interval_text(rep.main, ["in-domain avg", "OOD avg"])

@@ -1,7 +1,7 @@
 """Benchmark of ``klsweep report``: builds the report of a synthetic 1,000-run sweep and times it.
 
     python bench/bench_report.py [--runs 1000] [--steps 100] [--problems 500] [--formats md,csv,latex,html]
-                                 [--keep DIR]
+                                 [--keep DIR] [--claims]
 
 The sweep (written to a temporary folder, or DIR with --keep) is 2 models x 3 estimators x 3 placements x 2 lags x
 5 betas = 180 configurations, seeds filling up to --runs; states as in a sweep under way (mostly done, some
@@ -16,7 +16,8 @@ the same sweep, each as a ratio to the baseline measured in the same run: the ti
 the sweep (json, and yaml's C loader for config.yaml); then the same as whole processes (the default
 ``klsweep report``: since issue 43, what ``klsweep study`` writes: report.md, report.html, the CSV files and
 tables.json, the LaTeX tables, the PNG figures and their PDF copies; against a Python process that reads every
-file). Targets (on a quiet 2-core machine): the report within 1.5x of the baseline and < 2 s at 1,000 runs;
+file). ``--claims``: the report also tests sweeps/tiny.yaml's claims at the bench's lag (10): their
+replication resamples (``claims.replication``) in its time. Targets (on a quiet 2-core machine): the report within 1.5x of the baseline and < 2 s at 1,000 runs;
 status < 1 s; as processes, the cold default report within 2x of the reading process, the warm one 1.5x.
 """
 
@@ -214,11 +215,13 @@ def main() -> None:
     ap.add_argument(
         "--problems", type=int, default=500, help="per-problem outcomes of each scored run (0: none)"
     )
+    ap.add_argument("--claims", action="store_true", help="test sweeps/tiny.yaml's claims (at lag 10)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         t = time.perf_counter()
         sweep = make_sweep(root, args.runs, args.steps, problems=args.problems)
+        claims = write_claims(root) if args.claims else None
         print(f"wrote {args.runs} runs x {args.steps} steps in {time.perf_counter() - t:.1f} s: {sweep}")
         t, c = time.perf_counter(), time.process_time()
         files = read_everything(sweep)
@@ -236,7 +239,7 @@ def main() -> None:
         )
         for call in ("first call (imports, no cache, every figure drawn)", "second call (warm)"):
             t, c, k = time.perf_counter(), time.process_time(), _children_cpu()
-            report = build_report(sweep, root / "report", formats=args.formats.split(","))
+            report = build_report(sweep, root / "report", formats=args.formats.split(","), claims=claims)
             wall, cpu, kids = time.perf_counter() - t, time.process_time() - c, _children_cpu() - k
             print(
                 f"build_report, {call}: {wall:.2f} s wall ({wall / t_read:.1f}x baseline), "
@@ -246,7 +249,7 @@ def main() -> None:
                 f"< 2 s: {'met' if wall < 2 else 'MISSED'}"
             )
         print(f"{len(report.main)} configurations, {len(report.paths)} files written to {report.out_dir}")
-        processes(sweep, root, args.formats)
+        processes(sweep, root, args.formats, claims)
 
 
 def _children_cpu() -> float:
@@ -257,7 +260,15 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def processes(sweep: Path, root: Path, formats: str) -> None:
+def write_claims(root: Path) -> Path:
+    """sweeps/tiny.yaml's claims at the bench's lag, 10 (its KL arms and beta 1 are in the bench's grid)."""
+    text = (Path(__file__).parents[1] / "sweeps" / "tiny.yaml").read_text()
+    path = root / "claims.yaml"
+    path.write_text(text[text.index("claims:") :].replace("lag: 16", "lag: 10").replace("lag 16", "lag 10"))
+    return path
+
+
+def processes(sweep: Path, root: Path, formats: str, claims: Path | None = None) -> None:
     """The same as whole processes, as a user meets them: the default ``klsweep report`` (imports, the
     terminal tables, ``report.DEFAULT_FORMATS`` and the figures with their PDF copies) against a Python
     process that reads every file, each timed twice, interleaved; the report's first process writes a fresh folder (no cache, every figure drawn), its
@@ -284,6 +295,7 @@ def processes(sweep: Path, root: Path, formats: str) -> None:
     out = root / "report-process"
     shutil.rmtree(out, ignore_errors=True)
     report = [sys.executable, "-m", "klsweep", "report", str(sweep), "--out", str(out)]
+    report += ["--claims", str(claims)] if claims is not None else []
     times: dict[str, list[float]] = {"read": [], "report": []}
     for _ in range(2):
         for name, cmd in (("read", read), ("report", report)):

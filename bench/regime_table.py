@@ -7,11 +7,14 @@ training improves the model and its sampled reward.
 Reads the sweep's report (``report/main.csv``: each configuration's Δ from its step-0 model, its interval paired
 on the problems; ``report/runs.csv``: each run's settings, peak KL and whether it collapsed) and each run's
 ``metrics.jsonl`` (the sampled task reward). Prints a Markdown table, one row per configuration: the setting
-(learning rate, prompts x completions a step, warm-up), the arm, Δ in-domain and Δ OOD with their 95%
+(the values of every config key that varies between the runs and is not the arm's: learning rate, batch,
+warm-up, ...; "—" when only the arm varies), the arm (estimator and placement, with β and lag and any other KL
+key where they vary: two arms are never printed alike), Δ in-domain and Δ OOD with their 95%
 intervals, the sampled reward's mean over the first and the last 20 steps (the mean over seeds and its 95%
 t-interval for the rise), the peak KL (k3) and the runs that collapsed. ``criterion``: yes where Δ in-domain's
-interval lies above 0 and the sampled reward rose (the rise's interval above 0): study v5's condition for its
-no-KL and unbiased arms (issue 41).
+interval lies above 0 and the sampled reward rose (the rise's interval above 0), each lower bound above 0 by
+more than the printed rounding (``ROUNDING``: a bound of 3e-16 reads +0.00 and is not above 0): study v5's
+condition for its no-KL and unbiased arms (issue 41).
 """
 
 from __future__ import annotations
@@ -41,18 +44,65 @@ def reward_ends(run: Path) -> tuple[float, float] | None:
     return sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
 
 
-def setting(row: dict) -> str:
-    text = f"{float(row['train.learning_rate']):.0e}, {row['train.prompts_per_step']} x {row['train.group_size']}"
-    warm = row.get("train.warmup_steps")
-    return text + (
-        f", warm-up {int(warm)}" if isinstance(warm, int | float) and warm and warm == warm else ""
-    )
+ARM_KEYS = (
+    "kl.estimator",
+    "kl.placement",
+    "kl.beta",
+    "offpolicy.lag",
+)  # the arm: what the KL term is, and its lag
+ROUNDING = 0.005  # the tables print 2 decimals: a bound is above 0 when it reads above 0 (not 3e-16: "+0.00")
+SHORT_KEYS = {
+    "train.learning_rate": "lr",
+    "train.prompts_per_step": "prompts",
+    "train.group_size": "completions",
+    "train.warmup_steps": "warm-up",
+    "kl.beta": "β",
+    "offpolicy.lag": "lag",
+}
 
 
-def arm(row: dict) -> str:
-    if float(row["kl.beta"]) == 0:
-        return "no KL"
-    return f"{row['kl.estimator']} in {row['kl.placement']}"
+def varying(runs) -> list[str]:
+    """The config keys (dotted columns of runs.csv) whose values differ between the runs, seeds excepted."""
+    return [c for c in runs.columns if "." in c and c != "seed" and runs[c].astype(str).nunique() > 1]
+
+
+def _value(key: str, value) -> str:
+    if key == "train.learning_rate":
+        return f"{float(value):.0e}"
+    if isinstance(value, float) and value == value and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def setting(row: dict, keys: list[str]) -> str:
+    """The run's values of the varying keys that are not its arm's (``ARM_KEYS``): "lr 1e-04, completions 8";
+    "—" when only the arm varies."""
+    parts = [
+        f"{SHORT_KEYS.get(k, k)} {_value(k, row[k])}"
+        for k in keys
+        if k not in ARM_KEYS and not k.startswith("kl.")
+    ]
+    return ", ".join(parts) or "—"
+
+
+def arm(row: dict, keys: list[str]) -> str:
+    """The KL arm in the paper's words, with its β and lag where they vary ("k1 in loss, β 3, lag 16"), and any
+    other varying KL key; "no KL" (β 0) with its lag where that varies."""
+    off = float(row["kl.beta"]) == 0
+    text = "no KL" if off else f"{row['kl.estimator']} in {row['kl.placement']}"
+    extra = [
+        k for k in keys if k.startswith(("kl.", "offpolicy.")) and k not in ("kl.estimator", "kl.placement")
+    ]
+    for k in extra:
+        if off and k.startswith("kl."):
+            continue
+        text += f", {SHORT_KEYS.get(k, k)} {_value(k, row[k])}"
+    return text
+
+
+def above_zero(low: float) -> bool:
+    """Whether a lower bound lies above 0 by more than rounding (``ROUNDING``)."""
+    return low == low and low >= ROUNDING
 
 
 def interval(mean: float, low: float, high: float, ci: float) -> str:
@@ -69,10 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = pd.read_csv(args.sweep / "report" / "runs.csv")
     main_table = pd.read_csv(args.sweep / "report" / "main.csv").set_index("label")
-    defaults = {"train.warmup_steps": 0, "train.prompts_per_step": 4, "train.group_size": 8}
-    for key, value in defaults.items():
-        if key not in runs:
-            runs[key] = value
+    keys = varying(runs)
     rows = []
     for label, group in runs.groupby("label", sort=False):
         first = group.iloc[0].to_dict()
@@ -81,12 +128,12 @@ def main() -> None:
         m = main_table.loc[label]
         d_id = (m["Δ in-domain"], m.get("Δ in-domain low", math.nan), m.get("Δ in-domain high", math.nan))
         d_ood = (m["Δ OOD"], m.get("Δ OOD low", math.nan), m.get("Δ OOD high", math.nan))
-        helps = d_id[1] > 0 if not math.isnan(d_id[1]) else d_id[0] - m["Δ in-domain ci"] > 0
-        rose = rise[0] - rise[1] > 0 if rise[2] >= 2 else False
+        helps = above_zero(d_id[1] if not math.isnan(d_id[1]) else d_id[0] - m["Δ in-domain ci"])
+        rose = above_zero(rise[0] - rise[1]) if rise[2] >= 2 else False
         rows.append(
             (
-                setting(first),
-                arm(first),
+                setting(first, keys),
+                arm(first, keys),
                 len(group),
                 interval(*d_id, m["Δ in-domain ci"]),
                 interval(*d_ood, m["Δ OOD ci"]),
@@ -100,7 +147,7 @@ def main() -> None:
         )
     rows.sort(key=lambda r: (r[0], r[1]))
     head = (
-        "setting (lr, prompts x completions)",
+        "setting (the varying keys)",
         "arm",
         "runs",
         "Δ in-domain [95% CI]",

@@ -3,7 +3,8 @@ step it collapses and marks it diverged) and by the report (``klsweep.report.sta
 each with the run's own ``Rule`` (``train.collapse_window``, ``collapse_fraction``, ``collapse_z`` and the
 completions a step). Statement, derivation and measured false-collapse rates: docs/COLLAPSE.md.
 
-In short: the window of the last ``window`` logged steps (fewer at the start) has a mean task reward ``m``; the
+In short: the window of the last ``window`` logged steps has a mean task reward ``m`` (a window judged only when
+full: every one of its ``window`` steps logged a reward; never a partial one, at the start or after a gap); the
 variance of a step's mean is the window's logged ``reward_std``^2 / ``completions``, scaled up by how much more
 the run's step means change from step to step than that says (or, without ``reward_std``, that change alone).
 The peak window is the one with the best ``m - z se`` so far. The run collapses at the first step whose window's
@@ -73,7 +74,8 @@ def find_collapse(
     rule: Rule,
 ) -> Collapse | None:
     """The collapse of a run whose step ``steps[i]`` logged the mean task reward ``rewards[i]`` and its standard
-    deviation over the step's completions ``stds[i]`` (a missing or non-finite value is ignored), or None."""
+    deviation over the step's completions ``stds[i]`` (a missing or non-finite value is ignored), or None. Only
+    full windows are compared: the peak window and the falling one each hold ``rule.window`` logged rewards."""
     if rule.window < 1:
         return None
     window, n, z = rule.window, max(rule.completions, 1), rule.z
@@ -96,7 +98,9 @@ def find_collapse(
             total, count = total - old, count - 1
             if v[i - window] is not None:
                 var_total, var_count = var_total - v[i - window], var_count - 1
-        if count == 0:
+        if (
+            count < window
+        ):  # a partial window (the run's first steps, or a reward missing in it): never judged
             continue
         m = total / count
         # the variance of one step's mean: the window's logged spread over the completions, scaled up by how much

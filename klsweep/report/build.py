@@ -131,6 +131,7 @@ def build_report(
     attach_deltas(runs, baseline)
     runs, names = label_configs(runs, axes, label_rules, run_configs)
     audit, cache_warnings = _audit_table(runs)
+    main = main_table(runs, axes, in_domain, ood, outcomes, baseline)
     report = Report(
         sweep_dir=sweep,
         out_dir=out,
@@ -142,11 +143,11 @@ def build_report(
         in_domain=in_domain,
         ood=ood,
         runs=runs,
-        main=main_table(runs, axes, in_domain, ood, outcomes, baseline),
+        main=main,
         baseline=baseline,
         stability=stability_table(runs, axes),
         audit=audit,
-        reference=reference_table(runs, axes, in_domain + ood, reference_csv),
+        reference=reference_table(runs, axes, in_domain + ood, reference_csv, main),
         comparisons=comparisons_table(runs, axes, [ID_AVG, OOD_AVG], outcomes),
         claims=claims_table(runs, audit, tested, run_configs, claim_problems, outcomes=outcomes),
         environment=environment_table(runs),

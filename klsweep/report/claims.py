@@ -18,29 +18,35 @@ from typing import TYPE_CHECKING, Any
 from klsweep.errors import Problem, UserError
 from klsweep.grid.claims import UNBIASED, Claim, overlap_problem
 from klsweep.report.audit_table import run_unbiased
-from klsweep.report.data import ID_AVG, OOD_AVG
+from klsweep.report.data import D_ID, ID_AVG, OOD_AVG
 from klsweep.report.names import KL_KEYS, kl_on, matches
 from klsweep.report.statistics import (
     ALPHA,
     EFFECT,
     INCONCLUSIVE,
+    MAX_RESAMPLES,
+    MIN_SEEDS,
     NOT_SUPPORTED,
     POWER,
     RATE_EFFECT,
+    RESAMPLE_WORK,
     RESAMPLES,
     SUPPORTED,
+    TOO_FEW,
     Welch,
     fragile,
     holm,
+    mc_error,
     paired_problems,
     rate_power,
     rate_test,
+    replication_resolved,
     tost_of,
     welch,
     welch_power,
     welch_summary,
 )
-from klsweep.report.tables import DASH, csv_cell, fmt_value
+from klsweep.report.tables import DASH, SPANS, csv_cell, difference_words, fmt_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +57,8 @@ PEAK_KL = "peak KL k3"
 REWARD_DROP = "reward drop"  # stability.reward_drop
 REFERENCES = ("no KL", "k1 in reward")
 CLAIM_COLUMNS = [
-    "claim", "group", "verdict", "replication", "test", "statistic", "p_value", "p_holm", "n", "detail",
+    "claim", "group", "verdict", "replication", "replication se", "resamples", "test", "statistic", "p_value",
+    "p_holm", "n", "detail",
 ]  # fmt: skip
 MISSING = "missing"
 APOSTROPHE = "'"
@@ -111,6 +118,7 @@ def comparisons_table(
                 if m in scored and all(outcomes[m].complete(scored[m][k]) for k in (i, j)):
                     w = paired_problems(*(outcomes[m].rows(scored[m][k]) for k in (i, j)), outcomes[m].task)
                     test = PAIRED
+                words = difference_words(w.half_width, w.n_a, w.n_b, SPANS[D_ID])
                 rows.append(
                     {
                         "configuration": first.at[i, "label"],
@@ -118,7 +126,8 @@ def comparisons_table(
                         "reference configuration": first.at[j, "label"],
                         "metric": m,
                         "difference": w.diff,
-                        "difference ci": w.half_width,
+                        "difference ci": math.nan if words else w.half_width,
+                        "difference ci method": words or test,
                         "t": w.t,
                         "df": w.df,
                         "p": w.p,
@@ -127,7 +136,8 @@ def comparisons_table(
                         "test": test,
                     }
                 )
-    cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci"]
+    cols = ["configuration", "reference", "reference configuration", "metric", "difference", "difference ci",
+            "difference ci method"]  # fmt: skip
     return pd.DataFrame(rows, columns=[*cols, "t", "df", "p", "n", "n reference", "test"])
 
 
@@ -239,6 +249,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             "n": len(a) + len(b),
             "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
             "_rates": rate_power_args(c, len(a), len(b), ra, rb),
+            "_sizes": (len(a), len(b)),
             "_at": f"a's rate {_num(ra)} against b's {_num(rb)}",
         }
         return row
@@ -267,8 +278,9 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             "statistic": w.diff,
             "p_value": p,
             "n": w.n_a + w.n_b,
-            "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}, margin ±{_num(margin)}",
+            "detail": f"{what}; difference {_pm(w, column)}, margin ±{_num(margin)}",
             "_two_sided": w.p,
+            "_sizes": (len(xa), len(xb)),
         }
         return row
     w = test(c.direction)
@@ -279,9 +291,10 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
         "statistic": w.t,
         "p_value": w.p,
         "n": w.n_a + w.n_b,
-        "detail": f"{what}; difference {_num(w.diff)} ± {_num(w.half_width)}",
+        "detail": f"{what}; difference {_pm(w, column)}",
         "_welch": w,
         "_effect": effect,
+        "_sizes": (len(xa), len(xb)),
     }
     return row
 
@@ -313,10 +326,14 @@ def _with_outcomes(x: Any) -> Any:
 
 
 def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
-    """(verdict, why) of a tested claim from its Holm-adjusted p (``RULE``); ``m``: the claims tested."""
+    """(verdict, why) of a tested claim from its Holm-adjusted p (``RULE``); ``m``: the claims tested. A side
+    with 1 or 2 runs (``MIN_SEEDS``): ``TOO_FEW``, whatever its test says."""
     p, adj = row["p_value"], row["p_holm"]
+    few = [f"{side} {n}" for side, n in zip("ab", row["_sizes"], strict=True) if n < MIN_SEEDS]
+    if all(row["_sizes"]) and few:
+        return TOO_FEW, f"fewer than {MIN_SEEDS} runs a side with a value ({', '.join(few)}): no verdict"
     if math.isnan(p):
-        return INCONCLUSIVE, "a group has no finished run, fewer than 2 values or no spread"
+        return INCONCLUSIVE, "a group has no finished run or no spread"
     if adj < ALPHA:
         return SUPPORTED, "equivalent within the margin" if test == "tost" else ""
     if test == "fisher":
@@ -338,13 +355,15 @@ def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
 
 
 def _group_row(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
-    """An "any of" claim: supported when a member is, not supported when every member is not, else
-    inconclusive; its p_holm the smallest of its members'."""
+    """An "any of" claim: supported when a member is, not supported when every member is not, too few seeds when
+    every member has too few, else inconclusive; its p_holm the smallest of its members'."""
     verdicts = [r["verdict"] for r in members]
     if SUPPORTED in verdicts:
         verdict = SUPPORTED
     elif all(v == NOT_SUPPORTED for v in verdicts):
         verdict = NOT_SUPPORTED
+    elif all(v == TOO_FEW for v in verdicts):
+        verdict = TOO_FEW
     else:
         verdict = INCONCLUSIVE
     n_sup = verdicts.count(SUPPORTED)
@@ -368,12 +387,13 @@ def claims_table(
     claims: Sequence[Claim],
     configs: dict[str, dict] | None = None,
     problems: Sequence[Problem] = (),
-    resamples: int = RESAMPLES,
+    resamples: int = MAX_RESAMPLES,
     outcomes: Outcomes | None = None,
 ) -> pd.DataFrame:
     """One row per claim (``klsweep.grid.claims``), tested on the finished runs, then one per group of claims
     ("any of"): ``CLAIM_COLUMNS``. p_holm: Holm's adjustment over every claim tested; verdicts by ``RULE``;
-    replication: ``replication`` over ``resamples`` bootstrap resamples (0: NaN).
+    replication: ``replication``, at most ``resamples`` bootstrap resamples (0: NaN), with its Monte Carlo
+    standard error (``replication se``) and the resamples drawn (``resamples``).
     ``configs``: run -> its flattened config, for filters on keys runs.csv does not hold. UserError when a
     claim's metric or filter key is neither a column of the runs nor a config key, with ``problems`` (those
     found reading the claims: every problem in one error). ``outcomes``: the runs' per-problem outcomes
@@ -414,7 +434,10 @@ def claims_table(
     ]
     rows = _decide(claims, values, outcomes)
     shares = replication(done, claims, sides, rows, resamples, outcomes=outcomes)
-    rows = [{**row, "replication": share} for row, share in zip(rows, shares, strict=True)]
+    rows = [
+        {**row, "replication": share, "replication se": se, "resamples": drawn}
+        for row, (share, se, drawn) in zip(rows, shares, strict=True)
+    ]
     return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
 
 
@@ -443,11 +466,16 @@ def replication(
     claims: Sequence[Claim],
     sides: list[tuple[pd.DataFrame, pd.DataFrame]],
     rows: list[dict[str, Any]],
-    resamples: int = RESAMPLES,
+    resamples: int = MAX_RESAMPLES,
     seed: int = 0,
     outcomes: Outcomes | None = None,
-) -> list[float]:
-    """Per row of ``_decide`` (claims, then groups): the share of ``resamples`` bootstrap resamples of the
+) -> list[tuple[float, float, int]]:
+    """Per row of ``_decide`` (claims, then groups): (share, its Monte Carlo standard error, resamples drawn).
+    Resamples are drawn ``RESAMPLES`` at a time until every row's share is known to lie on one side of
+    ``FRAGILE`` (``statistics.replication_resolved``), at most ``resamples`` and ``RESAMPLE_WORK`` draws of a
+    run in all (no fewer than one batch: 786 finished runs draw 200, as before issue 49; the report's time stays
+    within bench/bench_report.py's), a share then still near the line fragile (a row reading ``TOO_FEW``: NaN, not
+    resampled: its sizes, not its data, decide it). The share: of those bootstrap resamples of the
     finished runs ``done`` (each configuration's runs drawn with replacement, as many as it has, twice over; a
     Fisher claim's events drawn per configuration at a rate from its Jeffreys posterior, Beta(k + 1/2,
     n - k + 1/2), so that 0 of 6 is not taken for a certain 0; the seed is fixed: a report is reproducible) whose verdict, through the whole rule (every claim retested, Holm over the
@@ -463,8 +491,46 @@ def replication(
     values = [_values(c, done, outcomes) for c in claims]
     events = [c.test == "fisher" for c in claims]
     same = np.zeros(len(rows))
+    drawn_so_far = 0
+    resamples = min(resamples, max(RESAMPLES, RESAMPLE_WORK // max(len(done), 1)))  # a large sweep: its time
+    measured = [r["verdict"] != TOO_FEW for r in rows]
+    while drawn_so_far < resamples:
+        batch = min(RESAMPLES, resamples - drawn_so_far)
+        _resample(rng, batch, len(done), configs, values, members, events, claims, rows, same, outcomes)
+        drawn_so_far += batch
+        shares = same / drawn_so_far
+        if all(
+            replication_resolved(float(x), mc_error(float(x), drawn_so_far))
+            for x, m in zip(shares, measured, strict=True)
+            if m
+        ):
+            break
+    if not drawn_so_far:
+        return [(math.nan, math.nan, 0)] * len(rows)
+    return [
+        (float(x), mc_error(float(x), drawn_so_far), drawn_so_far) if m else (math.nan, math.nan, 0)
+        for x, m in zip(same / drawn_so_far, measured, strict=True)
+    ]
+
+
+def _resample(
+    rng: Any,
+    resamples: int,
+    n_runs: int,
+    configs: list[Any],
+    values: list[Any],
+    members: list[list[Any]],
+    events: list[bool],
+    claims: Sequence[Claim],
+    rows: list[dict[str, Any]],
+    same: Any,
+    outcomes: Outcomes | None,
+) -> None:
+    """``resamples`` draws of ``replication``: each row's count of verdicts like its own added to ``same``."""
+    import numpy as np
+
     for _ in range(resamples):
-        drawn = np.arange(len(done))
+        drawn = np.arange(n_runs)
         for runs in configs:
             # twice: a fresh seed set varies around the truth as much as this one did, and the truth
             # itself is this set's estimate give or take as much (a predictive resample, not a plain one)
@@ -481,12 +547,18 @@ def replication(
                 redrawn.append((v[drawn[a]], v[drawn[b]]))
         verdicts = [r["verdict"] for r in _decide(claims, redrawn, outcomes)]
         same += [v == r["verdict"] for v, r in zip(verdicts, rows, strict=True)]
-    return [float(x) for x in same / resamples] if resamples else [math.nan] * len(rows)
 
 
 def _mean(s: Sequence[float]) -> float:
     x = [float(v) for v in s if v == v]  # NaN left out
     return sum(x) / len(x) if x else math.nan
+
+
+def _pm(w: Welch, column: str) -> str:
+    """A difference and its CI: "-0.107 ± 0.0652"; an accuracy's CI wider than its range (-1 to 1): "-0.11
+    (interval not informative with 2 vs 2 seeds)"."""
+    words = difference_words(w.half_width, w.n_a, w.n_b, SPANS[D_ID]) if column in (ID_AVG, OOD_AVG) else None
+    return f"{_num(w.diff)} (interval {words})" if words else f"{_num(w.diff)} ± {_num(w.half_width)}"
 
 
 def _num(v: float) -> str:
@@ -495,23 +567,27 @@ def _num(v: float) -> str:
 
 def read_verdicts(path: str | Path) -> dict[str, str]:
     """Claim -> verdict of a ``claims.csv`` written by ``klsweep report``."""
-    return {c: v for c, (v, _) in read_expected(path).items()}
+    return {c: v for c, (v, *_) in read_expected(path).items()}
 
 
-def read_expected(path: str | Path) -> dict[str, tuple[str, float]]:
-    """Claim -> (verdict, replication) of a ``claims.csv`` written by ``klsweep report``; replication NaN
-    where the file has no such column (written before it) or no number there: such a verdict counts as
-    robust."""
+def read_expected(path: str | Path) -> dict[str, tuple[str, float, float]]:
+    """Claim -> (verdict, replication, its Monte Carlo standard error) of a ``claims.csv`` written by
+    ``klsweep report``; replication NaN where the file has no such column (written before it) or no number
+    there: such a verdict counts as robust; the error NaN where the file predates it (the share alone
+    decides)."""
     import pandas as pd
 
     try:
         old = pd.read_csv(path, dtype=str, keep_default_na=False)
-        shares = (
-            pd.to_numeric(old["replication"], errors="coerce")
-            if "replication" in old
-            else [math.nan] * len(old)
+        nan = [math.nan] * len(old)
+        shares, ses = (
+            pd.to_numeric(old[col], errors="coerce") if col in old else nan
+            for col in ("replication", "replication se")
         )
-        return {c: (v, float(r)) for c, v, r in zip(old["claim"], old["verdict"], shares, strict=True)}
+        return {
+            c: (v, float(r), float(e))
+            for c, v, r, e in zip(old["claim"], old["verdict"], shares, ses, strict=True)
+        }
     except (OSError, UnicodeDecodeError, ValueError, KeyError, pd.errors.ParserError) as e:
         raise UserError(
             Problem(str(path), f"not a readable claims.csv ({e})", "a claims.csv written by klsweep report"),
@@ -534,10 +610,10 @@ def verdict_changes(expected: dict[str, str], claims: pd.DataFrame | None) -> li
 
 
 def split_changes(
-    changes: list[tuple[str, str, str]], expected: dict[str, tuple[str, float]]
+    changes: list[tuple[str, str, str]], expected: dict[str, tuple[str, float, float]]
 ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
     """``verdict_changes`` split by the expected verdict's replication (``read_expected``): (the changes of
     robust verdicts, a failure to replicate; those of fragile ones, expected to change on other seeds or
     CPUs). An expected verdict without a replication, or a claim the expected table lacks, counts as robust."""
-    robust = [c for c in changes if not fragile(expected.get(c[0], ("", math.nan))[1])]
+    robust = [c for c in changes if not fragile(*expected.get(c[0], ("", math.nan, math.nan))[1:])]
     return robust, [c for c in changes if c not in robust]

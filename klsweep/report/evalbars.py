@@ -17,8 +17,7 @@ from klsweep.report import figstyle
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
 from klsweep.report.figstyle import CHAR_IN, FONT, LINE_IN, plain_text
 from klsweep.report.names import DASH, fmt_value
-from klsweep.report.statistics import LEVEL
-from klsweep.report.tables import BY_PROBLEMS, CI_METHOD
+from klsweep.report.tables import CI_METHOD, interval_words
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,19 +39,10 @@ def clipped_errors(mean: Any, half: Any) -> Any:
 
 
 def interval_text(main: pd.DataFrame, columns: list[str]) -> str:
-    """What the whiskers of ``columns`` are, in words (their ``ci method``): "" when none is drawn."""
-    methods = set()
-    for c in columns:
-        drawn = main[f"{c} n"].fillna(0).ge(2) & main[f"{c} ci"].notna()
-        methods |= set(main.loc[drawn, f"{c} {CI_METHOD}"]) if f"{c} {CI_METHOD}" in main else set()
-    if not methods:
-        return ""
-    level = f"{LEVEL:.0%} interval"
-    if methods == {BY_PROBLEMS}:
-        return f"{level} over seeds × problems"
-    if BY_PROBLEMS in methods:
-        return f"{level} over seeds × problems (over seeds where a run lacks per-problem scores)"
-    return f"{level} over seeds (t)"
+    """What the whiskers of ``columns`` are, in words (``tables.interval_words``, as the tables' captions say
+    it; none where an interval is not informative): "" when none is drawn nor left out."""
+    words = interval_words(main, columns, short=True)  # a legend's line: the report's caption has the rest
+    return f"whisker: {words[4:]}" if words.startswith("the ") else words
 
 
 def _panels(report: Report) -> list[tuple[str, str, str]]:

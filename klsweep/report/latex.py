@@ -20,6 +20,7 @@ from klsweep.report.tables import (
     TITLES,
     Report,
     captions,
+    interval_words,
     numeric_columns,
     status_text,
     view,
@@ -244,10 +245,11 @@ def paper_caption(report: Report, table: str) -> str:
     """A paper table's caption: its title and one sentence of what it shows (the method: ``method_note``)."""
     fixed = fixed_text(report.runs, report.axes) if report.axes else ""
     kept = f" ({fixed})" if fixed else ""
-    interval = f"mean ± half-width of the {LEVEL:.0%} interval over seeds"
+    interval = f"mean ± half-width of the t-based {LEVEL:.0%} interval over seeds"
+    scores = interval_words(report.main, [*report.in_domain, ID_AVG, *report.ood, OOD_AVG], short=True)
     sentences = {
-        "main": f"each configuration's score in domain and out of domain at its last checkpoint{kept}, {interval} "
-        "(n: seeds evaluated / seeds), below the step-0 model's",
+        "main": f"each configuration's score in domain and out of domain at its last checkpoint{kept}, mean ± "
+        f"half the width of {scores or 'its interval'} (n: seeds evaluated / seeds), below the step-0 model's",
         "stability": f"each configuration's final and peak task reward, reward drop, peak KL and lowest entropy{kept}, "
         f"{interval}, and how many of its runs diverged or collapsed",
         "audit": "the expected KL update of each configuration's trainer against the gradient of the reverse and "

@@ -22,11 +22,17 @@ TRACED = 'a source naming the paper\'s table or figure, e.g. "arXiv 2512.21852, 
 
 
 def reference_table(
-    runs: pd.DataFrame, axes: list[str], tasks: list[str], reference_csv: str | Path | None
+    runs: pd.DataFrame,
+    axes: list[str],
+    tasks: list[str],
+    reference_csv: str | Path | None,
+    main: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The study's figures (one row per figure and matching configuration): model (a case-insensitive
     substring of model.path or model.name), training task, estimator, placement, lag, and beta and level where
-    the figure gives them, all equal; the figure's eval key a substring of one of our eval tasks."""
+    the figure gives them, all equal; the figure's eval key a substring of one of our eval tasks. Ours: the
+    configuration's mean, and its interval as the main table gives it (``main``, one row per configuration in
+    order: the same interval for the same quantity; without it the t-interval over seeds)."""
     import pandas as pd
 
     cols = [
@@ -44,6 +50,7 @@ def reference_table(
         "ours std",
         "ours ci",
         "ours n",
+        "ours ci method",
     ]
     if reference_csv is None:
         return pd.DataFrame(columns=cols)
@@ -81,7 +88,8 @@ def reference_table(
         if pd.notna(f.get("level")):
             match = match[match["kl.level"] == f["level"]]
         for task in (t for t in tasks if str(f["eval"]) in t):
-            for _, g in match.groupby("config", sort=True):
+            for config, g in match.groupby("config", sort=True):
+                at = main.iloc[int(config)] if main is not None and f"{task} ci" in main else None
                 rows.append(
                     {
                         "model": f["model"],
@@ -96,8 +104,9 @@ def reference_table(
                         "task": task,
                         "ours": g[task].mean(),
                         "ours std": g[task].std(),
-                        "ours ci": t_interval(list(g[task]))[1],
+                        "ours ci": t_interval(list(g[task]))[1] if at is None else at[f"{task} ci"],
                         "ours n": int(g[task].count()),
+                        "ours ci method": "seeds" if at is None else at.get(f"{task} ci method", "seeds"),
                     }
                 )
     return pd.DataFrame(rows, columns=cols)

@@ -166,10 +166,12 @@ def rate_test(events_a: int, n_a: int, events_b: int, n_b: int) -> tuple[float, 
 
     if n_a == 0 or n_b == 0:
         return math.nan, math.nan
-    table = [[events_a, n_a - events_a], [events_b, n_b - events_b]]
-    p = float(stats.fisher_exact(table, alternative="greater").pvalue)
-    best = float(stats.fisher_exact([[n_a, 0], [0, n_b]], alternative="greater").pvalue)
-    return p, best
+    # Fisher's one-sided p, P(X >= events_a) for X hypergeometric given the margins, as scipy's fisher_exact
+    # computes it (to the last bits), without its checks: a report's replication asks for a hundred tables of
+    # hundreds of runs, 0.08 s each through fisher_exact
+    p = float(stats.hypergeom.sf(events_a - 1, n_a + n_b, events_a + events_b, n_a))
+    best = float(stats.hypergeom.sf(n_a - 1, n_a + n_b, n_a, n_a))
+    return min(1.0, p), best
 
 
 @functools.cache
@@ -205,20 +207,42 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out
 
 
-def fragile(share: float) -> bool:
+def fragile(share: float, se: float = math.nan) -> bool:
     """Whether a verdict's replication (``claims.replication``: a share of resamples, NaN when not computed)
-    marks it fragile: under ``FRAGILE``."""
-    return not math.isnan(share) and share < FRAGILE
+    marks it fragile: under ``FRAGILE`` widened by its Monte Carlo error (``share - MC_Z se``; ``se``: its
+    standard error, NaN when not known, as in a claims.csv written before it: the share alone)."""
+    if math.isnan(share):
+        return False
+    return share - (MC_Z * se if se == se else 0.0) < FRAGILE
+
+
+def replication_resolved(share: float, se: float) -> bool:
+    """Whether a replication is known to lie on one side of ``FRAGILE``: more than ``MC_Z`` Monte Carlo
+    standard errors from it (NaN: nothing to resolve)."""
+    return math.isnan(share) or abs(share - FRAGILE) > MC_Z * se
+
+
+def mc_error(share: float, resamples: int) -> float:
+    """The Monte Carlo standard error of a share of ``resamples`` independent resamples."""
+    return math.sqrt(share * (1 - share) / resamples) if resamples and share == share else math.nan
 
 
 # The claims' decision rule (applied in claims.py, stated in the report).
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+TOO_FEW = "too few seeds"  # a side with 1 or 2 runs (fewer than MIN_SEEDS): no verdict is drawn from it
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, TOO_FEW)
+MIN_SEEDS = 3  # runs a side (values, for a t-test) below which a claim reads TOO_FEW
 EFFECT = {"accuracy": 0.05, "peak KL": 0.5}  # smallest effect of interest: absolute; peak KL: x the reference
 RATE_EFFECT = (
     0.5  # a rate claim's default effect: a difference of 0.5 in the rate, from side b's observed one
 )
 FRAGILE = 0.8  # a verdict that bootstrap resamples of the runs reproduce less often than this is fragile
-RESAMPLES = 200  # bootstrap resamples of the runs behind each claims table's replication column
+RESAMPLES = (
+    200  # bootstrap resamples of the runs behind the replication column: a batch, drawn until resolved
+)
+MAX_RESAMPLES = 1000  # at most this many (a share of 0.8 +- 0.025 is then still unresolved: fragile)
+RESAMPLE_WORK = 100_000  # and at most this many run-resamples (786 finished runs: 200): a report's time
+MC_Z = 2.0  # Monte Carlo standard errors between a replication and FRAGILE for it to read on one side
 RULE = (
     f"Verdicts at significance level {ALPHA:g} after Holm's adjustment over all the claims of the table (p_holm; "
     f"the family-wise error rate is at most {ALPHA:g}): supported = the test in the claim's direction has "
@@ -226,17 +250,20 @@ RULE = (
     f"significant although the test had power >= {POWER:g} at the claim's effect, at level {ALPHA:g}/m for m "
     f"claims tested (Fisher: default a rate {RATE_EFFECT:g} from b's observed one, in the claim's direction; "
     f"Welch: default {EFFECT['accuracy']:g} accuracy or {EFFECT['peak KL']:.0%} of b's peak KL), or significant the "
-    "other way (equivalence: the two differ, two-sided Welch); inconclusive = data missing (no run in a group, "
-    "fewer than 2 values) or a test without that power (equivalence: neither equivalent nor different). A group "
-    'of claims ("any of") is supported when at least one member is, not supported when every member is not '
-    "supported, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
+    "other way (equivalence: the two differ, two-sided Welch); inconclusive = data missing (no run in a group) "
+    f"or a test without that power (equivalence: neither equivalent nor different); {TOO_FEW} = a side with 1 or "
+    f"2 runs with a value (fewer than {MIN_SEEDS}): no verdict is drawn from so few, whatever the test says. A "
+    'group of claims ("any of") is supported when at least one member is, not supported when every member is not '
+    f"supported, {TOO_FEW} when every member is, else inconclusive. Unstable = diverged or collapsed; unbiased = the KL gradient audit's verdict "
     "at the run's own lag; finished runs only; a side pools the runs of every configuration its filters match. "
     "An accuracy claim whose runs all have per-problem outcomes is tested paired on the problems (a t-test "
     "whose variance is the seeds' and the problems' under a crossed random-effects model, Satterthwaite's df) "
     "instead of Welch's test over seeds. "
-    f"Replication: the share of {RESAMPLES} bootstrap resamples of the finished runs (each configuration's runs "
-    "resampled with replacement) whose verdict, through this whole rule (Holm included), is the same; below "
-    f"{FRAGILE:g}: fragile."
+    "Replication: the share of bootstrap resamples of the finished runs (each configuration's runs resampled "
+    "with replacement) whose verdict, through this whole rule (Holm included), is the same, ± its Monte Carlo "
+    f"standard error: resamples drawn {RESAMPLES} at a time until every share is more than {MC_Z:g} such errors "
+    f"from {FRAGILE:g}, at most {MAX_RESAMPLES} (and {RESAMPLE_WORK:,} draws of a run in all); fragile: below {FRAGILE:g} by that margin or within it "
+    f"(share - {MC_Z:g} x error < {FRAGILE:g})."
 )
 
 

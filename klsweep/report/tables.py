@@ -177,25 +177,76 @@ def main_table(
     df = _config_frame(g, axes)
     df["evaluated"] = g["eval_step"].count()
     df["eval step"] = g["eval_step"].agg(_range_text)
-    _add_stats(df, g, [*in_domain, ID_AVG, *ood, OOD_AVG, D_ID, D_OOD])
-    for c in (*in_domain, ID_AVG, *ood, OOD_AVG):  # the mean per-run lm-eval stderr: the eval's own noise
+    scores = [*in_domain, ID_AVG, *ood, OOD_AVG]
+    _add_stats(df, g, [*scores, D_ID, D_OOD])
+    for c in scores:  # the mean per-run lm-eval stderr: the eval's own noise
         df[f"{c} {SE}"] = g[f"{c} {SE}"].mean() if f"{c} {SE}" in runs else math.nan
     step0 = baseline_folders(runs, baseline) if baseline is not None and len(baseline) else [None] * len(runs)
-    _add_problem_intervals(df, runs, outcomes or {}, step0)
+    tasks = {ID_AVG: in_domain, OOD_AVG: ood}
+    _add_problem_intervals(df, runs, outcomes or {}, step0, tasks)
+    for c in [*scores, D_ID, D_OOD]:
+        _drop_uninformative(df, c, SPANS[D_ID] if c in (D_ID, D_OOD) else SPANS[ID_AVG])
     return df.reset_index(drop=True)
 
 
-CI_METHOD = "ci method"  # suffix of an average's column: how its interval was computed
+CI_METHOD = "ci method"  # suffix of a score's column: how its interval was computed
 BY_PROBLEMS, BY_SEEDS = "seeds x problems", "seeds"
 DELTAS = {ID_AVG: D_ID, OOD_AVG: D_OOD}  # an average -> its change from step 0
+SPANS = {ID_AVG: 1.0, D_ID: 2.0}  # the width of a score's range (0 to 1) and of its change's (-1 to 1)
+NOT_INFORMATIVE = "not informative with {n} seeds"  # an interval wider than its metric's range: not given
+
+
+def not_informative(n: Any) -> str:
+    """The words that stand for an interval wider than its metric's range: "not informative with 2 seeds"."""
+    return NOT_INFORMATIVE.format(n=int(n) if n == n else 0)
+
+
+def _drop_uninformative(df: pd.DataFrame, c: str, span: float) -> None:
+    """Where ``c``'s interval is wider than its metric's whole range (``span``: 1 for a score, 2 for its change
+    from step 0): no interval (``<c> ci``, ``low``, ``high`` NaN) and ``<c> ci method`` says so
+    (``not_informative``): "-0.11 ± 5.61" on an accuracy says nothing but that there were 2 seeds."""
+    import numpy as np
+
+    half = df[f"{c} ci"].to_numpy(float)
+    low, high = (df.get(f"{c} {b}", _nans(len(df))) for b in ("low", "high"))
+    width = np.where(
+        np.isnan(np.asarray(low, float)), 2 * half, np.asarray(high, float) - np.asarray(low, float)
+    )
+    wide = width > span
+    method = df.get(f"{c} {CI_METHOD}", [BY_SEEDS] * len(df))
+    df[f"{c} {CI_METHOD}"] = [
+        not_informative(n) if w else m for w, m, n in zip(wide, method, df[f"{c} n"], strict=True)
+    ]
+    df[f"{c} ci"] = np.where(wide, math.nan, half)
+    if f"{c} low" in df:
+        df[f"{c} low"] = np.where(wide, math.nan, df[f"{c} low"])
+        df[f"{c} high"] = np.where(wide, math.nan, df[f"{c} high"])
+
+
+def _nans(n: int) -> Any:
+    """n NaNs (a column a frame lacks)."""
+    import numpy as np
+
+    return np.full(n, math.nan)
+
+
+def is_uninformative(method: Any) -> bool:
+    return isinstance(method, str) and method.startswith("not informative")
 
 
 def _add_problem_intervals(
-    df: pd.DataFrame, runs: pd.DataFrame, outcomes: Outcomes, step0: list[str | None]
+    df: pd.DataFrame,
+    runs: pd.DataFrame,
+    outcomes: Outcomes,
+    step0: list[str | None],
+    tasks: dict[str, list[str]] | None = None,
 ) -> None:
-    """For each average and its Δ from step 0, ``<c> low`` and ``<c> high``: the bounds of its hierarchical
-    bootstrap interval over seeds and problems (``statistics.problem_bootstrap``; the problems' draws shared by
-    every configuration) where all of a configuration's runs scored have per-problem outcomes (the Δ: and their
+    """For each average, each of its tasks (``tasks``: an average's task names) and each average's Δ from step
+    0, ``<c> low`` and ``<c> high``: the bounds of its hierarchical bootstrap interval over seeds and problems
+    (``statistics.problem_bootstrap``; the problems' draws shared by every configuration and by a task and its
+    average: a single task's score and its average are one quantity with one interval), joined with the
+    t-interval over seeds (the union of the two: each misses one source of the noise), where all of a
+    configuration's runs scored (2 or more) have per-problem outcomes (the Δ: and their
     step-0 model, ``step0`` each run's baseline folder, has them on the same problems: each run's outcomes less
     the step-0 model's, problem by problem, so the step-0 eval's own draw of problems is in the interval), and
     ``<c> ci`` then half its width; ``<c> ci method`` says which (``BY_PROBLEMS``, else ``BY_SEEDS``: the
@@ -203,8 +254,11 @@ def _add_problem_intervals(
     import numpy as np
 
     runs = runs.assign(_step0=step0)
+    tasks = tasks or {}
+    per_task = {c: [t for t in tasks.get(c, []) if t in df] for c in DELTAS}
     bounds = {
-        c: (np.full(len(df), math.nan), np.full(len(df), math.nan)) for c in (*DELTAS, *DELTAS.values())
+        c: (np.full(len(df), math.nan), np.full(len(df), math.nan))
+        for c in (*DELTAS, *DELTAS.values(), *(t for ts in per_task.values() for t in ts))
     }
     row = {config: i for i, config in enumerate(df.index)}
     for c, d in DELTAS.items():
@@ -213,6 +267,16 @@ def _add_problem_intervals(
             continue
         counts = problem_counts(matrix.task)
         projected = np.nan_to_num(matrix.values) @ counts.T  # each run's total on each resample's problems
+        # a task's columns alone, scaled to its own score (a row's weights sum to 1 / tasks on each task)
+        columns = {
+            t: np.asarray(matrix.task) == matrix.tasks.index(t) for t in per_task[c] if t in matrix.tasks
+        }
+        by_task = {  # an average of one task is that task: its draws already projected
+            t: projected
+            if len(matrix.tasks) == 1
+            else len(matrix.tasks) * (np.nan_to_num(matrix.values[:, cols]) @ counts[:, cols].T)
+            for t, cols in columns.items()
+        }
         for config, group in runs[runs[c].notna()].groupby("config", sort=True):
             names = group["run"]
             if len(names) < 2 or not matrix.complete(names):
@@ -221,6 +285,11 @@ def _add_problem_intervals(
             _, bounds[c][0][i], bounds[c][1][i] = problem_bootstrap(
                 matrix.values[at], matrix.task, projected=projected[at]
             )
+            for t, cols in columns.items():
+                values = len(matrix.tasks) * matrix.values[at][:, cols]
+                _, bounds[t][0][i], bounds[t][1][i] = problem_bootstrap(
+                    values, matrix.task[cols], projected=by_task[t][at]
+                )
             folders = set(group["_step0"])
             base = matrix.step0.get(folders.pop()) if len(folders) == 1 else None
             if base is not None:  # paired on the problems: less the step-0 model's total on the same draws
@@ -229,6 +298,12 @@ def _add_problem_intervals(
                 )
     for c, (low, high) in bounds.items():
         by_problems = ~np.isnan(low)
+        # the union with the t-interval over seeds (``_add_stats``): the bootstrap of few seeds misses their
+        # spread where it is large, the t-interval the problems' draw (docs/REPORT.md, "One interval per quantity")
+        mean, half = df[c].to_numpy(float), df[f"{c} ci"].to_numpy(float)
+        with_t = by_problems & ~np.isnan(half)
+        low = np.where(with_t, np.fmin(low, mean - half), low)
+        high = np.where(with_t, np.fmax(high, mean + half), high)
         df[f"{c} low"], df[f"{c} high"] = low, high
         df[f"{c} ci"] = np.where(by_problems, (high - low) / 2, df[f"{c} ci"])
         df[f"{c} {CI_METHOD}"] = np.where(by_problems, BY_PROBLEMS, BY_SEEDS)
@@ -359,11 +434,21 @@ def _int_or_none(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
-def _cell(mean: float, std: float = math.nan, n: int = 1, n_expected: int = 1, signed: bool = False) -> str:
-    """ "0.512 ± 0.034", with " (n=k)" when fewer seeds than the row's n have this value; "—" when none."""
+def _cell(
+    mean: float,
+    std: float = math.nan,
+    n: int = 1,
+    n_expected: int = 1,
+    signed: bool = False,
+    method: Any = None,
+) -> str:
+    """ "0.512 ± 0.034", with " (n=k)" when fewer seeds than the row's n have this value; "—" when none;
+    "0.617 (not informative with 2 seeds)" where its interval is wider than the metric's range (``method``)."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return DASH
     s = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    if is_uninformative(method):
+        return f"{s} ({method})"
     if std is not None and not math.isnan(std):
         s += f" ± {std:.3f}"
     if n != n_expected:
@@ -395,9 +480,12 @@ def _main_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     out["step"] = df["eval step"]
     bold = _no_bold(out)
     for c in metric_cols:
+        methods = df[f"{c} {CI_METHOD}"] if f"{c} {CI_METHOD}" in df else [BY_SEEDS] * len(df)
         out[c] = [
-            _cell(m, s, n, e, signed=c in (D_ID, D_OOD))
-            for m, s, n, e in zip(df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], strict=True)
+            _cell(m, s, n, e, signed=c in (D_ID, D_OOD), method=k)
+            for m, s, n, e, k in zip(
+                df[c], df[f"{c} ci"], df[f"{c} n"], df["evaluated"], methods, strict=True
+            )
         ]
         bold[c] = _significant_best(report, c)
     for c in (ID_AVG, OOD_AVG):
@@ -470,8 +558,14 @@ def _reference_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "eval": df["eval"],
             "paper": [f"{v:.3f}" for v in df["paper"]],
             "ours": [
-                _cell(m, s, n, n) + f" (n={n})"
-                for m, s, n in zip(df["ours"], df["ours ci"], df["ours n"], strict=True)
+                _cell(m, s, n, n, method=k) + ("" if is_uninformative(k) else f" (n={n})")
+                for m, s, n, k in zip(
+                    df["ours"],
+                    df["ours ci"],
+                    df["ours n"],
+                    df.get("ours ci method", [None] * len(df)),
+                    strict=True,
+                )
             ],
             "our configuration": df["configuration"],
             "our eval task": df["task"],
@@ -491,7 +585,13 @@ def _comparisons_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
             "reference": df["reference"],
             "metric": df["metric"],
             "difference": [
-                _cell(d, h, signed=True) for d, h in zip(df["difference"], df["difference ci"], strict=True)
+                _cell(d, h, signed=True, method=k)
+                for d, h, k in zip(
+                    df["difference"],
+                    df["difference ci"],
+                    df.get("difference ci method", [None] * len(df)),
+                    strict=True,
+                )
             ],
             "t": [_cell(v) if v == v else DASH for v in df["t"]],
             "df": [f"{v:.1f}" if v == v else DASH for v in df["df"]],
@@ -511,14 +611,17 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     import pandas as pd
 
     df = report.claims
-    share = pd.to_numeric(df["replication"], errors="coerce")
+    share, se = (pd.to_numeric(df[c], errors="coerce") for c in ("replication", "replication se"))
     out = pd.DataFrame(
         {
             "claim": df["claim"],
             "verdict": [
-                f"{v} (fragile)" if fragile(r) else v for v, r in zip(df["verdict"], share, strict=True)
+                f"{v} (fragile)" if fragile(r, e) else v
+                for v, r, e in zip(df["verdict"], share, se, strict=True)
             ],
-            "replication": [DASH if r != r else f"{r:.2f}" for r in share],
+            "replication": [
+                replication_text(r, e, n) for r, e, n in zip(share, se, df["resamples"], strict=True)
+            ],
             "test": df["test"],
             "statistic": [_cell(v) for v in df["statistic"]],
             "p": [fmt_p(v) for v in df["p_value"]],
@@ -530,6 +633,15 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     bold = _no_bold(out)
     bold["verdict"] = df["verdict"] == "supported"
     return out.astype(str), bold
+
+
+def replication_text(share: float, se: float, resamples: Any, digits: int = 3) -> str:
+    """A verdict's replication as the tables print it: "0.795 ± 0.009 (2000)", the share ± its Monte Carlo
+    standard error (the resamples drawn); "—" when not computed."""
+    if share != share:
+        return DASH
+    drawn = f" ({int(resamples)})" if resamples == resamples and resamples else ""
+    return f"{share:.{digits}f}" + (f" ± {se:.{digits}f}" if se == se else "") + drawn
 
 
 def _environment_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -560,6 +672,54 @@ def view(report: Report, table: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     if table not in VIEWS:
         raise ValueError(table)
     return VIEWS[table](report)
+
+
+def difference_words(half: float, n_a: Any, n_b: Any, span: float) -> str | None:
+    """``not informative with 2 vs 3 seeds`` where a difference's interval (``half``: its half-width) is wider
+    than the difference's whole range (``span``: 2 for two scores), else None."""
+    if half == half and 2 * half > span:
+        return NOT_INFORMATIVE.format(n=f"{int(n_a)} vs {int(n_b)}")
+    return None
+
+
+def interval_words(main: pd.DataFrame, columns: Sequence[str], short: bool = False) -> str:
+    """Which interval ``columns`` of the main table show, in words, from their ``ci method``: "the 95%
+    hierarchical bootstrap interval over seeds × problems", "the t-based 95% interval over seeds", both (where
+    each applies), and where an interval is not given (wider than the metric's range, with that many seeds).
+    The table's caption, the LaTeX caption, the terminal's and the figure's legend all say this; ``short``: in
+    fewer words (a LaTeX caption, whose method note says the rest)."""
+    methods: set[str] = set()
+    seeds: set[str] = set()
+    for c in columns:
+        col = f"{c} {CI_METHOD}"
+        if c not in main:
+            continue
+        for m, n in zip(main[col] if col in main else [BY_SEEDS] * len(main), main[f"{c} n"], strict=True):
+            if is_uninformative(m):
+                seeds.add(str(int(n)))
+            elif n == n and n >= 2:
+                methods.add(m)
+    boot = f"the {LEVEL:.0%} interval over seeds × problems" + (
+        "" if short else " (the union of the hierarchical bootstrap's and the t-interval over seeds)"
+    )
+    t = f"the t-based {LEVEL:.0%} interval over seeds"
+    if methods == {BY_PROBLEMS}:
+        words = boot
+    elif BY_PROBLEMS in methods:
+        words = f"{boot}{'' if short else ', where every run has per-problem outcomes'}; else {t}"
+    elif methods:
+        words = t
+    else:
+        words = ""
+    if seeds:
+        n = " or ".join(sorted(seeds, key=int))
+        none = (
+            f"none where not informative ({n} seeds)"
+            if short
+            else f"no interval where it would be wider than the score's whole range (not informative with {n} seeds)"
+        )
+        words = f"{words}; {none}" if words else none
+    return words
 
 
 def fmt_p(v: float) -> str:
@@ -614,6 +774,12 @@ TITLES = {
 }
 
 
+def _main_interval(report: Report) -> str:
+    """The main table's interval in words (``interval_words`` over its score columns)."""
+    columns = [*report.in_domain, ID_AVG, *report.ood, OOD_AVG]
+    return interval_words(report.main, columns) or f"its {LEVEL:.0%} interval"
+
+
 def captions(report: Report) -> dict[str, str]:
     return {
         "main": (
@@ -621,15 +787,15 @@ def captions(report: Report) -> dict[str, str]:
             + (f" ({report.eval_note})" if report.eval_note else "")
             + "; last evaluated checkpoint of each run (step; the runs table names each run's). "
             "A diverged run is scored on the checkpoint it diverged at. "
-            f"Mean ± half-width of its t-based {LEVEL:.0%} confidence interval over the seeds evaluated "
-            "(no ± with one seed); the averages' where every run has per-problem outcomes: half the width of "
-            f"the {LEVEL:.0%} hierarchical bootstrap interval over seeds and problems (main.csv: its bounds, "
-            "and which method each row used). n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
+            f"Mean ± half the width of {_main_interval(report)} (no ± with one seed; one interval per "
+            "quantity: a task's score and its average share it; main.csv: each column's bounds and ci method). "
+            "n = seeds evaluated / seeds; — = no eval yet. eval se: the mean per-run "
             "lm-eval stderr of the average (the eval's own noise, part of the spread between seeds). "
             "Δ = change of the average from the step-0 baseline of the same model; its interval, where the runs "
             "and the step-0 model have per-problem outcomes: the same bootstrap of each run's outcomes less the "
             "step-0 model's on the same problems (paired: the step-0 score is one eval of those problems too); "
-            "else over seeds, the step-0 score taken as exact. Bold: the best mean of a "
+            "else over seeds, the step-0 score taken as exact; none where wider than its range, -1 to 1. Bold: "
+            "the best mean of a "
             f"column when it is significantly higher than every other configuration's (one-sided Welch t-test "
             f"over seeds, p < {ALPHA:g}); no bold where the best is within noise."
         ),
@@ -655,7 +821,7 @@ def captions(report: Report) -> dict[str, str]:
             f"means ± half-width of its {LEVEL:.0%} CI, Welch's two-sided t-test over seeds, or where every run "
             "of both has per-problem outcomes a t-test paired on the problems (seeds x problems; test says which) "
             f"(t, df, p; p < {ALPHA:g} in bold); n = seeds of the configuration vs the reference. — = undefined (fewer than 2 "
-            "seeds on a side, or no spread)."
+            "seeds on a side, or no spread); not informative: a CI wider than the difference's range, -1 to 1."
         ),
         "claims": RULE,
         "environment": (
@@ -666,8 +832,8 @@ def captions(report: Report) -> dict[str, str]:
         "reference": (
             "Figures reported by the study (arXiv 2512.21852, klsweep/report/paper_reference.csv) beside ours for "
             "the configurations whose model, training task, estimator, placement and lag match "
-            "(and beta and level where the study gives them). Ours: mean ± half-width of its t-based "
-            f"{LEVEL:.0%} CI over seeds (n seeds)."
+            "(and beta and level where the study gives them). Ours: mean ± half the width of its interval in the "
+            "results table (n seeds; reference.csv: ours ci method)."
         ),
     }
 

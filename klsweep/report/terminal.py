@@ -17,7 +17,19 @@ from typing import Any
 from klsweep.collapse import OUTCOME_WORDS
 from klsweep.printable import visible
 from klsweep.report.data import D_ID, D_OOD, ID_AVG, OOD_AVG
-from klsweep.report.tables import DASH, SHORT, STEP0_LEAD, TITLES, Report, fmt_p, step0_warnings, view
+from klsweep.report.tables import (
+    CI_METHOD,
+    DASH,
+    SHORT,
+    STEP0_LEAD,
+    TITLES,
+    Report,
+    fmt_p,
+    interval_words,
+    is_uninformative,
+    step0_warnings,
+    view,
+)
 
 GAP = 2  # characters between two columns: one of padding, one of (blank) rule
 
@@ -230,16 +242,23 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         row: list[Any] = [*cfg, f"{df['evaluated'][i]}/{df['runs'][i]}"]
         for c in metrics:
             fmt = "+.2f" if c in (D_ID, D_OOD) else ".2f"
-            row.append(_bold(_mean_std(df[c][i], df[f"{c} ci"][i], fmt, ".2f"), bool(bold[c][i])))
+            cell = _mean_std(df[c][i], df[f"{c} ci"][i], fmt, ".2f")
+            if cell != DASH and is_uninformative(df.get(f"{c} {CI_METHOD}", [None] * len(df))[i]):
+                cell += (
+                    "±n/i"  # its interval is wider than the score's range: not given (the caption says so)
+                )
+            row.append(_bold(cell, bool(bold[c][i])))
         rows.append(row)
     base = [
         f"{_fmt_model(b)}in-domain {_mean_std(b[ID_AVG], None, '.2f', '')}, OOD {_mean_std(b[OOD_AVG], None, '.2f', '')}"
         for _, b in report.baseline.iterrows()
     ]
+    words = interval_words(report.main, metrics)
     caption = (
-        f"eval: {report.eval_label}; mean±95% CI half-width over seeds (the averages and their Δ: over seeds "
-        "and problems where every run has per-problem outcomes, the Δ paired with the step-0 model on the same "
-        "problems; main.csv: ci method); n: runs evaluated/runs"
+        f"eval: {report.eval_label}; mean±half the width of {words or 'its 95% interval'} (the Δ paired with "
+        "the step-0 model on the same problems; main.csv: ci method)"
+        + ("; ±n/i: that interval, not informative, not given" if "not informative" in words else "")
+        + "; n: runs evaluated/runs"
     )
     if base:
         caption += "; Δ: change from the step-0 baseline (" + "; ".join(base) + ")"
@@ -289,12 +308,13 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         )
     )
     if len(report.claims):
-        from klsweep.report.statistics import FRAGILE, fragile
+        from klsweep.report.statistics import FRAGILE, MC_Z, MIN_SEEDS, TOO_FEW, fragile
 
+        claims = report.claims.rename(columns={"replication se": "se"})
         rows = [
-            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication) else c.verdict,
-             DASH if c.replication != c.replication else f"{c.replication:.2f}", fmt_p(c.p_holm)]
-            for c in report.claims[["claim", "verdict", "replication", "p_holm"]].itertuples()
+            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication, c.se) else c.verdict,
+             _mean_std(c.replication, c.se, ".2f", ".2f"), fmt_p(c.p_holm)]
+            for c in claims[["claim", "verdict", "replication", "se", "p_holm"]].itertuples()
         ]  # fmt: skip
         tables.append(
             fitted_table(
@@ -306,7 +326,8 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
                 whole=["verdict"],
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
                 "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
-                f"the same verdict, fragile under {FRAGILE:g}"
+                f"the same verdict ± its Monte Carlo standard error, fragile under {FRAGILE:g} or within "
+                f"{MC_Z:g} errors of it; {TOO_FEW}: a side with fewer than {MIN_SEEDS} runs, no verdict"
                 + (
                     f"; {OUTCOME_WORDS}"
                     if any(str(d).startswith("unstable:") for d in report.claims.get("detail", []))

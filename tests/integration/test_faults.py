@@ -1,7 +1,7 @@
 """Faults and bad input the way a cluster user meets them (issue 12: nothing lost, nothing stranded), one section
 per fault: W&B unreachable or dying, a refused sbatch and arrays past MaxArraySize (real local Slurm), a torn
 metrics line, a truncated status.json or config.yaml, names from overrides, huge grids and alias bombs, user
-errors that used to be tracebacks, a collapse inside the first window, and runs killed without a word.
+errors that used to be tracebacks, a collapse in the first full window, and runs killed without a word.
 What klsweep promises under faults: docs/FAULTS.md."""
 
 from __future__ import annotations
@@ -502,7 +502,7 @@ def test_a_read_only_sweep_folder_is_a_located_exit_2(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# 8. A collapse inside the first window: the one rule stops the run, and status and report agree
+# 8. A collapse in the first full window: the one rule stops the run, and status and report agree
 # ------------------------------------------------------------------------------------------------------------
 
 
@@ -517,11 +517,12 @@ def test_a_collapse_at_step_2_is_caught_and_reads_collapsed_everywhere(tmp_path,
     monkeypatch.setattr(tasks, "reward_function", lambda task: falling_reward)
     sweep = tmp_path / "collapse"
     run = sweep / "r1"
-    config = write_config(run, model_dir, **{"train.steps": 8})
-    defaults = (10, 0.5, 5.5)  # each step's completions all score alike: no spread, the fraction decides
-    assert tuple(config["train"][f"collapse_{k}"] for k in ("window", "fraction", "z")) == defaults
+    # a window of 2 steps: a collapse is judged on full windows only (issue 49), the first one here at step 2
+    config = write_config(run, model_dir, **{"train.steps": 8, "train.collapse_window": 2})
+    rule = (2, 0.5, 5.5)  # each step's completions all score alike: no spread, the fraction decides
+    assert tuple(config["train"][f"collapse_{k}"] for k in ("window", "fraction", "z")) == rule
     status = job.train_run(run)
-    assert status["state"] == "diverged", status  # the 10-step mean of old never existed: it ended 'done'
+    assert status["state"] == "diverged", status  # windows (steps 1-2) 0.095, then (2-3) 0 < 0.5 x 0.095
     assert status["diverged_step"] == 3 and status["reason"].startswith("reward collapse")
     assert [r["step"] for r in store.read_metrics(run)] == [1, 2, 3]
 

@@ -251,10 +251,13 @@ def test_reward_collapse_rule():
     assert collapse([1.0, 1.0, 0.4], window=1) == 3
     assert collapse([1.0, 1.0, 0.6], window=1) is None
     assert collapse([0.0, 0.0, 0.0], window=1) is None  # no peak to fall from
-    assert collapse([1.0, None, math.nan, 0.0, 0.0], window=2) == 4  # missing rewards are skipped
+    # a window with a missing reward is partial, never judged (issue 49): the windows of steps 1-2 and 4-5 are
+    assert collapse([1.0, 1.0, None, 0.0, 0.0], window=2) == 5
+    assert collapse([1.0, None, math.nan, 0.0, 0.0], window=2) is None  # no full window before the fall
     assert collapse([1.0], window=2) is None
-    assert collapse([0.19, 0.0, 0.0], window=10) == 3  # inside the first window
-    assert collapse([0.19, 0.0, 0.0], window=10, stds=0.4) is None  # 16 completions: within the noise
+    assert collapse([0.19, 0.0, 0.0], window=10) is None  # inside the first window: never judged
+    assert collapse([0.19] * 10 + [0.0] * 6, window=10) == 16  # steps 7-16: 0.076 < 0.5 x 0.19
+    assert collapse([0.19] * 10 + [0.0] * 6, window=10, stds=0.4) is None  # 16 completions: within the noise
     found = find_collapse(range(1, 4), [1.0, 1.0, 0.4], [0.0] * 3, Rule(1, 0.5, 5.5, 16))
     assert found.reason.startswith(REASON) and "0.5 x peak 1" in found.reason
 

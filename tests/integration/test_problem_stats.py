@@ -1,4 +1,4 @@
-"""Problem-level statistics on real lm-eval samples: a sweep of two configurations x two seeds of the shipped
+"""Problem-level statistics on real lm-eval samples: a sweep of two configurations x three seeds of the shipped
 tiny model (each seed's weights perturbed by its own noise, the second configuration's more), evaluated by
 ``evaluate.eval_many`` with the tiny suite; the report reads each run's ``samples_<task>.jsonl``, gives the
 averages hierarchical bootstrap intervals, tests an accuracy claim paired on the problems, keeps the outcomes
@@ -67,7 +67,11 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = [
         perturbed_run(sweep, f"{config}-s{seed}", config, seed, noise)
         for config, noise in (("a", 0.02), ("b", 0.2))
-        for seed in (0, 1)
+        for seed in (
+            0,
+            1,
+            2,
+        )  # 3: with 2, the t part of the interval is wider than the range
     ]
     ev.eval_many(runs, replace(ev.load_suite("tiny"), limit=16))
     return sweep
@@ -86,14 +90,18 @@ def test_report_reads_real_samples_and_tests_paired_on_the_problems(
     assert notes == [] and set(outcomes) == {ID_AVG, OOD_AVG}
     for avg in (ID_AVG, OOD_AVG):
         m = outcomes[avg]
-        assert m.values.shape == (4, 16 * len(m.tasks))
+        assert m.values.shape == (6, 16 * len(m.tasks))
         np.testing.assert_allclose(m.values.sum(axis=1), r.runs[avg].to_numpy(float), atol=1e-9)
     # the seeds differ on some problems and the problems differ: a spread over both to resample
     add = outcomes[ID_AVG].values
     assert (add != add[:1]).any() and (add.min(axis=0) != add.max(axis=0)).any() and 0 < add.mean() < 1 / 16
     assert (r.main[f"{ID_AVG} {CI_METHOD}"] == BY_PROBLEMS).all()
     # the eval bars' legend says which interval the whiskers are (it said "over seeds": issue 43 item 6)
-    assert interval_text(r.main, [ID_AVG, OOD_AVG]) == "95% interval over seeds × problems"
+    assert interval_text(r.main, [ID_AVG, OOD_AVG]) == "whisker: 95% interval over seeds × problems"
+    # one interval per quantity (issue 51): a task's score has its average's method; a single in-domain task's
+    # interval is its average's
+    assert (r.main[f"tiny_add {CI_METHOD}"] == BY_PROBLEMS).all() and len(r.in_domain) == 1
+    assert r.main["tiny_add ci"].tolist() == r.main[f"{ID_AVG} ci"].tolist()
     assert (r.main[f"{ID_AVG} low"] <= r.main[ID_AVG]).all() and (
         r.main[ID_AVG] <= r.main[f"{ID_AVG} high"]
     ).all()
@@ -133,5 +141,5 @@ def test_missing_samples_fall_back_to_the_per_run_method_and_say_so(sweep: Path,
     assert any("unreadable" in m and "a-s0" in m for m in r.missing), r.missing
     assert set(r.main[f"{ID_AVG} {CI_METHOD}"]) == {BY_SEEDS}
     with np.load(out / OUTCOME_CACHE) as z:
-        # a-s1 and b-s0: docs (int64) and scores (float64) of 3 tasks; a-s0, b-s1: their reasons kept
-        assert len(z["float64"]) == len(z["int64"]) == 2 * 3 * 16
+        # a-s1, a-s2, b-s0, b-s2: docs (int64) and scores (float64) of 3 tasks; a-s0, b-s1: their reasons kept
+        assert len(z["float64"]) == len(z["int64"]) == 4 * 3 * 16

@@ -92,3 +92,29 @@ def test_the_reports_false_collapse_rate_is_simulated_once_and_kept(tmp_path, mo
     assert collapse.false_collapse_rate(rule, 60) == expected  # read back, not simulated
     with pytest.raises(AssertionError, match="simulated again"):
         collapse.false_collapse_rate(Rule(10, 0.5, 5.5, 32), 60)  # another rule: its own simulation
+
+
+def test_no_collapse_is_judged_on_a_partial_window():
+    """Issue 49: a run whose first 9 steps were lucky (0.7) and that then holds 0.18 for good was stopped at step
+    ~30 by comparing its 9-step partial first window with a full one. Only full windows are compared now: the
+    peak window is steps 1-20 (mean 0.41), and 0.18 is not under 0.3 x that; a real fall after such a start
+    is still caught, its peak window a full one."""
+    rng = np.random.default_rng(11)
+    completions, r = 32, rule("tiny.yaml", 32)
+    for _ in range(20):
+        hits = np.concatenate([rng.binomial(completions, 0.7, 9), rng.binomial(completions, 0.18, 291)])
+        means, stds = (
+            hits / completions,
+            np.sqrt(hits * (completions - hits) / (completions * (completions - 1))),
+        )
+        assert find_collapse(range(1, 301), means.tolist(), stds.tolist(), r) is None
+        fall = np.concatenate([hits[:60], np.zeros(60, dtype=int)])
+        means, stds = (
+            fall / completions,
+            np.sqrt(fall * (completions - fall) / (completions * (completions - 1))),
+        )
+        found = find_collapse(range(1, 121), means.tolist(), stds.tolist(), r)
+        assert found is not None and found.peak_step >= r.window and 60 < found.step <= 80, found
+    # a reward missing inside a window makes it partial too: not judged until 20 rewards are logged again
+    means = [0.4] * 20 + [None] + [0.0] * 18
+    assert find_collapse(range(1, 40), means, [0.0] * 39, r) is None

@@ -216,7 +216,7 @@ def run_study(
     rep = report.build_report(plan.sweep_dir, formats=formats or report.DEFAULT_FORMATS, on_progress=on_stage)
     changes = fragile = None
     if expected is not None:
-        verdicts = {c: v for c, (v, _) in expected.items()}
+        verdicts = {c: v for c, (v, *_) in expected.items()}
         changes, fragile = report.split_changes(report.verdict_changes(verdicts, rep.claims), expected)
     return StudyResult(
         sweep_dir=plan.sweep_dir, runs=runs, eval=outcome, report=rep, command=command, claim_changes=changes,

@@ -16,7 +16,7 @@ each side has N runs a configuration. The rule that decides a study's seeds live
 configuration's runs drawn from its committed ones as the report's replication column draws them
 (``claims.replication``: twice with replacement; events at a rate drawn from the configuration's Jeffreys
 posterior), every claim decided by the report's own rule (``claims_table``, Holm included): the share of them
-reaching each verdict, "S/N/I" (supported, not supported, inconclusive). Prints a Markdown table
+reaching each verdict, "S/N/I/T" (supported, not supported, inconclusive, too few seeds). Prints a Markdown table
 (docs/STUDY.md, "Study v4"), with what the committed runs showed for each claim.
 """
 
@@ -48,17 +48,13 @@ from klsweep.report.seedrule import side_spread  # noqa: E402
 from klsweep.report.stability import reward_drop  # noqa: E402
 from klsweep.report.statistics import (  # noqa: E402
     ALPHA,
-    INCONCLUSIVE,
-    NOT_SUPPORTED,
     POWER,
-    SUPPORTED,
+    VERDICTS,
     Welch,
     rate_power,
     welch_power,
 )
 from klsweep.report.tables import fmt_value  # noqa: E402
-
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE)
 
 
 def detectable_difference(sd_a: float, n_a: int, sd_b: float, n_b: int, level: float) -> float:
@@ -234,7 +230,7 @@ def main() -> None:
     for claim in dict.fromkeys(r["claim"] for r in rows):
         mine = [r for r in rows if r["claim"] == claim]
         cells = [
-            f"{r['detects']} ({r['runs a/b']})" + (f"; S/N/I {r['verdicts']}" if "verdicts" in r else "")
+            f"{r['detects']} ({r['runs a/b']})" + (f"; S/N/I/T {r['verdicts']}" if "verdicts" in r else "")
             for r in mine
         ]
         print(f"| {claim} | {mine[0]['committed']} | " + " | ".join(cells) + " |")

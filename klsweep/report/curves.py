@@ -92,7 +92,9 @@ def _draw_curves(
     entries = len(style.by_name) + 2
     legend_cols = 3
     legend_rows = math.ceil(entries / legend_cols) + 1  # its title, then the entries (and the marks)
-    top = 0.1 + LINE_IN * 1.25 * legend_rows + 0.3  # the legend, then the column titles
+    # the legend, then the column titles: a KL column's on two lines (its name, then its scale), so that the
+    # titles of neighbouring panels never run into each other
+    top = 0.1 + LINE_IN * 1.25 * legend_rows + 0.3 + LINE_IN * 1.25
     label_lines = max((s.count("\n") + 1 for s in row_labels if s), default=0)
     left = 0.45 + (LINE_IN * 1.2 * label_lines + 0.1 if facets else 0)  # y tick labels, stacked facet values
     bottom = 0.45
@@ -170,7 +172,7 @@ def _draw_curves(
                 ax.set_ylabel(row_labels[r], fontsize=FONT)
     for (r, c), thresholds in linear.items():
         ax = grid[r][c]
-        ax.set_title(f"{ax.get_title()} ({scale_name(thresholds)})", fontsize=FONT + 1)
+        ax.set_title(f"{ax.get_title()}\n{scale_name(thresholds)}", fontsize=FONT + 1)
     _same_steps(grid, bottom_row_only=rows > 1)
     order = [k for k in style.by_name if k in used]
     handles = [Line2D([], [], lw=1.6, **style.by_name[k]) for k in order]
@@ -235,13 +237,14 @@ def _mark_stops(ax: Any, lines: list, stops: dict, steps: Any, mean: Any) -> set
 
 def scale_name(thresholds: list[float | None]) -> str:
     """What a KL column's title says of its y scale (``_log_scale``'s linear parts, one per panel, None where
-    nothing was drawn): ``log scale`` where every panel is on a log scale (no 0 tick), else ``symlog scale,
-    linear within ±t`` (``linear near 0`` where panels differ): a symlog axis has a 0 tick and negative values."""
+    nothing was drawn): ``log scale`` where every panel is on a log scale (no 0 tick), else ``symlog (linear
+    within ±t)`` (``linear near 0`` where panels differ): a symlog axis has a 0 tick and negative values. Short:
+    it is the second line of a narrow panel's title."""
     linear = sorted({t for t in thresholds if t})
     if not linear:
         return "log scale"
     return (
-        f"symlog scale, linear within ±{linear[0]:.2g}" if len(linear) == 1 else "symlog scale, linear near 0"
+        f"symlog (linear within ±{linear[0]:.2g})" if len(linear) == 1 else "symlog (linear near 0)"
     )
 
 

@@ -41,7 +41,7 @@ def test_a_sweep_without_vllm_gets_blank_columns():
 
 def test_a_kl_panels_title_names_the_scale_its_ticks_are_on():
     """A KL panel of positive estimates is on a log scale, titled so, no 0 tick; one where an estimate is not
-    positive (k1) is on a symlog scale with a 0 tick, titled "symlog scale, linear within ±t" (both were titled
+    positive (k1) is on a symlog scale with a 0 tick, titled "symlog (linear within ±t)" (both were titled
     "log scale", a 0 tick on a log-titled axis)."""
     import matplotlib
 
@@ -63,7 +63,7 @@ def test_a_kl_panels_title_names_the_scale_its_ticks_are_on():
         if scale == "log":
             assert title == "log scale" and 0.0 not in ticks, (title, ticks)
         else:
-            assert title.startswith("symlog scale, linear within ±") and 0.0 in ticks, (title, ticks)
+            assert title.startswith("symlog (linear within ±") and 0.0 in ticks, (title, ticks)
     assert curves.scale_name([0.0, None]) == "log scale"
-    assert curves.scale_name([0.001, 0.0]) == "symlog scale, linear within ±0.001"
-    assert curves.scale_name([0.001, 0.01]) == "symlog scale, linear near 0"
+    assert curves.scale_name([0.001, 0.0]) == "symlog (linear within ±0.001)"
+    assert curves.scale_name([0.001, 0.01]) == "symlog (linear near 0)"

@@ -243,9 +243,7 @@ def scale_name(thresholds: list[float | None]) -> str:
     linear = sorted({t for t in thresholds if t})
     if not linear:
         return "log scale"
-    return (
-        f"symlog (linear within ±{linear[0]:.2g})" if len(linear) == 1 else "symlog (linear near 0)"
-    )
+    return f"symlog (linear within ±{linear[0]:.2g})" if len(linear) == 1 else "symlog (linear near 0)"
 
 
 def _log_scale(ax: Any, mean: Any, lo: Any, hi: Any, lines: list[Any], banded: list[Any]) -> float | None:

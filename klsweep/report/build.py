@@ -229,9 +229,7 @@ class Took:
         with contextlib.suppress(
             OSError, ValueError, TypeError, KeyError, RecursionError, UnicodeDecodeError, store.UnreadableFile
         ):  # never trusted: a regular file of at most TOOK_BYTES holding two numbers, or no estimate
-            with store.open_regular(out / TOOK_FILE) as f:
-                text = f.read(TOOK_BYTES + 1)
-            last = json.loads(text) if len(text) <= TOOK_BYTES else {}
+            last = json.loads(store.read_bytes(out / TOOK_FILE, limit=TOOK_BYTES))
             seconds, then = float(last["seconds"]), int(last["runs"])
             if 0 < seconds < 86400 and then > 0:
                 self.expected = seconds * max(1.0, runs / then) if runs >= then else seconds

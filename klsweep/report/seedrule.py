@@ -407,11 +407,7 @@ def read_decision(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]
 
     path = Path(sweep_dir) / DECISION_FILE
     try:
-        with store.open_regular(path) as f:
-            raw = f.read(MAX_DECISION_BYTES + 1)
-        if len(raw) > MAX_DECISION_BYTES:
-            raise ValueError(f"larger than {MAX_DECISION_BYTES >> 20} MiB")
-        data = json.loads(raw)
+        data = json.loads(store.read_bytes(path, limit=MAX_DECISION_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError, store.UnreadableFile) as e:

@@ -125,10 +125,15 @@ def _file_kind(mode: int) -> str:
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
 
 
-def read_bytes(path: str | os.PathLike) -> bytes:
-    """The bytes of a regular file (``open_regular``)."""
+def read_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of a regular file (``open_regular``); with ``limit``, at most that many are read and a longer
+    file raises ValueError ("larger than ...") without being read whole."""
     with open_regular(path) as f:
-        return f.read()
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 and limit % (1 << 20) == 0 else f"{limit} bytes"
+        raise ValueError(f"larger than {size}")
+    return data
 
 
 def read_text(path: str | os.PathLike) -> str:

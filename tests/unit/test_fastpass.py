@@ -203,8 +203,10 @@ def test_plan_says_which_runs_compute_fast_and_their_ids_differ(tmp_path):
     shipped = grid.shipped.grid_file("tiny")
     exact = grid.load_plan(shipped, out=tmp_path)
     rows = planner.summary(exact)["resources"]
-    assert [(r["runs"], r["numerics"]) for r in rows] == [(88, "exact")]
+    assert [(r["runs"], r["numerics"]) for r in rows] == [(len(exact.runs), "exact")]
     fast = grid.load_plan(shipped, ["train.numerics=fast"], out=tmp_path)
-    assert [(r["runs"], r["numerics"]) for r in planner.summary(fast)["resources"]] == [(88, "fast")]
+    assert [(r["runs"], r["numerics"]) for r in planner.summary(fast)["resources"]] == [
+        (len(exact.runs), "fast")
+    ]
     assert not {r.id for r in exact.runs} & {r.id for r in fast.runs}
     assert len({r.id for r in fast.runs}) == len(fast.runs)

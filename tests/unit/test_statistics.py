@@ -121,11 +121,13 @@ def clear_grid() -> list[dict]:
 
 
 TINY = Path(__file__).parents[2] / "sweeps" / "tiny.yaml"
+CLAIMS_V5 = Path(__file__).parents[1] / "fixtures" / "claims_v5.yaml"  # study v5's claims, pinned
 
 
 def paper_claims(folder: Path) -> Path:
-    """The paper's claims as sweeps/tiny.yaml ships them, at these synthetic sweeps' lag (4) and beta (0.1)."""
-    text = TINY.read_text()
+    """The paper's claims as study v5's sweeps/tiny.yaml shipped them (pinned: these synthetic sweeps are shaped
+    for them), at these synthetic sweeps' lag (4) and beta (0.1)."""
+    text = CLAIMS_V5.read_text()
     claims = text[text.index("claims:") :].replace("lag: 16", "lag: 4").replace("lag 16", "lag 4")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "claims.yaml").write_text(claims.replace("kl.beta: 1}", "kl.beta: 0.1}"))

@@ -93,10 +93,20 @@ def test_paper_eval_hands_vllm_its_length_and_memory_share(tmp_path):
 def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
     """sweeps/tiny.yaml (the README's main job) is small; sweeps/tiny-full.yaml holds every one of its runs
     (same run ids, so a full reproduction reuses them) and adds beta 0.3; study v4's seeds: 10 on-policy at
-    beta 1 (claims (a)-(c)), 6 elsewhere."""
+    beta 1 (claims (b)-(c)), 6 elsewhere; study v6's beta arm (claim (a)): the paper's two biased
+    configurations and two exact ones at beta 2, 4 seeds."""
     main = grid.load_plan(REPO / "sweeps" / "tiny.yaml", out=tmp_path)
     full = grid.load_plan(REPO / "sweeps" / "tiny-full.yaml", out=tmp_path)
-    assert len(main.runs) == 88 and len(full.runs) == 184
+    assert len(main.runs) == 104 and len(full.runs) == 200
+    for plan in (main, full):  # `unbiased: false` at beta 2 is exactly k1 in the loss and k3 in the reward
+        arm = Counter(
+            (c["kl"]["estimator"], c["kl"]["placement"], c["offpolicy"]["lag"])
+            for c in (r.config for r in plan.runs)
+            if c["kl"]["beta"] == 2
+        )
+        assert arm == {
+            (e, p, 0): 4 for e, p in (("k1", "loss"), ("k3", "reward"), ("k1", "reward"), ("k3", "both"))
+        }
     assert {r.id for r in main.runs} < {r.id for r in full.runs}
     # study v4's lag arm: what the off-policy audit calls exact at lag 16 but k1 in both, plus no KL
     lagged = {
@@ -123,10 +133,10 @@ def test_tiny_sweeps_main_job_and_full_reproduction(tmp_path):
         "loss",
         "both",
     }
-    assert {r.config["kl"]["beta"] for r in full.runs} == {0.0, 0.3, 1.0}
+    assert {r.config["kl"]["beta"] for r in full.runs} == {0.0, 0.3, 1.0, 2.0}
     # the same claims in both, the paper's (a)-(d) with (d) an any-of group per configuration
     claims = [read_claims_file(REPO / "sweeps" / f"{n}.yaml") for n in ("tiny", "tiny-full")]
-    assert claims[0] == claims[1] and len(claims[0]) == 9
+    assert claims[0] == claims[1] and len(claims[0]) == 14
     # the headline (a) on a continuous endpoint: the reward's drop from its peak (docs/STUDY.md, "Study v4")
     assert (claims[0][0].metric, claims[0][0].test) == ("reward_drop", "welch")
     assert {c.group for c in claims[0] if c.name.startswith("(d)")} == {

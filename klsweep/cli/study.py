@@ -86,8 +86,8 @@ def study_command(
         typer.Option(
             help="a claims.csv (e.g. results/tiny/report/claims.csv in a clone of the repository, read before the study "
             "overwrites it): compare this study's verdicts with it; exit 1 when one it calls robust differs "
-            "(not fragile there: replication - 2 of its Monte Carlo errors >= 0.8; a file without the error: "
-            "replication >= 0.8; without the column: every verdict)"
+            "(not fragile there: replication - 2 of its Monte Carlo errors >= 0.9; a file without the error: "
+            "replication >= 0.9; without the column: every verdict)"
         ),
     ] = None,
     config_dir: ConfigDirOpt = None,

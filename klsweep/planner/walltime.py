@@ -4,7 +4,8 @@ A calibration, not a model: ``MEASURED`` is one whole study timed from a fresh c
 reproduction"), and a sweep of the shipped tiny model on this machine's CPU is given that study's seconds per
 step (per worker, side by side), per checkpoint scored and for the report, scaled by its steps, completions per
 step (a step's cost goes as ``FIXED_COMPLETIONS`` + completions: v4's 4 x 4 step took 0.036 s and v5's 4 x 8
-0.051 s on the same machine), eval problems per task and workers. Another model, a GPU or Slurm: no estimate.
+0.051 s on the same machine), its numerics (``STEP_COST``: the exact path's step against the fast one's, measured
+back to back), eval problems per task and workers. Another model, a GPU or Slurm: no estimate.
 A machine faster, slower or busier than the measured one takes another time: the figure says where it is from.
 
 ``MEASURED`` is the one place the tiny study's time comes from: ``klsweep plan`` prints it, the README quotes
@@ -26,6 +27,7 @@ class Measured:
 
     study: str  # which (docs/STUDY.md's name)
     machine: str  # where, in words
+    numerics: str  # train.numerics of its runs (``STEP_COST``)
     runs: int
     steps: int  # each run's
     completions: int  # a step's: prompts_per_step x group_size
@@ -54,25 +56,31 @@ class Measured:
         return self.train_s + self.eval_s + self.report_s
 
 
-# study v5, `./dev.sh study` from a fresh clone (docs/STUDY.md, "Time and reproduction"): training 16 min 56 s on
-# two workers, the eval of 89 checkpoints 1 min 58 s, the report 15 s (installs apart)
+# study v6, `./dev.sh study` from a fresh clone (docs/STUDY.md, "Time and reproduction"): 128 runs on fast
+# numerics, in two phases (the seed rule's pilot of 54 runs, then the 74 it added): training 341 + 490 s on two
+# workers, eval 113 + 145 s (55 then 74 checkpoints) and the rule 8 s, the report 6 s (installs apart)
 MEASURED = Measured(
-    study="study v5",
-    machine="an idle 2-core AMD EPYC VM",
-    runs=88,
+    study="study v6",
+    machine="an idle 2-core Intel Xeon VM",
+    numerics="fast",
+    runs=128,
     steps=300,
     completions=32,
     workers=2,
-    train_s=16 * 60 + 56,
-    checkpoints=89,
+    train_s=341 + 490,
+    checkpoints=129,
     problems=100,
-    eval_s=60 + 58,
-    report_s=15,
-    # measured apart: a v5 run alone took 28 s, 15.8 s of it its steps and about 5 s its own start and saves
-    # (docs/STUDY.md); a 1-run study's eval of 2 checkpoints of 5 problems took 23 s in all
-    worker_start_s=10,
-    eval_start_s=20,
+    eval_s=113 + 145 + 8,
+    report_s=6,
+    # two phases, each with its workers' start and its eval job's start (lm-eval imported, its tasks loaded):
+    # measured apart, a worker's start about 10 s, an eval job's about 20 s (a 1-run study's eval of 2
+    # checkpoints of 5 problems took 23 s in all)
+    worker_start_s=2 * 10,
+    eval_start_s=2 * 20,
 )
+# a step's cost by train.numerics, relative: the training of study v5's 88 runs back to back on one idle 2-core
+# Intel VM, exact 809 s against fast 538 s (docs/DEVELOPMENT.md, issue 48)
+STEP_COST = {"fast": 1.0, "exact": 809 / 538}
 FIXED_COMPLETIONS = 22.4  # a step's cost goes as this + its completions (v4's and v5's steps, one machine)
 MODEL = "tiny"  # the model the measurement trained: no other is estimated
 
@@ -134,6 +142,7 @@ def estimate(plan: Plan, runs: list[PlannedRun], workers: int | None = None) -> 
         t = run.config["train"]
         completions = int(t["prompts_per_step"]) * int(t["group_size"])
         scale = (FIXED_COMPLETIONS + completions) / (FIXED_COMPLETIONS + MEASURED.completions)
+        scale *= STEP_COST.get(str(t.get("numerics") or "exact"), 1.0) / STEP_COST[MEASURED.numerics]
         step_cost += int(t["steps"]) * MEASURED.worker_step_s * scale
     evaluated = [r for r in runs if (r.config.get("eval") or {}).get("suite", "none") != "none"]
     eval_s = 0.0

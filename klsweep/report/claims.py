@@ -57,9 +57,14 @@ PEAK_KL = "peak KL k3"
 REWARD_DROP = "reward drop"  # stability.reward_drop
 REFERENCES = ("no KL", "k1 in reward")
 CLAIM_COLUMNS = [
-    "claim", "group", "verdict", "replication", "replication se", "resamples", "test", "statistic", "p_value",
-    "p_holm", "n", "detail",
+    "claim", "group", "verdict", "replication", "replication se", "resamples", "to decide", "test", "statistic",
+    "p_value", "p_holm", "n", "detail",
 ]  # fmt: skip
+DECIDE_POWER = 0.9  # "N' would decide it": the seeds a configuration at which the claim's test has this power
+DECIDE_CAP = (
+    1000  # looked for up to this many seeds a configuration (a rate: RATE_DECIDE_CAP); more: "more than"
+)
+RATE_DECIDE_CAP = 100
 MISSING = "missing"
 APOSTROPHE = "'"
 PAIRED = "paired on the problems (seeds x problems)"
@@ -249,6 +254,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             "n": len(a) + len(b),
             "detail": f"{c.metric}: a {ua}/{len(a)}, b {ub}/{len(b)}",
             "_rates": rate_power_args(c, len(a), len(b), ra, rb),
+            "_rates_ab": (ra, rb),
             "_sizes": (len(a), len(b)),
             "_at": f"a's rate {_num(ra)} against b's {_num(rb)}",
         }
@@ -281,6 +287,8 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
             "detail": f"{what}; difference {_pm(w, column)}, margin ±{_num(margin)}",
             "_two_sided": w.p,
             "_sizes": (len(xa), len(xb)),
+            "_w": w,
+            "_margin": margin,
         }
         return row
     w = test(c.direction)
@@ -293,6 +301,7 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
         "n": w.n_a + w.n_b,
         "detail": f"{what}; difference {_pm(w, column)}",
         "_welch": w,
+        "_w": w,
         "_effect": effect,
         "_sizes": (len(xa), len(xb)),
     }
@@ -438,7 +447,105 @@ def claims_table(
         {**row, "replication": share, "replication se": se, "resamples": drawn}
         for row, (share, se, drawn) in zip(rows, shares, strict=True)
     ]
-    return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS)
+    tested = max(sum(not math.isnan(row["p_value"]) for row in rows[: len(claims)]), 1)
+    for c, row, pair in zip(claims, rows, sides, strict=False):
+        row["to decide"] = to_decide(c, row, [_configurations(s) for s in pair], ALPHA / tested)
+    return pd.DataFrame(rows).reindex(columns=CLAIM_COLUMNS).fillna({"to decide": ""})
+
+
+def _configurations(side: pd.DataFrame) -> int:
+    """How many configurations a claim's side holds (its runs' ``config``)."""
+    return max(int(side["config"].nunique()), 1) if "config" in side.columns and len(side) else 1
+
+
+def to_decide(c: Claim, row: dict[str, Any], configurations: list[int], level: float) -> str:
+    """What a claim's verdict lacks, in words, or "" where it is decided: an inconclusive verdict, or one whose
+    replication is fragile (``statistics.fragile``), reads "inconclusive at N seeds; N' would decide it". N: the
+    seeds a configuration of its sides has now; N': the fewest at which the claim's own test, its spread scaled
+    by the seeds (the same runs, more of them), has power ``DECIDE_POWER`` at level ``level`` (ALPHA / m, the
+    strictest Holm asks) at the claim's effect (TOST: equivalence when the true difference is 0), or, where it
+    has that power already and the verdict is still fragile, at the difference observed (in the claim's
+    direction; TOST: the true difference the observed one): the seeds at which it, if true, would read
+    supported. "more than DECIDE_CAP would" where none up to the cap does (the observed difference against the
+    claim's direction or outside the margin: no number of seeds shows it). A side with fewer than MIN_SEEDS runs
+    reads TOO_FEW's own words instead."""
+    verdict, share, se = row["verdict"], row.get("replication", math.nan), row.get("replication se", math.nan)
+    if verdict == TOO_FEW or (verdict != INCONCLUSIVE and not fragile(share, se)) or "_sizes" not in row:
+        return ""
+    n_a, n_b = row["_sizes"]
+    if not (n_a and n_b):
+        return ""
+    now = max(round(n_a / configurations[0]), round(n_b / configurations[1]))
+    cap = RATE_DECIDE_CAP if c.test == "fisher" else DECIDE_CAP
+
+    def first(
+        power: Any,
+    ) -> int | None:  # the fewest seeds from now up to the cap with the power (it grows with n)
+        if power(now) >= DECIDE_POWER:
+            return now
+        if not power(cap) >= DECIDE_POWER:
+            return None
+        lo, hi = now, cap  # power(lo) short of it, power(hi) enough
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if power(mid) >= DECIDE_POWER else (mid, hi)
+        return hi
+
+    if c.test == "fisher":
+        ra, rb = row["_rates_ab"]
+        needed = first(
+            lambda n: rate_power(
+                *rate_power_args(c, n * configurations[0], n * configurations[1], ra, rb), level
+            )
+        )
+        if needed == now:
+            needed = (
+                None  # powered at the effect and still fragile: a rate's observed difference is not sized
+            )
+    else:
+        w: Welch = row["_w"]
+        if not (w.se > 0 and w.df > 0):
+            return f"inconclusive at {now} seeds: no spread to size it"
+
+        def at(n: int) -> Welch:  # the test on n seeds a configuration: its spread scaled, its df with it
+            f = n / now
+            return Welch(
+                w.diff,
+                math.nan,
+                math.nan,
+                w.df * f,
+                math.nan,
+                round(w.n_a * f),
+                round(w.n_b * f),
+                w.se / math.sqrt(f),
+            )
+
+        if c.test == "tost":
+            margin = row["_margin"]
+            needed = first(lambda n: _tost_power_at(at(n), margin, 0.0, level))
+            if needed == now:
+                needed = first(lambda n: _tost_power_at(at(n), margin, w.diff, level))
+        else:
+            effect = row["_effect"]
+            needed = first(lambda n: welch_power(at(n), effect, level)) if effect == effect else None
+            sign = 1 if c.direction == "greater" else -1
+            if needed == now:
+                observed = sign * w.diff
+                needed = first(lambda n: welch_power(at(n), observed, level)) if observed > 0 else None
+    if needed == now:
+        needed = None
+    more = f"{needed} would decide it" if needed else f"more than {cap} would"
+    return f"inconclusive at {now} seeds; {more}"
+
+
+def _tost_power_at(w: Welch, margin: float, true: float, level: float) -> float:
+    """TOST's power at ``level`` to show |difference| < ``margin`` when the true difference is ``true``, for a
+    difference estimated with ``w``'s spread: P(-margin + t se < estimate < margin - t se)."""
+    from scipy.special import stdtr, stdtrit
+
+    t = float(stdtrit(w.df, 1 - level))
+    hi, lo = (margin - true) / w.se - t, (-margin - true) / w.se + t
+    return max(0.0, float(stdtr(w.df, hi)) - float(stdtr(w.df, lo))) if hi > lo else 0.0
 
 
 def _decide(

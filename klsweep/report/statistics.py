@@ -236,11 +236,11 @@ EFFECT = {"accuracy": 0.05, "peak KL": 0.5}  # smallest effect of interest: abso
 RATE_EFFECT = (
     0.5  # a rate claim's default effect: a difference of 0.5 in the rate, from side b's observed one
 )
-FRAGILE = 0.8  # a verdict that bootstrap resamples of the runs reproduce less often than this is fragile
+FRAGILE = 0.9  # a verdict that bootstrap resamples of the runs reproduce less often than this is fragile
 RESAMPLES = (
     200  # bootstrap resamples of the runs behind the replication column: a batch, drawn until resolved
 )
-MAX_RESAMPLES = 1000  # at most this many (a share of 0.8 +- 0.025 is then still unresolved: fragile)
+MAX_RESAMPLES = 1000  # at most this many (a share of 0.9 +- 0.019 is then still unresolved: fragile)
 RESAMPLE_WORK = 100_000  # and at most this many run-resamples (786 finished runs: 200): a report's time
 MC_Z = 2.0  # Monte Carlo standard errors between a replication and FRAGILE for it to read on one side
 RULE = (

@@ -616,8 +616,8 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
         {
             "claim": df["claim"],
             "verdict": [
-                f"{v} (fragile)" if fragile(r, e) else v
-                for v, r, e in zip(df["verdict"], share, se, strict=True)
+                verdict_text(v, r, e, d)
+                for v, r, e, d in zip(df["verdict"], share, se, decide_column(df), strict=True)
             ],
             "replication": [
                 replication_text(r, e, n) for r, e, n in zip(share, se, df["resamples"], strict=True)
@@ -633,6 +633,24 @@ def _claims_view(report: Report) -> tuple[pd.DataFrame, pd.DataFrame]:
     bold = _no_bold(out)
     bold["verdict"] = df["verdict"] == "supported"
     return out.astype(str), bold
+
+
+def decide_column(df: pd.DataFrame) -> list[str]:
+    """A claims table's "to decide" cells ("" where absent: a claims.csv written before it)."""
+    if "to decide" not in df.columns:
+        return [""] * len(df)
+    return ["" if v != v or v is None else str(v) for v in df["to decide"]]
+
+
+def verdict_text(verdict: str, share: float, se: float, decide: str = "") -> str:
+    """A claim's verdict as every table prints it: as is where it replicates; "(fragile)" beside it where its
+    replication is fragile (``statistics.fragile``); and what would decide it, where the report says
+    (``claims.to_decide``): "inconclusive at 10 seeds; 24 would decide it" (an inconclusive verdict, fragile or
+    not), or "not supported (fragile): inconclusive at 10 seeds; ..." """
+    shown = f"{verdict} (fragile)" if fragile(share, se) else verdict
+    if not decide:
+        return shown
+    return decide if decide.startswith(f"{verdict} ") else f"{shown}: {decide}"
 
 
 def replication_text(share: float, se: float, resamples: Any, digits: int = 3) -> str:

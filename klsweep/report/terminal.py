@@ -308,13 +308,15 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
         )
     )
     if len(report.claims):
-        from klsweep.report.statistics import FRAGILE, MC_Z, MIN_SEEDS, TOO_FEW, fragile
+        from klsweep.report.statistics import FRAGILE, MC_Z, MIN_SEEDS, TOO_FEW
+        from klsweep.report.tables import decide_column, verdict_text
 
         claims = report.claims.rename(columns={"replication se": "se"})
         rows = [
-            [c.claim, f"{c.verdict} (fragile)" if fragile(c.replication, c.se) else c.verdict,
+            [c.claim, verdict_text(c.verdict, c.replication, c.se, d),
              _mean_std(c.replication, c.se, ".2f", ".2f"), fmt_p(c.p_holm)]
-            for c in claims[["claim", "verdict", "replication", "se", "p_holm"]].itertuples()
+            for c, d in zip(claims[["claim", "verdict", "replication", "se", "p_holm"]].itertuples(),
+                            decide_column(claims), strict=True)
         ]  # fmt: skip
         tables.append(
             fitted_table(
@@ -323,7 +325,7 @@ def rich_tables(report: Report, width: int | None = None) -> list[Any]:
                 rows,
                 width=width,
                 right=["repl.", "p holm"],
-                whole=["verdict"],
+                whole=["repl.", "p holm"],  # the verdict wraps: what would decide it can be long
                 caption="p holm: adjusted for the claims' number (Holm); verdicts at 0.05 (tests, raw p-values, the "
                 "decision rule: report.md, claims.csv); repl.: the share of bootstrap resamples of the runs giving "
                 f"the same verdict ± its Monte Carlo standard error, fragile under {FRAGILE:g} or within "

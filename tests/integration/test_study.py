@@ -13,8 +13,8 @@ from klsweep.study import run_study
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "sweeps" / "tiny.yaml"
 # k1 in the reward, the loss and both, plus the no-KL baseline, and the beta arm's k1 in the reward, the loss
-# and both (beta 2: its k3 in both is k1 in both under kl.estimator=k1): 7 runs of 3 steps, 8 eval problems
-# per task (on-policy: the lag arm's k1 runs, without their importance weights, are the on-policy arm's).
+# and both at beta 2 and 3 (its k3 in both is k1 in both under kl.estimator=k1): 10 runs of 3 steps, 8 eval
+# problems per task (on-policy: the lag arm's k1 runs, without their importance weights, are the on-policy arm's).
 SHORT = [
     "seed=0",
     "offpolicy.lag=0",
@@ -29,7 +29,7 @@ SHORT = [
 def _check_study(res, out: Path) -> None:
     sweep = out / "tiny"
     assert res.sweep_dir == sweep
-    assert len(res.runs) == 7
+    assert len(res.runs) == 10
     assert {r.state for r in res.runs} <= {"done", "diverged"}, [(r.run_id, r.state) for r in res.runs]
     # the status the study ends with is taken after the eval: its eval column is filled
     assert {r.eval_state for r in res.runs} == {"done"}, [(r.run_id, r.eval_state) for r in res.runs]
@@ -66,7 +66,7 @@ def test_tiny_study_shortened_local(tmp_path: Path) -> None:
     )
     _check_study(res, tmp_path)
     assert seen[0].scored == 0 and seen[0].left_s is None  # nothing scored yet: no time left said
-    assert (seen[-1].scored, seen[-1].total, seen[-1].jobs) == (8, 8, 0)  # 7 runs and the step-0 baseline
+    assert (seen[-1].scored, seen[-1].total, seen[-1].jobs) == (11, 11, 0)  # 10 runs and the step-0 baseline
     assert [p.scored for p in seen] == sorted(p.scored for p in seen)
     assert all(p.left_s is not None for p in seen if 0 < p.scored < p.total and p.jobs)
     # Rerunning submits nothing and evaluates nothing again.
@@ -79,7 +79,7 @@ def test_tiny_study_shortened_local(tmp_path: Path) -> None:
     (expected.parent / "environment.csv").write_text("cpu,cpu kernels,runs\nAnother CPU,AVX2,4\n")
     again = run_study(TINY, SHORT, cluster="local", out=tmp_path, formats=("md",), expect_claims=expected)
     assert {p: p.stat().st_mtime for p in tmp_path.glob("tiny/*/eval/*/*/results.json")} == mtimes
-    assert len(again.runs) == 7
+    assert len(again.runs) == 10
     assert again.claim_changes == []
     assert again.cpu_note and "trained on Another CPU, these on " in again.cpu_note
 

@@ -195,18 +195,18 @@ def test_numerics_path(train, resources, kind, expected):
 
 
 def test_plan_says_which_runs_compute_fast_and_their_ids_differ(tmp_path):
-    """``klsweep plan`` of the tiny study: exact numerics and today's run ids by default; with train.numerics
-    fast every run computes fast under another id (runs of both never share one); decided without torch
+    """``klsweep plan`` of the tiny study (fast numerics since study v6): with train.numerics exact every run
+    computes exact under another id (runs of both never share one); decided without torch
     (tests/unit/test_module_boundaries.py: plan)."""
     from klsweep import grid, planner
 
     shipped = grid.shipped.grid_file("tiny")
-    exact = grid.load_plan(shipped, out=tmp_path)
-    rows = planner.summary(exact)["resources"]
-    assert [(r["runs"], r["numerics"]) for r in rows] == [(len(exact.runs), "exact")]
-    fast = grid.load_plan(shipped, ["train.numerics=fast"], out=tmp_path)
-    assert [(r["runs"], r["numerics"]) for r in planner.summary(fast)["resources"]] == [
-        (len(exact.runs), "fast")
+    fast = grid.load_plan(shipped, out=tmp_path)
+    rows = planner.summary(fast)["resources"]
+    assert [(r["runs"], r["numerics"]) for r in rows] == [(len(fast.runs), "fast")]
+    exact = grid.load_plan(shipped, ["train.numerics=exact"], out=tmp_path)
+    assert [(r["runs"], r["numerics"]) for r in planner.summary(exact)["resources"]] == [
+        (len(fast.runs), "exact")
     ]
     assert not {r.id for r in exact.runs} & {r.id for r in fast.runs}
     assert len({r.id for r in fast.runs}) == len(fast.runs)

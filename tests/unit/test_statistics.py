@@ -237,7 +237,7 @@ def test_verdicts_compared_with_a_committed_claims_file(tmp_path):
     console.print(rp.rich_tables(rep, width=80)[-1])
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
-    assert "(c) unbiased KL configurations do better" in text and "supported" in text and "p holm" in text
+    assert "(c) unbiased KL configurations" in text and "supported" in text and "p holm" in text
 
 
 def test_missing_data_is_inconclusive(tmp_path):
@@ -397,20 +397,23 @@ def test_power_table_of_the_shipped_design():
 
     runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
     rows = power.power_table(TINY, runs_csv, [5, 8])
-    assert len(rows) == 18 and {r["N"] for r in rows} == {5, 8}
+    assert len(rows) == 30 and {r["N"] for r in rows} == {5, 8}  # study v6: 15 claims
     welch_rows = [r for r in rows if r["detects"].startswith("difference ") and "margin" not in r["detects"]]
     by_claim = {}
     for r in welch_rows:
         by_claim.setdefault(r["claim"], {})[r["N"]] = float(r["detects"].split()[1])
-    assert len(by_claim) == 5 and all(d[8] < d[5] for d in by_claim.values())
+    assert len(by_claim) == 10 and all(d[8] < d[5] for d in by_claim.values())
     e = power.detectable_difference(0.1, 6, 0.2, 6, 0.05 / 11)
     w = st.Welch(0.0, math.nan, 0.0, (0.01 / 6 + 0.04 / 6) ** 2 / ((0.01 / 6) ** 2 / 5 + (0.04 / 6) ** 2 / 5),
                  math.nan, 6, 6, math.sqrt(0.01 / 6 + 0.04 / 6))  # fmt: skip
     assert st.welch_power(w, e, 0.05 / 11) == pytest.approx(0.8, abs=1e-6)
     # Fisher: the power at the claim's effect, a's rate 0.5 from b's observed one (0 here: a "less" claim
     # cannot go below 0, power 0), as the report's rule computes it, with the sides in the claim's direction
-    fisher = [r for r in rows if r["detects"].startswith("power ")]
-    assert len(fisher) == 4 and all(r["detects"].startswith("power 0.00 at a's rate 0,") for r in fisher)
+    # v6 tests no count (docs/STUDY.md: untestable at this scale); study v5's four, on its pinned claims
+    assert not [r for r in rows if r["detects"].startswith("power ")]
+    v5 = power.power_table(CLAIMS_V5, runs_csv, [5])
+    fisher = [r for r in v5 if r["detects"].startswith("power ")]
+    assert len(fisher) == 2 and all(r["detects"].startswith("power 0.00 at a's rate 0,") for r in fisher)
     more = Claim("x", "unstable", "fisher", "greater", {}, {})
     less = Claim("x", "unstable", "fisher", "less", {}, {})
     assert power.fisher_power(more, 20, 12, 0.5, 0.0, 0.05) == st.rate_power(20, 12, 0.5, 0.0, 0.05) > 0.5
@@ -419,9 +422,8 @@ def test_power_table_of_the_shipped_design():
 
 def test_power_simulates_studies_through_the_reports_rule():
     """bench/power.py --fresh: simulated studies of N seeds a configuration, drawn from the committed runs, each
-    decided by the report's rule: per claim (and group) the shares of the three verdicts, summing to 1; the
-    on-policy headline (a), on the reward drop, reads its committed verdict (v4: supported; v5: not
-    supported) on most of them at the study's 10 seeds."""
+    decided by the report's rule: per claim (and group) the shares of the verdicts, summing to 1; a robust
+    committed verdict ((d)'s lower peak KL: supported, replication 1.00) is read again on most of them."""
     import csv
 
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
@@ -429,15 +431,16 @@ def test_power_simulates_studies_through_the_reports_rule():
 
     runs_csv = Path(__file__).parents[2] / "results" / "tiny" / "report" / "runs.csv"
     rows = power.power_table(TINY, runs_csv, [10], fresh=10, keep={("offpolicy.lag", "16"): 6})
-    assert len(rows) == 10 and all("verdicts" in r for r in rows)
+    assert len(rows) == 16 and all("verdicts" in r for r in rows)  # study v6: 15 claims and (d)'s group
     for r in rows:
         assert sum(float(x) for x in r["verdicts"].split("/")) == pytest.approx(1.0)
-    headline = rows[0]
-    assert headline["claim"].startswith("(a)") and headline["runs a/b"] == "30/30"
+    headline = rows[0]  # (a) at beta 3: two configurations a side, 10 seeds each
+    assert headline["claim"].startswith("(a)") and headline["runs a/b"] == "20/20"
     with open(runs_csv.with_name("claims.csv"), newline="") as f:
-        committed = next(csv.DictReader(f))["verdict"]
-    shares = dict(zip(power.VERDICTS, map(float, headline["verdicts"].split("/")), strict=True))
-    assert shares[committed] >= 0.8, (committed, shares)
+        committed = {row["claim"]: row["verdict"] for row in csv.DictReader(f)}
+    robust = [r for r in rows if r["claim"] == "(d) k1 in the reward: lower peak KL than no KL at lag 16"]
+    shares = dict(zip(power.VERDICTS, map(float, robust[0]["verdicts"].split("/")), strict=True))
+    assert shares[committed[robust[0]["claim"]]] >= 0.8, (committed, shares)  # replication 1.00
     assert [r["runs a/b"] for r in rows if "peak KL than no KL at lag 16" in r["claim"]] == ["6/6", "6/6"]
 
 
@@ -545,23 +548,30 @@ def test_replication_marks_a_verdict_that_hangs_on_one_run_fragile():
 
 
 def test_replication_is_drawn_until_its_monte_carlo_error_clears_the_fragile_line():
-    """Issue 49: 200 resamples put the 0.8 line inside the column's Monte Carlo noise (12 unused runs moved a
-    replication 0.795 -> 0.83 and flipped its flag). Resamples are drawn 200 at a time until the share is more
-    than 2 of its standard errors from 0.8 (at most 1000); the error is in claims.csv and printed beside it, and
+    """Issue 49: 200 resamples put the fragile line inside the column's Monte Carlo noise (12 unused runs moved a
+    replication 0.795 -> 0.83 and flipped its flag at v5's line, 0.8). Resamples are drawn 200 at a time until
+    the share is more than 2 of its standard errors from the line (0.9 since v6; at most 1000); the error is in claims.csv and printed beside it, and
     a share still within it at the bound reads fragile (the line widened by it)."""
     from klsweep.report.claims import claims_table
 
     audit = pd.DataFrame({"unbiased": []})
-    for events in (6, 7, 12):  # shares near the line (0.75, 0.83 at 200) and clear of it (1.0)
-        row = claims_table(_rate_runs(events, 12, 0, 12), audit, [_rate_claim("greater")]).iloc[0]
+    assert st.FRAGILE == 0.9  # study v6 (issue 49): a verdict is decided where it replicates at 0.9
+    # a share near the line (0.865 at 400), one clear of it (1.0 at 200), one still within its noise at the
+    # bound (0.899 at 1000: fragile, the line widened by its error)
+    for events, clear_of_it in (((9, 1), True), ((12, 0), True), ((8, 0), False)):
+        row = claims_table(_rate_runs(events[0], 12, events[1], 12), audit, [_rate_claim("greater")]).iloc[0]
         share, se, drawn = row["replication"], row["replication se"], row["resamples"]
         assert se == pytest.approx(math.sqrt(share * (1 - share) / drawn))
-        assert abs(share - st.FRAGILE) > st.MC_Z * se, (events, share, se, drawn)
-        assert (drawn > st.RESAMPLES) == (events != 12), (events, drawn)
-        assert st.fragile(share, se) == (share < st.FRAGILE)
-    assert st.fragile(0.81, 0.01) and not st.fragile(0.83, 0.01)  # within 2 errors of the line: fragile
-    assert not st.fragile(0.81) and st.fragile(0.79)  # no error known (an older claims.csv): the share alone
-    capped = claims_table(_rate_runs(7, 12, 0, 12), audit, [_rate_claim("greater")], resamples=300).iloc[0]
+        assert (abs(share - st.FRAGILE) > st.MC_Z * se) == clear_of_it, (events, share, se, drawn)
+        assert drawn == {(9, 1): 400, (12, 0): st.RESAMPLES, (8, 0): st.MAX_RESAMPLES}[events], (
+            events,
+            drawn,
+        )
+        assert st.fragile(share, se) == (share - st.MC_Z * se < st.FRAGILE)
+    assert st.fragile(0.91, 0.01) and not st.fragile(0.93, 0.01)  # within 2 errors of the line: fragile
+    assert not st.fragile(0.91) and st.fragile(0.89)  # no error known (an older claims.csv): the share alone
+    row = claims_table(_rate_runs(12, 12, 0, 12), audit, [_rate_claim("greater")]).iloc[0]
+    capped = claims_table(_rate_runs(9, 12, 1, 12), audit, [_rate_claim("greater")], resamples=300).iloc[0]
     assert capped["resamples"] == 300  # bounded
     rep = SimpleNamespace(claims=pd.concat([row.to_frame().T], ignore_index=True))
     cells, _ = tables.view(rep, "claims")
@@ -775,3 +785,61 @@ def test_no_interval_wider_than_the_scores_range_anywhere(tmp_path):
     console.print(rp.rich_tables(rep, width=200)[0])
     assert "±n/i" in console.export_text()
     assert "none where not informative (2 seeds)" in interval_text(rep.main, ["in-domain avg", "OOD avg"])
+
+
+def test_a_verdict_that_does_not_replicate_says_the_seeds_that_would_decide_it():
+    """Issue 49: every claim's verdict either replicates (>= FRAGILE, 0.9) or reads "inconclusive at N seeds;
+    N' would decide it". N': the fewest seeds a configuration at which the claim's own test, its spread scaled
+    by the seeds, has power 0.9 at the claim's effect (level 0.05/m), or, powered already, at the observed
+    difference. A robust verdict says nothing more."""
+    from klsweep.grid.claims import Claim
+    from klsweep.report.claims import claims_table
+    from klsweep.report.tables import verdict_text
+
+    audit = pd.DataFrame({"unbiased": []})
+    claim = Claim(
+        "drop", "reward_drop", "welch", "greater", {"arm": ["a"]}, {"arm": ["b"]}, effect=(0.1, False)
+    )
+    rng = np.random.default_rng(3)
+
+    def table(a, b):
+        runs = _rate_runs(0, len(a), 0, len(b))
+        runs["reward drop"] = [*a, *b]
+        return claims_table(runs, audit, [claim]).iloc[0]
+
+    # underpowered (SD 0.15, 4 seeds a side, no true difference): inconclusive, and N' where the power crosses 0.9
+    a, b = 0.3 + 0.15 * rng.standard_normal(4), 0.3 + 0.15 * rng.standard_normal(4)
+    row = table(a, b)
+    assert row["verdict"] == "inconclusive", row["detail"]
+    needed = int(row["to decide"].split("; ")[1].split()[0])
+    assert row["to decide"] == f"inconclusive at 4 seeds; {needed} would decide it"
+    w = st.welch(list(a), list(b), alternative="greater")
+
+    def power(n):
+        f = n / 4
+        scaled = st.Welch(w.diff, math.nan, math.nan, w.df * f, math.nan, n, n, w.se / math.sqrt(f))
+        return st.welch_power(scaled, 0.1, 0.05)
+
+    assert power(needed) >= 0.9 > power(needed - 1), (needed, power(needed), power(needed - 1))
+    assert (
+        verdict_text(row["verdict"], row["replication"], row["replication se"], row["to decide"])
+        == row["to decide"]
+    )
+    # clear: supported, replicates, nothing to decide
+    row = table(0.6 + 0.01 * np.arange(8), 0.2 + 0.01 * np.arange(8))
+    assert row["verdict"] == "supported" and row["replication"] >= st.FRAGILE and row["to decide"] == ""
+    assert (
+        verdict_text(row["verdict"], row["replication"], row["replication se"], row["to decide"])
+        == "supported"
+    )
+    # powered at the effect but on the edge of significance (fragile): decided at the observed difference
+    edge = None
+    for shift in np.linspace(0.02, 0.12, 21):
+        a, b = 0.3 + shift + 0.05 * rng.standard_normal(10), 0.3 + 0.05 * rng.standard_normal(10)
+        row = table(a, b)
+        if st.fragile(row["replication"], row["replication se"]) and row["verdict"] != "inconclusive":
+            edge = row
+            break
+    assert edge is not None
+    text = verdict_text(edge["verdict"], edge["replication"], edge["replication se"], edge["to decide"])
+    assert text.startswith(f"{edge['verdict']} (fragile): inconclusive at 10 seeds; "), text

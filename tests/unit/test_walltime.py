@@ -23,7 +23,7 @@ def test_the_calibration_gives_back_the_study_it_was_measured_on():
     wall = walltime.estimate(plan, plan.runs, workers=walltime.MEASURED.workers)
     assert wall is not None
     assert wall.train_s == pytest.approx(walltime.MEASURED.train_s)
-    assert wall.eval_s == pytest.approx(walltime.MEASURED.eval_s, rel=0.02)  # 88 runs + baseline of 89
+    assert wall.eval_s == pytest.approx(walltime.MEASURED.eval_s, rel=0.02)  # 128 runs + baseline of 129
     assert wall.total_s == pytest.approx(walltime.MEASURED.total_s, rel=0.01)
     # fewer steps, completions, problems or more cores: less time
     small = grid.load_plan("tiny", ["seed=0", "train.steps=30", "eval.limit=10"])
@@ -31,6 +31,12 @@ def test_the_calibration_gives_back_the_study_it_was_measured_on():
     assert less is not None and less.total_s < wall.total_s / 5
     four = walltime.estimate(plan, plan.runs, workers=4)
     assert four is not None and four.train_s < wall.train_s * 0.55
+    # the exact numerics path: its step as measured against the fast one's (STEP_COST)
+    exact = grid.load_plan("tiny", ["train.numerics=exact"])
+    slower = walltime.estimate(exact, exact.runs, workers=2)
+    assert slower is not None
+    steps = wall.train_s - walltime.MEASURED.worker_start_s
+    assert slower.train_s - walltime.MEASURED.worker_start_s == pytest.approx(steps * 809 / 538)
 
 
 def test_plan_says_a_local_sweeps_wall_time_and_where_it_is_from(monkeypatch, capsys):
@@ -38,11 +44,11 @@ def test_plan_says_a_local_sweeps_wall_time_and_where_it_is_from(monkeypatch, ca
     code, out, _ = cli(["plan", "tiny"], monkeypatch, capsys)
     flat = " ".join(out.split())
     assert code == 0, out
-    assert "about 19 min here on 2 workers (training 17 min, eval 2 min, report 15 s)" in flat, flat
-    assert "scaled from study v5's time measured on an idle 2-core AMD EPYC VM" in flat
+    assert "about 18 min here on 2 workers (training 14 min, eval 4 min, report 6 s)" in flat, flat
+    assert "scaled from study v6's time measured on an idle 2-core Intel Xeon VM" in flat
     assert "GPU-hours" not in flat
     code, out, _ = cli(["plan", "tiny", "--json"], monkeypatch, capsys)
-    assert '"total_s": 1149' in out and '"workers": 2' in out
+    assert '"total_s": 1103' in out and '"workers": 2' in out
 
 
 def test_no_time_for_a_model_it_was_not_measured_on():
@@ -52,7 +58,7 @@ def test_no_time_for_a_model_it_was_not_measured_on():
 
 def test_the_study_time_is_one_number_from_one_place():
     said = walltime.study_minutes()
-    assert said == "about 19 min"
+    assert said == "about 18 min"
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"report ({said})" in readme
     readme = "\n".join(line for line in readme.splitlines() if "dev.sh test" not in line)  # the tests' time

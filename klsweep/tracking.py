@@ -56,7 +56,10 @@ def open_run(config: RunConfig, folder: Path, mode: str, warn: Callable[[str], N
             with contextlib.suppress(Exception):  # the failed run still holds its id in wandb's service
                 wandb.teardown()
     try:
-        return wandb.init(**kwargs, mode="offline")
+        # no console capture offline: W&B's copy of the process's output (TRL's log line and progress bar of every
+        # step) cost its service ~1 s CPU a 300-step tiny run, a tenth of the run; the job's log is the run's
+        # logs/ (docs/FAULTS.md), the metrics are metrics.jsonl
+        return wandb.init(**kwargs, mode="offline", settings=wandb.Settings(console="off"))
     except Exception as e:
         warn(f"W&B offline failed too ({describe(e)}): not logged")
         return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="klsweep-tests-hf-")
 os.environ.pop("HF_HUB_CACHE", None)
 os.environ.pop("HF_DATASETS_CACHE", None)
+
+# Ctrl-C as a terminal sends it: a test suite started in the background of a shell without job control (`cmd &`,
+# nohup: a CI runner) inherits SIGINT ignored, and so would every command a test starts (an ignored signal stays
+# ignored across exec), where Python then never raises KeyboardInterrupt: the Ctrl-C tests (test_launcher,
+# test_reliability) saw exit 0 for 130. Caught here, it is the default again in the commands the tests start.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The local test cluster's config, when it runs here and the caller did not source its env.sh.
 if "SLURM_CONF" not in os.environ and Path("/tmp/klsweep-slurm/slurm.conf").exists():

@@ -61,9 +61,8 @@ CLAIM_COLUMNS = [
     "p_value", "p_holm", "n", "detail",
 ]  # fmt: skip
 DECIDE_POWER = 0.9  # "N' would decide it": the seeds a configuration at which the claim's test has this power
-DECIDE_CAP = (
-    1000  # looked for up to this many seeds a configuration (a rate: RATE_DECIDE_CAP); more: "more than"
-)
+# looked for up to this many seeds a configuration (a rate: RATE_DECIDE_CAP); more: "more than ... would"
+DECIDE_CAP = 1000
 RATE_DECIDE_CAP = 100
 MISSING = "missing"
 APOSTROPHE = "'"
@@ -300,7 +299,6 @@ def _test(c: Claim, a: Any, b: Any, outcomes: Outcomes | None = None) -> dict[st
         "p_value": w.p,
         "n": w.n_a + w.n_b,
         "detail": f"{what}; difference {_pm(w, column)}",
-        "_welch": w,
         "_w": w,
         "_effect": effect,
         "_sizes": (len(xa), len(xb)),
@@ -356,7 +354,7 @@ def _verdict(row: dict[str, Any], test: str, m: int) -> tuple[str, str]:
     if p > 1 - ALPHA:
         return NOT_SUPPORTED, "significant in the other direction"
     effect = row["_effect"]
-    power = welch_power(row["_welch"], effect, ALPHA / m) if not math.isnan(effect) else math.nan
+    power = welch_power(row["_w"], effect, ALPHA / m) if not math.isnan(effect) else math.nan
     if math.isnan(power):
         return INCONCLUSIVE, "no smallest effect of interest for this metric (effect:)"
     at = f"power {power:.2f} at an effect of {_num(effect)} (level {ALPHA:g}/{m})"
@@ -478,9 +476,8 @@ def to_decide(c: Claim, row: dict[str, Any], configurations: list[int], level: f
     now = max(round(n_a / configurations[0]), round(n_b / configurations[1]))
     cap = RATE_DECIDE_CAP if c.test == "fisher" else DECIDE_CAP
 
-    def first(
-        power: Any,
-    ) -> int | None:  # the fewest seeds from now up to the cap with the power (it grows with n)
+    def first(power: Any) -> int | None:
+        """The fewest seeds from now up to the cap with the power (it grows with the seeds)."""
         if power(now) >= DECIDE_POWER:
             return now
         if not power(cap) >= DECIDE_POWER:
@@ -493,15 +490,12 @@ def to_decide(c: Claim, row: dict[str, Any], configurations: list[int], level: f
 
     if c.test == "fisher":
         ra, rb = row["_rates_ab"]
+        # powered at the effect and still fragile (needed == now): a rate's observed difference is not sized
         needed = first(
             lambda n: rate_power(
                 *rate_power_args(c, n * configurations[0], n * configurations[1], ra, rb), level
             )
         )
-        if needed == now:
-            needed = (
-                None  # powered at the effect and still fragile: a rate's observed difference is not sized
-            )
     else:
         w: Welch = row["_w"]
         if not (w.se > 0 and w.df > 0):

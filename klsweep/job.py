@@ -44,7 +44,7 @@ def train_run(
     log dicts, progress bars, Python warnings, W&B's chatter; the run's warnings stay in its status);
     ``on_row``: each step's metrics row."""
     lock = store.training(run_dir) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
-    with lock, _quiet() if quiet else contextlib.nullcontext():
+    with lock, _quiet() if quiet else contextlib.nullcontext(), environment.frozen_heap():
         return _train_run(run_dir, quiet, on_row)
 
 
@@ -217,12 +217,8 @@ def _train_run(
 
 
 def _use_allocated_cpus(config: RunConfig) -> None:
-    """On CPU, use as many threads as the job was given (``model.resources.cpus_per_task``): torch's default
-    (every core) oversubscribes the machine when several jobs share it, and is many times slower."""
-    import torch
-
-    if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, config.model.resources.cpus_per_task))
+    """On CPU, use as many threads as the job was given (``model.resources.cpus_per_task``)."""
+    environment.use_cpu_threads(config.model.resources.cpus_per_task)
 
 
 def _finish_saved_end(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klsweep import engines, store
+from klsweep import engines, environment, store
 from klsweep.config import EvalSection, ModelSection
 from klsweep.errors import Problem, UserError
 from klsweep.evaluate.suites import EvalError, Suite, lm_eval_version
@@ -151,7 +151,14 @@ def quiet_git_hash() -> Iterator[None]:
 
 
 def evaluate_item(item: Item, suite: Suite) -> Path:
-    """Run lm-eval on one model, write results.json and samples_<task>.jsonl; returns results.json."""
+    """Run lm-eval on one model, write results.json and samples_<task>.jsonl; returns results.json. The heap
+    alive before it (a warm eval job's imports) is left out of the collection that frees the model after it
+    (``environment.frozen_heap``)."""
+    with environment.frozen_heap():
+        return _evaluate_item(item, suite)
+
+
+def _evaluate_item(item: Item, suite: Suite) -> Path:
     import lm_eval
 
     cfg = suite.cfg

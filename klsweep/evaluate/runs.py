@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klsweep import store
+from klsweep import environment, store
 from klsweep.config import EvalSection, ModelSection, RunConfig, load_run
 from klsweep.errors import Problem, UserError, describe
 from klsweep.evaluate import running
@@ -226,12 +226,16 @@ def eval_batch(
     checkpoints: str,
     baselines: list[tuple[str, ModelSection]],
     around: Around = contextlib.nullcontext,
+    threads: int | None = None,
 ) -> EvalOutcome:
     """The baselines, then the runs, in one process (lm-eval and the tasks loaded once): the body of every
     ``klsweep eval`` job. A run or baseline that fails is recorded in ``errors`` and the others go on.
     ``around(folder)``: the context each run (or baseline) folder is evaluated in (the submission layer keeps
-    the job's log of each run there)."""
+    the job's log of each run there); ``threads``: torch's CPU threads for the hf backend (the job's share of
+    the cores, when several jobs share a machine; ``environment.use_cpu_threads``), None to leave them."""
     suite = Suite(as_eval_section(eval_cfg))
+    if threads is not None and suite.cfg.backend == "hf":
+        environment.use_cpu_threads(threads)
     out = EvalOutcome()
     for sweep_dir, model in baselines:
         try:

@@ -305,6 +305,7 @@ def _submit(
         ex = _detached_executor(folder)
         # the work dealt round-robin (baselines first) to jobs that run side by side, each loading lm-eval once
         k = local_eval_jobs(len(runs), n_jobs)
+        threads = max(1, usable_cores() // k)  # each job's share: torch's default, every core, oversubscribes
         work: list[tuple[str, Any]] = [("baseline", b) for b in baselines] + [("run", r) for r in runs]
         per_job = max(len(work[i::k]) for i in range(k))
         ex.update_parameters(timeout_min=int(res.get("eval_timeout_min", 60)) * per_job)
@@ -314,7 +315,7 @@ def _submit(
             bases = [b for kind, b in part if kind == "baseline"]
             ids = [Path(r).name for r in mine] + ([store.BASELINE_DIR] if bases else [])
             shared = functools.partial(own_log, shared=len(part) > 1)
-            calls.append((ids, (mine, cfg, checkpoints, bases, shared)))
+            calls.append((ids, (mine, cfg, checkpoints, bases, shared, threads)))
     else:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         ex.update_parameters(**slurm_parameters(res, cl, config.name, eval_job=True))

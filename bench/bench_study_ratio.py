@@ -119,14 +119,36 @@ def study(grid: Path, arm: str, out: Path, pinned: Path) -> tuple[float, float, 
     tree = TreeCPU(f"klsweep-bench-{os.getpid()}-{out.name}")
     before = tree.read()
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=tree.enter)
+    # cwd outside the checkout: ``python -m`` puts the working folder first on sys.path, and so does submitit's
+    # ``python -m submitit.core._submit`` for each job: from the checkout, today's klsweep would run as "pinned"
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, preexec_fn=tree.enter, cwd=out.parent
+    )
     wall = time.perf_counter() - start
     time.sleep(1)  # what the study left running (a supervisor's last poll) ends
     cpu = tree.read() - before
     tree.close()
     if done.returncode not in (0, 1):
         print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
+    if arm == "pinned":
+        check_pinned(out)
     return wall, cpu, done.returncode, tree.what
+
+
+def check_pinned(out: Path) -> None:
+    """The pinned study's files are the pinned code's: no run's config.yaml has ``train.numerics`` and no
+    results.json has ``cpu_threads`` (both came after 5940541), or the bench stops."""
+    configs = list(out.glob("*/*/config.yaml"))
+    results = list(out.glob("*/*/eval/*/*/results.json")) + list(
+        out.glob("*/baseline/*/eval/*/*/results.json")
+    )
+    newer = [c for c in configs if "numerics:" in c.read_text()]
+    newer += [r for r in results if '"cpu_threads"' in r.read_text()]
+    if not configs or not results or newer:
+        sys.exit(
+            f"the pinned study did not run the pinned code: {len(configs)} configs, {len(results)} evals, "
+            f"{len(newer)} written by newer code ({', '.join(map(str, newer[:3]))})"
+        )
 
 
 def main() -> None:

@@ -236,11 +236,19 @@ def _evaluate_item(item: Item, suite: Suite) -> Path:
         },
         "model_path": item.model_path,
         "elapsed_s": round(time.time() - started, 3),
+        "cpu_threads": _cpu_threads(cfg),
         "lm_eval_results": lm_eval_files,
     }
     path = item.out_dir / RESULTS_FILE
     store.write_json(path, results)
     return path
+
+
+def _cpu_threads(cfg: EvalSection) -> int | None:
+    """torch's intra-op threads of an hf eval on CPU (a local job's share of the cores), else None."""
+    import torch
+
+    return torch.get_num_threads() if cfg.backend == "hf" and not torch.cuda.is_available() else None
 
 
 def _final_state(checkpoint: Path) -> str | None:

@@ -344,6 +344,7 @@ def test_local_eval_split_over_jobs_gives_the_results_of_one_process(
     tmp_path: Path, random_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Greedy eval: the runs dealt to two local jobs (side by side) score as they do in one process."""
+    from klsweep.environment import usable_cores
     from klsweep.tinymodel import tiny_model_path
 
     base = ev.load_suite("tiny")
@@ -370,6 +371,10 @@ def test_local_eval_split_over_jobs_gives_the_results_of_one_process(
 
     got, want = metrics(split, sweeps["split"]), metrics(one, sweeps["one"])
     assert len(want) == 3 and got == want
+    # each job on its share of the cores: torch's default (every core) oversubscribed the machine, 2.4 s an
+    # eval of the tiny study against 0.7 (environment.use_cpu_threads)
+    threads = {json.loads(Path(p).read_text())["cpu_threads"] for p in split.results}
+    assert threads == {max(1, usable_cores() // 2)}, threads
     assert max(v for m, _ in want.values() for part in m.values() for v in part.values()) > 0
 
 

@@ -59,3 +59,31 @@ def test_usable_cores_is_at_most_the_quota(monkeypatch):
     assert environment.usable_cores() == 1
     monkeypatch.setattr(environment, "cpu_quota", lambda: cores + 8)  # a quota above the cores: the cores
     assert environment.usable_cores() == cores
+
+
+def test_frozen_heap_leaves_what_was_alive_out_and_collects_what_the_block_made():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    before = Node()
+    before.me = before  # a cycle alive on entry
+    with environment.frozen_heap():
+        assert gc.get_freeze_count() > 0  # the heap on entry is out of the collections
+        made = Node()
+        made.me = made  # a cycle made in the block, then garbage
+        gone = weakref.ref(made)
+        del made
+        gc.collect()
+        assert gone() is None  # the block's own garbage is still collected
+    assert gc.get_freeze_count() == 0  # back in the collector's care
+    gc.freeze()  # a caller that froze the heap itself keeps it frozen
+    try:
+        with environment.frozen_heap():
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

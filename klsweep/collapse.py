@@ -14,6 +14,7 @@ pass; ``false_collapses`` simulates the rule's false-collapse rate on a stationa
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -76,50 +77,76 @@ def find_collapse(
     """The collapse of a run whose step ``steps[i]`` logged the mean task reward ``rewards[i]`` and its standard
     deviation over the step's completions ``stds[i]`` (a missing or non-finite value is ignored), or None. Only
     full windows are compared: the peak window and the falling one each hold ``rule.window`` logged rewards."""
-    if rule.window < 1:
-        return None
-    window, n, z = rule.window, max(rule.completions, 1), rule.z
-    r = [_number(x) for x in rewards]
-    v = [None if x is None or (s := _number(d)) is None else s * s / n for x, d in zip(r, stds, strict=True)]
-    total = count = var_total = var_count = 0.0  # the window's
-    run_var = run_var_count = diff2 = diff_count = 0.0  # the run's: sum of v, of squared step-to-step changes
-    last: float | None = None
-    peak: tuple[float, float, float, float, int] | None = None  # m - z se, m, count, var, step
-    for i, x in enumerate(r):
+    scan = CollapseScan(rule)
+    for step, reward, std in zip(steps, rewards, stds, strict=True):
+        if (found := scan.add(step, reward, std)) is not None:
+            return found
+    return None
+
+
+class CollapseScan:
+    """``find_collapse`` one logged step at a time, for a run that is training (``klsweep.monitor``): ``add``
+    returns the collapse at the step it is first found, else None; the same arithmetic in the same order, so the
+    same answer as ``find_collapse`` over the steps so far, at one step's cost instead of the whole run's."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.n = max(rule.completions, 1)
+        self.r: collections.deque[float | None] = collections.deque()  # the window's rewards, oldest first
+        self.v: collections.deque[float | None] = collections.deque()  # and their variances of a step's mean
+        self.total = self.count = self.var_total = self.var_count = 0.0  # the window's
+        # the run's: sum of v, of squared step-to-step changes
+        self.run_var = self.run_var_count = self.diff2 = self.diff_count = 0.0
+        self.last: float | None = None
+        self.peak: tuple[float, float, float, float, int] | None = None  # m - z se, m, count, var, step
+
+    def add(self, step: int, reward: float | None, std: float | None) -> Collapse | None:
+        rule = self.rule
+        if rule.window < 1:
+            return None
+        window, z = rule.window, rule.z
+        x = _number(reward)
+        vi = None if x is None or (s := _number(std)) is None else s * s / self.n
+        self.r.append(x)
+        self.v.append(vi)
         if x is not None:
-            total, count = total + x, count + 1
-            if v[i] is not None:
-                var_total, var_count = var_total + v[i], var_count + 1
-                run_var, run_var_count = run_var + v[i], run_var_count + 1
-            if last is not None:
-                diff2, diff_count = diff2 + (x - last) ** 2, diff_count + 1
-            last = x
-        if i >= window and (old := r[i - window]) is not None:
-            total, count = total - old, count - 1
-            if v[i - window] is not None:
-                var_total, var_count = var_total - v[i - window], var_count - 1
+            self.total, self.count = self.total + x, self.count + 1
+            if vi is not None:
+                self.var_total, self.var_count = self.var_total + vi, self.var_count + 1
+                self.run_var, self.run_var_count = self.run_var + vi, self.run_var_count + 1
+            if self.last is not None:
+                self.diff2, self.diff_count = self.diff2 + (x - self.last) ** 2, self.diff_count + 1
+            self.last = x
+        if len(self.r) > window:
+            old, old_v = self.r.popleft(), self.v.popleft()
+            if old is not None:
+                self.total, self.count = self.total - old, self.count - 1
+                if old_v is not None:
+                    self.var_total, self.var_count = self.var_total - old_v, self.var_count - 1
+        count = self.count
         if (
             count < window
         ):  # a partial window (the run's first steps, or a reward missing in it): never judged
-            continue
-        m = total / count
+            return None
+        m = self.total / count
         # the variance of one step's mean: the window's logged spread over the completions, scaled up by how much
         # more the run's step means change from step to step than that spread says (prompt groups) ...
-        spread = max(var_total, 0.0) / var_count if var_count else None
-        steady = diff2 / diff_count / 2 if diff_count else 0.0
-        if spread is not None and run_var > 0:
-            var = spread * max(1.0, steady / (run_var / run_var_count))
+        spread = max(self.var_total, 0.0) / self.var_count if self.var_count else None
+        steady = self.diff2 / self.diff_count / 2 if self.diff_count else 0.0
+        if spread is not None and self.run_var > 0:
+            var = spread * max(1.0, steady / (self.run_var / self.run_var_count))
         else:  # ... or, without a logged spread, the step-to-step change alone
             var = spread if spread is not None else steady
+        peak = self.peak
         if peak is not None and peak[1] > 0 and m < rule.fraction * peak[1]:
             _, pm, pc, pv, pstep = peak
             se = math.sqrt((pv * pc + var * count) / (pc + count) * (1 / pc + 1 / count))
             if pm - m > z * se:
-                return Collapse(int(steps[i]), m, pm, pstep, se, rule)
+                return Collapse(int(step), m, pm, pstep, se, rule)
         lower = m - z * math.sqrt(var / count)
         if peak is None or lower > peak[0]:
-            peak = (lower, m, count, var, int(steps[i]))
-    return None
+            self.peak = (lower, m, count, var, int(step))
+        return None
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klsweep import store
-from klsweep.collapse import Rule, find_collapse
+from klsweep.collapse import Collapse, CollapseScan, Rule
 from klsweep.printable import visible_lines
 
 if TYPE_CHECKING:
@@ -67,9 +67,18 @@ class RunMonitor:
         self.run_dir = run_dir
         self.on_row = on_row  # each step's metrics row, once written (``klsweep train`` prints it)
         self.config = config
-        self.steps = [row.get("step", 0) for row in kept]
-        self.rewards = [row.get("reward_mean") for row in kept]
-        self.stds = [row.get("reward_std") for row in kept]
+        train = config.train
+        rule = Rule(
+            train.collapse_window,
+            train.collapse_fraction,
+            train.collapse_z,
+            train.prompts_per_step * train.group_size,
+        )
+        self.collapse = CollapseScan(rule)  # the rule over the rows so far, one step at a time
+        self.collapsed: Collapse | None = None  # the first collapse among them
+        for row in kept:
+            found = self.collapse.add(row.get("step", 0), row.get("reward_mean"), row.get("reward_std"))
+            self.collapsed = self.collapsed or found
         self.last_step = kept[-1]["step"] if kept else 0
         self.base_elapsed = base_elapsed  # the earlier attempts' training time
         self.started = started  # this attempt's start
@@ -135,9 +144,8 @@ class RunMonitor:
                 and not isinstance(value, bool)
             ):
                 row[key] = _number(value)
-        self.steps.append(step)
-        self.rewards.append(row["reward_mean"])
-        self.stds.append(row["reward_std"])
+        found = self.collapse.add(step, row["reward_mean"], row["reward_std"])
+        self.collapsed = self.collapsed or found
 
         reason = None
         for key in ("loss", "grad_norm"):
@@ -145,12 +153,8 @@ class RunMonitor:
             if isinstance(value, int | float) and not math.isfinite(value):
                 reason = f"non-finite {key} ({value})"
                 break
-        if reason is None:
-            train = self.config.train
-            completions = train.prompts_per_step * train.group_size
-            rule = Rule(train.collapse_window, train.collapse_fraction, train.collapse_z, completions)
-            collapse = find_collapse(self.steps, self.rewards, self.stds, rule)
-            reason = collapse.reason if collapse is not None else None
+        if reason is None and self.collapsed is not None:
+            reason = self.collapsed.reason
         if reason is not None:
             self.diverged = (step, reason)
             control.should_training_stop = True

@@ -280,6 +280,39 @@ def test_nan_loss_stops_the_run(tmp_path, model_dir):
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] is None
 
 
+def test_the_monitor_stops_a_run_where_the_rule_finds_the_collapse_on_the_whole_run(tmp_path):
+    """The monitor judges a step at a time (collapse.CollapseScan) what the report judges on the whole run
+    (find_collapse): the run stops at that step and no earlier, the rows of an earlier attempt included."""
+    from transformers import TrainerControl, TrainerState
+
+    from klsweep.collapse import Rule, find_collapse
+    from klsweep.config import RunConfig
+
+    config = RunConfig()
+    train = config.train
+    rule = Rule(
+        train.collapse_window,
+        train.collapse_fraction,
+        train.collapse_z,
+        train.prompts_per_step * train.group_size,
+    )
+    # a missing reward early (its windows are partial), a missing spread every other step, then the fall
+    rewards = [0.6, 0.5, None] + [0.6, 0.5, 0.55, 0.5] * 6 + [0.3, 0.1] + [0.0] * 20
+    stds = ([0.3, None] * len(rewards))[: len(rewards)]
+    want = find_collapse(range(1, len(rewards) + 1), rewards, stds, rule)
+    assert want is not None and want.step > 12
+    kept = [{"step": i + 1, "reward_mean": rewards[i], "reward_std": stds[i]} for i in range(12)]
+    monitor = RunMonitor(tmp_path, config, kept, 0.0, time.time(), is_main=True)
+    state, control = TrainerState(), TrainerControl()
+    for i in range(12, len(rewards)):
+        state.global_step = i + 1
+        logs = {"loss": 0.1, "grad_norm": 1.0, "task_reward/mean": rewards[i], "task_reward/std": stds[i]}
+        monitor.on_log(state, control, logs)
+        if control.should_training_stop:
+            break
+    assert monitor.diverged == (want.step, want.reason)
+
+
 @pytest.mark.parametrize(("keep", "kept"), [(None, [1, 2, 3, 4]), ("default", [3, 4]), (3, [2, 3, 4])])
 def test_keep_checkpoints(tmp_path, model_dir, keep, kept):
     values = {"train.steps": 4, "train.save_steps": 1}

@@ -74,15 +74,20 @@ def frozen_heap():
     a warm worker's heap (torch, transformers, TRL, lm-eval: ~500,000 objects) is scanned by every full
     collection, the one transformers' trainer runs at the end of training and lm-eval's model freed after each
     eval included; each run's own garbage is still collected, and what was frozen is back in the collector's
-    care on exit. Nothing is done when the caller froze the heap already (theirs to unfreeze)."""
+    care on exit. Nothing is done when the caller froze the heap already (theirs to unfreeze), and a freeze
+    made inside the block is left as it is (theirs too): vLLM's engine freezes the heap when it starts and
+    unfreezes it when it shuts down, and an unfreeze here would hand a run's engine, still alive, to the
+    collector, whose finaliser tears down vLLM's process groups under the next engine, half built."""
     if gc.get_freeze_count():
         yield
         return
     gc.freeze()
+    mark: list[Any] = []  # made after the freeze: out of every generation on exit only if frozen again inside
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not gc.get_freeze_count() or any(o is mark for g in range(3) for o in gc.get_objects(g)):
+            gc.unfreeze()
 
 
 def cpu_quota(cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:

@@ -87,3 +87,19 @@ def test_frozen_heap_leaves_what_was_alive_out_and_collects_what_the_block_made(
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+    engine = Node()
+    engine.me = engine
+    alive = weakref.ref(engine)
+    try:
+        with environment.frozen_heap():  # a library freezes in the block (vLLM's engine as it starts) ...
+            engine = Node()  # (something made in the block, for the freeze to hold more than on entry)
+            gc.freeze()
+        assert gc.get_freeze_count() > 0  # ... and its freeze holds past the block: theirs to unfreeze
+        engine = None
+        gc.collect()
+        assert alive() is not None  # not collected while theirs to release
+    finally:
+        gc.unfreeze()
+    with environment.frozen_heap():  # unfrozen inside (vLLM's shutdown): nothing more to undo
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0

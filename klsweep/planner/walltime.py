@@ -57,8 +57,9 @@ class Measured:
 
 
 # study v6, `./dev.sh study` from a fresh clone (docs/STUDY.md, "Time and reproduction"): 128 runs on fast
-# numerics, in two phases (the seed rule's pilot of 54 runs, then the 74 it added): training 341 + 490 s on two
-# workers, eval 113 + 145 s (55 then 74 checkpoints) and the rule 8 s, the report 6 s (installs apart)
+# numerics, in two phases (the seed rule's pilot of 54 runs, then the 74 it added): training 248 + 340 s on two
+# workers, eval 32 + 37 s (55 then 74 checkpoints) and the rule 8 s, the report 4 s (installs apart); measured
+# again after issue 48's eval and heap cuts (the study before them: 341 + 490, 113 + 145, 8 and 6 s)
 MEASURED = Measured(
     study="study v6",
     machine="an idle 2-core Intel Xeon VM",
@@ -67,16 +68,16 @@ MEASURED = Measured(
     steps=300,
     completions=32,
     workers=2,
-    train_s=341 + 490,
+    train_s=248 + 340,
     checkpoints=129,
     problems=100,
-    eval_s=113 + 145 + 8,
-    report_s=6,
-    # two phases, each with its workers' start and its eval job's start (lm-eval imported, its tasks loaded):
-    # measured apart, a worker's start about 10 s, an eval job's about 20 s (a 1-run study's eval of 2
-    # checkpoints of 5 problems took 23 s in all)
+    eval_s=32 + 37 + 8,
+    report_s=4,
+    # two phases, each with its workers' start and its eval jobs' start (lm-eval imported, its tasks loaded):
+    # a worker's start about 10 s (measured apart), the eval jobs' first checkpoints scored 6-7 s into each
+    # eval phase (the study's log)
     worker_start_s=2 * 10,
-    eval_start_s=2 * 20,
+    eval_start_s=2 * 6,
 )
 # a step's cost by train.numerics, relative: the training of study v5's 88 runs back to back on one idle 2-core
 # Intel VM, exact 809 s against fast 538 s (docs/DEVELOPMENT.md, issue 48)

@@ -115,7 +115,7 @@ def test_the_wheel_alone_plans_tiny_and_runs_a_1_run_study_from_its_own_docs(tmp
 
     t0 = time.time()
     out = _sh(plan, empty, env)
-    assert "128 runs" in out and "about 18 min here" in " ".join(out.split()), out
+    assert "128 runs" in out and "about 11 min here" in " ".join(out.split()), out
     assert list(empty.iterdir()) == []  # plan writes nothing
     _sh(copy, empty, env)
     took["plan"] = time.time() - t0

@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MEANS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # the stationary rewards of ``false_collapses``
 REASON = "reward collapse"  # how a collapse's reason starts (status.json, the report, klsweep status)
@@ -38,6 +39,14 @@ class Rule:
     fraction: float  # of the peak window's mean
     z: float  # standard errors between the two windows' means
     completions: int  # per step: train.prompts_per_step x train.group_size
+
+    @classmethod
+    def of(cls, train: Any) -> Rule:
+        """A run's rule from its train section (``config.TrainSection``, or anything with its keys)."""
+        completions = int(train.prompts_per_step) * int(train.group_size)
+        return cls(
+            int(train.collapse_window), float(train.collapse_fraction), float(train.collapse_z), completions
+        )
 
     def text(self) -> str:
         return f"window {self.window} steps, fraction {self.fraction:g}, z {self.z:g}"

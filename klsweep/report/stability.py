@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from klsweep import collapse as collapse_module
@@ -64,15 +65,9 @@ def run_rule(config: Mapping[str, Any]) -> Rule:
     """A run's collapse rule from its flattened config (``train.collapse_*``, its completions a step); a key it
     lacks (a run written before the key existed) reads as today's default."""
     default = TrainSection()
-
-    def get(key: str) -> Any:
-        value = config.get(f"train.{key}")
-        return getattr(default, key) if value is None else value
-
-    completions = int(get("prompts_per_step")) * int(get("group_size"))
-    return Rule(
-        int(get("collapse_window")), float(get("collapse_fraction")), float(get("collapse_z")), completions
-    )
+    keys = ("collapse_window", "collapse_fraction", "collapse_z", "prompts_per_step", "group_size")
+    given = {key: config.get(f"train.{key}") for key in keys}
+    return Rule.of(SimpleNamespace(**{k: getattr(default, k) if v is None else v for k, v in given.items()}))
 
 
 def rule_text(configs: Sequence[Mapping[str, Any]]) -> str:

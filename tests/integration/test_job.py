@@ -289,13 +289,7 @@ def test_the_monitor_stops_a_run_where_the_rule_finds_the_collapse_on_the_whole_
     from klsweep.config import RunConfig
 
     config = RunConfig()
-    train = config.train
-    rule = Rule(
-        train.collapse_window,
-        train.collapse_fraction,
-        train.collapse_z,
-        train.prompts_per_step * train.group_size,
-    )
+    rule = Rule.of(config.train)
     # a missing reward early (its windows are partial), a missing spread every other step, then the fall
     rewards = [0.6, 0.5, None] + [0.6, 0.5, 0.55, 0.5] * 6 + [0.3, 0.1] + [0.0] * 20
     stds = ([0.3, None] * len(rewards))[: len(rewards)]

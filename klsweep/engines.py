@@ -142,6 +142,28 @@ def keep_cpu_weights_loadable() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def import_vllm_engine() -> None:
+    """Import what TRL's colocate generation imports of vLLM, before a run's trainer exists. At its first import
+    vLLM keeps exceptions at module level (``vllm.multimodal.media.audio`` keeps torchcodec's import error where
+    torchcodec or ffmpeg is missing), and an exception's traceback holds every frame on the stack: imported
+    while a trainer was being built, the first vLLM run's trainer (model, reference, optimiser, engine) would
+    stay alive for the life of the process, a warm worker's next runs included."""
+    import trl.generation.vllm_generation  # noqa: F401
+    import vllm.entrypoints.llm  # noqa: F401
+    import vllm.v1.engine.core  # noqa: F401
+
+
+def shut_down_vllm_engine(trainer: Any) -> None:
+    """Shut down the colocate vLLM engine of a run of one process, at its end: its KV cache and weights are
+    released now, not whenever the collector meets the trainer (vLLM freezes the heap as its engine starts, so
+    the collector never would; its shutdown unfreezes it), and the next run of a warm worker starts its engine
+    on a free device."""
+    generation = getattr(trainer, "vllm_generation", None)
+    llm = getattr(generation, "llm", None)
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def require(configs: Iterable[Mapping[str, Any]]) -> None:
     """``UserError`` (exit 2) naming each engine the runs need that cannot be imported here."""
     problems = missing(configs)

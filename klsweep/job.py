@@ -12,6 +12,7 @@ docs/DESIGN.md; the faults a run survives: docs/FAULTS.md.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from klsweep import environment, store, tracking, trainer_factory
+from klsweep import engines, environment, store, tracking, trainer_factory
 from klsweep.config import load_run
 from klsweep.errors import describe
 from klsweep.monitor import RunMonitor, record_warning
@@ -45,7 +46,19 @@ def train_run(
     ``on_row``: each step's metrics row."""
     lock = store.training(run_dir) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
     with lock, _quiet() if quiet else contextlib.nullcontext(), environment.frozen_heap():
+        _import_engines(run_dir)
         return _train_run(run_dir, quiet, on_row)
+
+
+def _import_engines(run_dir: str | Path) -> None:
+    """vLLM imported here, before the run's trainer exists, where the run generates with it
+    (``engines.import_vllm_engine``: what its first import keeps holds every frame then on the stack)."""
+    try:
+        use_vllm = load_run(run_dir).train.use_vllm
+    except Exception:  # _train_run reads the config again and says what is wrong with it
+        return
+    if use_vllm and importlib.util.find_spec("vllm") is not None:
+        engines.import_vllm_engine()
 
 
 @contextlib.contextmanager
@@ -148,6 +161,7 @@ def _train_run(
         run_dir, config, kept, base_elapsed, started, is_main, warnings, on_row, startup_s=fields["startup_s"]
     )
     wandb_run = None
+    trainer = None
     try:
         if is_main:
             wandb_run = tracking.open_training_run(config, run_dir, monitor.warn)
@@ -197,6 +211,11 @@ def _train_run(
     finally:
         # a signal after the last step: the run is final anyway
         PREEMPTION.attach(None)
+        if trainer is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            try:
+                engines.shut_down_vllm_engine(trainer)
+            except Exception as e:
+                monitor.warn(f"vLLM: shutting its engine down failed ({describe(e)})")
         fields.update(
             step=monitor.last_step,
             elapsed_s=monitor.elapsed(),

@@ -187,6 +187,49 @@ def test_colocate_vllm_on_a_cpu_sizes_its_kv_cache_to_the_run(
     assert engines.KV_CACHE_VARIABLE not in os.environ  # put back: the next engine is sized for its own run
 
 
+_ONE_WORKER = """
+import gc, sys
+from pathlib import Path
+from klsweep import job, tasks
+from test_vllm import length_reward
+tasks.reward_function = lambda task: length_reward
+for run in sys.argv[1:]:  # vLLM and TRL first imported by the first run, as in a worker
+    status = job.train_run(Path(run))
+    gc.collect()
+    alive = sum(type(o).__name__ == "KLGRPOTrainer" for o in gc.get_objects())
+    print("run", Path(run).name, status["state"], len(status["warnings"]), alive, gc.get_freeze_count())
+"""
+
+
+def test_a_warm_worker_releases_each_colocate_runs_trainer_and_engine(tmp_path: Path, stand_in: Path) -> None:
+    """A local worker trains run after run in one process: a colocate run's trainer and vLLM engine are gone
+    when the run ends, the first one in the process included (vLLM's first import keeps an exception whose
+    traceback held the frames building it: that run's model, reference and optimiser stayed alive; and the
+    heap vLLM froze as its engine started was never collected), so the next run's engine starts on a free
+    device. A fresh process: what vLLM's first import keeps is the point."""
+    import subprocess
+    import sys
+
+    import vllm  # noqa: F401  (CI: fails here, not skipped, where vLLM is missing)
+
+    runs = []
+    for name in ("first", "second"):
+        run = tmp_path / name
+        values = {"train.use_vllm": True, "train.steps": 2, "train.max_completion_length": 12}
+        write_config(run, stand_in, **values, **{"train.max_prompt_length": 128})
+        runs.append(str(run))
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join([here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_WORKER, *runs], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line.split() for line in done.stdout.splitlines() if line.startswith("run ")]
+    # each run done without a warning, then no trainer alive and nothing left frozen
+    assert said == [["run", "first", "done", "0", "0", "0"], ["run", "second", "done", "0", "0", "0"]], said
+
+
 def test_two_colocate_runs_started_at_the_same_instant_take_ports_of_their_own(
     tmp_path: Path, stand_in: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,9 +67,8 @@ class RunMonitor:
         self.run_dir = run_dir
         self.on_row = on_row  # each step's metrics row, once written (``klsweep train`` prints it)
         self.config = config
-        self.collapse = CollapseScan(
-            Rule.of(config.train)
-        )  # the rule over the rows so far, one step at a time
+        # the rule over the rows so far, one step at a time
+        self.collapse = CollapseScan(Rule.of(config.train))
         self.collapsed: Collapse | None = None  # the first collapse among them
         for row in kept:
             found = self.collapse.add(row.get("step", 0), row.get("reward_mean"), row.get("reward_std"))
